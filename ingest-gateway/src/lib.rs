@@ -1,0 +1,115 @@
+//! The ingest gateway: an HTTP front door that authenticates, decodes and validates records and
+//! produces them to Kafka, answering only after Kafka acknowledged them.
+
+pub mod api;
+pub mod auth;
+pub mod config;
+pub mod metrics;
+pub mod produce;
+
+use std::net::SocketAddr;
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use axum::Router;
+use axum::extract::{MatchedPath, Request};
+use axum::middleware::{self, Next};
+use axum::response::Response;
+use axum::routing::post;
+use plumbing::Health;
+use schemas::Streams;
+use tokio::task::JoinHandle;
+use tokio_util::sync::CancellationToken;
+
+pub use config::GatewayConfig;
+
+use crate::api::AppState;
+use crate::auth::Auth;
+use crate::produce::Producer;
+
+/// A started gateway.
+pub struct Gateway {
+    /// The address the API listens on.
+    pub addr: SocketAddr,
+    /// Ends when the server stopped (after `shutdown` and draining).
+    pub task: JoinHandle<anyhow::Result<()>>,
+}
+
+/// Builds the router: the ingest API plus `/metrics`, `/healthz` and `/readyz`.
+pub fn router(state: Arc<AppState>, health: Health) -> Router {
+    Router::new()
+        .route("/v1/streams/{stream}/records", post(api::ingest))
+        .with_state(state)
+        .merge(plumbing::admin_router(health))
+        .layer(middleware::from_fn(track_requests))
+}
+
+async fn track_requests(request: Request, next: Next) -> Response {
+    let route = request
+        .extensions()
+        .get::<MatchedPath>()
+        .map_or("unmatched", |p| match p.as_str() {
+            "/v1/streams/{stream}/records" => "records",
+            "/metrics" => "metrics",
+            "/healthz" => "healthz",
+            "/readyz" => "readyz",
+            _ => "other",
+        });
+    let started = Instant::now();
+    let response = next.run(request).await;
+    let status = response.status().as_u16().to_string();
+    ::metrics::counter!(metrics::HTTP_REQUESTS, "route" => route, "status" => status).increment(1);
+    ::metrics::histogram!(metrics::HTTP_DURATION, "route" => route)
+        .record(started.elapsed().as_secs_f64());
+    response
+}
+
+/// Starts the gateway: creates topics if configured, binds the listener and serves until
+/// `shutdown` is cancelled, then drains in-flight requests and flushes the producer.
+pub async fn start(
+    config: GatewayConfig,
+    streams: Streams,
+    shutdown: CancellationToken,
+) -> anyhow::Result<Gateway> {
+    let auth = Auth::from_config(&config.auth)?;
+    if config.auth.allow_anonymous {
+        tracing::warn!("anonymous ingest is allowed (auth.allow_anonymous = true)");
+    }
+    if config.kafka.create_topics {
+        produce::ensure_topics(&config.kafka, &streams).await?;
+    }
+    let producer = Producer::new(&config.kafka)?;
+    let state = Arc::new(AppState {
+        streams,
+        auth,
+        limits: config.limits.clone(),
+        producer,
+    });
+    let health = Health::default();
+    spawn_readiness_probe(state.clone(), health.clone(), shutdown.clone());
+    let listener = tokio::net::TcpListener::bind(config.listen).await?;
+    let addr = listener.local_addr()?;
+    tracing::info!(%addr, brokers = %config.kafka.brokers, "gateway listening");
+    let app = router(state.clone(), health);
+    let task = tokio::spawn(async move {
+        axum::serve(listener, app)
+            .with_graceful_shutdown(shutdown.cancelled_owned())
+            .await?;
+        state.producer.flush(Duration::from_secs(10)).await;
+        tracing::info!("gateway stopped");
+        Ok(())
+    });
+    Ok(Gateway { addr, task })
+}
+
+fn spawn_readiness_probe(state: Arc<AppState>, health: Health, shutdown: CancellationToken) {
+    tokio::spawn(async move {
+        loop {
+            health.set_ready(state.producer.is_reachable().await);
+            tokio::select! {
+                _ = shutdown.cancelled() => break,
+                _ = tokio::time::sleep(Duration::from_secs(5)) => {}
+            }
+        }
+    });
+}

@@ -1,0 +1,45 @@
+use std::path::PathBuf;
+use std::time::Duration;
+
+use anyhow::Context;
+use clap::Parser;
+use ingest_gateway::GatewayConfig;
+use ingest_gateway::config::ENV_PREFIX;
+use tokio_util::sync::CancellationToken;
+
+/// HTTP ingest gateway: authenticates, decodes and validates records and produces them to Kafka.
+///
+/// Configuration comes from the TOML file given with --config, overridden by environment
+/// variables prefixed INGEST_GATEWAY_ (nested keys joined with "__", e.g.
+/// INGEST_GATEWAY_KAFKA__BROKERS). See config/ingest-gateway.toml for every option.
+#[derive(Debug, Parser)]
+#[command(version)]
+struct Args {
+    /// Config file (TOML).
+    #[arg(long, short)]
+    config: Option<PathBuf>,
+    /// Seconds to wait for in-flight requests and the producer on shutdown.
+    #[arg(long, default_value_t = 30)]
+    graceful_shutdown_timeout: u64,
+}
+
+#[tokio::main]
+async fn main() -> anyhow::Result<()> {
+    let args = Args::parse();
+    plumbing::init_tracing();
+    plumbing::install_metrics();
+    let config: GatewayConfig = plumbing::load_config(args.config.as_deref(), ENV_PREFIX)?;
+    let streams = plumbing::load_streams_dir(&config.streams_dir)?;
+    let shutdown = CancellationToken::new();
+    plumbing::cancel_on_signal(shutdown.clone());
+    let gateway = ingest_gateway::start(config, streams, shutdown.clone()).await?;
+    let mut task = gateway.task;
+    tokio::select! {
+        result = &mut task => return result.context("gateway task failed")?,
+        _ = shutdown.cancelled() => {}
+    }
+    match tokio::time::timeout(Duration::from_secs(args.graceful_shutdown_timeout), task).await {
+        Ok(result) => result.context("gateway task failed")?,
+        Err(_) => anyhow::bail!("graceful shutdown timed out"),
+    }
+}

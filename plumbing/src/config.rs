@@ -1,0 +1,114 @@
+//! Config files (TOML) with environment overrides, and the stream definition directory.
+
+use std::path::Path;
+
+use anyhow::{Context, bail};
+use figment::Figment;
+use figment::providers::{Env, Format, Toml};
+use schemas::Streams;
+use serde::de::DeserializeOwned;
+
+/// Loads a config: defaults, then the TOML file (if given), then environment variables that start
+/// with `env_prefix`. Nested keys are separated by `__`, e.g. `EDGE_GATEWAY_KAFKA__BROKERS`.
+/// Unknown keys, in the file or the environment, are errors (the config types deny them).
+pub fn load_config<T: DeserializeOwned>(file: Option<&Path>, env_prefix: &str) -> anyhow::Result<T> {
+    let mut figment = Figment::new();
+    if let Some(file) = file {
+        if !file.is_file() {
+            bail!("config file {} does not exist", file.display());
+        }
+        figment = figment.merge(Toml::file_exact(file));
+    }
+    figment = figment.merge(Env::prefixed(env_prefix).split("__"));
+    figment.extract().map_err(|e| {
+        let all: Vec<String> = e.into_iter().map(|e| e.to_string()).collect();
+        anyhow::anyhow!("invalid configuration:\n  {}", all.join("\n  "))
+    })
+}
+
+/// Loads every `*.toml` file of `dir` as a stream definition. All errors are reported together.
+pub fn load_streams_dir(dir: &Path) -> anyhow::Result<Streams> {
+    let entries = std::fs::read_dir(dir)
+        .with_context(|| format!("cannot read stream directory {}", dir.display()))?;
+    let mut files = Vec::new();
+    for entry in entries {
+        let path = entry?.path();
+        if path.extension().is_some_and(|e| e == "toml") {
+            let stem = path
+                .file_stem()
+                .and_then(|s| s.to_str())
+                .unwrap_or_default()
+                .to_owned();
+            let text = std::fs::read_to_string(&path)
+                .with_context(|| format!("cannot read {}", path.display()))?;
+            files.push((stem, text));
+        }
+    }
+    files.sort();
+    let streams = Streams::from_sources(files.iter().map(|(s, t)| (s.as_str(), t.as_str())))
+        .map_err(|errors| {
+            let all: Vec<String> = errors.iter().map(ToString::to_string).collect();
+            anyhow::anyhow!(
+                "invalid stream definitions in {}:\n  {}",
+                dir.display(),
+                all.join("\n  ")
+            )
+        })?;
+    if streams.is_empty() {
+        bail!("no stream definitions (*.toml) in {}", dir.display());
+    }
+    Ok(streams)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[derive(Debug, serde::Deserialize)]
+    #[serde(deny_unknown_fields)]
+    struct Cfg {
+        #[serde(default)]
+        name: String,
+        #[serde(default)]
+        inner: Inner,
+    }
+
+    #[derive(Debug, Default, serde::Deserialize)]
+    #[serde(deny_unknown_fields)]
+    struct Inner {
+        #[serde(default)]
+        port: u16,
+    }
+
+    #[test]
+    fn file_then_env_and_unknown_keys_fail() {
+        let dir = tempfile::tempdir().unwrap();
+        let file = dir.path().join("c.toml");
+        std::fs::write(&file, "name = \"a\"\n[inner]\nport = 1\n").unwrap();
+        figment::Jail::expect_with(|jail| {
+            jail.set_env("PLUMBTEST_INNER__PORT", "7");
+            let c: Cfg = load_config(Some(&file), "PLUMBTEST_").unwrap();
+            assert_eq!((c.name.as_str(), c.inner.port), ("a", 7));
+            jail.set_env("PLUMBTEST_COLOUR", "red");
+            let e = load_config::<Cfg>(Some(&file), "PLUMBTEST_").unwrap_err();
+            assert!(e.to_string().contains("colour"), "{e}");
+            Ok(())
+        });
+        std::fs::write(&file, "nmae = \"a\"\n").unwrap();
+        let e = load_config::<Cfg>(Some(&file), "PLUMBTEST2_").unwrap_err();
+        assert!(e.to_string().contains("nmae"), "{e}");
+    }
+
+    #[test]
+    fn streams_dir_loads_shipped_definitions_and_reports_errors() {
+        let shipped = Path::new(env!("CARGO_MANIFEST_DIR")).join("../streams");
+        let streams = load_streams_dir(&shipped).unwrap();
+        assert!(streams.get("sensor_readings").is_some());
+        let dir = tempfile::tempdir().unwrap();
+        assert!(load_streams_dir(dir.path()).unwrap_err().to_string().contains("no stream"));
+        std::fs::write(dir.path().join("a.toml"), "name = 1").unwrap();
+        std::fs::write(dir.path().join("b.toml"), "oops").unwrap();
+        let e = load_streams_dir(dir.path()).unwrap_err().to_string();
+        assert!(e.contains("a.toml") && e.contains("b.toml"), "{e}");
+    }
+}

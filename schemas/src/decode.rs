@@ -1,0 +1,84 @@
+//! Splitting request bodies into JSON records: NDJSON and JSON arrays.
+
+use serde_json::Value as Json;
+
+use crate::error::{DecodeError, RecordError};
+
+const BOM: &[u8] = b"\xEF\xBB\xBF";
+
+/// The body formats the gateway accepts.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum BodyFormat {
+    /// One JSON object per line (`application/x-ndjson`).
+    Ndjson,
+    /// One JSON array of objects (`application/json`).
+    JsonArray,
+}
+
+impl BodyFormat {
+    /// Maps a `Content-Type` header value (parameters ignored) to a format.
+    pub fn from_content_type(content_type: &str) -> Option<BodyFormat> {
+        let essence = content_type
+            .split(';')
+            .next()
+            .unwrap_or("")
+            .trim()
+            .to_ascii_lowercase();
+        match essence.as_str() {
+            "application/x-ndjson" | "application/ndjson" | "application/jsonl" => {
+                Some(BodyFormat::Ndjson)
+            }
+            "application/json" => Some(BodyFormat::JsonArray),
+            _ => None,
+        }
+    }
+
+    pub fn content_type(self) -> &'static str {
+        match self {
+            BodyFormat::Ndjson => "application/x-ndjson",
+            BodyFormat::JsonArray => "application/json",
+        }
+    }
+}
+
+/// The non-blank lines of an NDJSON body, without a leading byte-order mark and without `\r\n`
+/// or `\n` terminators. The position in the iterator is the record index.
+pub fn ndjson_lines(body: &[u8]) -> impl Iterator<Item = &[u8]> {
+    let body = body.strip_prefix(BOM).unwrap_or(body);
+    body.split(|b| *b == b'\n')
+        .map(|line| line.strip_suffix(b"\r").unwrap_or(line))
+        .filter(|line| !line.iter().all(u8::is_ascii_whitespace))
+}
+
+/// Parses one NDJSON line.
+pub fn parse_line(line: &[u8]) -> Result<Json, RecordError> {
+    serde_json::from_slice(line).map_err(|e| RecordError::Malformed(e.to_string()))
+}
+
+/// Decodes a body into records. NDJSON yields one result per non-blank line, so a malformed line
+/// rejects only itself; a JSON array body must parse as a whole.
+pub fn decode_body(
+    format: BodyFormat,
+    body: &[u8],
+) -> Result<Vec<Result<Json, RecordError>>, DecodeError> {
+    match format {
+        BodyFormat::Ndjson => Ok(ndjson_lines(body).map(parse_line).collect()),
+        BodyFormat::JsonArray => {
+            let body = body.strip_prefix(BOM).unwrap_or(body);
+            match serde_json::from_slice::<Json>(body) {
+                Ok(Json::Array(items)) => Ok(items.into_iter().map(Ok).collect()),
+                Ok(other) => Err(DecodeError::NotAnArray(
+                    match other {
+                        Json::Object(_) => "an object",
+                        Json::String(_) => "a string",
+                        Json::Number(_) => "a number",
+                        Json::Bool(_) => "a bool",
+                        _ => "null",
+                    }
+                    .into(),
+                )),
+                Err(e) => Err(DecodeError::Malformed(e.to_string())),
+            }
+        }
+    }
+}

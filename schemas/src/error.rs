@@ -1,0 +1,59 @@
+use thiserror::Error;
+
+/// A problem with a stream definition.
+#[derive(Debug, Error)]
+pub enum SchemaError {
+    #[error("invalid {what} name '{name}': must match ^[a-z][a-z0-9_]{{0,62}}$")]
+    InvalidName { what: &'static str, name: String },
+    #[error("cannot parse stream definition: {0}")]
+    Parse(String),
+    #[error("stream '{stream}': {reason}")]
+    Invalid { stream: String, reason: String },
+    #[error("{file}: {source}")]
+    InFile {
+        file: String,
+        #[source]
+        source: Box<SchemaError>,
+    },
+}
+
+/// Why one record was rejected. The message names the field, what was expected and what came.
+#[derive(Debug, Clone, PartialEq, Error)]
+pub enum RecordError {
+    #[error("malformed JSON: {0}")]
+    Malformed(String),
+    #[error("record must be a JSON object, got {got}")]
+    NotAnObject { got: String },
+    #[error("field '{field}' is required but missing or null")]
+    Missing { field: String },
+    #[error("field '{field}' is not part of the stream's schema")]
+    Unknown { field: String },
+    #[error("field '{field}': expected {expected}, got {got}")]
+    Type {
+        field: String,
+        expected: String,
+        got: String,
+    },
+}
+
+impl RecordError {
+    /// A short, fixed reason code for metrics labels and dead-letter headers.
+    pub fn code(&self) -> &'static str {
+        match self {
+            RecordError::Malformed(_) => "malformed",
+            RecordError::NotAnObject { .. } => "not_an_object",
+            RecordError::Missing { .. } => "missing_field",
+            RecordError::Unknown { .. } => "unknown_field",
+            RecordError::Type { .. } => "wrong_type",
+        }
+    }
+}
+
+/// A body that cannot be split into records at all.
+#[derive(Debug, Clone, PartialEq, Error)]
+pub enum DecodeError {
+    #[error("malformed JSON body: {0}")]
+    Malformed(String),
+    #[error("a JSON body must be an array of records, got {0}")]
+    NotAnArray(String),
+}

@@ -1,0 +1,59 @@
+//! Stream definitions and wire formats, shared by every component. No I/O happens here.
+//!
+//! - [`stream`]: stream definitions parsed from TOML, and the set of known streams;
+//! - [`value`]: validation of JSON records into typed, normalized [`Record`]s;
+//! - [`decode`]: NDJSON and JSON-array bodies;
+//! - [`hash`]: the canonical BLAKE3 content hash;
+//! - [`wire`]: the Kafka topic, key, value and header format;
+//! - [`arrow`]: the Arrow schema of landing files and the record batch builder.
+
+pub mod api;
+pub mod arrow;
+pub mod decode;
+pub mod error;
+pub mod hash;
+pub mod stream;
+pub mod value;
+pub mod wire;
+pub mod window;
+
+pub use error::{DecodeError, RecordError, SchemaError};
+pub use hash::{ContentHash, content_hash};
+pub use stream::{FieldDef, FieldType, StreamDef, Streams, validate_stream_name};
+pub use value::{Record, Value, validate};
+
+/// A record that passed validation, with its content hash.
+#[derive(Debug, Clone, PartialEq)]
+pub struct ValidRecord {
+    pub record: Record,
+    pub hash: ContentHash,
+}
+
+/// Validates a JSON record and computes its content hash.
+pub fn check(def: &StreamDef, json: serde_json::Value) -> Result<ValidRecord, RecordError> {
+    let record = validate(def, json)?;
+    let hash = content_hash(def, &record);
+    Ok(ValidRecord { record, hash })
+}
+
+/// The example stream definitions shipped in the repository's `streams/` directory, embedded so
+/// that the demo and tests run without a checkout.
+pub const EXAMPLE_STREAMS: &[(&str, &str)] = &[
+    (
+        "sensor_readings",
+        include_str!("../../streams/sensor_readings.toml"),
+    ),
+    (
+        "vehicle_telemetry",
+        include_str!("../../streams/vehicle_telemetry.toml"),
+    ),
+];
+
+/// The example streams, parsed.
+pub fn example_streams() -> Streams {
+    Streams::from_sources(EXAMPLE_STREAMS.iter().copied())
+        .unwrap_or_else(|errors| panic!("shipped stream definitions are invalid: {errors:?}"))
+}
+
+#[cfg(test)]
+mod tests;

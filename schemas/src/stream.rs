@@ -1,0 +1,340 @@
+//! Stream definitions: the typed description of one stream, parsed from a TOML document.
+//!
+//! One file per stream, named `<stream>.toml`. See `streams/README.md` for the format.
+
+use std::collections::{BTreeMap, HashMap};
+use std::fmt;
+use std::sync::Arc;
+
+use serde::Deserialize;
+
+use crate::error::SchemaError;
+
+/// Longest stream or field name, in bytes.
+pub const MAX_NAME_LEN: usize = 63;
+
+/// Checks a stream name against `^[a-z][a-z0-9_]{0,62}$`, so that it is safe in topic names,
+/// URLs, object keys and log lines.
+pub fn validate_stream_name(name: &str) -> Result<(), SchemaError> {
+    if is_identifier(name) {
+        Ok(())
+    } else {
+        Err(SchemaError::InvalidName {
+            what: "stream",
+            name: printable(name),
+        })
+    }
+}
+
+/// `^[a-z][a-z0-9_]{0,62}$`
+fn is_identifier(name: &str) -> bool {
+    let bytes = name.as_bytes();
+    !bytes.is_empty()
+        && bytes.len() <= MAX_NAME_LEN
+        && bytes[0].is_ascii_lowercase()
+        && bytes
+            .iter()
+            .all(|b| b.is_ascii_lowercase() || b.is_ascii_digit() || *b == b'_')
+}
+
+/// A bounded, escaped rendering of untrusted text for error messages and logs.
+pub fn printable(text: &str) -> String {
+    const MAX: usize = 80;
+    let mut out: String = text.chars().take(MAX).flat_map(char::escape_debug).collect();
+    if text.chars().nth(MAX).is_some() {
+        out.push('…');
+    }
+    out
+}
+
+/// The type of a field. Lists and maps hold scalar values; map keys are strings.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum FieldType {
+    String,
+    Bool,
+    Int64,
+    Float64,
+    /// Stored as microseconds since the Unix epoch, UTC.
+    Timestamp,
+    List(Box<FieldType>),
+    Map(Box<FieldType>),
+}
+
+impl FieldType {
+    /// Parses `string`, `bool`, `int64`, `float64`, `timestamp`, `list<T>` or `map<T>`.
+    pub fn parse(text: &str) -> Result<FieldType, String> {
+        let text = text.trim();
+        let scalar = |t: &str| match t.trim() {
+            "string" => Ok(FieldType::String),
+            "bool" => Ok(FieldType::Bool),
+            "int64" => Ok(FieldType::Int64),
+            "float64" => Ok(FieldType::Float64),
+            "timestamp" => Ok(FieldType::Timestamp),
+            other => Err(format!(
+                "unknown type '{}' (expected string, bool, int64, float64, timestamp, list<T> or map<T>)",
+                printable(other)
+            )),
+        };
+        for (prefix, make) in [
+            ("list<", FieldType::List as fn(Box<FieldType>) -> FieldType),
+            ("map<", FieldType::Map),
+        ] {
+            if let Some(inner) = text.strip_prefix(prefix) {
+                let inner = inner
+                    .strip_suffix('>')
+                    .ok_or_else(|| format!("type '{}' is missing its closing '>'", printable(text)))?;
+                return Ok(make(Box::new(scalar(inner).map_err(|e| {
+                    format!("{e}; list and map elements must be scalar types")
+                })?)));
+            }
+        }
+        scalar(text)
+    }
+
+    pub fn is_scalar(&self) -> bool {
+        !matches!(self, FieldType::List(_) | FieldType::Map(_))
+    }
+}
+
+impl fmt::Display for FieldType {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            FieldType::String => f.write_str("string"),
+            FieldType::Bool => f.write_str("bool"),
+            FieldType::Int64 => f.write_str("int64"),
+            FieldType::Float64 => f.write_str("float64"),
+            FieldType::Timestamp => f.write_str("timestamp"),
+            FieldType::List(t) => write!(f, "list<{t}>"),
+            FieldType::Map(t) => write!(f, "map<{t}>"),
+        }
+    }
+}
+
+/// One field of a stream.
+#[derive(Debug, Clone, PartialEq)]
+pub struct FieldDef {
+    pub name: String,
+    pub ty: FieldType,
+    /// A required field must be present and not null.
+    pub required: bool,
+    pub doc: String,
+}
+
+/// A validated stream definition.
+#[derive(Debug, Clone)]
+pub struct StreamDef {
+    pub name: String,
+    pub version: u32,
+    pub description: String,
+    pub fields: Vec<FieldDef>,
+    /// Index into `fields` of the event-time field (a required timestamp).
+    pub event_time: usize,
+    /// Index into `fields` of the partition key field (a required string or int64).
+    pub partition_key: usize,
+    /// Indices into `fields` of the hashed fields, ordered by field name.
+    pub hash_fields: Vec<usize>,
+    index: HashMap<String, usize>,
+}
+
+impl StreamDef {
+    /// Parses and validates a definition from TOML text.
+    pub fn from_toml(text: &str) -> Result<StreamDef, SchemaError> {
+        let raw: RawStream = toml::from_str(text).map_err(|e| SchemaError::Parse(e.to_string()))?;
+        raw.validate()
+    }
+
+    /// The index of a field by name.
+    pub fn field_index(&self, name: &str) -> Option<usize> {
+        self.index.get(name).copied()
+    }
+
+    pub fn event_time_field(&self) -> &FieldDef {
+        &self.fields[self.event_time]
+    }
+
+    pub fn partition_key_field(&self) -> &FieldDef {
+        &self.fields[self.partition_key]
+    }
+}
+
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+struct RawStream {
+    name: String,
+    version: u32,
+    #[serde(default)]
+    description: String,
+    event_time_field: String,
+    partition_key_field: String,
+    #[serde(default)]
+    hash_fields: Option<Vec<String>>,
+    fields: Vec<RawField>,
+}
+
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+struct RawField {
+    name: String,
+    #[serde(rename = "type")]
+    ty: String,
+    #[serde(default)]
+    required: bool,
+    #[serde(default)]
+    doc: String,
+}
+
+impl RawStream {
+    fn validate(self) -> Result<StreamDef, SchemaError> {
+        validate_stream_name(&self.name)?;
+        let invalid = |reason: String| SchemaError::Invalid {
+            stream: self.name.clone(),
+            reason,
+        };
+        if self.version == 0 {
+            return Err(invalid("version must be 1 or more".into()));
+        }
+        if self.fields.is_empty() {
+            return Err(invalid("a stream needs at least one field".into()));
+        }
+        let mut fields = Vec::with_capacity(self.fields.len());
+        let mut index = HashMap::new();
+        for raw in self.fields {
+            if !is_identifier(&raw.name) {
+                return Err(invalid(format!(
+                    "field name '{}' must match ^[a-z][a-z0-9_]{{0,62}}$",
+                    printable(&raw.name)
+                )));
+            }
+            let ty = FieldType::parse(&raw.ty)
+                .map_err(|e| invalid(format!("field '{}': {e}", raw.name)))?;
+            if index.insert(raw.name.clone(), fields.len()).is_some() {
+                return Err(invalid(format!("field '{}' is defined twice", raw.name)));
+            }
+            fields.push(FieldDef {
+                name: raw.name,
+                ty,
+                required: raw.required,
+                doc: raw.doc,
+            });
+        }
+        let lookup = |role: &str, name: &str| {
+            index.get(name).copied().ok_or_else(|| {
+                invalid(format!(
+                    "{role} '{}' is not a field of the stream",
+                    printable(name)
+                ))
+            })
+        };
+        let event_time = lookup("event_time_field", &self.event_time_field)?;
+        let f = &fields[event_time];
+        if f.ty != FieldType::Timestamp || !f.required {
+            return Err(invalid(format!(
+                "event_time_field '{}' must be a required timestamp",
+                f.name
+            )));
+        }
+        let partition_key = lookup("partition_key_field", &self.partition_key_field)?;
+        let f = &fields[partition_key];
+        if !matches!(f.ty, FieldType::String | FieldType::Int64) || !f.required {
+            return Err(invalid(format!(
+                "partition_key_field '{}' must be a required string or int64",
+                f.name
+            )));
+        }
+        let mut hash_fields = match self.hash_fields {
+            None => (0..fields.len()).collect::<Vec<_>>(),
+            Some(names) if names.is_empty() => {
+                return Err(invalid("hash_fields must not be empty".into()));
+            }
+            Some(names) => {
+                let mut out = Vec::with_capacity(names.len());
+                for name in &names {
+                    let i = lookup("hash field", name)?;
+                    if out.contains(&i) {
+                        return Err(invalid(format!("hash field '{name}' is listed twice")));
+                    }
+                    out.push(i);
+                }
+                out
+            }
+        };
+        hash_fields.sort_by(|a, b| fields[*a].name.cmp(&fields[*b].name));
+        Ok(StreamDef {
+            name: self.name,
+            version: self.version,
+            description: self.description,
+            fields,
+            event_time,
+            partition_key,
+            hash_fields,
+            index,
+        })
+    }
+}
+
+/// All stream definitions a component knows, by name.
+#[derive(Debug, Clone, Default)]
+pub struct Streams {
+    by_name: BTreeMap<String, Arc<StreamDef>>,
+}
+
+impl Streams {
+    /// Builds the set from `(file stem, TOML text)` pairs. The file stem must equal the stream
+    /// name. Every problem is reported, not only the first.
+    pub fn from_sources<'a>(
+        sources: impl IntoIterator<Item = (&'a str, &'a str)>,
+    ) -> Result<Streams, Vec<SchemaError>> {
+        let mut by_name = BTreeMap::new();
+        let mut errors = Vec::new();
+        for (stem, text) in sources {
+            match StreamDef::from_toml(text) {
+                Ok(def) if def.name != stem => errors.push(SchemaError::Invalid {
+                    stream: def.name.clone(),
+                    reason: format!(
+                        "defined in '{}.toml'; the file must be named '{}.toml'",
+                        printable(stem),
+                        def.name
+                    ),
+                }),
+                Ok(def) => {
+                    by_name.insert(def.name.clone(), Arc::new(def));
+                }
+                Err(e) => errors.push(SchemaError::InFile {
+                    file: format!("{}.toml", printable(stem)),
+                    source: Box::new(e),
+                }),
+            }
+        }
+        if errors.is_empty() {
+            Ok(Streams { by_name })
+        } else {
+            Err(errors)
+        }
+    }
+
+    /// Builds the set from already parsed definitions.
+    pub fn from_defs(defs: impl IntoIterator<Item = StreamDef>) -> Streams {
+        Streams {
+            by_name: defs
+                .into_iter()
+                .map(|d| (d.name.clone(), Arc::new(d)))
+                .collect(),
+        }
+    }
+
+    pub fn get(&self, name: &str) -> Option<&Arc<StreamDef>> {
+        self.by_name.get(name)
+    }
+
+    pub fn iter(&self) -> impl Iterator<Item = &Arc<StreamDef>> {
+        self.by_name.values()
+    }
+
+    pub fn len(&self) -> usize {
+        self.by_name.len()
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.by_name.is_empty()
+    }
+}

@@ -1,0 +1,395 @@
+use proptest::prelude::*;
+use serde_json::{Value as Json, json};
+
+use crate::arrow::{RowMeta, arrow_schema, record_batch};
+use crate::decode::{BodyFormat, decode_body, ndjson_lines};
+use crate::value::{EPOCH_MS_LIMIT, format_timestamp};
+use crate::wire::{decode_value, encode_value};
+use crate::*;
+
+fn sensor() -> std::sync::Arc<StreamDef> {
+    example_streams().get("sensor_readings").unwrap().clone()
+}
+
+fn reading() -> Json {
+    json!({
+        "device_id": "dev-1", "sensor": "temp", "ts": "2024-05-01T12:00:00.123456Z",
+        "value": 21.5, "unit": "degC", "quality": 192, "tags": {"site": "a", "line": "3"}
+    })
+}
+
+fn err(json: Json) -> String {
+    validate(&sensor(), json).unwrap_err().to_string()
+}
+
+#[test]
+fn shipped_streams_parse() {
+    let streams = example_streams();
+    assert_eq!(streams.len(), 2);
+    let s = sensor();
+    assert_eq!(s.event_time_field().name, "ts");
+    assert_eq!(s.partition_key_field().name, "device_id");
+    let hashed: Vec<_> = s.hash_fields.iter().map(|i| s.fields[*i].name.as_str()).collect();
+    assert_eq!(hashed, ["device_id", "quality", "sensor", "ts", "unit", "value"]);
+    let v = streams.get("vehicle_telemetry").unwrap();
+    assert_eq!(v.hash_fields.len(), v.fields.len());
+}
+
+#[test]
+fn stream_names() {
+    for ok in ["a", "sensor_readings", "x9_", &"a".repeat(63)] {
+        assert!(validate_stream_name(ok).is_ok(), "{ok}");
+    }
+    for bad in ["", "9a", "_a", "A", "a-b", "a.b", "a/b", "../etc", "a b", "é", &"a".repeat(64)] {
+        assert!(validate_stream_name(bad).is_err(), "{bad}");
+    }
+    let e = validate_stream_name("bad\nname\u{1b}[31m").unwrap_err().to_string();
+    assert!(!e.contains('\n') && !e.contains('\u{1b}'), "{e}");
+}
+
+#[test]
+fn definition_errors_are_precise() {
+    let base = |extra: &str| {
+        format!(
+            "name = \"s\"\nversion = 1\nevent_time_field = \"t\"\npartition_key_field = \"k\"\n{extra}\n\
+             [[fields]]\nname = \"t\"\ntype = \"timestamp\"\nrequired = true\n\
+             [[fields]]\nname = \"k\"\ntype = \"string\"\nrequired = true\n"
+        )
+    };
+    assert!(StreamDef::from_toml(&base("")).is_ok());
+    let cases = [
+        (base("colour = 1"), "unknown field"),
+        (base("hash_fields = [\"nope\"]"), "hash field 'nope' is not a field"),
+        (base("hash_fields = []"), "must not be empty"),
+        (base("").replace("timestamp", "list<list<int64>>"), "scalar"),
+        (base("").replace("timestamp", "float32"), "unknown type 'float32'"),
+        (base("").replace("required = true\n[[", "required = false\n[["), "required timestamp"),
+        (base("").replace("version = 1", "version = 0"), "version must be 1"),
+        (base("").replace("name = \"k\"", "name = \"t\""), "defined twice"),
+        (base("").replace("name = \"s\"", "name = \"S\""), "invalid stream name"),
+    ];
+    for (text, want) in cases {
+        let e = StreamDef::from_toml(&text).unwrap_err().to_string();
+        assert!(e.contains(want), "want {want:?} in {e:?}");
+    }
+    let e = Streams::from_sources([("other", base("").as_str())]).unwrap_err();
+    assert!(e[0].to_string().contains("must be named 's.toml'"), "{:?}", e);
+}
+
+#[test]
+fn field_type_round_trips() {
+    for t in ["string", "bool", "int64", "float64", "timestamp", "list<float64>", "map<string>"] {
+        assert_eq!(FieldType::parse(t).unwrap().to_string(), t);
+    }
+}
+
+#[test]
+fn validation_errors_name_field_expected_and_got() {
+    let mut r = reading();
+    r["value"] = json!("hot");
+    assert_eq!(err(r), "field 'value': expected float64, got string \"hot\"");
+    let mut r = reading();
+    r["quality"] = json!(1.5);
+    assert!(err(r).starts_with("field 'quality': expected int64"));
+    let mut r = reading();
+    r.as_object_mut().unwrap().remove("device_id");
+    assert_eq!(err(r), "field 'device_id' is required but missing or null");
+    let mut r = reading();
+    r["device_id"] = Json::Null;
+    assert_eq!(err(r), "field 'device_id' is required but missing or null");
+    let mut r = reading();
+    r["extra"] = json!(1);
+    assert_eq!(err(r), "field 'extra' is not part of the stream's schema");
+    let mut r = reading();
+    r["tags"]["site"] = json!({"nested": true});
+    assert_eq!(err(r), "field 'tags.site': expected string, got object with 1 keys");
+    let mut r = reading();
+    r["sensor"] = json!(["a"]);
+    assert_eq!(err(r), "field 'sensor': expected string, got array of 1 items");
+    assert_eq!(err(json!([1])), "record must be a JSON object, got array of 1 items");
+    let mut r = reading();
+    r["ts"] = json!("yesterday");
+    assert!(err(r).starts_with("field 'ts': expected timestamp"));
+}
+
+#[test]
+fn list_errors_carry_the_index() {
+    let v = example_streams().get("vehicle_telemetry").unwrap().clone();
+    let rec = json!({"vehicle_id": "v", "recorded_at": 0, "lat": 1, "lon": 2,
+                     "fault_codes": ["P0001", 7]});
+    let e = validate(&v, rec).unwrap_err().to_string();
+    assert_eq!(e, "field 'fault_codes[1]': expected string, got number 7");
+}
+
+#[test]
+fn timestamps_accept_rfc3339_ms_and_us() {
+    let micros = 1_714_564_800_123_000_i64;
+    for ts in [
+        json!("2024-05-01T12:00:00.123Z"),
+        json!("2024-05-01T14:00:00.123+02:00"),
+        json!(1_714_564_800_123_i64),
+        json!(micros),
+        json!(1_714_564_800_123.0),
+    ] {
+        let mut r = reading();
+        r["ts"] = ts.clone();
+        let rec = validate(&sensor(), r).unwrap();
+        assert_eq!(rec.values[2], Value::Timestamp(micros), "{ts}");
+    }
+    assert_eq!(format_timestamp(micros), "2024-05-01T12:00:00.123000Z");
+    // The boundary between milliseconds and microseconds.
+    let mut r = reading();
+    r["ts"] = json!(EPOCH_MS_LIMIT - 1);
+    assert_eq!(validate(&sensor(), r).unwrap().values[2], Value::Timestamp((EPOCH_MS_LIMIT - 1) * 1000));
+    for bad in [json!("10000-01-01T00:00:00Z"), json!(i64::MAX), json!(1.5), json!(true), json!(1e300)] {
+        let mut r = reading();
+        r["ts"] = bad.clone();
+        assert!(validate(&sensor(), r).is_err(), "{bad}");
+    }
+}
+
+#[test]
+fn huge_numbers() {
+    let mut r = reading();
+    r["quality"] = json!(i64::MAX);
+    assert_eq!(validate(&sensor(), r).unwrap().values[5], Value::Int(i64::MAX));
+    let mut r = reading();
+    r["quality"] = serde_json::from_str("99999999999999999999").unwrap();
+    assert!(err(r).starts_with("field 'quality': expected int64"));
+    let mut r = reading();
+    r["quality"] = json!(1e300);
+    assert!(err(r).contains("got number"));
+    let body = br#"{"device_id":"d","sensor":"s","ts":0,"value":1e999}"#;
+    let out = decode_body(BodyFormat::Ndjson, body).unwrap();
+    assert!(matches!(out[0], Err(RecordError::Malformed(_))), "{out:?}");
+}
+
+#[test]
+fn ndjson_edge_cases() {
+    let body = "\u{feff}{\"a\":1}\r\n\r\n   \n{\"b\":\"ü→😀\"}\n\t\n{\"c\":3}";
+    let lines: Vec<_> = ndjson_lines(body.as_bytes()).collect();
+    assert_eq!(lines.len(), 3);
+    let out = decode_body(BodyFormat::Ndjson, body.as_bytes()).unwrap();
+    assert_eq!(out[1].as_ref().unwrap()["b"], json!("ü→😀"));
+    assert!(decode_body(BodyFormat::Ndjson, b"").unwrap().is_empty());
+    assert!(decode_body(BodyFormat::Ndjson, b"\n\r\n").unwrap().is_empty());
+    // A bad line rejects only itself, and invalid UTF-8 is malformed, not a panic.
+    let out = decode_body(BodyFormat::Ndjson, b"{\"a\":1}\n{oops\n\xff\xfe\n[1]").unwrap();
+    assert!(out[0].is_ok());
+    assert!(matches!(out[1], Err(RecordError::Malformed(_))));
+    assert!(matches!(out[2], Err(RecordError::Malformed(_))));
+    assert!(out[3].is_ok(), "an array line is decoded; validation rejects it");
+}
+
+#[test]
+fn json_array_bodies() {
+    let out = decode_body(BodyFormat::JsonArray, "\u{feff}[{\"a\":1}, 2]".as_bytes()).unwrap();
+    assert_eq!(out.len(), 2);
+    assert_eq!(
+        decode_body(BodyFormat::JsonArray, b"{\"a\":1}").unwrap_err(),
+        DecodeError::NotAnArray("an object".into())
+    );
+    assert!(matches!(decode_body(BodyFormat::JsonArray, b"[{\"a\":"), Err(DecodeError::Malformed(_))));
+    assert_eq!(BodyFormat::from_content_type("application/json; charset=utf-8"), Some(BodyFormat::JsonArray));
+    assert_eq!(BodyFormat::from_content_type("Application/X-NDJSON"), Some(BodyFormat::Ndjson));
+    assert_eq!(BodyFormat::from_content_type("text/plain"), None);
+}
+
+#[test]
+fn hash_ignores_key_order_number_format_and_timestamp_notation() {
+    let def = sensor();
+    let a = r#"{"device_id":"d","sensor":"s","ts":"2024-01-01T00:00:00Z","value":1,"quality":5}"#;
+    let b = r#"{"quality":5.0,"value":1.0e0,"ts":1704067200000,"sensor":"s","device_id":"d"}"#;
+    let c = r#"{"quality":5,"value":1.00,"ts":1704067200000000,"sensor":"s","device_id":"d","unit":null}"#;
+    let h = |s: &str| check(&def, serde_json::from_str(s).unwrap()).unwrap().hash;
+    assert_eq!(h(a), h(b));
+    assert_eq!(h(a), h(c));
+    // Tags are not hashed in sensor_readings; value is.
+    let d = r#"{"device_id":"d","sensor":"s","ts":"2024-01-01T00:00:00Z","value":1,"quality":5,"tags":{"x":"y"}}"#;
+    assert_eq!(h(a), h(d));
+    let e = r#"{"device_id":"d","sensor":"s","ts":"2024-01-01T00:00:00Z","value":1.0000001,"quality":5}"#;
+    assert_ne!(h(a), h(e));
+}
+
+#[test]
+fn hash_is_stable_across_releases() {
+    // Changing the canonical encoding changes every hash in every landing zone: this value
+    // must only change together with the domain prefix.
+    let def = sensor();
+    let r = check(&def, reading()).unwrap();
+    assert_eq!(
+        r.hash.to_hex(),
+        blake3_reference(),
+        "canonical hash of the reference reading changed"
+    );
+}
+
+/// The expected hash of `reading()`, computed by hand from the documented encoding.
+fn blake3_reference() -> String {
+    let mut h = blake3::Hasher::new();
+    h.update(b"edge-ingest/record/v1\0");
+    let mut field = |name: &str, payload: &[u8]| {
+        h.update(&(name.len() as u32).to_le_bytes());
+        h.update(name.as_bytes());
+        h.update(payload);
+    };
+    let s = |tag: u8, text: &str| {
+        let mut v = vec![tag];
+        v.extend((text.len() as u64).to_le_bytes());
+        v.extend(text.as_bytes());
+        v
+    };
+    let tagged = |tag: u8, bytes: [u8; 8]| {
+        let mut v = vec![tag];
+        v.extend(bytes);
+        v
+    };
+    field("device_id", &s(4, "dev-1"));
+    field("quality", &tagged(2, 192i64.to_le_bytes()));
+    field("sensor", &s(4, "temp"));
+    field("ts", &tagged(5, 1_714_564_800_123_456i64.to_le_bytes()));
+    field("unit", &s(4, "degC"));
+    field("value", &tagged(3, 21.5f64.to_bits().to_le_bytes()));
+    h.finalize().to_hex().to_string()
+}
+
+#[test]
+fn wire_value_round_trips() {
+    let def = sensor();
+    let r = check(&def, reading()).unwrap();
+    let bytes = encode_value(&def, &r.record);
+    let back = decode_value(&def, &bytes).unwrap();
+    assert_eq!(back, r.record);
+    assert_eq!(content_hash(&def, &back), r.hash);
+    let text = String::from_utf8(bytes).unwrap();
+    assert!(text.contains("\"ts\":\"2024-05-01T12:00:00.123456Z\""), "{text}");
+}
+
+#[test]
+fn arrow_batch_has_schema_types_and_metadata() {
+    use ::arrow::datatypes::{DataType, TimeUnit};
+    let v = example_streams().get("vehicle_telemetry").unwrap().clone();
+    let rows: Vec<_> = [
+        json!({"vehicle_id": "v1", "recorded_at": 1, "lat": 1, "lon": 2, "fault_codes": ["a", null]}),
+        json!({"vehicle_id": "v2", "recorded_at": 2, "lat": 3, "lon": 4, "ignition": true}),
+    ]
+    .into_iter()
+    .enumerate()
+    .map(|(i, j)| {
+        let r = check(&v, j).unwrap();
+        (r.record, RowMeta { ingest_ts: 10, partition: 0, offset: i as i64, hash: r.hash })
+    })
+    .collect();
+    let batch = record_batch(&v, &rows).unwrap();
+    assert_eq!(batch.num_rows(), 2);
+    assert_eq!(batch.num_columns(), v.fields.len() + 4);
+    let schema = arrow_schema(&v);
+    assert_eq!(
+        schema.field_with_name("recorded_at").unwrap().data_type(),
+        &DataType::Timestamp(TimeUnit::Microsecond, Some("UTC".into()))
+    );
+    assert!(!schema.field_with_name("vehicle_id").unwrap().is_nullable());
+    assert!(schema.field_with_name("ignition").unwrap().is_nullable());
+    assert_eq!(schema.metadata()["stream"], "vehicle_telemetry");
+    let faults = batch.column_by_name("fault_codes").unwrap();
+    assert_eq!(faults.null_count(), 1);
+    let sensor = sensor();
+    let r = check(&sensor, reading()).unwrap();
+    let meta = RowMeta { ingest_ts: 1, partition: 3, offset: 9, hash: r.hash };
+    let batch = record_batch(&sensor, &[(r.record, meta)]).unwrap();
+    assert!(matches!(batch.column_by_name("tags").unwrap().data_type(), DataType::Map(_, false)));
+}
+
+fn arb_reading() -> impl Strategy<Value = Json> {
+    (
+        "[a-z0-9-]{1,12}",
+        prop::sample::select(vec!["temp", "pressure", "rpm"]),
+        0i64..4_000_000_000_000,
+        any::<i32>(),
+        prop::option::of("[a-zA-Z°]{0,4}"),
+        prop::option::of(0i64..256),
+        prop::collection::btree_map("[a-z]{1,5}", "\\PC{0,6}", 0..4),
+    )
+        .prop_map(|(device, sensor, ts, v, unit, q, tags)| {
+            json!({"device_id": device, "sensor": sensor, "ts": ts, "value": f64::from(v) / 8.0,
+                   "unit": unit, "quality": q, "tags": tags})
+        })
+}
+
+/// Rewrites a record with the same meaning: keys reversed, numbers as floats or with exponent,
+/// timestamps as RFC 3339 or microseconds, nulls dropped.
+fn reformat(json: &Json, variant: u8) -> String {
+    let obj = json.as_object().unwrap();
+    let mut parts = Vec::new();
+    for (k, v) in obj.iter().rev() {
+        let text = match (k.as_str(), v) {
+            (_, Json::Null) if variant % 2 == 0 => continue,
+            ("ts", Json::Number(n)) => {
+                let ms = n.as_i64().unwrap();
+                match variant % 3 {
+                    0 => format!("{}", ms * 1000),
+                    1 => format!("\"{}\"", format_timestamp(ms * 1000)),
+                    _ => format!("{ms}.0"),
+                }
+            }
+            ("value", Json::Number(n)) => format!("{:e}", n.as_f64().unwrap()),
+            ("quality", Json::Number(n)) => format!("{}.0", n.as_i64().unwrap()),
+            (_, other) => other.to_string(),
+        };
+        parts.push(format!("{}:{}", Json::String(k.clone()), text));
+    }
+    format!("{{{}}}", parts.join(" , "))
+}
+
+proptest! {
+    #[test]
+    fn hash_is_independent_of_formatting(r in arb_reading(), variant in 0u8..6) {
+        let def = sensor();
+        let original = check(&def, r.clone()).unwrap();
+        let text = reformat(&r, variant);
+        let again: Json = serde_json::from_str(&text).unwrap();
+        // Epoch values below the ms/us boundary stay in ms; only compare when unambiguous.
+        let ms = r["ts"].as_i64().unwrap();
+        prop_assume!(variant % 3 != 0 || ms * 1000 >= EPOCH_MS_LIMIT);
+        let other = check(&def, again).unwrap();
+        prop_assert_eq!(original.hash, other.hash, "{}", text);
+        prop_assert_eq!(original.record, other.record);
+    }
+
+    #[test]
+    fn different_values_hash_differently(r in arb_reading(), delta in 1i32..1000) {
+        let def = sensor();
+        let mut changed = r.clone();
+        changed["value"] = json!(r["value"].as_f64().unwrap() + f64::from(delta));
+        prop_assert_ne!(check(&def, r).unwrap().hash, check(&def, changed).unwrap().hash);
+    }
+
+    #[test]
+    fn wire_round_trip_keeps_hash(r in arb_reading()) {
+        let def = sensor();
+        let v = check(&def, r).unwrap();
+        let back = decode_value(&def, &encode_value(&def, &v.record)).unwrap();
+        prop_assert_eq!(content_hash(&def, &back), v.hash);
+    }
+
+    #[test]
+    fn decoders_never_panic(body in prop::collection::vec(any::<u8>(), 0..512)) {
+        let _ = decode_body(BodyFormat::Ndjson, &body);
+        let _ = decode_body(BodyFormat::JsonArray, &body);
+    }
+
+    #[test]
+    fn ndjson_line_count_ignores_blank_lines_and_crlf(n in 0usize..20, crlf: bool, blanks in 0usize..3) {
+        let nl = if crlf { "\r\n" } else { "\n" };
+        let mut body = String::new();
+        for i in 0..n {
+            body.push_str(&format!("{{\"i\":{i}}}{nl}"));
+            body.push_str(&nl.repeat(blanks));
+        }
+        let out = decode_body(BodyFormat::Ndjson, body.as_bytes()).unwrap();
+        prop_assert_eq!(out.len(), n);
+        for (i, r) in out.iter().enumerate() {
+            prop_assert_eq!(&r.as_ref().unwrap()["i"], &json!(i));
+        }
+    }
+}

@@ -1,0 +1,97 @@
+#!/usr/bin/env bash
+# Test services on loopback: a Kafka-protocol broker (tansu), an S3 server (moto) and the Python
+# tools of the test suite (pyarrow, boto3, confluent-kafka). Installs once into a cache and
+# reuses it; every start picks free ports, so parallel runs do not collide.
+#
+#   scripts/services.sh install          install what is missing (cached)
+#   scripts/services.sh start STATE_DIR  start the services; writes STATE_DIR/env (export lines)
+#   scripts/services.sh stop STATE_DIR   stop what `start` started
+#
+# Cache: $EDGE_INGEST_CACHE, default ~/.cache/edge-ingest.
+set -euo pipefail
+
+CACHE="${EDGE_INGEST_CACHE:-$HOME/.cache/edge-ingest}"
+HERE="$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)"
+TANSU_VERSION=0.6.0
+TANSU="$CACHE/tansu-$TANSU_VERSION/bin/tansu"
+VENV="$CACHE/venv"
+PY="$VENV/bin/python"
+
+log() { echo "services: $*" >&2; }
+
+install_tansu() {
+  if [ -x "$TANSU" ]; then return; fi
+  log "installing tansu $TANSU_VERSION (about 10 minutes, once)"
+  CARGO_TARGET_DIR="$CACHE/tansu-build" cargo install tansu --version "$TANSU_VERSION" --locked \
+    --features dynostore,libsql --root "$CACHE/tansu-$TANSU_VERSION" >&2
+  rm -rf "$CACHE/tansu-build"
+}
+
+install_python() {
+  local stamp="$VENV/.requirements"
+  if [ -x "$PY" ] && cmp -s "$HERE/requirements-test.txt" "$stamp"; then return; fi
+  log "installing Python test tools into $VENV"
+  python3 -m venv "$VENV"
+  "$PY" -m pip install --quiet --disable-pip-version-check -r "$HERE/requirements-test.txt" >&2
+  cp "$HERE/requirements-test.txt" "$stamp"
+}
+
+free_port() {
+  python3 -c 'import socket; s=socket.socket(); s.bind(("127.0.0.1", 0)); print(s.getsockname()[1])'
+}
+
+wait_for_port() { # port name seconds
+  local port=$1 name=$2 secs=$3
+  for _ in $(seq 1 $((secs * 10))); do
+    if python3 -c "import socket,sys; s=socket.socket(); s.settimeout(0.2); sys.exit(s.connect_ex(('127.0.0.1', $port)))" 2>/dev/null; then
+      return 0
+    fi
+    sleep 0.1
+  done
+  log "$name did not open port $port within ${secs}s"
+  return 1
+}
+
+start() {
+  local state=$1
+  mkdir -p "$state"
+  local kport sport
+  kport=$(free_port)
+  sport=$(free_port)
+  "$TANSU" broker \
+    --listener-url "tcp://127.0.0.1:$kport" \
+    --advertised-listener-url "tcp://127.0.0.1:$kport" \
+    --storage-engine "memory://tansu/" >"$state/tansu.log" 2>&1 &
+  echo $! >"$state/tansu.pid"
+  "$VENV/bin/moto_server" -H 127.0.0.1 -p "$sport" >"$state/moto.log" 2>&1 &
+  echo $! >"$state/moto.pid"
+  wait_for_port "$kport" tansu 60 || { cat "$state/tansu.log" >&2; return 1; }
+  wait_for_port "$sport" moto_server 60 || { cat "$state/moto.log" >&2; return 1; }
+  cat >"$state/env" <<ENV
+export EDGE_INGEST_KAFKA=127.0.0.1:$kport
+export EDGE_INGEST_S3=http://127.0.0.1:$sport
+export EDGE_INGEST_PYTHON=$PY
+export AWS_ACCESS_KEY_ID=test
+export AWS_SECRET_ACCESS_KEY=test
+export AWS_REGION=us-east-1
+export AWS_EC2_METADATA_DISABLED=true
+ENV
+  log "tansu on 127.0.0.1:$kport, moto_server on 127.0.0.1:$sport (logs in $state)"
+}
+
+stop() {
+  local state=$1
+  for name in tansu moto; do
+    if [ -f "$state/$name.pid" ]; then
+      kill "$(cat "$state/$name.pid")" 2>/dev/null || true
+      rm -f "$state/$name.pid"
+    fi
+  done
+}
+
+case "${1:-}" in
+  install) install_tansu; install_python ;;
+  start) start "${2:?state dir}" ;;
+  stop) stop "${2:?state dir}" ;;
+  *) echo "usage: $0 install | start STATE_DIR | stop STATE_DIR" >&2; exit 2 ;;
+esac

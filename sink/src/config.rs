@@ -1,0 +1,164 @@
+//! Sink configuration: a TOML file plus `SINK_` environment overrides.
+
+use std::collections::BTreeMap;
+use std::net::SocketAddr;
+use std::path::PathBuf;
+
+use serde::Deserialize;
+
+/// Environment variables with this prefix override config keys (`__` separates nesting).
+pub const ENV_PREFIX: &str = "SINK_";
+
+#[derive(Debug, Clone, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct SinkConfig {
+    /// Directory of stream definitions (`<stream>.toml`).
+    #[serde(default = "default_streams_dir")]
+    pub streams_dir: PathBuf,
+    /// Address of `/metrics`, `/healthz` and `/readyz`.
+    #[serde(default = "default_admin_listen")]
+    pub admin_listen: SocketAddr,
+    #[serde(default)]
+    pub kafka: KafkaConfig,
+    /// Where landing files go.
+    #[serde(default)]
+    pub store: StoreConfig,
+    /// First component of every object key.
+    #[serde(default = "default_key_prefix")]
+    pub key_prefix: String,
+    #[serde(default)]
+    pub rotation: RotationConfig,
+    /// Content hashes remembered per partition to drop re-sent records.
+    #[serde(default = "default_dedupe_window")]
+    pub dedupe_window: usize,
+}
+
+impl Default for SinkConfig {
+    fn default() -> Self {
+        SinkConfig {
+            streams_dir: default_streams_dir(),
+            admin_listen: default_admin_listen(),
+            kafka: KafkaConfig::default(),
+            store: StoreConfig::default(),
+            key_prefix: default_key_prefix(),
+            rotation: RotationConfig::default(),
+            dedupe_window: default_dedupe_window(),
+        }
+    }
+}
+
+#[derive(Debug, Clone, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct KafkaConfig {
+    /// Bootstrap servers, comma separated.
+    #[serde(default = "default_brokers")]
+    pub brokers: String,
+    /// Consumer group; every sink process of one landing zone uses the same group.
+    #[serde(default = "default_group_id")]
+    pub group_id: String,
+    /// Topic of a stream = prefix + stream name. The sink reads the topics of all known streams.
+    #[serde(default = "default_topic_prefix")]
+    pub topic_prefix: String,
+    /// Extra librdkafka consumer properties.
+    #[serde(default)]
+    pub consumer: BTreeMap<String, String>,
+}
+
+impl Default for KafkaConfig {
+    fn default() -> Self {
+        KafkaConfig {
+            brokers: default_brokers(),
+            group_id: default_group_id(),
+            topic_prefix: default_topic_prefix(),
+            consumer: BTreeMap::new(),
+        }
+    }
+}
+
+/// The object store backend.
+#[derive(Debug, Clone, Deserialize)]
+#[serde(tag = "type", rename_all = "snake_case", deny_unknown_fields)]
+pub enum StoreConfig {
+    /// A local directory: files are written to a temporary name, fsynced and linked into place.
+    Local {
+        /// Root directory of the landing zone.
+        path: PathBuf,
+    },
+    /// S3 or an S3-compatible server. Credentials come from the usual AWS chain
+    /// (environment, profile, instance role).
+    S3 {
+        bucket: String,
+        /// Endpoint URL for S3-compatible servers (MinIO, moto); AWS when absent.
+        #[serde(default)]
+        endpoint: Option<String>,
+        /// Region; from the AWS chain when absent, else `us-east-1`.
+        #[serde(default)]
+        region: Option<String>,
+        /// Path-style addressing (`endpoint/bucket/key`), needed by most S3-compatible servers.
+        #[serde(default)]
+        force_path_style: bool,
+    },
+}
+
+impl Default for StoreConfig {
+    fn default() -> Self {
+        StoreConfig::Local {
+            path: PathBuf::from("landing"),
+        }
+    }
+}
+
+#[derive(Debug, Clone, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct RotationConfig {
+    /// Close a file after this many records.
+    #[serde(default = "default_max_records")]
+    pub max_records: usize,
+    /// Close a file when its records' JSON size reaches this many bytes.
+    #[serde(default = "default_max_bytes")]
+    pub max_bytes: usize,
+    /// Close a file when its partition received nothing for this many milliseconds.
+    #[serde(default = "default_idle_ms")]
+    pub idle_ms: u64,
+}
+
+impl Default for RotationConfig {
+    fn default() -> Self {
+        RotationConfig {
+            max_records: default_max_records(),
+            max_bytes: default_max_bytes(),
+            idle_ms: default_idle_ms(),
+        }
+    }
+}
+
+fn default_streams_dir() -> PathBuf {
+    PathBuf::from("streams")
+}
+fn default_admin_listen() -> SocketAddr {
+    SocketAddr::from(([0, 0, 0, 0], 9102))
+}
+fn default_brokers() -> String {
+    "127.0.0.1:9092".into()
+}
+fn default_group_id() -> String {
+    "landing-sink".into()
+}
+fn default_topic_prefix() -> String {
+    schemas::wire::DEFAULT_TOPIC_PREFIX.into()
+}
+fn default_key_prefix() -> String {
+    "landing".into()
+}
+fn default_max_records() -> usize {
+    1_000_000
+}
+fn default_max_bytes() -> usize {
+    256 << 20
+}
+fn default_idle_ms() -> u64 {
+    60_000
+}
+fn default_dedupe_window() -> usize {
+    100_000
+}

@@ -1,0 +1,50 @@
+use std::path::PathBuf;
+use std::time::Duration;
+
+use anyhow::Context;
+use clap::Parser;
+use sink::SinkConfig;
+use sink::config::ENV_PREFIX;
+use tokio_util::sync::CancellationToken;
+
+/// Landing-zone sink: consumes the stream topics as a consumer group and writes Parquet files
+/// to S3 or a local directory exactly once.
+///
+/// Configuration comes from the TOML file given with --config, overridden by environment
+/// variables prefixed SINK_ (nested keys joined with "__", e.g. SINK_KAFKA__BROKERS).
+/// See config/sink.toml for every option.
+#[derive(Debug, Parser)]
+#[command(version)]
+struct Args {
+    /// Config file (TOML).
+    #[arg(long, short)]
+    config: Option<PathBuf>,
+    /// Seconds to wait for buffered files to be written and committed on shutdown.
+    #[arg(long, default_value_t = 60)]
+    graceful_shutdown_timeout: u64,
+}
+
+#[tokio::main]
+async fn main() -> anyhow::Result<()> {
+    let args = Args::parse();
+    plumbing::init_tracing();
+    plumbing::install_metrics();
+    let config: SinkConfig = plumbing::load_config(args.config.as_deref(), ENV_PREFIX)?;
+    let streams = plumbing::load_streams_dir(&config.streams_dir)?;
+    let shutdown = CancellationToken::new();
+    plumbing::cancel_on_signal(shutdown.clone());
+    let health = plumbing::Health::default();
+    let admin = plumbing::serve_admin(config.admin_listen, health.clone(), shutdown.clone()).await?;
+    tracing::info!(%admin, "admin endpoints listening");
+    let sink = sink::start(config, streams, shutdown.clone()).await?;
+    health.set_ready(true);
+    let mut task = sink.task;
+    tokio::select! {
+        result = &mut task => return result.context("sink task failed")?,
+        _ = shutdown.cancelled() => {}
+    }
+    match tokio::time::timeout(Duration::from_secs(args.graceful_shutdown_timeout), task).await {
+        Ok(result) => result.context("sink task failed")?,
+        Err(_) => anyhow::bail!("graceful shutdown timed out; unwritten records will be read again"),
+    }
+}
