@@ -79,7 +79,9 @@ pub async fn run(
                         .with_context(|| format!("cannot open {}", path.display()))?,
                 )),
             ),
-            SourceConfig::Stdin { stream } => (stream, Box::new(std::io::stdin().lock())),
+            SourceConfig::Stdin { stream } => {
+                (stream, Box::new(std::io::BufReader::new(std::io::stdin())))
+            }
         };
         let def = streams
             .get(stream)
@@ -124,7 +126,9 @@ pub async fn deliver_lines(
                     }
                 }
                 Ok(None) => {}
-                Err(e) => tracing::warn!(stream = %stream, line = n + 1, error = %e, "invalid record skipped"),
+                Err(e) => {
+                    tracing::warn!(stream = %stream, line = n + 1, error = %e, "invalid record skipped")
+                }
             }
         }
         if let Some(batch) = pipeline.take_batch() {

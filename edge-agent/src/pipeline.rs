@@ -66,7 +66,8 @@ impl Pipeline {
             self.stats.duplicates += 1;
             return Ok(None);
         }
-        self.buf.extend_from_slice(&encode_value(&self.def, &valid.record));
+        self.buf
+            .extend_from_slice(&encode_value(&self.def, &valid.record));
         self.buf.push(b'\n');
         self.records += 1;
         self.stats.batched += 1;
@@ -100,8 +101,14 @@ mod tests {
     use super::*;
 
     fn pipeline(max_records: usize) -> Pipeline {
-        let def = schemas::example_streams().get("sensor_readings").unwrap().clone();
-        let config = BatchConfig { max_records, ..BatchConfig::default() };
+        let def = schemas::example_streams()
+            .get("sensor_readings")
+            .unwrap()
+            .clone();
+        let config = BatchConfig {
+            max_records,
+            ..BatchConfig::default()
+        };
         Pipeline::new(def, config, 100)
     }
 
@@ -117,7 +124,15 @@ mod tests {
         let b = p.push_line(&line(2)).unwrap().expect("closed at 2 records");
         assert_eq!(b.records, 2);
         assert!(p.push_line(b"{\"nope\":1}").is_err());
-        assert_eq!(p.stats, PipelineStats { read: 4, invalid: 1, duplicates: 1, batched: 2 });
+        assert_eq!(
+            p.stats,
+            PipelineStats {
+                read: 4,
+                invalid: 1,
+                duplicates: 1,
+                batched: 2
+            }
+        );
         let raw = zstd::decode_all(&b.body[..]).unwrap();
         assert_eq!(raw.len(), b.raw_bytes);
         assert_eq!(b.id, blake3::hash(&raw).to_hex().to_string());

@@ -72,7 +72,8 @@ impl Sender {
                 Ok(response) => {
                     let status = response.status();
                     if status.is_success() {
-                        return response.json::<IngestResponse>().await.map_err(|e| {
+                        let body = response.bytes().await.unwrap_or_default();
+                        return serde_json::from_slice::<IngestResponse>(&body).map_err(|e| {
                             SendError::Rejected {
                                 status: status.as_u16(),
                                 body: format!("unreadable answer: {e}"),

@@ -208,33 +208,28 @@ pub async fn ingest(
     let who = state.auth.authenticate(&headers)?;
     validate_stream_name(&stream).map_err(|e| ApiError::bad_request(e.to_string()))?;
     state.auth.authorize(who, &stream)?;
-    let def = state
-        .streams
-        .get(&stream)
-        .cloned()
-        .ok_or_else(|| {
-            ApiError::new(
-                StatusCode::NOT_FOUND,
-                "unknown_stream",
-                format!("no stream named '{stream}'"),
-            )
-        })?;
+    let def = state.streams.get(&stream).cloned().ok_or_else(|| {
+        ApiError::new(
+            StatusCode::NOT_FOUND,
+            "unknown_stream",
+            format!("no stream named '{stream}'"),
+        )
+    })?;
     let format = body_format(&headers)?;
     let encoding = content_encoding(&headers)?;
     let limit = state.limits.max_body_bytes;
-    let body = axum::body::to_bytes(body, limit).await.map_err(|_| {
-        ApiError::too_large(format!("request body is larger than {limit} bytes"))
-    })?;
+    let body = axum::body::to_bytes(body, limit)
+        .await
+        .map_err(|_| ApiError::too_large(format!("request body is larger than {limit} bytes")))?;
     let labels = [("stream", stream.clone())];
     metrics::counter!(m::RECEIVED_BYTES, &labels).increment(body.len() as u64);
 
     let st = state.clone();
     let def2 = def.clone();
-    let checked = tokio::task::spawn_blocking(move || {
-        check_body(&def2, format, encoding, body, &st.limits)
-    })
-    .await
-    .map_err(|e| ApiError::unavailable(format!("internal error: {e}"), 1))??;
+    let checked =
+        tokio::task::spawn_blocking(move || check_body(&def2, format, encoding, body, &st.limits))
+            .await
+            .map_err(|e| ApiError::unavailable(format!("internal error: {e}"), 1))??;
     metrics::counter!(m::DECOMPRESSED_BYTES, &labels).increment(checked.decompressed_bytes as u64);
 
     let Checked {

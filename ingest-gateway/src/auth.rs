@@ -65,13 +65,18 @@ impl Auth {
             return if self.allow_anonymous {
                 Ok(Principal::Anonymous)
             } else {
-                Err(ApiError::unauthorized("missing Authorization: Bearer token"))
+                Err(ApiError::unauthorized(
+                    "missing Authorization: Bearer token",
+                ))
             };
         };
         let presented = value
             .to_str()
             .ok()
-            .and_then(|v| v.strip_prefix("Bearer ").or_else(|| v.strip_prefix("bearer ")))
+            .and_then(|v| {
+                v.strip_prefix("Bearer ")
+                    .or_else(|| v.strip_prefix("bearer "))
+            })
             .map(str::trim)
             .ok_or_else(|| ApiError::unauthorized("Authorization must be 'Bearer <token>'"))?;
         let hash = blake3::hash(presented.as_bytes());

@@ -113,3 +113,6 @@ fn spawn_readiness_probe(state: Arc<AppState>, health: Health, shutdown: Cancell
         }
     });
 }
+
+#[cfg(test)]
+mod tests;

@@ -20,7 +20,7 @@ use sink::SinkConfig;
 use sink::config::{RotationConfig, StoreConfig};
 use tokio_util::sync::CancellationToken;
 
-use crate::gen::{FleetSpec, sensor_readings, to_ndjson};
+use crate::fleet::{FleetSpec, sensor_readings, to_ndjson};
 use crate::verify::{Verdict, compare, read_landing_dir};
 
 const STREAM: &str = "sensor_readings";
@@ -53,39 +53,86 @@ impl fmt::Display for DemoSummary {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         let a = &self.agent;
         let dups = a.pipeline.duplicates + a.gateway_duplicates + self.sink_duplicates;
-        writeln!(f, "edge-ingest demo: agent -> gateway -> Kafka (in-process mock) -> sink -> Parquet")?;
-        writeln!(f, "  records generated    {} ({} distinct)", self.generated, self.distinct)?;
-        writeln!(f, "  sent by the agent    {} records in {} zstd batches, {} accepted by the gateway", a.pipeline.batched, a.batches, a.accepted)?;
-        writeln!(f, "  duplicates dropped   {dups} (agent {}, gateway {}, sink {})", a.pipeline.duplicates, a.gateway_duplicates, self.sink_duplicates)?;
-        writeln!(f, "  landed               {} rows in {} Parquet files", self.landed_rows, self.files.len())?;
+        writeln!(
+            f,
+            "edge-ingest demo: agent -> gateway -> Kafka (in-process mock) -> sink -> Parquet"
+        )?;
+        writeln!(
+            f,
+            "  records generated    {} ({} distinct)",
+            self.generated, self.distinct
+        )?;
+        writeln!(
+            f,
+            "  sent by the agent    {} records in {} zstd batches, {} accepted by the gateway",
+            a.pipeline.batched, a.batches, a.accepted
+        )?;
+        writeln!(
+            f,
+            "  duplicates dropped   {dups} (agent {}, gateway {}, sink {})",
+            a.pipeline.duplicates, a.gateway_duplicates, self.sink_duplicates
+        )?;
+        writeln!(
+            f,
+            "  landed               {} rows in {} Parquet files",
+            self.landed_rows,
+            self.files.len()
+        )?;
         let ratio = a.wire_bytes as f64 / a.raw_bytes.max(1) as f64;
-        writeln!(f, "  bytes on the wire    {} (NDJSON {} bytes, ratio {ratio:.3})", a.wire_bytes, a.raw_bytes)?;
+        writeln!(
+            f,
+            "  bytes on the wire    {} (NDJSON {} bytes, ratio {ratio:.3})",
+            a.wire_bytes, a.raw_bytes
+        )?;
         let v = &self.verdict;
         if v.exactly_once() {
-            writeln!(f, "  verified             every distinct record landed exactly once")?;
+            writeln!(
+                f,
+                "  verified             every distinct record landed exactly once"
+            )?;
         } else {
-            writeln!(f, "  VERIFICATION FAILED  {} missing, {} duplicated, {} unexpected", v.missing, v.duplicated, v.unexpected)?;
+            writeln!(
+                f,
+                "  VERIFICATION FAILED  {} missing, {} duplicated, {} unexpected",
+                v.missing, v.duplicated, v.unexpected
+            )?;
         }
         writeln!(f, "  files under          {}", self.run_dir.display())?;
-        write!(f, "  took                 {:.1} s", self.elapsed.as_secs_f64())
+        write!(
+            f,
+            "  took                 {:.1} s",
+            self.elapsed.as_secs_f64()
+        )
     }
 }
 
 /// Runs the demo. The mock cluster is memory-only: nothing but the landing files survives.
 pub async fn run(options: DemoOptions) -> anyhow::Result<DemoSummary> {
     let started = Instant::now();
-    tracing::warn!("embedded mode: Kafka is librdkafka's in-process mock cluster; it is memory-only and not for production");
+    tracing::warn!(
+        "embedded mode: Kafka is librdkafka's in-process mock cluster; it is memory-only and not for production"
+    );
     let streams = schemas::example_streams();
     let cluster = MockCluster::new(1).context("cannot start the mock Kafka cluster")?;
     let brokers = cluster.bootstrap_servers();
     for def in streams.iter() {
-        cluster.create_topic(&topic_name(schemas::wire::DEFAULT_TOPIC_PREFIX, &def.name), 3, 1)?;
+        cluster.create_topic(
+            &topic_name(schemas::wire::DEFAULT_TOPIC_PREFIX, &def.name),
+            3,
+            1,
+        )?;
     }
     let run_prefix = format!("demo-{}", chrono::Utc::now().format("%Y%m%dT%H%M%S%.3fZ"));
     let shutdown = CancellationToken::new();
 
-    let gateway = ingest_gateway::start(gateway_config(&brokers), streams.clone(), shutdown.clone()).await?;
-    let sink = sink::start(sink_config(&brokers, &options.landing, &run_prefix), streams.clone(), shutdown.clone()).await?;
+    let gateway =
+        ingest_gateway::start(gateway_config(&brokers), streams.clone(), shutdown.clone()).await?;
+    let sink = sink::start(
+        sink_config(&brokers, &options.landing, &run_prefix),
+        streams.clone(),
+        shutdown.clone(),
+    )
+    .await?;
 
     let records = sensor_readings(&options.fleet);
     let expected = distinct_hashes(&streams, &records)?;
@@ -95,8 +142,14 @@ pub async fn run(options: DemoOptions) -> anyhow::Result<DemoSummary> {
         timeout_ms: 10_000,
         max_attempts: 5,
     })?;
-    let def = streams.get(STREAM).context("sensor_readings stream missing")?.clone();
-    let batch = BatchConfig { max_records: 2_000, ..BatchConfig::default() };
+    let def = streams
+        .get(STREAM)
+        .context("sensor_readings stream missing")?
+        .clone();
+    let batch = BatchConfig {
+        max_records: 2_000,
+        ..BatchConfig::default()
+    };
     let agent = edge_agent::deliver_lines(
         Box::new(Cursor::new(to_ndjson(&records))),
         def,
@@ -141,8 +194,13 @@ pub async fn run(options: DemoOptions) -> anyhow::Result<DemoSummary> {
 }
 
 /// The distinct content hashes of generated records.
-pub fn distinct_hashes(streams: &Streams, records: &[serde_json::Value]) -> anyhow::Result<HashSet<ContentHash>> {
-    let def = streams.get(STREAM).context("sensor_readings stream missing")?;
+pub fn distinct_hashes(
+    streams: &Streams,
+    records: &[serde_json::Value],
+) -> anyhow::Result<HashSet<ContentHash>> {
+    let def = streams
+        .get(STREAM)
+        .context("sensor_readings stream missing")?;
     records
         .iter()
         .map(|r| Ok(schemas::check(def, r.clone())?.hash))
@@ -169,9 +227,14 @@ fn gateway_config(brokers: &str) -> GatewayConfig {
 
 fn sink_config(brokers: &str, landing: &std::path::Path, prefix: &str) -> SinkConfig {
     let mut config = SinkConfig {
-        store: StoreConfig::Local { path: landing.to_path_buf() },
+        store: StoreConfig::Local {
+            path: landing.to_path_buf(),
+        },
         key_prefix: prefix.to_owned(),
-        rotation: RotationConfig { idle_ms: 500, ..RotationConfig::default() },
+        rotation: RotationConfig {
+            idle_ms: 500,
+            ..RotationConfig::default()
+        },
         ..SinkConfig::default()
     };
     config.kafka.brokers = brokers.to_owned();

@@ -1,5 +1,5 @@
 //! Simulated device fleets, the end-to-end verifier and the one-command demo.
 
 pub mod demo;
-pub mod gen;
+pub mod fleet;
 pub mod verify;

@@ -3,7 +3,7 @@ use std::time::Duration;
 
 use clap::{Parser, Subcommand};
 use loadtest::demo::{DemoOptions, run};
-use loadtest::gen::{FleetSpec, sensor_readings, to_ndjson};
+use loadtest::fleet::{FleetSpec, sensor_readings, to_ndjson};
 
 /// Simulated device fleets, end-to-end verification and the one-command demo.
 #[derive(Debug, Parser)]
@@ -71,7 +71,11 @@ async fn main() -> anyhow::Result<()> {
     // Keep the demo's output to the summary and warnings unless RUST_LOG asks for more.
     plumbing::init_tracing_with_default("warn");
     match args.command {
-        Command::Demo { landing, fleet, timeout } => {
+        Command::Demo {
+            landing,
+            fleet,
+            timeout,
+        } => {
             let summary = run(DemoOptions {
                 landing,
                 fleet: fleet.into(),

@@ -24,7 +24,9 @@ pub fn read_landing_dir(dir: &Path) -> anyhow::Result<Landed> {
     let mut landed = Landed::default();
     let mut stack = vec![dir.to_path_buf()];
     while let Some(d) = stack.pop() {
-        for entry in std::fs::read_dir(&d).with_context(|| format!("cannot list {}", d.display()))? {
+        for entry in
+            std::fs::read_dir(&d).with_context(|| format!("cannot list {}", d.display()))?
+        {
             let path = entry?.path();
             if path.is_dir() {
                 stack.push(path);
@@ -76,8 +78,15 @@ impl Verdict {
 /// Compares what landed with the distinct hashes that were sent.
 pub fn compare(expected: &std::collections::HashSet<ContentHash>, landed: &Landed) -> Verdict {
     Verdict {
-        missing: expected.iter().filter(|h| !landed.hashes.contains_key(h)).count(),
+        missing: expected
+            .iter()
+            .filter(|h| !landed.hashes.contains_key(h))
+            .count(),
         duplicated: landed.hashes.values().filter(|n| **n > 1).count(),
-        unexpected: landed.hashes.keys().filter(|h| !expected.contains(h)).count(),
+        unexpected: landed
+            .hashes
+            .keys()
+            .filter(|h| !expected.contains(h))
+            .count(),
     }
 }

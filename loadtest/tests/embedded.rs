@@ -6,12 +6,16 @@ mod common;
 use std::time::Duration;
 
 use loadtest::demo::{DemoOptions, run};
-use loadtest::gen::{FleetSpec, sensor_readings};
+use loadtest::fleet::{FleetSpec, sensor_readings};
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn embedded_default_lands_every_record_exactly_once() {
     let landing = tempfile::tempdir().unwrap();
-    let fleet = FleetSpec { records: 4_000, devices: 20, ..FleetSpec::default() };
+    let fleet = FleetSpec {
+        records: 4_000,
+        devices: 20,
+        ..FleetSpec::default()
+    };
     let summary = run(DemoOptions {
         landing: landing.path().to_path_buf(),
         fleet: fleet.clone(),
@@ -21,8 +25,14 @@ async fn embedded_default_lands_every_record_exactly_once() {
     .unwrap();
     assert!(summary.verdict.exactly_once(), "{summary}");
     assert_eq!(summary.landed_rows, summary.distinct);
-    assert!(summary.agent.pipeline.duplicates > 0, "the fleet re-sends records");
-    assert!(summary.agent.wire_bytes < summary.agent.raw_bytes / 3, "{summary}");
+    assert!(
+        summary.agent.pipeline.duplicates > 0,
+        "the fleet re-sends records"
+    );
+    assert!(
+        summary.agent.wire_bytes < summary.agent.raw_bytes / 3,
+        "{summary}"
+    );
 
     let landed = common::pyarrow(&["--dir", summary.run_dir.to_str().unwrap()]);
     common::assert_landed_exactly(&sensor_readings(&fleet), &landed);

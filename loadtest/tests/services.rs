@@ -12,7 +12,7 @@ use edge_agent::config::{BatchConfig, GatewayTarget, SourceConfig};
 use ingest_gateway::GatewayConfig;
 use ingest_gateway::config::{AuthConfig, TokenConfig};
 use loadtest::demo::{blake3_hex, distinct_hashes};
-use loadtest::gen::{FleetSpec, sensor_readings, to_ndjson};
+use loadtest::fleet::{FleetSpec, sensor_readings, to_ndjson};
 use sink::SinkConfig;
 use sink::config::{RotationConfig, StoreConfig};
 use tokio_util::sync::CancellationToken;
@@ -21,7 +21,11 @@ use tokio_util::sync::CancellationToken;
 async fn agent_gateway_tansu_sink_s3_pyarrow() {
     let kafka = common::service_env("EDGE_INGEST_KAFKA");
     let s3 = common::service_env("EDGE_INGEST_S3");
-    let id = SystemTime::now().duration_since(UNIX_EPOCH).unwrap().as_nanos() % 1_000_000_000_000;
+    let id = SystemTime::now()
+        .duration_since(UNIX_EPOCH)
+        .unwrap()
+        .as_nanos()
+        % 1_000_000_000_000;
     let topic_prefix = format!("e2e{id}.");
     let bucket = format!("landing-{id}");
     common::pyarrow(&["--s3-endpoint", &s3, "--bucket", &bucket, "--create-bucket"]);
@@ -32,7 +36,11 @@ async fn agent_gateway_tansu_sink_s3_pyarrow() {
         listen: ([127, 0, 0, 1], 0).into(),
         auth: AuthConfig {
             allow_anonymous: false,
-            tokens: vec![TokenConfig { name: "e2e".into(), blake3: blake3_hex("e2e-secret"), streams: vec!["sensor_readings".into()] }],
+            tokens: vec![TokenConfig {
+                name: "e2e".into(),
+                blake3: blake3_hex("e2e-secret"),
+                streams: vec!["sensor_readings".into()],
+            }],
         },
         ..GatewayConfig::default()
     };
@@ -40,19 +48,36 @@ async fn agent_gateway_tansu_sink_s3_pyarrow() {
     gateway.kafka.topic_prefix = topic_prefix.clone();
     gateway.kafka.create_topics = true;
     gateway.kafka.produce_timeout_ms = 20_000;
-    let gateway = ingest_gateway::start(gateway, streams.clone(), shutdown.clone()).await.unwrap();
+    let gateway = ingest_gateway::start(gateway, streams.clone(), shutdown.clone())
+        .await
+        .unwrap();
 
     let mut sink = SinkConfig {
-        store: StoreConfig::S3 { bucket: bucket.clone(), endpoint: Some(s3.clone()), region: Some("us-east-1".into()), force_path_style: true },
-        rotation: RotationConfig { idle_ms: 1_000, ..RotationConfig::default() },
+        store: StoreConfig::S3 {
+            bucket: bucket.clone(),
+            endpoint: Some(s3.clone()),
+            region: Some("us-east-1".into()),
+            force_path_style: true,
+        },
+        rotation: RotationConfig {
+            idle_ms: 1_000,
+            ..RotationConfig::default()
+        },
         ..SinkConfig::default()
     };
     sink.kafka.brokers = kafka;
     sink.kafka.topic_prefix = topic_prefix;
     sink.kafka.group_id = format!("e2e-sink-{id}");
-    let sink = sink::start(sink, streams.clone(), shutdown.clone()).await.unwrap();
+    let sink = sink::start(sink, streams.clone(), shutdown.clone())
+        .await
+        .unwrap();
 
-    let fleet = FleetSpec { records: 3_000, devices: 10, seed: 7, ..FleetSpec::default() };
+    let fleet = FleetSpec {
+        records: 3_000,
+        devices: 10,
+        seed: 7,
+        ..FleetSpec::default()
+    };
     let records = sensor_readings(&fleet);
     let expected = distinct_hashes(&streams, &records).unwrap();
     let dir = tempfile::tempdir().unwrap();
@@ -60,24 +85,49 @@ async fn agent_gateway_tansu_sink_s3_pyarrow() {
     std::fs::write(&file, to_ndjson(&records)).unwrap();
     let agent = AgentConfig {
         streams_dir: common::repo_root().join("streams"),
-        gateway: GatewayTarget { url: format!("http://{}", gateway.addr), token: Some("e2e-secret".into()), timeout_ms: 30_000, max_attempts: 5 },
-        batch: BatchConfig { max_records: 700, ..BatchConfig::default() },
+        gateway: GatewayTarget {
+            url: format!("http://{}", gateway.addr),
+            token: Some("e2e-secret".into()),
+            timeout_ms: 30_000,
+            max_attempts: 5,
+        },
+        batch: BatchConfig {
+            max_records: 700,
+            ..BatchConfig::default()
+        },
         dedupe_window: 1_000_000,
-        sources: vec![SourceConfig::File { path: file, stream: "sensor_readings".into() }],
+        sources: vec![SourceConfig::File {
+            path: file,
+            stream: "sensor_readings".into(),
+        }],
     };
-    let stats = edge_agent::run(agent, streams.clone(), shutdown.clone()).await.unwrap();
+    let stats = edge_agent::run(agent, streams.clone(), shutdown.clone())
+        .await
+        .unwrap();
     assert_eq!(stats.accepted as usize, expected.len());
     assert!(stats.batches >= 4, "several batches: {stats:?}");
 
     let deadline = Instant::now() + Duration::from_secs(120);
     while sink.stats.records_written.load(Ordering::Relaxed) < expected.len() as u64 {
-        assert!(Instant::now() < deadline, "only {} of {} records landed", sink.stats.records_written.load(Ordering::Relaxed), expected.len());
+        assert!(
+            Instant::now() < deadline,
+            "only {} of {} records landed",
+            sink.stats.records_written.load(Ordering::Relaxed),
+            expected.len()
+        );
         tokio::time::sleep(Duration::from_millis(200)).await;
     }
     shutdown.cancel();
     gateway.task.await.unwrap().unwrap();
     sink.task.await.unwrap().unwrap();
 
-    let landed = common::pyarrow(&["--s3-endpoint", &s3, "--bucket", &bucket, "--prefix", "landing/"]);
+    let landed = common::pyarrow(&[
+        "--s3-endpoint",
+        &s3,
+        "--bucket",
+        &bucket,
+        "--prefix",
+        "landing/",
+    ]);
     common::assert_landed_exactly(&records, &landed);
 }

@@ -11,7 +11,10 @@ use serde::de::DeserializeOwned;
 /// Loads a config: defaults, then the TOML file (if given), then environment variables that start
 /// with `env_prefix`. Nested keys are separated by `__`, e.g. `EDGE_GATEWAY_KAFKA__BROKERS`.
 /// Unknown keys, in the file or the environment, are errors (the config types deny them).
-pub fn load_config<T: DeserializeOwned>(file: Option<&Path>, env_prefix: &str) -> anyhow::Result<T> {
+pub fn load_config<T: DeserializeOwned>(
+    file: Option<&Path>,
+    env_prefix: &str,
+) -> anyhow::Result<T> {
     let mut figment = Figment::new();
     if let Some(file) = file {
         if !file.is_file() {
@@ -81,6 +84,7 @@ mod tests {
     }
 
     #[test]
+    #[allow(clippy::result_large_err)] // figment's Jail API
     fn file_then_env_and_unknown_keys_fail() {
         let dir = tempfile::tempdir().unwrap();
         let file = dir.path().join("c.toml");
@@ -105,7 +109,12 @@ mod tests {
         let streams = load_streams_dir(&shipped).unwrap();
         assert!(streams.get("sensor_readings").is_some());
         let dir = tempfile::tempdir().unwrap();
-        assert!(load_streams_dir(dir.path()).unwrap_err().to_string().contains("no stream"));
+        assert!(
+            load_streams_dir(dir.path())
+                .unwrap_err()
+                .to_string()
+                .contains("no stream")
+        );
         std::fs::write(dir.path().join("a.toml"), "name = 1").unwrap();
         std::fs::write(dir.path().join("b.toml"), "oops").unwrap();
         let e = load_streams_dir(dir.path()).unwrap_err().to_string();

@@ -8,8 +8,8 @@ use std::collections::HashMap;
 use std::sync::Arc;
 
 use arrow::array::{
-    ArrayRef, BooleanBuilder, FixedSizeBinaryBuilder, Float64Builder, Int32Builder,
-    Int64Builder, ListArray, MapArray, StringBuilder, StructArray, TimestampMicrosecondBuilder,
+    ArrayRef, BooleanBuilder, FixedSizeBinaryBuilder, Float64Builder, Int32Builder, Int64Builder,
+    ListArray, MapArray, StringBuilder, StructArray, TimestampMicrosecondBuilder,
 };
 use arrow::buffer::{NullBuffer, OffsetBuffer};
 use arrow::datatypes::{DataType, Field, FieldRef, Fields, Schema, SchemaRef, TimeUnit};
@@ -155,7 +155,9 @@ fn build_array<'a>(
         }
         FieldType::Bool => {
             let mut b = BooleanBuilder::with_capacity(n);
-            values.for_each(|v| b.append_option(matches!(v, Value::Bool(_)).then(|| v == &Value::Bool(true))));
+            values.for_each(|v| {
+                b.append_option(matches!(v, Value::Bool(_)).then(|| v == &Value::Bool(true)))
+            });
             Arc::new(b.finish())
         }
         FieldType::Int64 => {

@@ -14,8 +14,8 @@ pub mod error;
 pub mod hash;
 pub mod stream;
 pub mod value;
-pub mod wire;
 pub mod window;
+pub mod wire;
 
 pub use error::{DecodeError, RecordError, SchemaError};
 pub use hash::{ContentHash, content_hash};

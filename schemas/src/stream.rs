@@ -40,7 +40,11 @@ fn is_identifier(name: &str) -> bool {
 /// A bounded, escaped rendering of untrusted text for error messages and logs.
 pub fn printable(text: &str) -> String {
     const MAX: usize = 80;
-    let mut out: String = text.chars().take(MAX).flat_map(char::escape_debug).collect();
+    let mut out: String = text
+        .chars()
+        .take(MAX)
+        .flat_map(char::escape_debug)
+        .collect();
     if text.chars().nth(MAX).is_some() {
         out.push('…');
     }
@@ -80,9 +84,9 @@ impl FieldType {
             ("map<", FieldType::Map),
         ] {
             if let Some(inner) = text.strip_prefix(prefix) {
-                let inner = inner
-                    .strip_suffix('>')
-                    .ok_or_else(|| format!("type '{}' is missing its closing '>'", printable(text)))?;
+                let inner = inner.strip_suffix('>').ok_or_else(|| {
+                    format!("type '{}' is missing its closing '>'", printable(text))
+                })?;
                 return Ok(make(Box::new(scalar(inner).map_err(|e| {
                     format!("{e}; list and map elements must be scalar types")
                 })?)));

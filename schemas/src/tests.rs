@@ -29,8 +29,15 @@ fn shipped_streams_parse() {
     let s = sensor();
     assert_eq!(s.event_time_field().name, "ts");
     assert_eq!(s.partition_key_field().name, "device_id");
-    let hashed: Vec<_> = s.hash_fields.iter().map(|i| s.fields[*i].name.as_str()).collect();
-    assert_eq!(hashed, ["device_id", "quality", "sensor", "ts", "unit", "value"]);
+    let hashed: Vec<_> = s
+        .hash_fields
+        .iter()
+        .map(|i| s.fields[*i].name.as_str())
+        .collect();
+    assert_eq!(
+        hashed,
+        ["device_id", "quality", "sensor", "ts", "unit", "value"]
+    );
     let v = streams.get("vehicle_telemetry").unwrap();
     assert_eq!(v.hash_fields.len(), v.fields.len());
 }
@@ -40,10 +47,24 @@ fn stream_names() {
     for ok in ["a", "sensor_readings", "x9_", &"a".repeat(63)] {
         assert!(validate_stream_name(ok).is_ok(), "{ok}");
     }
-    for bad in ["", "9a", "_a", "A", "a-b", "a.b", "a/b", "../etc", "a b", "é", &"a".repeat(64)] {
+    for bad in [
+        "",
+        "9a",
+        "_a",
+        "A",
+        "a-b",
+        "a.b",
+        "a/b",
+        "../etc",
+        "a b",
+        "é",
+        &"a".repeat(64),
+    ] {
         assert!(validate_stream_name(bad).is_err(), "{bad}");
     }
-    let e = validate_stream_name("bad\nname\u{1b}[31m").unwrap_err().to_string();
+    let e = validate_stream_name("bad\nname\u{1b}[31m")
+        .unwrap_err()
+        .to_string();
     assert!(!e.contains('\n') && !e.contains('\u{1b}'), "{e}");
 }
 
@@ -59,26 +80,56 @@ fn definition_errors_are_precise() {
     assert!(StreamDef::from_toml(&base("")).is_ok());
     let cases = [
         (base("colour = 1"), "unknown field"),
-        (base("hash_fields = [\"nope\"]"), "hash field 'nope' is not a field"),
+        (
+            base("hash_fields = [\"nope\"]"),
+            "hash field 'nope' is not a field",
+        ),
         (base("hash_fields = []"), "must not be empty"),
         (base("").replace("timestamp", "list<list<int64>>"), "scalar"),
-        (base("").replace("timestamp", "float32"), "unknown type 'float32'"),
-        (base("").replace("required = true\n[[", "required = false\n[["), "required timestamp"),
-        (base("").replace("version = 1", "version = 0"), "version must be 1"),
-        (base("").replace("name = \"k\"", "name = \"t\""), "defined twice"),
-        (base("").replace("name = \"s\"", "name = \"S\""), "invalid stream name"),
+        (
+            base("").replace("timestamp", "float32"),
+            "unknown type 'float32'",
+        ),
+        (
+            base("").replace("required = true\n[[", "required = false\n[["),
+            "required timestamp",
+        ),
+        (
+            base("").replace("version = 1", "version = 0"),
+            "version must be 1",
+        ),
+        (
+            base("").replace("name = \"k\"", "name = \"t\""),
+            "defined twice",
+        ),
+        (
+            base("").replace("name = \"s\"", "name = \"S\""),
+            "invalid stream name",
+        ),
     ];
     for (text, want) in cases {
         let e = StreamDef::from_toml(&text).unwrap_err().to_string();
         assert!(e.contains(want), "want {want:?} in {e:?}");
     }
     let e = Streams::from_sources([("other", base("").as_str())]).unwrap_err();
-    assert!(e[0].to_string().contains("must be named 's.toml'"), "{:?}", e);
+    assert!(
+        e[0].to_string().contains("must be named 's.toml'"),
+        "{:?}",
+        e
+    );
 }
 
 #[test]
 fn field_type_round_trips() {
-    for t in ["string", "bool", "int64", "float64", "timestamp", "list<float64>", "map<string>"] {
+    for t in [
+        "string",
+        "bool",
+        "int64",
+        "float64",
+        "timestamp",
+        "list<float64>",
+        "map<string>",
+    ] {
         assert_eq!(FieldType::parse(t).unwrap().to_string(), t);
     }
 }
@@ -87,7 +138,10 @@ fn field_type_round_trips() {
 fn validation_errors_name_field_expected_and_got() {
     let mut r = reading();
     r["value"] = json!("hot");
-    assert_eq!(err(r), "field 'value': expected float64, got string \"hot\"");
+    assert_eq!(
+        err(r),
+        "field 'value': expected float64, got string \"hot\""
+    );
     let mut r = reading();
     r["quality"] = json!(1.5);
     assert!(err(r).starts_with("field 'quality': expected int64"));
@@ -102,11 +156,20 @@ fn validation_errors_name_field_expected_and_got() {
     assert_eq!(err(r), "field 'extra' is not part of the stream's schema");
     let mut r = reading();
     r["tags"]["site"] = json!({"nested": true});
-    assert_eq!(err(r), "field 'tags.site': expected string, got object with 1 keys");
+    assert_eq!(
+        err(r),
+        "field 'tags.site': expected string, got object with 1 keys"
+    );
     let mut r = reading();
     r["sensor"] = json!(["a"]);
-    assert_eq!(err(r), "field 'sensor': expected string, got array of 1 items");
-    assert_eq!(err(json!([1])), "record must be a JSON object, got array of 1 items");
+    assert_eq!(
+        err(r),
+        "field 'sensor': expected string, got array of 1 items"
+    );
+    assert_eq!(
+        err(json!([1])),
+        "record must be a JSON object, got array of 1 items"
+    );
     let mut r = reading();
     r["ts"] = json!("yesterday");
     assert!(err(r).starts_with("field 'ts': expected timestamp"));
@@ -140,8 +203,17 @@ fn timestamps_accept_rfc3339_ms_and_us() {
     // The boundary between milliseconds and microseconds.
     let mut r = reading();
     r["ts"] = json!(EPOCH_MS_LIMIT - 1);
-    assert_eq!(validate(&sensor(), r).unwrap().values[2], Value::Timestamp((EPOCH_MS_LIMIT - 1) * 1000));
-    for bad in [json!("10000-01-01T00:00:00Z"), json!(i64::MAX), json!(1.5), json!(true), json!(1e300)] {
+    assert_eq!(
+        validate(&sensor(), r).unwrap().values[2],
+        Value::Timestamp((EPOCH_MS_LIMIT - 1) * 1000)
+    );
+    for bad in [
+        json!("10000-01-01T00:00:00Z"),
+        json!(i64::MAX),
+        json!(1.5),
+        json!(true),
+        json!(1e300),
+    ] {
         let mut r = reading();
         r["ts"] = bad.clone();
         assert!(validate(&sensor(), r).is_err(), "{bad}");
@@ -152,7 +224,10 @@ fn timestamps_accept_rfc3339_ms_and_us() {
 fn huge_numbers() {
     let mut r = reading();
     r["quality"] = json!(i64::MAX);
-    assert_eq!(validate(&sensor(), r).unwrap().values[5], Value::Int(i64::MAX));
+    assert_eq!(
+        validate(&sensor(), r).unwrap().values[5],
+        Value::Int(i64::MAX)
+    );
     let mut r = reading();
     r["quality"] = serde_json::from_str("99999999999999999999").unwrap();
     assert!(err(r).starts_with("field 'quality': expected int64"));
@@ -172,13 +247,20 @@ fn ndjson_edge_cases() {
     let out = decode_body(BodyFormat::Ndjson, body.as_bytes()).unwrap();
     assert_eq!(out[1].as_ref().unwrap()["b"], json!("ü→😀"));
     assert!(decode_body(BodyFormat::Ndjson, b"").unwrap().is_empty());
-    assert!(decode_body(BodyFormat::Ndjson, b"\n\r\n").unwrap().is_empty());
+    assert!(
+        decode_body(BodyFormat::Ndjson, b"\n\r\n")
+            .unwrap()
+            .is_empty()
+    );
     // A bad line rejects only itself, and invalid UTF-8 is malformed, not a panic.
     let out = decode_body(BodyFormat::Ndjson, b"{\"a\":1}\n{oops\n\xff\xfe\n[1]").unwrap();
     assert!(out[0].is_ok());
     assert!(matches!(out[1], Err(RecordError::Malformed(_))));
     assert!(matches!(out[2], Err(RecordError::Malformed(_))));
-    assert!(out[3].is_ok(), "an array line is decoded; validation rejects it");
+    assert!(
+        out[3].is_ok(),
+        "an array line is decoded; validation rejects it"
+    );
 }
 
 #[test]
@@ -189,9 +271,18 @@ fn json_array_bodies() {
         decode_body(BodyFormat::JsonArray, b"{\"a\":1}").unwrap_err(),
         DecodeError::NotAnArray("an object".into())
     );
-    assert!(matches!(decode_body(BodyFormat::JsonArray, b"[{\"a\":"), Err(DecodeError::Malformed(_))));
-    assert_eq!(BodyFormat::from_content_type("application/json; charset=utf-8"), Some(BodyFormat::JsonArray));
-    assert_eq!(BodyFormat::from_content_type("Application/X-NDJSON"), Some(BodyFormat::Ndjson));
+    assert!(matches!(
+        decode_body(BodyFormat::JsonArray, b"[{\"a\":"),
+        Err(DecodeError::Malformed(_))
+    ));
+    assert_eq!(
+        BodyFormat::from_content_type("application/json; charset=utf-8"),
+        Some(BodyFormat::JsonArray)
+    );
+    assert_eq!(
+        BodyFormat::from_content_type("Application/X-NDJSON"),
+        Some(BodyFormat::Ndjson)
+    );
     assert_eq!(BodyFormat::from_content_type("text/plain"), None);
 }
 
@@ -262,7 +353,10 @@ fn wire_value_round_trips() {
     assert_eq!(back, r.record);
     assert_eq!(content_hash(&def, &back), r.hash);
     let text = String::from_utf8(bytes).unwrap();
-    assert!(text.contains("\"ts\":\"2024-05-01T12:00:00.123456Z\""), "{text}");
+    assert!(
+        text.contains("\"ts\":\"2024-05-01T12:00:00.123456Z\""),
+        "{text}"
+    );
 }
 
 #[test]
@@ -295,9 +389,17 @@ fn arrow_batch_has_schema_types_and_metadata() {
     assert_eq!(faults.null_count(), 1);
     let sensor = sensor();
     let r = check(&sensor, reading()).unwrap();
-    let meta = RowMeta { ingest_ts: 1, partition: 3, offset: 9, hash: r.hash };
+    let meta = RowMeta {
+        ingest_ts: 1,
+        partition: 3,
+        offset: 9,
+        hash: r.hash,
+    };
     let batch = record_batch(&sensor, &[(r.record, meta)]).unwrap();
-    assert!(matches!(batch.column_by_name("tags").unwrap().data_type(), DataType::Map(_, false)));
+    assert!(matches!(
+        batch.column_by_name("tags").unwrap().data_type(),
+        DataType::Map(_, false)
+    ));
 }
 
 fn arb_reading() -> impl Strategy<Value = Json> {

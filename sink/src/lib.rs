@@ -25,7 +25,9 @@ use rdkafka::message::{Headers, Message, OwnedMessage};
 use rdkafka::{ClientConfig, ClientContext, Offset, TopicPartitionList};
 use schemas::Streams;
 use schemas::arrow::RowMeta;
-use schemas::wire::{HEADER_INGEST_TS, decode_value, parse_decimal_header, stream_of_topic, topic_name};
+use schemas::wire::{
+    HEADER_INGEST_TS, decode_value, parse_decimal_header, stream_of_topic, topic_name,
+};
 use tokio::task::JoinHandle;
 use tokio_util::sync::CancellationToken;
 
@@ -196,7 +198,14 @@ impl Worker {
     }
 
     fn drop_revoked(&mut self) {
-        let revoked = std::mem::take(&mut *self.consumer.context().revoked.lock().unwrap_or_else(|e| e.into_inner()));
+        let revoked = std::mem::take(
+            &mut *self
+                .consumer
+                .context()
+                .revoked
+                .lock()
+                .unwrap_or_else(|e| e.into_inner()),
+        );
         for key in revoked {
             if let Some(p) = self.parts.remove(&key) {
                 tracing::info!(topic = %key.0, partition = key.1, dropped_rows = p.rows.len(), "partition revoked");
@@ -220,10 +229,9 @@ impl Worker {
             .clone();
         let key = (topic.to_owned(), msg.partition());
         let window = self.config.dedupe_window;
-        let part = self
-            .parts
-            .entry(key.clone())
-            .or_insert_with(|| PartitionState::new(def.clone(), topic.to_owned(), msg.partition(), window));
+        let part = self.parts.entry(key.clone()).or_insert_with(|| {
+            PartitionState::new(def.clone(), topic.to_owned(), msg.partition(), window)
+        });
         let offset = msg.offset();
         let payload = msg.payload().unwrap_or_default();
         let labels = [("stream", def.name.clone())];
@@ -245,7 +253,9 @@ impl Worker {
         let hash = schemas::content_hash(&def, &record);
         if !part.window.insert(hash) {
             ::metrics::counter!(m::DISCARDED, "stream" => def.name.clone(), "reason" => "duplicate", "intentional" => "true").increment(1);
-            self.stats.duplicates_dropped.fetch_add(1, Ordering::Relaxed);
+            self.stats
+                .duplicates_dropped
+                .fetch_add(1, Ordering::Relaxed);
             part.skip(offset);
             return None;
         }
@@ -299,19 +309,34 @@ impl Worker {
             let size = data.len();
             let started = Instant::now();
             let outcome = self.put_with_retry(&object, data).await;
-            let part = self.parts.get_mut(key).context("partition state vanished")?;
+            let part = self
+                .parts
+                .get_mut(key)
+                .context("partition state vanished")?;
             let stream = part.def.name.clone();
             match outcome {
                 Some(PutOutcome::Created) => {
-                    ::metrics::histogram!(m::UPLOAD_DURATION).record(started.elapsed().as_secs_f64());
-                    ::metrics::histogram!(m::FILE_SIZE, "stream" => stream.clone()).record(size as f64);
+                    ::metrics::histogram!(m::UPLOAD_DURATION)
+                        .record(started.elapsed().as_secs_f64());
+                    ::metrics::histogram!(m::FILE_SIZE, "stream" => stream.clone())
+                        .record(size as f64);
                     ::metrics::counter!(m::FILES_WRITTEN, "stream" => stream.clone(), "reason" => reason.as_str()).increment(1);
-                    ::metrics::counter!(m::RECORDS_WRITTEN, "stream" => stream.clone()).increment(rows.len() as u64);
-                    ::metrics::counter!(m::BYTES_WRITTEN, "stream" => stream).increment(size as u64);
-                    self.stats.records_written.fetch_add(rows.len() as u64, Ordering::Relaxed);
+                    ::metrics::counter!(m::RECORDS_WRITTEN, "stream" => stream.clone())
+                        .increment(rows.len() as u64);
+                    ::metrics::counter!(m::BYTES_WRITTEN, "stream" => stream)
+                        .increment(size as u64);
+                    self.stats
+                        .records_written
+                        .fetch_add(rows.len() as u64, Ordering::Relaxed);
                     self.stats.files_written.fetch_add(1, Ordering::Relaxed);
                     part.bytes = 0;
-                    tracing::debug!(object, rows = rows.len(), size, reason = reason.as_str(), "wrote landing file");
+                    tracing::debug!(
+                        object,
+                        rows = rows.len(),
+                        size,
+                        reason = reason.as_str(),
+                        "wrote landing file"
+                    );
                 }
                 Some(PutOutcome::AlreadyExists) => {
                     let existing = self
@@ -319,11 +344,19 @@ impl Worker {
                         .get(&object)
                         .await?
                         .context("object vanished after a conflicting create")?;
-                    let adopted = tokio::task::spawn_blocking(move || parquet_file::read_offsets(existing))
-                        .await??;
-                    tracing::info!(object, last_offset = adopted.last, "adopted existing landing file");
+                    let adopted =
+                        tokio::task::spawn_blocking(move || parquet_file::read_offsets(existing))
+                            .await??;
+                    tracing::info!(
+                        object,
+                        last_offset = adopted.last,
+                        "adopted existing landing file"
+                    );
                     ::metrics::counter!(m::ADOPTED_FILES, "stream" => stream).increment(1);
-                    let part = self.parts.get_mut(key).context("partition state vanished")?;
+                    let part = self
+                        .parts
+                        .get_mut(key)
+                        .context("partition state vanished")?;
                     part.rows = rows;
                     part.drop_through(adopted.last);
                     if part.next_offset.is_none_or(|n| n <= adopted.last) {
@@ -369,19 +402,23 @@ impl Worker {
             return;
         };
         let mut list = TopicPartitionList::new();
-        if let Err(e) = list.add_partition_offset(&part.topic, part.partition, Offset::Offset(next)) {
+        if let Err(e) = list.add_partition_offset(&part.topic, part.partition, Offset::Offset(next))
+        {
             tracing::warn!(error = %e, "cannot build commit");
             return;
         }
         let consumer = self.consumer.clone();
-        let result = tokio::task::spawn_blocking(move || consumer.commit(&list, CommitMode::Sync)).await;
+        let result =
+            tokio::task::spawn_blocking(move || consumer.commit(&list, CommitMode::Sync)).await;
         match result {
             Ok(Ok(())) => {
                 if let Some(part) = self.parts.get_mut(key) {
                     part.committed = Some(next);
                 }
             }
-            Ok(Err(e)) => tracing::warn!(topic = %key.0, partition = key.1, error = %e, "offset commit failed"),
+            Ok(Err(e)) => {
+                tracing::warn!(topic = %key.0, partition = key.1, error = %e, "offset commit failed")
+            }
             Err(e) => tracing::warn!(error = %e, "offset commit task failed"),
         }
     }

@@ -34,7 +34,8 @@ async fn main() -> anyhow::Result<()> {
     let shutdown = CancellationToken::new();
     plumbing::cancel_on_signal(shutdown.clone());
     let health = plumbing::Health::default();
-    let admin = plumbing::serve_admin(config.admin_listen, health.clone(), shutdown.clone()).await?;
+    let admin =
+        plumbing::serve_admin(config.admin_listen, health.clone(), shutdown.clone()).await?;
     tracing::info!(%admin, "admin endpoints listening");
     let sink = sink::start(config, streams, shutdown.clone()).await?;
     health.set_ready(true);
@@ -45,6 +46,8 @@ async fn main() -> anyhow::Result<()> {
     }
     match tokio::time::timeout(Duration::from_secs(args.graceful_shutdown_timeout), task).await {
         Ok(result) => result.context("sink task failed")?,
-        Err(_) => anyhow::bail!("graceful shutdown timed out; unwritten records will be read again"),
+        Err(_) => {
+            anyhow::bail!("graceful shutdown timed out; unwritten records will be read again")
+        }
     }
 }

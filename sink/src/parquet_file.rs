@@ -29,7 +29,13 @@ const ROW_GROUP_ROWS: usize = 128 * 1024;
 /// The object key of a landing file:
 /// `<prefix>/<stream>/date=YYYY-MM-DD/hour=HH/<stream>-p<partition>-o<start offset, 20 digits>.parquet`,
 /// date and hour from the ingest time (µs) of the file's first record.
-pub fn object_key(prefix: &str, stream: &str, ingest_ts: i64, partition: i32, start: i64) -> String {
+pub fn object_key(
+    prefix: &str,
+    stream: &str,
+    ingest_ts: i64,
+    partition: i32,
+    start: i64,
+) -> String {
     let t = DateTime::<Utc>::from_timestamp_micros(ingest_ts).unwrap_or_default();
     format!(
         "{prefix}/{stream}/date={:04}-{:02}-{:02}/hour={:02}/{stream}-p{partition}-o{start:020}.parquet",
@@ -121,15 +127,34 @@ mod tests {
 
     #[test]
     fn encode_then_read_offsets() {
-        let def = schemas::example_streams().get("sensor_readings").unwrap().clone();
+        let def = schemas::example_streams()
+            .get("sensor_readings")
+            .unwrap()
+            .clone();
         let rows: Vec<_> = (0..10)
             .map(|i| {
-                let json = serde_json::json!({"device_id": "d", "sensor": "s", "ts": i, "value": i});
+                let json =
+                    serde_json::json!({"device_id": "d", "sensor": "s", "ts": i, "value": i});
                 let v = schemas::check(&def, json).unwrap();
-                (v.record, RowMeta { ingest_ts: 0, partition: 1, offset: 100 + i, hash: v.hash })
+                (
+                    v.record,
+                    RowMeta {
+                        ingest_ts: 0,
+                        partition: 1,
+                        offset: 100 + i,
+                        hash: v.hash,
+                    },
+                )
             })
             .collect();
         let data = encode(&def, "ingest.sensor_readings", 1, &rows).unwrap();
-        assert_eq!(read_offsets(data).unwrap(), FileOffsets { first: 100, last: 109, rows: 10 });
+        assert_eq!(
+            read_offsets(data).unwrap(),
+            FileOffsets {
+                first: 100,
+                last: 109,
+                rows: 10
+            }
+        );
     }
 }

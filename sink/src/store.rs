@@ -69,8 +69,8 @@ impl ObjectStore {
                     loader = loader.region(aws_config::Region::new(region.clone()));
                 }
                 let shared = loader.load().await;
-                let mut builder = aws_sdk_s3::config::Builder::from(&shared)
-                    .force_path_style(*force_path_style);
+                let mut builder =
+                    aws_sdk_s3::config::Builder::from(&shared).force_path_style(*force_path_style);
                 if shared.region().is_none() {
                     builder = builder.region(aws_config::Region::new("us-east-1"));
                 }
@@ -130,7 +130,10 @@ impl ObjectStore {
                 match tokio::fs::read(&path).await {
                     Ok(data) => Ok(Some(Bytes::from(data))),
                     Err(e) if e.kind() == std::io::ErrorKind::NotFound => Ok(None),
-                    Err(e) => Err(StoreError::retryable(format!("read {}: {e}", path.display()))),
+                    Err(e) => Err(StoreError::retryable(format!(
+                        "read {}: {e}",
+                        path.display()
+                    ))),
                 }
             }
             ObjectStore::S3 { client, bucket } => {
@@ -216,15 +219,31 @@ mod tests {
         let dir = tempfile::tempdir().unwrap();
         let store = ObjectStore::Local(dir.path().to_path_buf());
         let key = "landing/s/date=2024-01-01/hour=00/s-p0-o00000000000000000000.parquet";
-        let first = store.put_if_absent(key, Bytes::from_static(b"one")).await.unwrap();
-        let second = store.put_if_absent(key, Bytes::from_static(b"two")).await.unwrap();
-        assert_eq!((first, second), (PutOutcome::Created, PutOutcome::AlreadyExists));
-        assert_eq!(store.get(key).await.unwrap().unwrap(), Bytes::from_static(b"one"));
+        let first = store
+            .put_if_absent(key, Bytes::from_static(b"one"))
+            .await
+            .unwrap();
+        let second = store
+            .put_if_absent(key, Bytes::from_static(b"two"))
+            .await
+            .unwrap();
+        assert_eq!(
+            (first, second),
+            (PutOutcome::Created, PutOutcome::AlreadyExists)
+        );
+        assert_eq!(
+            store.get(key).await.unwrap().unwrap(),
+            Bytes::from_static(b"one")
+        );
         assert!(store.get("landing/none").await.unwrap().is_none());
         let leftovers: Vec<_> = std::fs::read_dir(dir.path().join(key).parent().unwrap())
             .unwrap()
             .map(|e| e.unwrap().file_name())
             .collect();
-        assert_eq!(leftovers.len(), 1, "temporary files were left behind: {leftovers:?}");
+        assert_eq!(
+            leftovers.len(),
+            1,
+            "temporary files were left behind: {leftovers:?}"
+        );
     }
 }

@@ -88,14 +88,20 @@ mod tests {
 
     #[test]
     fn deterministic_with_the_requested_duplicates() {
-        let spec = FleetSpec { records: 2_000, ..FleetSpec::default() };
+        let spec = FleetSpec {
+            records: 2_000,
+            ..FleetSpec::default()
+        };
         let a = sensor_readings(&spec);
         assert_eq!(a, sensor_readings(&spec));
         assert_eq!(a.len(), 2_000);
         let unique: std::collections::HashSet<String> = a.iter().map(|v| v.to_string()).collect();
         let dup = 1.0 - unique.len() as f64 / a.len() as f64;
         assert!((0.15..0.25).contains(&dup), "duplicate ratio {dup}");
-        let def = schemas::example_streams().get("sensor_readings").unwrap().clone();
+        let def = schemas::example_streams()
+            .get("sensor_readings")
+            .unwrap()
+            .clone();
         assert!(a.iter().all(|r| schemas::check(&def, r.clone()).is_ok()));
     }
 }

@@ -1,0 +1,262 @@
+//! Handler tests that need no broker: every request here is refused before producing.
+
+use std::sync::Arc;
+
+use axum::body::Body;
+use axum::http::{Request, StatusCode};
+use tower::ServiceExt;
+
+use crate::api::AppState;
+use crate::auth::Auth;
+use crate::config::{AuthConfig, KafkaConfig, LimitsConfig, TokenConfig};
+use crate::produce::Producer;
+
+const TOKEN: &str = "sensor-token";
+
+fn app(limits: LimitsConfig) -> axum::Router {
+    let auth = Auth::from_config(&AuthConfig {
+        allow_anonymous: false,
+        tokens: vec![TokenConfig {
+            name: "sensors".into(),
+            blake3: blake3::hash(TOKEN.as_bytes()).to_hex().to_string(),
+            streams: vec!["sensor_readings".into()],
+        }],
+    })
+    .unwrap();
+    // No broker at this address: nothing in these tests may reach Kafka.
+    let kafka = KafkaConfig {
+        brokers: "127.0.0.1:1".into(),
+        ..KafkaConfig::default()
+    };
+    let state = Arc::new(AppState {
+        streams: schemas::example_streams(),
+        auth,
+        limits,
+        producer: Producer::new(&kafka).unwrap(),
+    });
+    crate::router(state, plumbing::Health::default())
+}
+
+fn post(
+    path: &str,
+    token: Option<&str>,
+    content_type: &str,
+    encoding: Option<&str>,
+    body: Vec<u8>,
+) -> Request<Body> {
+    let mut r = Request::post(path).header("content-type", content_type);
+    if let Some(t) = token {
+        r = r.header("authorization", format!("Bearer {t}"));
+    }
+    if let Some(e) = encoding {
+        r = r.header("content-encoding", e);
+    }
+    r.body(Body::from(body)).unwrap()
+}
+
+async fn call(app: axum::Router, req: Request<Body>) -> (StatusCode, serde_json::Value) {
+    let res = app.oneshot(req).await.unwrap();
+    let status = res.status();
+    let bytes = axum::body::to_bytes(res.into_body(), 1 << 20)
+        .await
+        .unwrap();
+    let json = serde_json::from_slice(&bytes)
+        .unwrap_or_else(|_| panic!("{status}: body is not JSON: {bytes:?}"));
+    (status, json)
+}
+
+const PATH: &str = "/v1/streams/sensor_readings/records";
+const NDJSON: &str = "application/x-ndjson";
+
+#[tokio::test]
+async fn bad_requests_get_exact_statuses_and_json_errors() {
+    let line = br#"{"device_id":"d","sensor":"s","ts":1,"value":1}"#.to_vec();
+    let bomb = zstd::encode_all(&vec![b' '; 8 << 20][..], 19).unwrap();
+    let limits = LimitsConfig {
+        max_body_bytes: 64 << 10,
+        max_decompressed_bytes: 1 << 20,
+        max_records: 3,
+    };
+    let cases: Vec<(&str, Request<Body>, StatusCode, &str)> = vec![
+        (
+            "no token",
+            post(PATH, None, NDJSON, None, line.clone()),
+            StatusCode::UNAUTHORIZED,
+            "unauthorized",
+        ),
+        (
+            "wrong token",
+            post(PATH, Some("nope"), NDJSON, None, line.clone()),
+            StatusCode::UNAUTHORIZED,
+            "unauthorized",
+        ),
+        (
+            "stream not allowed",
+            post(
+                "/v1/streams/vehicle_telemetry/records",
+                Some(TOKEN),
+                NDJSON,
+                None,
+                line.clone(),
+            ),
+            StatusCode::FORBIDDEN,
+            "forbidden",
+        ),
+        (
+            "hostile stream name",
+            post(
+                "/v1/streams/..%2Fetc%0A/records",
+                Some(TOKEN),
+                NDJSON,
+                None,
+                line.clone(),
+            ),
+            StatusCode::BAD_REQUEST,
+            "bad_request",
+        ),
+        (
+            "upper-case stream name",
+            post(
+                "/v1/streams/Sensor/records",
+                Some(TOKEN),
+                NDJSON,
+                None,
+                line.clone(),
+            ),
+            StatusCode::BAD_REQUEST,
+            "bad_request",
+        ),
+        (
+            "content type",
+            post(PATH, Some(TOKEN), "text/csv", None, line.clone()),
+            StatusCode::UNSUPPORTED_MEDIA_TYPE,
+            "unsupported_media_type",
+        ),
+        (
+            "encoding",
+            post(PATH, Some(TOKEN), NDJSON, Some("br"), line.clone()),
+            StatusCode::UNSUPPORTED_MEDIA_TYPE,
+            "unsupported_media_type",
+        ),
+        (
+            "oversized body",
+            post(PATH, Some(TOKEN), NDJSON, None, vec![b'\n'; 65 << 10]),
+            StatusCode::PAYLOAD_TOO_LARGE,
+            "payload_too_large",
+        ),
+        (
+            "zstd bomb",
+            post(PATH, Some(TOKEN), NDJSON, Some("zstd"), bomb),
+            StatusCode::PAYLOAD_TOO_LARGE,
+            "payload_too_large",
+        ),
+        (
+            "corrupt zstd",
+            post(PATH, Some(TOKEN), NDJSON, Some("zstd"), b"garbage".to_vec()),
+            StatusCode::BAD_REQUEST,
+            "bad_request",
+        ),
+        (
+            "malformed JSON array",
+            post(
+                PATH,
+                Some(TOKEN),
+                "application/json",
+                None,
+                b"[{\"a\":".to_vec(),
+            ),
+            StatusCode::BAD_REQUEST,
+            "bad_request",
+        ),
+        (
+            "object instead of array",
+            post(PATH, Some(TOKEN), "application/json", None, line.clone()),
+            StatusCode::BAD_REQUEST,
+            "bad_request",
+        ),
+        (
+            "too many records",
+            post(
+                PATH,
+                Some(TOKEN),
+                NDJSON,
+                None,
+                [line.clone(), line.clone(), line.clone(), line.clone()].join(&b'\n'),
+            ),
+            StatusCode::PAYLOAD_TOO_LARGE,
+            "payload_too_large",
+        ),
+    ];
+    for (name, req, status, code) in cases {
+        let (got, body) = call(app(limits.clone()), req).await;
+        assert_eq!(got, status, "{name}: {body}");
+        assert_eq!(body["error"], code, "{name}: {body}");
+        assert!(
+            body["message"].as_str().is_some_and(|m| !m.is_empty()),
+            "{name}"
+        );
+    }
+    let req = Request::post("/v1/streams/nope/records")
+        .header("authorization", format!("Bearer {TOKEN}"))
+        .header("content-type", NDJSON)
+        .body(Body::empty())
+        .unwrap();
+    // An unknown stream the token is not scoped to is forbidden, not disclosed.
+    assert_eq!(
+        call(app(limits.clone()), req).await.0,
+        StatusCode::FORBIDDEN
+    );
+}
+
+#[tokio::test]
+async fn unknown_stream_is_404_for_a_wildcard_token() {
+    let auth = Auth::from_config(&AuthConfig {
+        allow_anonymous: false,
+        tokens: vec![TokenConfig {
+            name: "all".into(),
+            blake3: blake3::hash(b"t").to_hex().to_string(),
+            streams: vec!["*".into()],
+        }],
+    })
+    .unwrap();
+    let kafka = KafkaConfig {
+        brokers: "127.0.0.1:1".into(),
+        ..KafkaConfig::default()
+    };
+    let state = Arc::new(AppState {
+        streams: schemas::example_streams(),
+        auth,
+        limits: LimitsConfig::default(),
+        producer: Producer::new(&kafka).unwrap(),
+    });
+    let app = crate::router(state, plumbing::Health::default());
+    let (status, body) = call(
+        app,
+        post("/v1/streams/nope/records", Some("t"), NDJSON, None, vec![]),
+    )
+    .await;
+    assert_eq!(status, StatusCode::NOT_FOUND);
+    assert_eq!(body["error"], "unknown_stream");
+}
+
+#[test]
+fn auth_config_errors() {
+    let e = Auth::from_config(&AuthConfig::default())
+        .unwrap_err()
+        .to_string();
+    assert!(e.contains("allow_anonymous"), "{e}");
+    let bad = AuthConfig {
+        allow_anonymous: false,
+        tokens: vec![TokenConfig {
+            name: "x".into(),
+            blake3: "abc".into(),
+            streams: vec![],
+        }],
+    };
+    assert!(
+        Auth::from_config(&bad)
+            .unwrap_err()
+            .to_string()
+            .contains("64 hex digits")
+    );
+}
