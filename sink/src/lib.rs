@@ -44,6 +44,7 @@ pub struct SinkStats {
     pub files_written: AtomicU64,
     pub duplicates_dropped: AtomicU64,
     pub dead_letters: AtomicU64,
+    pub adopted_files: AtomicU64,
 }
 
 /// A started sink.
@@ -240,13 +241,14 @@ impl Worker {
             // Already durable in an adopted object.
             return None;
         }
+        let ingest_ts = ingest_ts(msg);
         let record = match decode_value(&def, payload) {
             Ok(r) => r,
             Err(e) => {
                 tracing::warn!(topic, partition = msg.partition(), offset, reason = %e, "dead letter: undecodable or invalid record");
                 ::metrics::counter!(m::DISCARDED, "stream" => def.name.clone(), "reason" => e.code(), "intentional" => "false").increment(1);
                 self.stats.dead_letters.fetch_add(1, Ordering::Relaxed);
-                part.skip(offset);
+                part.skip(offset, ingest_ts);
                 return None;
             }
         };
@@ -256,11 +258,11 @@ impl Worker {
             self.stats
                 .duplicates_dropped
                 .fetch_add(1, Ordering::Relaxed);
-            part.skip(offset);
+            part.skip(offset, ingest_ts);
             return None;
         }
         let meta = RowMeta {
-            ingest_ts: ingest_ts(msg),
+            ingest_ts,
             partition: msg.partition(),
             offset,
             hash,
@@ -284,7 +286,12 @@ impl Worker {
             let Some(part) = self.parts.get_mut(key) else {
                 return Ok(());
             };
+            let (Some(start), Some(next)) = (part.range_start, part.next_offset) else {
+                return Ok(());
+            };
             if part.rows.is_empty() {
+                // Only skipped records (duplicates, dead letters) since the last file.
+                part.range_start = None;
                 if part.next_offset > part.committed {
                     self.commit(key).await;
                 }
@@ -292,16 +299,19 @@ impl Worker {
             }
             let rows = std::mem::take(&mut part.rows);
             let (def, topic, partition) = (part.def.clone(), part.topic.clone(), part.partition);
-            let first = rows[0].1;
+            let range = parquet_file::OffsetRange {
+                first: start.offset,
+                last: next - 1,
+            };
             let object = parquet_file::object_key(
                 &self.config.key_prefix,
                 &def.name,
-                first.ingest_ts,
+                start.ingest_ts,
                 partition,
-                first.offset,
+                start.offset,
             );
             let (rows, encoded) = tokio::task::spawn_blocking(move || {
-                let encoded = parquet_file::encode(&def, &topic, partition, &rows);
+                let encoded = parquet_file::encode(&def, &topic, partition, range, &rows);
                 (rows, encoded)
             })
             .await?;
@@ -330,6 +340,7 @@ impl Worker {
                         .fetch_add(rows.len() as u64, Ordering::Relaxed);
                     self.stats.files_written.fetch_add(1, Ordering::Relaxed);
                     part.bytes = 0;
+                    part.range_start = None;
                     tracing::debug!(
                         object,
                         rows = rows.len(),
@@ -353,15 +364,13 @@ impl Worker {
                         "adopted existing landing file"
                     );
                     ::metrics::counter!(m::ADOPTED_FILES, "stream" => stream).increment(1);
+                    self.stats.adopted_files.fetch_add(1, Ordering::Relaxed);
                     let part = self
                         .parts
                         .get_mut(key)
                         .context("partition state vanished")?;
                     part.rows = rows;
-                    part.drop_through(adopted.last);
-                    if part.next_offset.is_none_or(|n| n <= adopted.last) {
-                        part.next_offset = Some(adopted.last + 1);
-                    }
+                    part.adopt_through(adopted.last);
                     continue;
                 }
                 None => {

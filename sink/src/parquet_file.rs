@@ -46,11 +46,20 @@ pub fn object_key(
     )
 }
 
-/// Encodes rows (in offset order) into a Parquet file.
+/// The offsets a file accounts for: its rows plus the records skipped among them (duplicates,
+/// dead letters). Consecutive files of a partition cover consecutive ranges.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct OffsetRange {
+    pub first: i64,
+    pub last: i64,
+}
+
+/// Encodes rows (in offset order, all within `range`) into a Parquet file.
 pub fn encode(
     def: &StreamDef,
     topic: &str,
     partition: i32,
+    range: OffsetRange,
     rows: &[(Record, RowMeta)],
 ) -> Result<Bytes, ParquetError> {
     let batch = record_batch(def, rows)?;
@@ -58,16 +67,14 @@ pub fn encode(
         .iter()
         .map(|(r, _)| r.event_time(def))
         .fold((i64::MAX, i64::MIN), |(lo, hi), t| (lo.min(t), hi.max(t)));
-    let first = rows.first().map_or(0, |(_, m)| m.offset);
-    let last = rows.last().map_or(0, |(_, m)| m.offset);
     let kv = |k: &str, v: String| KeyValue::new(k.to_owned(), v);
     let metadata = vec![
         kv(schemas::arrow::META_STREAM, def.name.clone()),
         kv(schemas::arrow::META_SCHEMA_VERSION, def.version.to_string()),
         kv(META_TOPIC, topic.to_owned()),
         kv(META_PARTITION, partition.to_string()),
-        kv(META_FIRST_OFFSET, first.to_string()),
-        kv(META_LAST_OFFSET, last.to_string()),
+        kv(META_FIRST_OFFSET, range.first.to_string()),
+        kv(META_LAST_OFFSET, range.last.to_string()),
         kv(META_ROW_COUNT, rows.len().to_string()),
         kv(META_MIN_EVENT_TIME, format_timestamp(min_t)),
         kv(META_MAX_EVENT_TIME, format_timestamp(max_t)),
@@ -86,16 +93,8 @@ pub fn encode(
     Ok(Bytes::from(writer.into_inner()?))
 }
 
-/// The offsets a landing file covers, from its footer metadata.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub struct FileOffsets {
-    pub first: i64,
-    pub last: i64,
-    pub rows: i64,
-}
-
-/// Reads the offset range of an existing landing file.
-pub fn read_offsets(data: Bytes) -> Result<FileOffsets, ParquetError> {
+/// Reads the offset range of an existing landing file from its footer metadata.
+pub fn read_offsets(data: Bytes) -> Result<OffsetRange, ParquetError> {
     let reader = SerializedFileReader::new(data)?;
     let meta = reader.metadata().file_metadata();
     let get = |key: &str| -> Result<i64, ParquetError> {
@@ -105,10 +104,9 @@ pub fn read_offsets(data: Bytes) -> Result<FileOffsets, ParquetError> {
             .and_then(|v| v.parse().ok())
             .ok_or_else(|| ParquetError::General(format!("landing file has no '{key}' metadata")))
     };
-    Ok(FileOffsets {
+    Ok(OffsetRange {
         first: get(META_FIRST_OFFSET)?,
         last: get(META_LAST_OFFSET)?,
-        rows: get(META_ROW_COUNT)?,
     })
 }
 
@@ -147,14 +145,12 @@ mod tests {
                 )
             })
             .collect();
-        let data = encode(&def, "ingest.sensor_readings", 1, &rows).unwrap();
-        assert_eq!(
-            read_offsets(data).unwrap(),
-            FileOffsets {
-                first: 100,
-                last: 109,
-                rows: 10
-            }
-        );
+        // Offsets 98 and 99 were skipped (duplicates) before the first row.
+        let range = OffsetRange {
+            first: 98,
+            last: 109,
+        };
+        let data = encode(&def, "ingest.sensor_readings", 1, range, &rows).unwrap();
+        assert_eq!(read_offsets(data).unwrap(), range);
     }
 }

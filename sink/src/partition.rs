@@ -21,10 +21,21 @@ pub struct PartitionState {
     pub bytes: usize,
     /// The next offset to read: every record before it is in a written file or was dropped.
     pub next_offset: Option<i64>,
+    /// First offset of the open file's range: the first offset consumed after the last file or
+    /// commit. Files cover contiguous ranges, so keys are the same whoever writes them.
+    pub range_start: Option<RangeStart>,
     /// The offset committed to Kafka, if any was in this assignment.
     pub committed: Option<i64>,
     pub last_append: Instant,
     pub window: HashWindow,
+}
+
+/// Where the open file's range begins. Its ingest time places the file in a date/hour folder,
+/// so a file's key is the same whichever records of the range end up as rows.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct RangeStart {
+    pub offset: i64,
+    pub ingest_ts: i64,
 }
 
 /// Why a file was closed (a metric label).
@@ -58,6 +69,7 @@ impl PartitionState {
             rows: Vec::new(),
             bytes: 0,
             next_offset: None,
+            range_start: None,
             committed: None,
             last_append: Instant::now(),
             window: HashWindow::new(window),
@@ -66,12 +78,16 @@ impl PartitionState {
 
     /// Whether a record with this ingest time belongs to another hour than the open file.
     pub fn crosses_hour(&self, ingest_ts: i64) -> bool {
-        self.rows.first().is_some_and(|(_, m)| {
-            m.ingest_ts.div_euclid(HOUR_MICROS) != ingest_ts.div_euclid(HOUR_MICROS)
+        self.range_start.is_some_and(|r| {
+            r.ingest_ts.div_euclid(HOUR_MICROS) != ingest_ts.div_euclid(HOUR_MICROS)
         })
     }
 
     pub fn push(&mut self, record: Record, meta: RowMeta, bytes: usize) {
+        self.range_start.get_or_insert(RangeStart {
+            offset: meta.offset,
+            ingest_ts: meta.ingest_ts,
+        });
         self.next_offset = Some(meta.offset + 1);
         self.bytes += bytes;
         self.last_append = Instant::now();
@@ -79,7 +95,9 @@ impl PartitionState {
     }
 
     /// Marks an offset as consumed without a row (a duplicate or a dead letter).
-    pub fn skip(&mut self, offset: i64) {
+    pub fn skip(&mut self, offset: i64, ingest_ts: i64) {
+        self.range_start
+            .get_or_insert(RangeStart { offset, ingest_ts });
         self.next_offset = Some(offset + 1);
         self.last_append = Instant::now();
     }
@@ -89,10 +107,25 @@ impl PartitionState {
         !self.rows.is_empty() || self.next_offset > self.committed
     }
 
-    /// Drops rows up to and including `last` (they are durable in an existing object).
-    pub fn drop_through(&mut self, last: i64) {
+    /// Adopts an existing object that accounts for offsets up to and including `last`: drops
+    /// the rows it holds and continues the range chain after it. The next range starts at
+    /// `last + 1`, with the ingest time of the first row after it when one is buffered.
+    pub fn adopt_through(&mut self, last: i64) {
         let before = self.rows.len();
         self.rows.retain(|(_, m)| m.offset > last);
         self.bytes = self.bytes * self.rows.len() / before.max(1);
+        if self.next_offset.is_some_and(|n| n > last + 1) {
+            let ingest_ts = self.rows.first().map_or_else(
+                || self.range_start.map_or(0, |r| r.ingest_ts),
+                |(_, m)| m.ingest_ts,
+            );
+            self.range_start = Some(RangeStart {
+                offset: last + 1,
+                ingest_ts,
+            });
+        } else {
+            self.next_offset = Some(last + 1);
+            self.range_start = None;
+        }
     }
 }

@@ -1,0 +1,133 @@
+//! Exactly-once in the sink on the embedded mock cluster: a previous sink wrote a landing file
+//! but crashed before committing its offsets. The next sink reads those records again, finds the
+//! object at the same key, adopts it and lands only the rest; duplicates re-sent into Kafka and
+//! an undecodable record are dropped.
+
+use std::collections::HashSet;
+use std::sync::atomic::Ordering;
+use std::time::{Duration, Instant};
+
+use loadtest::fleet::{FleetSpec, sensor_readings};
+use loadtest::verify::{compare, read_landing_dir};
+use rdkafka::ClientConfig;
+use rdkafka::message::{Header, OwnedHeaders};
+use rdkafka::mocking::MockCluster;
+use rdkafka::producer::{FutureProducer, FutureRecord};
+use schemas::arrow::RowMeta;
+use sink::SinkConfig;
+use sink::config::{RotationConfig, StoreConfig};
+use sink::parquet_file::{OffsetRange, encode, object_key};
+use sink::store::{ObjectStore, PutOutcome};
+use tokio_util::sync::CancellationToken;
+
+const TOPIC: &str = "ingest.sensor_readings";
+const BASE_TS: i64 = 1_767_225_600_000_000; // 2026-01-01T00:00:00Z in µs
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn sink_adopts_a_file_written_before_a_crash() {
+    let streams = schemas::example_streams();
+    let def = streams.get("sensor_readings").unwrap().clone();
+    let cluster = MockCluster::new(1).unwrap();
+    cluster.create_topic(TOPIC, 1, 1).unwrap();
+    let producer: FutureProducer = ClientConfig::new()
+        .set("bootstrap.servers", cluster.bootstrap_servers())
+        .create()
+        .unwrap();
+
+    // 150 distinct readings; offsets 100..110 re-send earlier ones, offset 120 is garbage.
+    let readings = sensor_readings(&FleetSpec {
+        records: 150,
+        duplicate_ratio: 0.0,
+        ..FleetSpec::default()
+    });
+    let mut values: Vec<Vec<u8>> = readings
+        .iter()
+        .map(|r| r.to_string().into_bytes())
+        .collect();
+    for i in 100..110 {
+        values.insert(i, values[i - 100].clone());
+    }
+    values.insert(120, b"{not json".to_vec());
+    for (i, v) in values.iter().enumerate() {
+        let ts = (BASE_TS + i as i64).to_string();
+        let headers = OwnedHeaders::new().insert(Header {
+            key: "ingest-ts",
+            value: Some(&ts),
+        });
+        producer
+            .send(
+                FutureRecord::to(TOPIC).key("k").payload(v).headers(headers),
+                Duration::from_secs(5),
+            )
+            .await
+            .unwrap();
+    }
+
+    // The crashed sink's file: offsets 0..=39, never committed.
+    let landing = tempfile::tempdir().unwrap();
+    let store = ObjectStore::Local(landing.path().to_path_buf());
+    let rows: Vec<_> = (0..40)
+        .map(|i| {
+            let v = schemas::check(&def, readings[i].clone()).unwrap();
+            (
+                v.record,
+                RowMeta {
+                    ingest_ts: BASE_TS + i as i64,
+                    partition: 0,
+                    offset: i as i64,
+                    hash: v.hash,
+                },
+            )
+        })
+        .collect();
+    let data = encode(&def, TOPIC, 0, OffsetRange { first: 0, last: 39 }, &rows).unwrap();
+    let key = object_key("landing", "sensor_readings", BASE_TS, 0, 0);
+    assert_eq!(
+        store.put_if_absent(&key, data).await.unwrap(),
+        PutOutcome::Created
+    );
+
+    let shutdown = CancellationToken::new();
+    let mut config = SinkConfig {
+        store: StoreConfig::Local {
+            path: landing.path().to_path_buf(),
+        },
+        rotation: RotationConfig {
+            idle_ms: 300,
+            max_records: 25,
+            ..RotationConfig::default()
+        },
+        ..SinkConfig::default()
+    };
+    config.kafka.brokers = cluster.bootstrap_servers();
+    config.kafka.group_id = "exactly-once".into();
+    let sink = sink::start(config, streams.clone(), shutdown.clone())
+        .await
+        .unwrap();
+    let deadline = Instant::now() + Duration::from_secs(60);
+    while sink.stats.records_written.load(Ordering::Relaxed) < 110 {
+        assert!(
+            Instant::now() < deadline,
+            "only {} records landed",
+            sink.stats.records_written.load(Ordering::Relaxed)
+        );
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    // Let an idle period pass so that any wrongly re-written file would show.
+    tokio::time::sleep(Duration::from_millis(800)).await;
+    shutdown.cancel();
+    sink.task.await.unwrap().unwrap();
+
+    assert!(sink.stats.adopted_files.load(Ordering::Relaxed) >= 1);
+    assert_eq!(sink.stats.duplicates_dropped.load(Ordering::Relaxed), 10);
+    assert_eq!(sink.stats.dead_letters.load(Ordering::Relaxed), 1);
+    let expected: HashSet<_> = readings
+        .iter()
+        .map(|r| schemas::check(&def, r.clone()).unwrap().hash)
+        .collect();
+    let landed = read_landing_dir(landing.path()).unwrap();
+    let verdict = compare(&expected, &landed);
+    assert!(verdict.exactly_once(), "{verdict:?}");
+    assert_eq!(landed.rows, 150);
+    drop(cluster);
+}
