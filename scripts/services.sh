@@ -71,6 +71,7 @@ start() {
 export EDGE_INGEST_KAFKA=127.0.0.1:$kport
 export EDGE_INGEST_S3=http://127.0.0.1:$sport
 export EDGE_INGEST_PYTHON=$PY
+export EDGE_INGEST_TANSU=$TANSU
 export AWS_ACCESS_KEY_ID=test
 export AWS_SECRET_ACCESS_KEY=test
 export AWS_REGION=us-east-1

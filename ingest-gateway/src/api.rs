@@ -3,21 +3,24 @@
 use std::collections::HashSet;
 use std::io::Read;
 use std::sync::Arc;
-use std::time::Instant;
+use std::time::{Duration, Instant};
 
 use axum::Json;
 use axum::body::{Body, Bytes};
+use axum::extract::rejection::PathRejection;
 use axum::extract::{Path, State};
 use axum::http::{HeaderMap, HeaderValue, StatusCode, header};
 use axum::response::{IntoResponse, Response};
 use schemas::api::{ErrorBody, IngestResponse, RejectedRecord};
-use schemas::decode::{BodyFormat, decode_body};
-use schemas::{StreamDef, Streams, validate_stream_name};
+use schemas::decode::{BodyFormat, parse_line, split_body};
+use schemas::{RecordError, StreamDef, Streams, validate_stream_name};
+use tokio::sync::Semaphore;
 
 use crate::auth::Auth;
-use crate::config::LimitsConfig;
+use crate::config::{IdempotencyConfig, LimitsConfig};
+use crate::idempotency::{self, Begin, IdempotencyCache};
 use crate::metrics as m;
-use crate::produce::{Prepared, Producer};
+use crate::produce::{DeadLetter, Prepared, Producer};
 
 /// Shared state of the handlers.
 pub struct AppState {
@@ -25,6 +28,33 @@ pub struct AppState {
     pub auth: Auth,
     pub limits: LimitsConfig,
     pub producer: Producer,
+    pub idempotency: IdempotencyCache,
+    /// One permit per request served at once.
+    pub concurrency: Semaphore,
+    /// One permit per KiB of request bytes held at once.
+    pub inflight: Arc<Semaphore>,
+}
+
+impl AppState {
+    pub fn new(
+        streams: Streams,
+        auth: Auth,
+        limits: LimitsConfig,
+        producer: Producer,
+        idempotency: &IdempotencyConfig,
+    ) -> AppState {
+        AppState {
+            concurrency: Semaphore::new(limits.max_concurrent_requests.max(1)),
+            inflight: Arc::new(Semaphore::new(
+                (limits.max_inflight_bytes / 1024).clamp(1, Semaphore::MAX_PERMITS),
+            )),
+            streams,
+            auth,
+            limits,
+            producer,
+            idempotency: IdempotencyCache::new(idempotency),
+        }
+    }
 }
 
 /// A client or server error, answered as JSON with a stable code.
@@ -153,6 +183,7 @@ fn decompress(encoding: Encoding, body: Bytes, limit: usize) -> Result<Bytes, Ap
 /// What decoding and validating one request produced.
 struct Checked {
     prepared: Vec<Prepared>,
+    dead_letters: Vec<DeadLetter>,
     response: IngestResponse,
     decompressed_bytes: usize,
 }
@@ -166,7 +197,7 @@ fn check_body(
     limits: &LimitsConfig,
 ) -> Result<Checked, ApiError> {
     let plain = decompress(encoding, body, limits.max_decompressed_bytes)?;
-    let records = decode_body(format, &plain).map_err(|e| ApiError::bad_request(e.to_string()))?;
+    let records = split_body(format, &plain).map_err(|e| ApiError::bad_request(e.to_string()))?;
     if records.len() > limits.max_records {
         return Err(ApiError::too_large(format!(
             "{} records in one request; the limit is {}",
@@ -177,8 +208,18 @@ fn check_body(
     let mut response = IngestResponse::default();
     let mut seen = HashSet::with_capacity(records.len());
     let mut prepared = Vec::with_capacity(records.len());
-    for (index, json) in records.into_iter().enumerate() {
-        match json.and_then(|j| schemas::check(def, j)) {
+    let mut dead_letters = Vec::new();
+    for (index, raw) in records.into_iter().enumerate() {
+        let checked = if raw.len() > limits.max_line_bytes {
+            Err(RecordError::Malformed(format!(
+                "record is {} bytes; the limit is {}",
+                raw.len(),
+                limits.max_line_bytes
+            )))
+        } else {
+            parse_line(raw).and_then(|j| schemas::check(def, j))
+        };
+        match checked {
             Ok(valid) => {
                 if seen.insert(valid.hash) {
                     prepared.push(Prepared::new(def, &valid));
@@ -186,25 +227,58 @@ fn check_body(
                     response.duplicates += 1;
                 }
             }
-            Err(e) => response.rejected.push(RejectedRecord {
-                index,
-                reason: e.to_string(),
-            }),
+            Err(e) => {
+                let reason = e.to_string();
+                dead_letters.push(DeadLetter::new(index, e.code(), &reason, raw));
+                response.rejected.push(RejectedRecord { index, reason });
+            }
         }
     }
     Ok(Checked {
         prepared,
+        dead_letters,
         response,
         decompressed_bytes: plain.len(),
     })
 }
 
+const IDEMPOTENCY_KEY: &str = "idempotency-key";
+const IDEMPOTENT_REPLAYED: &str = "idempotent-replayed";
+
+/// Request bytes are counted in KiB permits of the in-flight budget.
+fn kib(bytes: usize) -> u32 {
+    u32::try_from(bytes.div_ceil(1024))
+        .unwrap_or(u32::MAX)
+        .max(1)
+}
+
+fn overloaded(what: &str) -> ApiError {
+    ApiError {
+        retry_after_secs: Some(1),
+        ..ApiError::new(
+            StatusCode::TOO_MANY_REQUESTS,
+            "overloaded",
+            format!("the gateway is at its limit of {what}; retry later"),
+        )
+    }
+}
+
+/// Unknown routes answer JSON too.
+pub async fn not_found() -> ApiError {
+    ApiError::new(StatusCode::NOT_FOUND, "not_found", "no such route")
+}
+
 pub async fn ingest(
     State(state): State<Arc<AppState>>,
-    Path(stream): Path<String>,
+    path: Result<Path<String>, PathRejection>,
     headers: HeaderMap,
     body: Body,
-) -> Result<Json<IngestResponse>, ApiError> {
+) -> Result<Response, ApiError> {
+    let Path(stream) = path.map_err(|e| ApiError::bad_request(e.body_text()))?;
+    let _slot = state
+        .concurrency
+        .try_acquire()
+        .map_err(|_| overloaded("concurrent requests"))?;
     let who = state.auth.authenticate(&headers)?;
     validate_stream_name(&stream).map_err(|e| ApiError::bad_request(e.to_string()))?;
     state.auth.authorize(who, &stream)?;
@@ -217,10 +291,62 @@ pub async fn ingest(
     })?;
     let format = body_format(&headers)?;
     let encoding = content_encoding(&headers)?;
+    let guard = match headers.get(IDEMPOTENCY_KEY) {
+        None => None,
+        Some(value) => {
+            let key = value
+                .to_str()
+                .ok()
+                .filter(|k| idempotency::valid_key(k))
+                .ok_or_else(|| {
+                    ApiError::bad_request(
+                        "Idempotency-Key must be 1 to 255 visible ASCII characters",
+                    )
+                })?;
+            match state.idempotency.begin(&stream, key) {
+                Begin::Fresh(guard) => Some(guard),
+                Begin::Replay(response) => {
+                    let mut r = Json(response).into_response();
+                    r.headers_mut()
+                        .insert(IDEMPOTENT_REPLAYED, HeaderValue::from_static("true"));
+                    return Ok(r);
+                }
+                Begin::InFlight => {
+                    return Err(ApiError {
+                        retry_after_secs: Some(1),
+                        ..ApiError::new(
+                            StatusCode::CONFLICT,
+                            "in_progress",
+                            "a request with this Idempotency-Key is in progress",
+                        )
+                    });
+                }
+            }
+        }
+    };
+    let deadline = Instant::now() + Duration::from_millis(state.limits.request_timeout_ms);
     let limit = state.limits.max_body_bytes;
-    let body = axum::body::to_bytes(body, limit)
-        .await
-        .map_err(|_| ApiError::too_large(format!("request body is larger than {limit} bytes")))?;
+    let body =
+        match tokio::time::timeout_at(deadline.into(), axum::body::to_bytes(body, limit)).await {
+            Ok(Ok(body)) => body,
+            Ok(Err(_)) => {
+                return Err(ApiError::too_large(format!(
+                    "request body is larger than {limit} bytes"
+                )));
+            }
+            Err(_) => {
+                return Err(ApiError::new(
+                    StatusCode::REQUEST_TIMEOUT,
+                    "request_timeout",
+                    "the request body did not arrive in time",
+                ));
+            }
+        };
+    let _compressed = state
+        .inflight
+        .clone()
+        .try_acquire_many_owned(kib(body.len()))
+        .map_err(|_| overloaded("in-flight bytes"))?;
     let labels = [("stream", stream.clone())];
     metrics::counter!(m::RECEIVED_BYTES, &labels).increment(body.len() as u64);
 
@@ -230,18 +356,32 @@ pub async fn ingest(
         tokio::task::spawn_blocking(move || check_body(&def2, format, encoding, body, &st.limits))
             .await
             .map_err(|e| ApiError::unavailable(format!("internal error: {e}"), 1))??;
+    let _decompressed = state
+        .inflight
+        .clone()
+        .try_acquire_many_owned(kib(checked.decompressed_bytes))
+        .map_err(|_| overloaded("in-flight bytes"))?;
     metrics::counter!(m::DECOMPRESSED_BYTES, &labels).increment(checked.decompressed_bytes as u64);
 
     let Checked {
         prepared,
+        dead_letters,
         mut response,
         ..
     } = checked;
     let started = Instant::now();
-    let accepted = prepared.len();
-    state.producer.produce(&def.name, prepared).await?;
+    response.accepted = prepared.len();
+    let produced = state.producer.produce(&def.name, prepared, dead_letters);
+    match tokio::time::timeout_at(deadline.into(), produced).await {
+        Ok(result) => result?,
+        Err(_) => {
+            return Err(ApiError::unavailable(
+                "Kafka did not acknowledge the records in time",
+                5,
+            ));
+        }
+    }
     metrics::histogram!(m::PRODUCE_DURATION).record(started.elapsed().as_secs_f64());
-    response.accepted = accepted;
     for (outcome, n) in [
         ("accepted", response.accepted),
         ("duplicate", response.duplicates),
@@ -250,7 +390,10 @@ pub async fn ingest(
         metrics::counter!(m::RECORDS, "stream" => stream.clone(), "outcome" => outcome)
             .increment(n as u64);
     }
-    Ok(Json(response))
+    if let Some(guard) = guard {
+        guard.complete(&response);
+    }
+    Ok(Json(response).into_response())
 }
 
 #[cfg(test)]

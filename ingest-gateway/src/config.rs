@@ -24,6 +24,40 @@ pub struct GatewayConfig {
     pub limits: LimitsConfig,
     #[serde(default)]
     pub auth: AuthConfig,
+    #[serde(default)]
+    pub idempotency: IdempotencyConfig,
+    /// TLS for the API; plain HTTP when absent.
+    #[serde(default)]
+    pub tls: Option<TlsConfig>,
+}
+
+#[derive(Debug, Clone, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct TlsConfig {
+    /// PEM certificate chain.
+    pub cert: PathBuf,
+    /// PEM private key.
+    pub key: PathBuf,
+}
+
+#[derive(Debug, Clone, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct IdempotencyConfig {
+    /// How long the answer to an `Idempotency-Key` is remembered, in seconds.
+    #[serde(default = "default_idempotency_window")]
+    pub window_secs: u64,
+    /// Most answers remembered; the oldest is forgotten first.
+    #[serde(default = "default_idempotency_entries")]
+    pub max_entries: usize,
+}
+
+impl Default for IdempotencyConfig {
+    fn default() -> Self {
+        IdempotencyConfig {
+            window_secs: default_idempotency_window(),
+            max_entries: default_idempotency_entries(),
+        }
+    }
 }
 
 impl Default for GatewayConfig {
@@ -34,6 +68,8 @@ impl Default for GatewayConfig {
             kafka: KafkaConfig::default(),
             limits: LimitsConfig::default(),
             auth: AuthConfig::default(),
+            idempotency: IdempotencyConfig::default(),
+            tls: None,
         }
     }
 }
@@ -60,6 +96,10 @@ pub struct KafkaConfig {
     /// `message.timeout.ms`) before the request fails with 503.
     #[serde(default = "default_produce_timeout_ms")]
     pub produce_timeout_ms: u64,
+    /// Topic that receives rejected records with the reason in headers; created with the
+    /// stream topics when `create_topics` is on.
+    #[serde(default = "default_dead_letter_topic")]
+    pub dead_letter_topic: String,
     /// Extra librdkafka producer properties, e.g. `"security.protocol" = "ssl"`.
     #[serde(default)]
     pub producer: BTreeMap<String, String>,
@@ -74,6 +114,7 @@ impl Default for KafkaConfig {
             topic_partitions: default_partitions(),
             topic_replication: default_replication(),
             produce_timeout_ms: default_produce_timeout_ms(),
+            dead_letter_topic: default_dead_letter_topic(),
             producer: BTreeMap::new(),
         }
     }
@@ -91,6 +132,21 @@ pub struct LimitsConfig {
     /// Most records in one request.
     #[serde(default = "default_max_records")]
     pub max_records: usize,
+    /// Longest NDJSON line (or JSON array element), in bytes; a longer one is rejected alone.
+    #[serde(default = "default_max_line")]
+    pub max_line_bytes: usize,
+    /// Requests served at once; more are answered 429 with `Retry-After`.
+    #[serde(default = "default_max_concurrent")]
+    pub max_concurrent_requests: usize,
+    /// Request bytes (compressed plus decompressed) held at once across all requests; a request
+    /// that would pass it is answered 429 with `Retry-After`, so a slow Kafka cannot pile up
+    /// memory.
+    #[serde(default = "default_max_inflight")]
+    pub max_inflight_bytes: usize,
+    /// Time for a whole request, from the first body byte to the answer, in milliseconds.
+    /// Reading the body past it answers 408; producing past it answers 503.
+    #[serde(default = "default_request_timeout_ms")]
+    pub request_timeout_ms: u64,
 }
 
 impl Default for LimitsConfig {
@@ -99,6 +155,10 @@ impl Default for LimitsConfig {
             max_body_bytes: default_max_body(),
             max_decompressed_bytes: default_max_decompressed(),
             max_records: default_max_records(),
+            max_line_bytes: default_max_line(),
+            max_concurrent_requests: default_max_concurrent(),
+            max_inflight_bytes: default_max_inflight(),
+            request_timeout_ms: default_request_timeout_ms(),
         }
     }
 }
@@ -155,4 +215,25 @@ fn default_max_decompressed() -> usize {
 }
 fn default_max_records() -> usize {
     500_000
+}
+fn default_max_line() -> usize {
+    1 << 20
+}
+fn default_max_concurrent() -> usize {
+    256
+}
+fn default_max_inflight() -> usize {
+    1 << 30
+}
+fn default_request_timeout_ms() -> u64 {
+    60_000
+}
+fn default_dead_letter_topic() -> String {
+    "ingest-dead-letters".into()
+}
+fn default_idempotency_window() -> u64 {
+    600
+}
+fn default_idempotency_entries() -> usize {
+    100_000
 }

@@ -4,6 +4,7 @@
 pub mod api;
 pub mod auth;
 pub mod config;
+pub mod idempotency;
 pub mod metrics;
 pub mod produce;
 
@@ -11,11 +12,13 @@ use std::net::SocketAddr;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
+use anyhow::Context;
 use axum::Router;
 use axum::extract::{MatchedPath, Request};
 use axum::middleware::{self, Next};
 use axum::response::Response;
-use axum::routing::post;
+use axum::routing::{get, post};
+use axum_server::tls_rustls::RustlsConfig;
 use plumbing::Health;
 use schemas::Streams;
 use tokio::task::JoinHandle;
@@ -40,8 +43,20 @@ pub fn router(state: Arc<AppState>, health: Health) -> Router {
     Router::new()
         .route("/v1/streams/{stream}/records", post(api::ingest))
         .with_state(state)
+        .route("/openapi.json", get(openapi))
         .merge(plumbing::admin_router(health))
+        .fallback(api::not_found)
         .layer(middleware::from_fn(track_requests))
+}
+
+/// The OpenAPI 3 description of the API.
+pub const OPENAPI: &str = include_str!("../openapi.json");
+
+async fn openapi() -> impl axum::response::IntoResponse {
+    (
+        [(axum::http::header::CONTENT_TYPE, "application/json")],
+        OPENAPI,
+    )
 }
 
 async fn track_requests(request: Request, next: Next) -> Response {
@@ -53,6 +68,7 @@ async fn track_requests(request: Request, next: Next) -> Response {
             "/metrics" => "metrics",
             "/healthz" => "healthz",
             "/readyz" => "readyz",
+            "/openapi.json" => "openapi",
             _ => "other",
         });
     let started = Instant::now();
@@ -79,22 +95,55 @@ pub async fn start(
         produce::ensure_topics(&config.kafka, &streams).await?;
     }
     let producer = Producer::new(&config.kafka)?;
-    let state = Arc::new(AppState {
+    let state = Arc::new(AppState::new(
         streams,
         auth,
-        limits: config.limits.clone(),
+        config.limits.clone(),
         producer,
-    });
+        &config.idempotency,
+    ));
     let health = Health::default();
     spawn_readiness_probe(state.clone(), health.clone(), shutdown.clone());
-    let listener = tokio::net::TcpListener::bind(config.listen).await?;
+    let listener = std::net::TcpListener::bind(config.listen)
+        .with_context(|| format!("cannot listen on {}", config.listen))?;
+    listener.set_nonblocking(true)?;
     let addr = listener.local_addr()?;
-    tracing::info!(%addr, brokers = %config.kafka.brokers, "gateway listening");
     let app = router(state.clone(), health);
+    let tls = match &config.tls {
+        Some(tls) => Some(
+            RustlsConfig::from_pem_file(&tls.cert, &tls.key)
+                .await
+                .with_context(|| {
+                    format!(
+                        "cannot load TLS certificate {} and key {}",
+                        tls.cert.display(),
+                        tls.key.display()
+                    )
+                })?,
+        ),
+        None => None,
+    };
+    tracing::info!(%addr, tls = tls.is_some(), brokers = %config.kafka.brokers, "gateway listening");
     let task = tokio::spawn(async move {
-        axum::serve(listener, app)
-            .with_graceful_shutdown(shutdown.cancelled_owned())
-            .await?;
+        match tls {
+            None => {
+                axum::serve(tokio::net::TcpListener::from_std(listener)?, app)
+                    .with_graceful_shutdown(shutdown.cancelled_owned())
+                    .await?;
+            }
+            Some(tls) => {
+                let handle = axum_server::Handle::new();
+                let stopper = handle.clone();
+                tokio::spawn(async move {
+                    shutdown.cancelled().await;
+                    stopper.graceful_shutdown(None);
+                });
+                axum_server::from_tcp_rustls(listener, tls)?
+                    .handle(handle)
+                    .serve(app.into_make_service())
+                    .await?;
+            }
+        }
         state.producer.flush(Duration::from_secs(10)).await;
         tracing::info!("gateway stopped");
         Ok(())

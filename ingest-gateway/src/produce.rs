@@ -1,6 +1,7 @@
 //! The Kafka producer: idempotent, acks=all, zstd; a request is answered only after every
 //! accepted record was acknowledged.
 
+use std::sync::RwLock;
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
 use rdkafka::ClientConfig;
@@ -36,9 +37,46 @@ impl Prepared {
     }
 }
 
+/// A rejected record bound for the dead-letter topic.
+pub struct DeadLetter {
+    index: String,
+    code: &'static str,
+    reason: String,
+    /// The record as received, cut at [`MAX_DEAD_LETTER_BYTES`].
+    raw: Vec<u8>,
+    truncated: bool,
+}
+
+/// Longest record kept in the dead-letter topic (Kafka's default message limit is 1 MB).
+pub const MAX_DEAD_LETTER_BYTES: usize = 64 * 1024;
+
+impl DeadLetter {
+    pub fn new(index: usize, code: &'static str, reason: &str, raw: &[u8]) -> DeadLetter {
+        let cut = raw.len().min(MAX_DEAD_LETTER_BYTES);
+        DeadLetter {
+            index: index.to_string(),
+            code,
+            reason: reason.to_owned(),
+            raw: raw[..cut].to_vec(),
+            truncated: cut < raw.len(),
+        }
+    }
+}
+
+/// Dead-letter headers: the stream, the record's index in its request, a reason code and text.
+pub const DLQ_HEADER_STREAM: &str = "stream";
+pub const DLQ_HEADER_INDEX: &str = "record-index";
+pub const DLQ_HEADER_CODE: &str = "reason-code";
+pub const DLQ_HEADER_REASON: &str = "reason";
+pub const DLQ_HEADER_TRUNCATED: &str = "truncated";
+
 pub struct Producer {
-    inner: FutureProducer,
+    /// Replaced when librdkafka reports a fatal error (e.g. a fenced idempotent producer after
+    /// an outage): such an instance can never produce again.
+    inner: RwLock<FutureProducer>,
+    config: ClientConfig,
     topic_prefix: String,
+    dead_letter_topic: String,
 }
 
 /// The base client config for a cluster.
@@ -60,14 +98,80 @@ impl Producer {
             c.set(k, v);
         }
         Ok(Producer {
-            inner: c.create()?,
+            inner: RwLock::new(c.create()?),
+            config: c,
             topic_prefix: config.topic_prefix.clone(),
+            dead_letter_topic: config.dead_letter_topic.clone(),
         })
     }
 
     /// Sends every record and waits for all acknowledgements. Any failure answers 503 with
     /// `Retry-After`: a retry of the same batch is safe, the sink drops re-sent content.
-    pub async fn produce(&self, stream: &str, records: Vec<Prepared>) -> Result<(), ApiError> {
+    pub async fn produce(
+        &self,
+        stream: &str,
+        records: Vec<Prepared>,
+        dead_letters: Vec<DeadLetter>,
+    ) -> Result<(), ApiError> {
+        let producer = self.current();
+        match self
+            .send_all(&producer, stream, records, dead_letters)
+            .await
+        {
+            Ok(()) => Ok(()),
+            Err(SendFailure::Kafka(e)) => {
+                self.replace_if_broken(&producer, &e);
+                Err(kafka_unavailable(&e))
+            }
+            Err(SendFailure::Cancelled) => Err(ApiError::unavailable("producer shut down", 1)),
+        }
+    }
+
+    fn current(&self) -> FutureProducer {
+        self.inner.read().unwrap_or_else(|e| e.into_inner()).clone()
+    }
+
+    /// Creates a new producer instance when `failed` (still the current one) can never produce
+    /// again: librdkafka reports a fatal error, or the broker fenced its idempotent producer id
+    /// (seen after outages, when the epoch bump is refused).
+    fn replace_if_broken(&self, failed: &FutureProducer, error: &KafkaError) {
+        let fenced = matches!(
+            error.rdkafka_error_code(),
+            Some(
+                RDKafkaErrorCode::ProducerFenced
+                    | RDKafkaErrorCode::InvalidProducerEpoch
+                    | RDKafkaErrorCode::UnknownProducerId
+                    | RDKafkaErrorCode::OutOfOrderSequenceNumber
+            )
+        );
+        let (code, reason) = match failed.client().fatal_error() {
+            Some((code, reason)) => (code, reason),
+            None if fenced => (
+                error.rdkafka_error_code().unwrap_or(RDKafkaErrorCode::Fail),
+                error.to_string(),
+            ),
+            None => return,
+        };
+        let mut inner = self.inner.write().unwrap_or_else(|e| e.into_inner());
+        if !std::ptr::eq(inner.client().native_ptr(), failed.client().native_ptr()) {
+            return; // another request replaced it already
+        }
+        match self.config.create::<FutureProducer>() {
+            Ok(fresh) => {
+                tracing::error!(%code, reason, "producer cannot produce any more; replaced it with a new instance");
+                *inner = fresh;
+            }
+            Err(e) => tracing::error!(error = %e, "cannot replace the failed producer"),
+        }
+    }
+
+    async fn send_all(
+        &self,
+        producer: &FutureProducer,
+        stream: &str,
+        records: Vec<Prepared>,
+        dead_letters: Vec<DeadLetter>,
+    ) -> Result<(), SendFailure> {
         let topic = topic_name(&self.topic_prefix, stream);
         let ingest_ts = SystemTime::now()
             .duration_since(UNIX_EPOCH)
@@ -93,16 +197,51 @@ impl Producer {
                 .key(&r.key)
                 .payload(&r.value)
                 .headers(headers);
-            match self.inner.send_result(record) {
+            match producer.send_result(record) {
                 Ok(delivery) => pending.push(delivery),
-                Err((e, _)) => return Err(kafka_unavailable(&e)),
+                Err((e, _)) => return Err(SendFailure::Kafka(e)),
+            }
+        }
+        for d in &dead_letters {
+            let headers = OwnedHeaders::new_with_capacity(6)
+                .insert(Header {
+                    key: DLQ_HEADER_STREAM,
+                    value: Some(stream),
+                })
+                .insert(Header {
+                    key: DLQ_HEADER_INDEX,
+                    value: Some(&d.index),
+                })
+                .insert(Header {
+                    key: DLQ_HEADER_CODE,
+                    value: Some(d.code),
+                })
+                .insert(Header {
+                    key: DLQ_HEADER_REASON,
+                    value: Some(&d.reason),
+                })
+                .insert(Header {
+                    key: DLQ_HEADER_TRUNCATED,
+                    value: Some(if d.truncated { "true" } else { "false" }),
+                })
+                .insert(Header {
+                    key: HEADER_INGEST_TS,
+                    value: Some(&ingest_ts),
+                });
+            let record = FutureRecord::to(&self.dead_letter_topic)
+                .key(stream)
+                .payload(&d.raw)
+                .headers(headers);
+            match producer.send_result(record) {
+                Ok(delivery) => pending.push(delivery),
+                Err((e, _)) => return Err(SendFailure::Kafka(e)),
             }
         }
         for delivery in pending {
             match delivery.await {
                 Ok(Ok(_)) => {}
-                Ok(Err((e, _))) => return Err(kafka_unavailable(&e)),
-                Err(_) => return Err(ApiError::unavailable("producer shut down", 1)),
+                Ok(Err((e, _))) => return Err(SendFailure::Kafka(e)),
+                Err(_) => return Err(SendFailure::Cancelled),
             }
         }
         Ok(())
@@ -110,7 +249,7 @@ impl Producer {
 
     /// Whether the cluster answers a metadata request.
     pub async fn is_reachable(&self) -> bool {
-        let client = self.inner.clone();
+        let client = self.current();
         tokio::task::spawn_blocking(move || {
             client
                 .client()
@@ -123,9 +262,14 @@ impl Producer {
 
     /// Waits for queued records to be delivered, at most `timeout`.
     pub async fn flush(&self, timeout: Duration) {
-        let p = self.inner.clone();
+        let p = self.current();
         let _ = tokio::task::spawn_blocking(move || p.flush(timeout)).await;
     }
+}
+
+enum SendFailure {
+    Kafka(KafkaError),
+    Cancelled,
 }
 
 fn kafka_unavailable(e: &KafkaError) -> ApiError {
@@ -140,10 +284,11 @@ fn kafka_unavailable(e: &KafkaError) -> ApiError {
 /// Creates the topic of every stream that does not exist yet.
 pub async fn ensure_topics(config: &KafkaConfig, streams: &Streams) -> anyhow::Result<()> {
     let admin: AdminClient<DefaultClientContext> = client_config(&config.brokers).create()?;
-    let names: Vec<String> = streams
+    let mut names: Vec<String> = streams
         .iter()
         .map(|s| topic_name(&config.topic_prefix, &s.name))
         .collect();
+    names.push(config.dead_letter_topic.clone());
     let topics: Vec<NewTopic<'_>> = names
         .iter()
         .map(|n| {

@@ -28,12 +28,13 @@ fn app(limits: LimitsConfig) -> axum::Router {
         brokers: "127.0.0.1:1".into(),
         ..KafkaConfig::default()
     };
-    let state = Arc::new(AppState {
-        streams: schemas::example_streams(),
+    let state = Arc::new(AppState::new(
+        schemas::example_streams(),
         auth,
         limits,
-        producer: Producer::new(&kafka).unwrap(),
-    });
+        Producer::new(&kafka).unwrap(),
+        &Default::default(),
+    ));
     crate::router(state, plumbing::Health::default())
 }
 
@@ -76,8 +77,19 @@ async fn bad_requests_get_exact_statuses_and_json_errors() {
         max_body_bytes: 64 << 10,
         max_decompressed_bytes: 1 << 20,
         max_records: 3,
+        ..LimitsConfig::default()
     };
+    let mut bad_key = post(PATH, Some(TOKEN), NDJSON, None, line.clone());
+    bad_key
+        .headers_mut()
+        .insert("idempotency-key", "has space".parse().unwrap());
     let cases: Vec<(&str, Request<Body>, StatusCode, &str)> = vec![
+        (
+            "bad idempotency key",
+            bad_key,
+            StatusCode::BAD_REQUEST,
+            "bad_request",
+        ),
         (
             "no token",
             post(PATH, None, NDJSON, None, line.clone()),
@@ -223,12 +235,13 @@ async fn unknown_stream_is_404_for_a_wildcard_token() {
         brokers: "127.0.0.1:1".into(),
         ..KafkaConfig::default()
     };
-    let state = Arc::new(AppState {
-        streams: schemas::example_streams(),
+    let state = Arc::new(AppState::new(
+        schemas::example_streams(),
         auth,
-        limits: LimitsConfig::default(),
-        producer: Producer::new(&kafka).unwrap(),
-    });
+        LimitsConfig::default(),
+        Producer::new(&kafka).unwrap(),
+        &Default::default(),
+    ));
     let app = crate::router(state, plumbing::Health::default());
     let (status, body) = call(
         app,

@@ -1,6 +1,7 @@
 //! Splitting request bodies into JSON records: NDJSON and JSON arrays.
 
 use serde_json::Value as Json;
+use serde_json::value::RawValue;
 
 use crate::error::{DecodeError, RecordError};
 
@@ -55,30 +56,39 @@ pub fn parse_line(line: &[u8]) -> Result<Json, RecordError> {
     serde_json::from_slice(line).map_err(|e| RecordError::Malformed(e.to_string()))
 }
 
+/// Splits a body into the raw text of its records, without parsing the records themselves.
+/// NDJSON: the non-blank lines. JSON array: the elements (the array must be well-formed).
+pub fn split_body(format: BodyFormat, body: &[u8]) -> Result<Vec<&[u8]>, DecodeError> {
+    match format {
+        BodyFormat::Ndjson => Ok(ndjson_lines(body).collect()),
+        BodyFormat::JsonArray => {
+            let body = body.strip_prefix(BOM).unwrap_or(body);
+            match body.iter().find(|b| !b.is_ascii_whitespace()) {
+                Some(b'[') => {}
+                Some(b'{') => return Err(DecodeError::NotAnArray("an object".into())),
+                None => return Err(DecodeError::Malformed("empty body".into())),
+                Some(_) => {
+                    return Err(match serde_json::from_slice::<Json>(body) {
+                        Ok(_) => DecodeError::NotAnArray("a scalar".into()),
+                        Err(e) => DecodeError::Malformed(e.to_string()),
+                    });
+                }
+            }
+            let items: Vec<&RawValue> =
+                serde_json::from_slice(body).map_err(|e| DecodeError::Malformed(e.to_string()))?;
+            Ok(items.into_iter().map(|r| r.get().as_bytes()).collect())
+        }
+    }
+}
+
 /// Decodes a body into records. NDJSON yields one result per non-blank line, so a malformed line
 /// rejects only itself; a JSON array body must parse as a whole.
 pub fn decode_body(
     format: BodyFormat,
     body: &[u8],
 ) -> Result<Vec<Result<Json, RecordError>>, DecodeError> {
-    match format {
-        BodyFormat::Ndjson => Ok(ndjson_lines(body).map(parse_line).collect()),
-        BodyFormat::JsonArray => {
-            let body = body.strip_prefix(BOM).unwrap_or(body);
-            match serde_json::from_slice::<Json>(body) {
-                Ok(Json::Array(items)) => Ok(items.into_iter().map(Ok).collect()),
-                Ok(other) => Err(DecodeError::NotAnArray(
-                    match other {
-                        Json::Object(_) => "an object",
-                        Json::String(_) => "a string",
-                        Json::Number(_) => "a number",
-                        Json::Bool(_) => "a bool",
-                        _ => "null",
-                    }
-                    .into(),
-                )),
-                Err(e) => Err(DecodeError::Malformed(e.to_string())),
-            }
-        }
-    }
+    Ok(split_body(format, body)?
+        .into_iter()
+        .map(parse_line)
+        .collect())
 }

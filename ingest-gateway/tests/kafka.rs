@@ -1,0 +1,585 @@
+//! The gateway against a real Kafka-protocol broker (tansu, started by scripts/test.sh): acks,
+//! topic creation, headers, dead letters, idempotency, bad input next to good input, TLS, and a
+//! broker outage with recovery.
+
+use std::collections::HashMap;
+use std::net::SocketAddr;
+use std::path::Path;
+use std::process::{Child, Command};
+use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
+
+use ingest_gateway::GatewayConfig;
+use ingest_gateway::config::{AuthConfig, TlsConfig, TokenConfig};
+use rdkafka::consumer::{BaseConsumer, Consumer};
+use rdkafka::message::{Headers, Message};
+use rdkafka::{ClientConfig, Offset, TopicPartitionList};
+use serde_json::{Value, json};
+use tokio_util::sync::CancellationToken;
+
+const TOKEN: &str = "gateway-test-token";
+
+fn env(name: &str) -> String {
+    std::env::var(name).unwrap_or_else(|_| {
+        panic!(
+            "{name} is not set: run the suite with scripts/test.sh, which starts the test services"
+        )
+    })
+}
+
+fn unique() -> String {
+    let n = SystemTime::now()
+        .duration_since(UNIX_EPOCH)
+        .unwrap()
+        .as_nanos();
+    format!("{}{}", n % 1_000_000_000_000, std::process::id())
+}
+
+struct Started {
+    addr: SocketAddr,
+    prefix: String,
+    dlq: String,
+    shutdown: CancellationToken,
+    task: tokio::task::JoinHandle<anyhow::Result<()>>,
+}
+
+impl Started {
+    fn url(&self, stream: &str) -> String {
+        format!("http://{}/v1/streams/{stream}/records", self.addr)
+    }
+
+    async fn stop(self) {
+        self.shutdown.cancel();
+        self.task.await.unwrap().unwrap();
+    }
+}
+
+fn config(
+    brokers: &str,
+    tweak: impl FnOnce(&mut GatewayConfig),
+) -> (GatewayConfig, String, String) {
+    let id = unique();
+    let mut c = GatewayConfig {
+        listen: ([127, 0, 0, 1], 0).into(),
+        auth: AuthConfig {
+            allow_anonymous: false,
+            tokens: vec![TokenConfig {
+                name: "test".into(),
+                blake3: blake3::hash(TOKEN.as_bytes()).to_hex().to_string(),
+                streams: vec!["*".into()],
+            }],
+        },
+        ..GatewayConfig::default()
+    };
+    c.kafka.brokers = brokers.to_owned();
+    c.kafka.topic_prefix = format!("gw{id}.");
+    c.kafka.dead_letter_topic = format!("gw{id}-dead-letters");
+    c.kafka.create_topics = true;
+    c.kafka.produce_timeout_ms = 10_000;
+    tweak(&mut c);
+    let (prefix, dlq) = (
+        c.kafka.topic_prefix.clone(),
+        c.kafka.dead_letter_topic.clone(),
+    );
+    (c, prefix, dlq)
+}
+
+async fn start(brokers: &str, tweak: impl FnOnce(&mut GatewayConfig)) -> Started {
+    let (c, prefix, dlq) = config(brokers, tweak);
+    let shutdown = CancellationToken::new();
+    let g = ingest_gateway::start(c, schemas::example_streams(), shutdown.clone())
+        .await
+        .unwrap();
+    Started {
+        addr: g.addr,
+        prefix,
+        dlq,
+        shutdown,
+        task: g.task,
+    }
+}
+
+/// Every message of a topic (all partitions, from the beginning) until `want` arrived.
+fn consume(brokers: &str, topic: &str, want: usize) -> Vec<(Vec<u8>, HashMap<String, String>)> {
+    let consumer: BaseConsumer = ClientConfig::new()
+        .set("bootstrap.servers", brokers)
+        .set("group.id", format!("reader-{}", unique()))
+        .set("enable.auto.commit", "false")
+        .create()
+        .unwrap();
+    let meta = consumer
+        .fetch_metadata(Some(topic), Duration::from_secs(10))
+        .unwrap();
+    let mut list = TopicPartitionList::new();
+    for p in meta.topics()[0].partitions() {
+        list.add_partition_offset(topic, p.id(), Offset::Beginning)
+            .unwrap();
+    }
+    consumer.assign(&list).unwrap();
+    let mut out = Vec::new();
+    let deadline = Instant::now() + Duration::from_secs(20);
+    while out.len() < want && Instant::now() < deadline {
+        if let Some(Ok(m)) = consumer.poll(Duration::from_millis(200)) {
+            let headers = m
+                .headers()
+                .map(|h| {
+                    h.iter()
+                        .map(|h| {
+                            (
+                                h.key.to_owned(),
+                                String::from_utf8_lossy(h.value.unwrap_or_default()).into_owned(),
+                            )
+                        })
+                        .collect()
+                })
+                .unwrap_or_default();
+            out.push((m.payload().unwrap_or_default().to_vec(), headers));
+        }
+    }
+    // Anything beyond `want` would be a duplicate: give it a moment to show up.
+    let settle = Instant::now() + Duration::from_millis(1500);
+    while Instant::now() < settle {
+        if let Some(Ok(m)) = consumer.poll(Duration::from_millis(100)) {
+            out.push((m.payload().unwrap_or_default().to_vec(), HashMap::new()));
+        }
+    }
+    out
+}
+
+fn reading(i: i64) -> Value {
+    json!({"device_id": format!("dev-{}", i % 5), "sensor": "temp", "ts": 1_767_225_600_000_i64 + i, "value": i as f64 / 4.0})
+}
+
+fn ndjson(records: &[Value]) -> Vec<u8> {
+    records
+        .iter()
+        .map(|r| format!("{r}\n"))
+        .collect::<String>()
+        .into_bytes()
+}
+
+async fn post(
+    client: &reqwest::Client,
+    url: &str,
+    body: Vec<u8>,
+    key: Option<&str>,
+) -> reqwest::Response {
+    let mut r = client
+        .post(url)
+        .bearer_auth(TOKEN)
+        .header("content-type", "application/x-ndjson")
+        .header("content-encoding", "zstd")
+        .body(zstd::encode_all(&body[..], 3).unwrap());
+    if let Some(k) = key {
+        r = r.header("idempotency-key", k);
+    }
+    r.send().await.unwrap()
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn acks_headers_duplicates_and_dead_letters() {
+    let brokers = env("EDGE_INGEST_KAFKA");
+    let g = start(&brokers, |c| c.limits.max_line_bytes = 200).await;
+    let client = reqwest::Client::new();
+    let good: Vec<Value> = (0..3).map(reading).collect();
+    let mut body = ndjson(&good);
+    body.extend_from_slice(format!("{}\n", good[1]).as_bytes()); // 3: duplicate
+    body.extend_from_slice(b"{\"device_id\": oops\n"); // 4: malformed
+    body.extend_from_slice(b"{\"device_id\":\"d\",\"sensor\":\"s\",\"ts\":1,\"value\":\"hot\"}\n"); // 5: wrong type
+    body.extend_from_slice(
+        format!(
+            "{{\"device_id\":\"{}\",\"sensor\":\"s\",\"ts\":1,\"value\":1}}\n",
+            "x".repeat(300)
+        )
+        .as_bytes(),
+    ); // 6: too long
+    let res = post(&client, &g.url("sensor_readings"), body, None).await;
+    assert_eq!(res.status(), 200);
+    let answer: Value = res.json().await.unwrap();
+    assert_eq!(answer["accepted"], 3);
+    assert_eq!(answer["duplicates"], 1);
+    let rejected: Vec<i64> = answer["rejected"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|r| r["index"].as_i64().unwrap())
+        .collect();
+    assert_eq!(rejected, [4, 5, 6], "{answer}");
+    assert!(
+        answer["rejected"][1]["reason"]
+            .as_str()
+            .unwrap()
+            .contains("field 'value': expected float64")
+    );
+
+    let topic = format!("{}sensor_readings", g.prefix);
+    let msgs = consume(&brokers, &topic, 3);
+    assert_eq!(msgs.len(), 3, "exactly the accepted records, once");
+    let def = schemas::example_streams()
+        .get("sensor_readings")
+        .unwrap()
+        .clone();
+    let mut got: Vec<String> = msgs
+        .iter()
+        .map(|(payload, headers)| {
+            let record = schemas::wire::decode_value(&def, payload).unwrap();
+            let hash = schemas::content_hash(&def, &record);
+            assert_eq!(headers["content-hash"], hash.to_hex());
+            assert_eq!(headers["schema-version"], "1");
+            assert!(headers["ingest-ts"].parse::<i64>().unwrap() > 1_700_000_000_000_000);
+            hash.to_hex()
+        })
+        .collect();
+    let mut want: Vec<String> = good
+        .iter()
+        .map(|r| schemas::check(&def, r.clone()).unwrap().hash.to_hex())
+        .collect();
+    got.sort();
+    want.sort();
+    assert_eq!(got, want);
+
+    let dead = consume(&brokers, &g.dlq, 3);
+    assert_eq!(dead.len(), 3);
+    let codes: Vec<&str> = dead
+        .iter()
+        .map(|(_, h)| h["reason-code"].as_str())
+        .collect();
+    assert_eq!(codes, ["malformed", "wrong_type", "malformed"]);
+    assert!(dead.iter().all(|(_, h)| h["stream"] == "sensor_readings"));
+    assert_eq!(dead[0].0, b"{\"device_id\": oops");
+    g.stop().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn idempotency_key_replays_the_first_answer_without_producing() {
+    let brokers = env("EDGE_INGEST_KAFKA");
+    let g = start(&brokers, |_| {}).await;
+    let client = reqwest::Client::new();
+    let body = ndjson(&(10..20).map(reading).collect::<Vec<_>>());
+    let key = blake3::hash(&body).to_hex().to_string();
+    let first = post(&client, &g.url("sensor_readings"), body.clone(), Some(&key)).await;
+    assert_eq!(first.status(), 200);
+    assert!(first.headers().get("idempotent-replayed").is_none());
+    let first: Value = first.json().await.unwrap();
+    let second = post(&client, &g.url("sensor_readings"), body.clone(), Some(&key)).await;
+    assert_eq!(second.status(), 200);
+    assert_eq!(second.headers()["idempotent-replayed"], "true");
+    assert_eq!(second.json::<Value>().await.unwrap(), first);
+    let msgs = consume(&brokers, &format!("{}sensor_readings", g.prefix), 10);
+    assert_eq!(msgs.len(), 10, "the replay produced nothing");
+    g.stop().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn bad_inputs_get_exact_statuses_and_lose_nothing_else() {
+    let brokers = env("EDGE_INGEST_KAFKA");
+    let g = start(&brokers, |c| {
+        c.limits.max_body_bytes = 256 << 10;
+        c.limits.max_decompressed_bytes = 4 << 20;
+    })
+    .await;
+    let client = reqwest::Client::new();
+    let url = g.url("sensor_readings");
+    let bomb = zstd::encode_all(&vec![b'\n'; 64 << 20][..], 19).unwrap();
+    let mut gz = flate2::write::GzEncoder::new(Vec::new(), flate2::Compression::best());
+    std::io::Write::write_all(&mut gz, &vec![b' '; 32 << 20]).unwrap();
+    let gzip_bomb = gz.finish().unwrap();
+    let raw = |ct: &str, enc: &str, body: Vec<u8>, token: &str| {
+        client
+            .post(&url)
+            .bearer_auth(token)
+            .header("content-type", ct)
+            .header("content-encoding", enc)
+            .body(body)
+    };
+    let cases: Vec<(&str, reqwest::RequestBuilder, u16)> = vec![
+        (
+            "malformed JSON array",
+            raw("application/json", "identity", b"[{\"a\":1".to_vec(), TOKEN),
+            400,
+        ),
+        (
+            "zstd bomb",
+            raw("application/x-ndjson", "zstd", bomb, TOKEN),
+            413,
+        ),
+        (
+            "gzip bomb",
+            raw("application/x-ndjson", "gzip", gzip_bomb, TOKEN),
+            413,
+        ),
+        (
+            "oversized",
+            raw(
+                "application/x-ndjson",
+                "identity",
+                vec![b' '; 300 << 10],
+                TOKEN,
+            ),
+            413,
+        ),
+        (
+            "bad encoding",
+            raw("application/x-ndjson", "deflate", b"{}".to_vec(), TOKEN),
+            415,
+        ),
+        (
+            "corrupt gzip",
+            raw(
+                "application/x-ndjson",
+                "gzip",
+                b"\x1f\x8b\x08junk".to_vec(),
+                TOKEN,
+            ),
+            400,
+        ),
+        (
+            "bad token",
+            raw("application/x-ndjson", "identity", b"{}".to_vec(), "wrong"),
+            401,
+        ),
+        (
+            "hostile stream",
+            client
+                .post(format!("http://{}/v1/streams/a%00b/records", g.addr))
+                .bearer_auth(TOKEN)
+                .header("content-type", "application/x-ndjson")
+                .body("{}"),
+            400,
+        ),
+        (
+            "unknown stream",
+            client
+                .post(format!("http://{}/v1/streams/nope/records", g.addr))
+                .bearer_auth(TOKEN)
+                .header("content-type", "application/x-ndjson")
+                .body("{}"),
+            404,
+        ),
+        (
+            "not an object",
+            raw("application/json", "identity", b"{\"a\":1}".to_vec(), TOKEN),
+            400,
+        ),
+    ];
+    let good = (100..160).map(reading).collect::<Vec<_>>();
+    let mut handles = Vec::new();
+    for chunk in good.chunks(20) {
+        let body = ndjson(chunk);
+        let client = client.clone();
+        let url = url.clone();
+        handles.push(tokio::spawn(async move {
+            post(&client, &url, body, None).await.status().as_u16()
+        }));
+    }
+    for (name, request, status) in cases {
+        let res = request.send().await.unwrap();
+        assert_eq!(res.status().as_u16(), status, "{name}");
+        let body: Value = res
+            .json()
+            .await
+            .unwrap_or_else(|e| panic!("{name}: error body is not JSON: {e}"));
+        assert!(
+            body["error"].is_string() && body["message"].is_string(),
+            "{name}: {body}"
+        );
+    }
+    for h in handles {
+        assert_eq!(h.await.unwrap(), 200);
+    }
+    let msgs = consume(&brokers, &format!("{}sensor_readings", g.prefix), 60);
+    assert_eq!(
+        msgs.len(),
+        60,
+        "every good record once, nothing from the bad requests"
+    );
+    g.stop().await;
+}
+
+fn free_port() -> u16 {
+    std::net::TcpListener::bind("127.0.0.1:0")
+        .unwrap()
+        .local_addr()
+        .unwrap()
+        .port()
+}
+
+/// A tansu of this test's own that advertises `advertised` (the proxy) instead of its own port.
+fn spawn_tansu(port: u16, advertised: u16) -> Child {
+    let child = Command::new(env("EDGE_INGEST_TANSU"))
+        .args([
+            "broker",
+            "--listener-url",
+            &format!("tcp://127.0.0.1:{port}"),
+        ])
+        .args([
+            "--advertised-listener-url",
+            &format!("tcp://127.0.0.1:{advertised}"),
+        ])
+        .args(["--storage-engine", "memory://tansu/"])
+        .stdout(std::process::Stdio::null())
+        .stderr(std::process::Stdio::null())
+        .spawn()
+        .unwrap();
+    let deadline = Instant::now() + Duration::from_secs(30);
+    while std::net::TcpStream::connect(("127.0.0.1", port)).is_err() {
+        assert!(Instant::now() < deadline, "tansu did not start");
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    child
+}
+
+/// A TCP proxy in front of the broker: stopping it is a broker outage as clients see it
+/// (refused and reset connections), and it can come back on the same port.
+async fn proxy(port: u16, target: u16) -> CancellationToken {
+    let stop = CancellationToken::new();
+    let listener = tokio::net::TcpListener::bind(("127.0.0.1", port))
+        .await
+        .unwrap();
+    let token = stop.clone();
+    tokio::spawn(async move {
+        loop {
+            let (mut client, _) = tokio::select! {
+                _ = token.cancelled() => return,
+                accepted = listener.accept() => accepted.unwrap(),
+            };
+            let token = token.clone();
+            tokio::spawn(async move {
+                let Ok(mut upstream) = tokio::net::TcpStream::connect(("127.0.0.1", target)).await
+                else {
+                    return;
+                };
+                tokio::select! {
+                    _ = token.cancelled() => {}
+                    _ = tokio::io::copy_bidirectional(&mut client, &mut upstream) => {}
+                }
+            });
+        }
+    });
+    stop
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn broker_outage_answers_503_with_retry_after_then_recovers() {
+    plumbing::init_tracing();
+    let (port, front) = (free_port(), free_port());
+    let mut broker = spawn_tansu(port, front);
+    let outage = proxy(front, port).await;
+    let brokers = format!("127.0.0.1:{front}");
+    let g = start(&brokers, |c| {
+        c.kafka.produce_timeout_ms = 2_000;
+        c.limits.request_timeout_ms = 5_000;
+    })
+    .await;
+    let client = reqwest::Client::new();
+    let url = g.url("sensor_readings");
+    assert_eq!(
+        post(&client, &url, ndjson(&[reading(1)]), None)
+            .await
+            .status(),
+        200
+    );
+
+    outage.cancel();
+    let res = post(&client, &url, ndjson(&[reading(2)]), None).await;
+    assert_eq!(res.status(), 503);
+    let retry: u64 = res.headers()["retry-after"]
+        .to_str()
+        .unwrap()
+        .parse()
+        .unwrap();
+    assert!(retry >= 1);
+    let body: Value = res.json().await.unwrap();
+    assert_eq!(body["error"], "unavailable");
+
+    let _back = proxy(front, port).await;
+    let deadline = Instant::now() + Duration::from_secs(60);
+    loop {
+        let status = post(&client, &url, ndjson(&[reading(2)]), None)
+            .await
+            .status();
+        if status == 200 {
+            break;
+        }
+        assert_eq!(status, 503);
+        assert!(Instant::now() < deadline, "the gateway did not recover");
+        tokio::time::sleep(Duration::from_millis(500)).await;
+    }
+    let msgs = consume(&brokers, &format!("{}sensor_readings", g.prefix), 2);
+    let def = schemas::example_streams()
+        .get("sensor_readings")
+        .unwrap()
+        .clone();
+    let hashes: std::collections::HashSet<String> = msgs
+        .iter()
+        .map(|(p, _)| {
+            schemas::content_hash(&def, &schemas::wire::decode_value(&def, p).unwrap()).to_hex()
+        })
+        .collect();
+    assert_eq!(
+        hashes.len(),
+        2,
+        "both records are in Kafka (a retried one may be there twice; the sink drops it)"
+    );
+    g.stop().await;
+    broker.kill().unwrap();
+    broker.wait().unwrap();
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn serves_tls_when_given_a_certificate() {
+    let brokers = env("EDGE_INGEST_KAFKA");
+    let cert = rcgen::generate_simple_self_signed(vec!["localhost".into()]).unwrap();
+    let dir = tempfile::tempdir().unwrap();
+    let (cert_path, key_path) = (dir.path().join("cert.pem"), dir.path().join("key.pem"));
+    std::fs::write(&cert_path, cert.cert.pem()).unwrap();
+    std::fs::write(&key_path, cert.signing_key.serialize_pem()).unwrap();
+    let g = start(&brokers, |c| {
+        c.tls = Some(TlsConfig {
+            cert: cert_path,
+            key: key_path,
+        })
+    })
+    .await;
+    let client = reqwest::Client::builder()
+        .add_root_certificate(reqwest::Certificate::from_pem(cert.cert.pem().as_bytes()).unwrap())
+        .build()
+        .unwrap();
+    let port = g.addr.port();
+    let url = format!("https://localhost:{port}/v1/streams/sensor_readings/records");
+    let res = post(&client, &url, ndjson(&[reading(7)]), None).await;
+    assert_eq!(res.status(), 200);
+    assert_eq!(res.json::<Value>().await.unwrap()["accepted"], 1);
+    let plain = reqwest::get(format!("http://127.0.0.1:{port}/healthz")).await;
+    assert!(
+        plain.is_err() || !plain.unwrap().status().is_success(),
+        "plain HTTP must not be served"
+    );
+    g.stop().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn schemathesis_finds_no_violations_of_the_openapi_document() {
+    let brokers = env("EDGE_INGEST_KAFKA");
+    let python = env("EDGE_INGEST_PYTHON");
+    let g = start(&brokers, |_| {}).await;
+    let st = Path::new(&python).with_file_name("schemathesis");
+    let addr = g.addr;
+    let out = tokio::task::spawn_blocking(move || {
+        Command::new(st)
+            .args(["run", &format!("http://{addr}/openapi.json")])
+            .args(["--header", &format!("Authorization: Bearer {TOKEN}")])
+            .args(["--checks", "all", "--max-examples", "30", "--seed", "1"])
+            .env("SCHEMATHESIS_HOOKS", "")
+            .output()
+            .unwrap()
+    })
+    .await
+    .unwrap();
+    let text = format!(
+        "{}{}",
+        String::from_utf8_lossy(&out.stdout),
+        String::from_utf8_lossy(&out.stderr)
+    );
+    assert!(out.status.success(), "schemathesis failed:\n{text}");
+    g.stop().await;
+}
