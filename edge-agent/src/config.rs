@@ -94,3 +94,15 @@ fn default_max_bytes() -> usize {
 fn default_zstd_level() -> i32 {
     3
 }
+
+#[cfg(test)]
+mod tests {
+    #[test]
+    fn shipped_config_file_is_valid() {
+        let file =
+            std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("../config/edge-agent.toml");
+        let c: super::AgentConfig = plumbing::load_config(Some(&file), "NO_SUCH_PREFIX_").unwrap();
+        assert_eq!(c.batch.max_bytes, super::BatchConfig::default().max_bytes);
+        assert_eq!(c.sources.len(), 1);
+    }
+}

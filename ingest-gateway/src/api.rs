@@ -14,7 +14,7 @@ use axum::response::{IntoResponse, Response};
 use schemas::api::{ErrorBody, IngestResponse, RejectedRecord};
 use schemas::decode::{BodyFormat, parse_line, split_body};
 use schemas::{RecordError, StreamDef, Streams, validate_stream_name};
-use tokio::sync::Semaphore;
+use tokio::sync::{OwnedSemaphorePermit, Semaphore};
 
 use crate::auth::Auth;
 use crate::config::{IdempotencyConfig, LimitsConfig};
@@ -120,7 +120,7 @@ impl IntoResponse for ApiError {
 
 /// How the body is compressed.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-enum Encoding {
+pub enum Encoding {
     Identity,
     Zstd,
     Gzip,
@@ -181,15 +181,15 @@ fn decompress(encoding: Encoding, body: Bytes, limit: usize) -> Result<Bytes, Ap
 }
 
 /// What decoding and validating one request produced.
-struct Checked {
-    prepared: Vec<Prepared>,
-    dead_letters: Vec<DeadLetter>,
-    response: IngestResponse,
-    decompressed_bytes: usize,
+pub struct Checked {
+    pub prepared: Vec<Prepared>,
+    pub dead_letters: Vec<DeadLetter>,
+    pub response: IngestResponse,
+    pub decompressed_bytes: usize,
 }
 
 /// Decompresses, decodes, validates and hashes a body; CPU work, run on the blocking pool.
-fn check_body(
+pub fn check_body(
     def: &StreamDef,
     format: BodyFormat,
     encoding: Encoding,
@@ -245,11 +245,33 @@ fn check_body(
 const IDEMPOTENCY_KEY: &str = "idempotency-key";
 const IDEMPOTENT_REPLAYED: &str = "idempotent-replayed";
 
-/// Request bytes are counted in KiB permits of the in-flight budget.
-fn kib(bytes: usize) -> u32 {
-    u32::try_from(bytes.div_ceil(1024))
-        .unwrap_or(u32::MAX)
-        .max(1)
+/// Request bytes held by a request: KiB permits of the in-flight budget, reported as a gauge.
+struct Inflight {
+    _permit: OwnedSemaphorePermit,
+    bytes: f64,
+}
+
+impl Inflight {
+    fn acquire(budget: &Arc<Semaphore>, bytes: usize) -> Result<Inflight, ApiError> {
+        let kib = u32::try_from(bytes.div_ceil(1024))
+            .unwrap_or(u32::MAX)
+            .max(1);
+        let permit = budget
+            .clone()
+            .try_acquire_many_owned(kib)
+            .map_err(|_| overloaded("in-flight bytes"))?;
+        metrics::gauge!(m::INFLIGHT_BYTES).increment(bytes as f64);
+        Ok(Inflight {
+            _permit: permit,
+            bytes: bytes as f64,
+        })
+    }
+}
+
+impl Drop for Inflight {
+    fn drop(&mut self) {
+        metrics::gauge!(m::INFLIGHT_BYTES).decrement(self.bytes);
+    }
 }
 
 fn overloaded(what: &str) -> ApiError {
@@ -342,11 +364,7 @@ pub async fn ingest(
                 ));
             }
         };
-    let _compressed = state
-        .inflight
-        .clone()
-        .try_acquire_many_owned(kib(body.len()))
-        .map_err(|_| overloaded("in-flight bytes"))?;
+    let _compressed = Inflight::acquire(&state.inflight, body.len())?;
     let labels = [("stream", stream.clone())];
     metrics::counter!(m::RECEIVED_BYTES, &labels).increment(body.len() as u64);
 
@@ -356,11 +374,7 @@ pub async fn ingest(
         tokio::task::spawn_blocking(move || check_body(&def2, format, encoding, body, &st.limits))
             .await
             .map_err(|e| ApiError::unavailable(format!("internal error: {e}"), 1))??;
-    let _decompressed = state
-        .inflight
-        .clone()
-        .try_acquire_many_owned(kib(checked.decompressed_bytes))
-        .map_err(|_| overloaded("in-flight bytes"))?;
+    let _decompressed = Inflight::acquire(&state.inflight, checked.decompressed_bytes)?;
     metrics::counter!(m::DECOMPRESSED_BYTES, &labels).increment(checked.decompressed_bytes as u64);
 
     let Checked {
@@ -369,6 +383,10 @@ pub async fn ingest(
         mut response,
         ..
     } = checked;
+    for d in &dead_letters {
+        metrics::counter!(m::REJECTED, "stream" => stream.clone(), "reason" => d.code())
+            .increment(1);
+    }
     let started = Instant::now();
     response.accepted = prepared.len();
     let produced = state.producer.produce(&def.name, prepared, dead_letters);

@@ -51,6 +51,11 @@ pub struct DeadLetter {
 pub const MAX_DEAD_LETTER_BYTES: usize = 64 * 1024;
 
 impl DeadLetter {
+    /// The reason code (a metric label).
+    pub fn code(&self) -> &'static str {
+        self.code
+    }
+
     pub fn new(index: usize, code: &'static str, reason: &str, raw: &[u8]) -> DeadLetter {
         let cut = raw.len().min(MAX_DEAD_LETTER_BYTES);
         DeadLetter {
@@ -160,6 +165,7 @@ impl Producer {
             Ok(fresh) => {
                 tracing::error!(%code, reason, "producer cannot produce any more; replaced it with a new instance");
                 *inner = fresh;
+                ::metrics::counter!(crate::metrics::PRODUCER_REPLACED).increment(1);
             }
             Err(e) => tracing::error!(error = %e, "cannot replace the failed producer"),
         }

@@ -273,3 +273,16 @@ fn auth_config_errors() {
             .contains("64 hex digits")
     );
 }
+
+#[test]
+fn shipped_config_file_is_valid() {
+    let file =
+        std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("../config/ingest-gateway.toml");
+    let c: crate::GatewayConfig = plumbing::load_config(Some(&file), "NO_SUCH_PREFIX_").unwrap();
+    assert_eq!(
+        c.limits.max_body_bytes,
+        LimitsConfig::default().max_body_bytes
+    );
+    assert_eq!(c.auth.tokens.len(), 1);
+    assert!(Auth::from_config(&c.auth).is_ok());
+}

@@ -27,6 +27,25 @@ enum Command {
         #[arg(long, default_value_t = 120)]
         timeout: u64,
     },
+    /// Benchmarks the gateway against a librdkafka producer on the same broker, in one run.
+    /// Prints a table and writes JSON (build with --release).
+    BenchGateway {
+        /// Kafka bootstrap servers.
+        #[arg(long)]
+        brokers: String,
+        /// Records to send (about 160 bytes each as NDJSON).
+        #[arg(long, default_value_t = 300_000)]
+        records: usize,
+        /// Concurrent HTTP clients.
+        #[arg(long, default_value_t = 8)]
+        concurrency: usize,
+        /// Uncompressed NDJSON bytes per batch.
+        #[arg(long, default_value_t = 1 << 20)]
+        batch_bytes: usize,
+        /// Where the JSON report goes.
+        #[arg(long, default_value = "target/bench/gateway.json")]
+        out: PathBuf,
+    },
     /// Writes generated sensor readings as NDJSON to stdout or a file.
     Generate {
         #[command(flatten)]
@@ -86,6 +105,24 @@ async fn main() -> anyhow::Result<()> {
             if !summary.verdict.exactly_once() {
                 anyhow::bail!("the landed records do not match what was sent");
             }
+            Ok(())
+        }
+        Command::BenchGateway {
+            brokers,
+            records,
+            concurrency,
+            batch_bytes,
+            out,
+        } => {
+            let report = loadtest::bench_gateway::run(loadtest::bench_gateway::BenchOptions {
+                brokers,
+                records,
+                concurrency: concurrency.max(1),
+                batch_bytes,
+                out,
+            })
+            .await?;
+            println!("{report}");
             Ok(())
         }
         Command::Generate { fleet, out } => {

@@ -162,3 +162,17 @@ fn default_idle_ms() -> u64 {
 fn default_dedupe_window() -> usize {
     100_000
 }
+
+#[cfg(test)]
+mod tests {
+    #[test]
+    fn shipped_config_file_is_valid() {
+        let file = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("../config/sink.toml");
+        let c: super::SinkConfig = plumbing::load_config(Some(&file), "NO_SUCH_PREFIX_").unwrap();
+        assert_eq!(
+            c.rotation.max_bytes,
+            super::RotationConfig::default().max_bytes
+        );
+        assert_eq!(c.dedupe_window, super::SinkConfig::default().dedupe_window);
+    }
+}

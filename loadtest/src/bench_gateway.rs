@@ -1,0 +1,385 @@
+//! Gateway benchmark: 1 MiB zstd NDJSON batches of the sensor stream posted by concurrent
+//! clients, against a librdkafka producer sending the same records straight to the same broker
+//! in the same run; plus the decode+validate+hash path alone and latency at half of peak.
+
+use std::path::Path;
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use anyhow::{Context, bail};
+use bytes::Bytes;
+use ingest_gateway::GatewayConfig;
+use ingest_gateway::api::{Encoding, check_body};
+use ingest_gateway::config::LimitsConfig;
+use rdkafka::ClientConfig;
+use rdkafka::message::{Header, OwnedHeaders};
+use rdkafka::producer::{FutureProducer, FutureRecord};
+use schemas::decode::BodyFormat;
+use schemas::wire::{HEADER_CONTENT_HASH, HEADER_INGEST_TS, HEADER_SCHEMA_VERSION, encode_value};
+use serde::Serialize;
+use tokio_util::sync::CancellationToken;
+
+use crate::fleet::{FleetSpec, sensor_readings};
+
+#[derive(Debug, Clone)]
+pub struct BenchOptions {
+    pub brokers: String,
+    pub records: usize,
+    pub concurrency: usize,
+    pub batch_bytes: usize,
+    pub out: std::path::PathBuf,
+}
+
+#[derive(Debug, Serialize)]
+pub struct Throughput {
+    pub records: usize,
+    pub seconds: f64,
+    pub cpu_seconds: f64,
+    pub records_per_s: f64,
+    pub mb_per_s: f64,
+    pub records_per_cpu_s: f64,
+    pub mb_per_cpu_s: f64,
+}
+
+impl Throughput {
+    fn new(records: usize, bytes: usize, seconds: f64, cpu_seconds: f64) -> Throughput {
+        let mb = bytes as f64 / 1e6;
+        Throughput {
+            records,
+            seconds,
+            cpu_seconds,
+            records_per_s: records as f64 / seconds,
+            mb_per_s: mb / seconds,
+            records_per_cpu_s: records as f64 / cpu_seconds.max(1e-9),
+            mb_per_cpu_s: mb / cpu_seconds.max(1e-9),
+        }
+    }
+}
+
+#[derive(Debug, Serialize)]
+pub struct BenchReport {
+    pub raw_bytes: usize,
+    pub batches: usize,
+    pub decode_validate_hash: Throughput,
+    pub direct_librdkafka: Throughput,
+    pub gateway: Throughput,
+    pub ratio_gateway_direct: f64,
+    pub half_peak_batches_per_s: f64,
+    pub latency_p50_ms: f64,
+    pub latency_p99_ms: f64,
+}
+
+/// CPU seconds this process used so far (user + system), from /proc/self/stat.
+fn cpu_seconds() -> f64 {
+    let stat = std::fs::read_to_string("/proc/self/stat").unwrap_or_default();
+    let after = stat.rsplit(')').next().unwrap_or_default();
+    let fields: Vec<&str> = after.split_whitespace().collect();
+    let ticks = |i: usize| {
+        fields
+            .get(i)
+            .and_then(|f| f.parse::<f64>().ok())
+            .unwrap_or(0.0)
+    };
+    (ticks(11) + ticks(12)) / 100.0
+}
+
+struct Measure {
+    wall: Instant,
+    cpu: f64,
+}
+
+impl Measure {
+    fn start() -> Measure {
+        Measure {
+            wall: Instant::now(),
+            cpu: cpu_seconds(),
+        }
+    }
+    fn done(self, records: usize, bytes: usize) -> Throughput {
+        Throughput::new(
+            records,
+            bytes,
+            self.wall.elapsed().as_secs_f64(),
+            cpu_seconds() - self.cpu,
+        )
+    }
+}
+
+/// Normalized NDJSON lines cut into batches of at most `batch_bytes`.
+fn batches(
+    records: &[serde_json::Value],
+    batch_bytes: usize,
+) -> anyhow::Result<Vec<(usize, Vec<u8>)>> {
+    let streams = schemas::example_streams();
+    let def = streams
+        .get("sensor_readings")
+        .context("sensor_readings missing")?;
+    let mut out = Vec::new();
+    let mut cur = Vec::with_capacity(batch_bytes);
+    let mut n = 0;
+    for r in records {
+        let line = encode_value(def, &schemas::check(def, r.clone())?.record);
+        if cur.len() + line.len() + 1 > batch_bytes && n > 0 {
+            out.push((n, std::mem::take(&mut cur)));
+            n = 0;
+        }
+        cur.extend_from_slice(&line);
+        cur.push(b'\n');
+        n += 1;
+    }
+    if n > 0 {
+        out.push((n, cur));
+    }
+    Ok(out)
+}
+
+pub async fn run(opts: BenchOptions) -> anyhow::Result<BenchReport> {
+    let streams = schemas::example_streams();
+    let def = streams
+        .get("sensor_readings")
+        .context("sensor_readings missing")?
+        .clone();
+    let fleet = FleetSpec {
+        records: opts.records,
+        devices: 1_000,
+        duplicate_ratio: 0.0,
+        ..FleetSpec::default()
+    };
+    let raw = batches(&sensor_readings(&fleet), opts.batch_bytes)?;
+    let raw_bytes: usize = raw.iter().map(|(_, b)| b.len()).sum();
+    let total: usize = raw.iter().map(|(n, _)| n).sum();
+    let compressed: Vec<(usize, Bytes)> = raw
+        .iter()
+        .map(|(n, b)| Ok((*n, Bytes::from(zstd::bulk::compress(b, 3)?))))
+        .collect::<anyhow::Result<_>>()?;
+    eprintln!(
+        "bench: {total} records, {} batches, {:.1} MB NDJSON",
+        raw.len(),
+        raw_bytes as f64 / 1e6
+    );
+
+    // 1. The decode + validate + hash path alone, one thread.
+    let limits = LimitsConfig::default();
+    let (d, c) = (def.clone(), compressed.clone());
+    let decode = tokio::task::spawn_blocking(move || {
+        let m = Measure::start();
+        let mut ok = 0;
+        for (_, body) in c {
+            ok += check_body(&d, BodyFormat::Ndjson, Encoding::Zstd, body, &limits)
+                .map(|c| c.prepared.len())
+                .unwrap_or(0);
+        }
+        (ok, m.done(0, 0))
+    })
+    .await?;
+    if decode.0 != total {
+        bail!("decode path accepted {} of {total} records", decode.0);
+    }
+    let decode_t = Throughput::new(total, raw_bytes, decode.1.seconds, decode.1.cpu_seconds);
+
+    let id = std::process::id();
+    let mut kafka = ingest_gateway::config::KafkaConfig {
+        brokers: opts.brokers.clone(),
+        create_topics: true,
+        ..Default::default()
+    };
+
+    // 2. Direct: a librdkafka producer with the gateway's settings, same records, same broker.
+    kafka.topic_prefix = format!("bench{id}direct.");
+    ingest_gateway::produce::ensure_topics(&kafka, &streams).await?;
+    let topic = format!("{}sensor_readings", kafka.topic_prefix);
+    let producer: FutureProducer = ClientConfig::new()
+        .set("bootstrap.servers", &opts.brokers)
+        .set("enable.idempotence", "true")
+        .set("acks", "all")
+        .set("compression.type", "zstd")
+        .set("linger.ms", "5")
+        .create()?;
+    let prepared: Vec<(String, Vec<u8>, String)> = raw
+        .iter()
+        .flat_map(|(_, b)| {
+            b.split(|c| *c == b'\n')
+                .filter(|l| !l.is_empty())
+                .map(|l| l.to_vec())
+                .collect::<Vec<_>>()
+        })
+        .map(|line| {
+            let v = schemas::check(&def, serde_json::from_slice(&line).unwrap_or_default())
+                .map_err(anyhow::Error::from)?;
+            Ok((v.record.partition_key(&def), line, v.hash.to_hex()))
+        })
+        .collect::<anyhow::Result<_>>()?;
+    let m = Measure::start();
+    let mut pending = Vec::with_capacity(prepared.len());
+    let ts = "0".to_owned();
+    for (key, value, hash) in &prepared {
+        let headers = OwnedHeaders::new_with_capacity(3)
+            .insert(Header {
+                key: HEADER_CONTENT_HASH,
+                value: Some(hash),
+            })
+            .insert(Header {
+                key: HEADER_SCHEMA_VERSION,
+                value: Some("1"),
+            })
+            .insert(Header {
+                key: HEADER_INGEST_TS,
+                value: Some(&ts),
+            });
+        let mut record = FutureRecord::to(&topic)
+            .key(key)
+            .payload(value)
+            .headers(headers);
+        loop {
+            match producer.send_result(record) {
+                Ok(f) => {
+                    pending.push(f);
+                    break;
+                }
+                Err((_, r)) => {
+                    record = r;
+                    tokio::time::sleep(Duration::from_millis(1)).await;
+                }
+            }
+        }
+    }
+    for f in pending {
+        f.await?.map_err(|(e, _)| e)?;
+    }
+    let direct = m.done(total, raw_bytes);
+
+    // 3. Through the gateway: concurrent clients posting the compressed batches.
+    kafka.topic_prefix = format!("bench{id}gw.");
+    let mut config = GatewayConfig {
+        listen: ([127, 0, 0, 1], 0).into(),
+        kafka,
+        ..GatewayConfig::default()
+    };
+    config.auth.allow_anonymous = true;
+    let shutdown = CancellationToken::new();
+    let gateway = ingest_gateway::start(config, streams.clone(), shutdown.clone()).await?;
+    let url = format!("http://{}/v1/streams/sensor_readings/records", gateway.addr);
+    let client = reqwest::Client::new();
+    let queue = Arc::new(std::sync::Mutex::new(compressed.clone()));
+    let m = Measure::start();
+    let mut workers = Vec::new();
+    for _ in 0..opts.concurrency {
+        let (queue, client, url) = (queue.clone(), client.clone(), url.clone());
+        workers.push(tokio::spawn(async move {
+            let mut latencies = Vec::new();
+            loop {
+                let next = queue.lock().map_err(|_| anyhow::anyhow!("poisoned"))?.pop();
+                let Some((_, body)) = next else { break };
+                let started = Instant::now();
+                post(&client, &url, body).await?;
+                latencies.push(started.elapsed());
+            }
+            anyhow::Ok(latencies)
+        }));
+    }
+    for w in workers {
+        w.await??;
+    }
+    let gw = m.done(total, raw_bytes);
+
+    // 4. Latency at half of the peak request rate.
+    let half_rate = compressed.len() as f64 / gw.seconds / 2.0;
+    let interval = Duration::from_secs_f64(1.0 / half_rate);
+    let mut ticker = tokio::time::interval(interval);
+    let mut handles = Vec::new();
+    for (_, body) in compressed.iter().cycle().take(compressed.len().max(40)) {
+        ticker.tick().await;
+        let (client, url, body) = (client.clone(), url.clone(), body.clone());
+        handles.push(tokio::spawn(async move {
+            let started = Instant::now();
+            post(&client, &url, body).await.map(|()| started.elapsed())
+        }));
+    }
+    let mut latencies = Vec::new();
+    for h in handles {
+        latencies.push(h.await??);
+    }
+    latencies.sort();
+    let pct = |p: f64| {
+        latencies[((latencies.len() - 1) as f64 * p).round() as usize].as_secs_f64() * 1000.0
+    };
+    shutdown.cancel();
+    gateway.task.await??;
+
+    let report = BenchReport {
+        raw_bytes,
+        batches: compressed.len(),
+        ratio_gateway_direct: gw.records_per_s / direct.records_per_s,
+        decode_validate_hash: decode_t,
+        direct_librdkafka: direct,
+        gateway: gw,
+        half_peak_batches_per_s: half_rate,
+        latency_p50_ms: pct(0.5),
+        latency_p99_ms: pct(0.99),
+    };
+    write_report(&opts.out, &report)?;
+    Ok(report)
+}
+
+async fn post(client: &reqwest::Client, url: &str, body: Bytes) -> anyhow::Result<()> {
+    let res = client
+        .post(url)
+        .header("content-type", "application/x-ndjson")
+        .header("content-encoding", "zstd")
+        .body(body)
+        .send()
+        .await?;
+    if !res.status().is_success() {
+        bail!(
+            "gateway answered {}: {}",
+            res.status(),
+            res.text().await.unwrap_or_default()
+        );
+    }
+    Ok(())
+}
+
+fn write_report(path: &Path, report: &BenchReport) -> anyhow::Result<()> {
+    if let Some(dir) = path.parent() {
+        std::fs::create_dir_all(dir)?;
+    }
+    std::fs::write(path, serde_json::to_vec_pretty(report)?)?;
+    Ok(())
+}
+
+impl std::fmt::Display for BenchReport {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        writeln!(
+            f,
+            "gateway benchmark: {} batches, {:.1} MB NDJSON (zstd-3 on the wire)",
+            self.batches,
+            self.raw_bytes as f64 / 1e6
+        )?;
+        writeln!(
+            f,
+            "{:<26} {:>12} {:>9} {:>14} {:>10}",
+            "path", "records/s", "MB/s", "records/cpu-s", "MB/cpu-s"
+        )?;
+        for (name, t) in [
+            ("decode+validate+hash", &self.decode_validate_hash),
+            ("direct librdkafka", &self.direct_librdkafka),
+            ("gateway (HTTP→Kafka)", &self.gateway),
+        ] {
+            writeln!(
+                f,
+                "{name:<26} {:>12.0} {:>9.1} {:>14.0} {:>10.1}",
+                t.records_per_s, t.mb_per_s, t.records_per_cpu_s, t.mb_per_cpu_s
+            )?;
+        }
+        writeln!(
+            f,
+            "ratio gateway/direct (records/s): {:.2}",
+            self.ratio_gateway_direct
+        )?;
+        write!(
+            f,
+            "latency at half peak ({:.1} batches/s): p50 {:.1} ms, p99 {:.1} ms",
+            self.half_peak_batches_per_s, self.latency_p50_ms, self.latency_p99_ms
+        )
+    }
+}

@@ -1,0 +1,17 @@
+#!/usr/bin/env bash
+# Benchmarks that need the test services: starts them (installing once, cached), runs the
+# benchmark in release mode and stops them. Usage: scripts/bench.sh gateway [options]
+set -euo pipefail
+cd "$(dirname "${BASH_SOURCE[0]}")/.."
+which=${1:-gateway}
+shift || true
+scripts/services.sh install
+STATE="$(mktemp -d "${TMPDIR:-/tmp}/edge-ingest-bench.XXXXXX")"
+trap 'scripts/services.sh stop "$STATE"; rm -rf "$STATE"' EXIT
+scripts/services.sh start "$STATE"
+# shellcheck disable=SC1091
+source "$STATE/env"
+case "$which" in
+  gateway) cargo run --release -p loadtest -- bench-gateway --brokers "$EDGE_INGEST_KAFKA" "$@" ;;
+  *) echo "unknown benchmark: $which (gateway)" >&2; exit 2 ;;
+esac
