@@ -387,6 +387,7 @@ pub async fn ingest(
         metrics::counter!(m::REJECTED, "stream" => stream.clone(), "reason" => d.code())
             .increment(1);
     }
+    let produced_bytes: usize = prepared.iter().map(Prepared::value_len).sum();
     let started = Instant::now();
     response.accepted = prepared.len();
     let produced = state.producer.produce(&def.name, prepared, dead_letters);
@@ -400,6 +401,7 @@ pub async fn ingest(
         }
     }
     metrics::histogram!(m::PRODUCE_DURATION).record(started.elapsed().as_secs_f64());
+    metrics::counter!(m::PRODUCED_BYTES, &labels).increment(produced_bytes as u64);
     for (outcome, n) in [
         ("accepted", response.accepted),
         ("duplicate", response.duplicates),

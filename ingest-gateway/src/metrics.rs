@@ -9,3 +9,4 @@ pub const PRODUCE_DURATION: &str = "gateway_produce_duration_seconds";
 pub const REJECTED: &str = "gateway_rejected_records_total";
 pub const INFLIGHT_BYTES: &str = "gateway_inflight_bytes";
 pub const PRODUCER_REPLACED: &str = "gateway_producer_replaced_total";
+pub const PRODUCED_BYTES: &str = "gateway_produced_bytes_total";

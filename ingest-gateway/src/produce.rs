@@ -27,6 +27,11 @@ pub struct Prepared {
 }
 
 impl Prepared {
+    /// Bytes of the Kafka message value.
+    pub fn value_len(&self) -> usize {
+        self.value.len()
+    }
+
     pub fn new(def: &StreamDef, valid: &ValidRecord) -> Prepared {
         Prepared {
             key: valid.record.partition_key(def),

@@ -246,6 +246,25 @@ async fn acks_headers_duplicates_and_dead_letters() {
     assert_eq!(codes, ["malformed", "wrong_type", "malformed"]);
     assert!(dead.iter().all(|(_, h)| h["stream"] == "sensor_readings"));
     assert_eq!(dead[0].0, b"{\"device_id\": oops");
+
+    let metrics = client
+        .get(format!("http://{}/metrics", g.addr))
+        .send()
+        .await
+        .unwrap()
+        .text()
+        .await
+        .unwrap();
+    for name in [
+        "gateway_records_total",
+        "gateway_rejected_records_total",
+        "gateway_http_requests_total",
+        "gateway_produced_bytes_total",
+        "gateway_produce_duration_seconds",
+    ] {
+        assert!(metrics.contains(name), "/metrics lacks {name}");
+    }
+    assert!(metrics.contains(r#"reason="wrong_type""#), "{metrics}");
     g.stop().await;
 }
 

@@ -129,5 +129,109 @@ async fn sink_adopts_a_file_written_before_a_crash() {
     let verdict = compare(&expected, &landed);
     assert!(verdict.exactly_once(), "{verdict:?}");
     assert_eq!(landed.rows, 150);
+
+    // The undecodable record is in the dead-letter location with its offset and reason.
+    let mut dead = Vec::new();
+    for entry in walk(&landing.path().join("landing/_dead_letters")) {
+        for line in std::fs::read_to_string(entry).unwrap().lines() {
+            dead.push(serde_json::from_str::<serde_json::Value>(line).unwrap());
+        }
+    }
+    assert_eq!(dead.len(), 1, "{dead:?}");
+    assert_eq!(dead[0]["offset"], 120);
+    assert!(
+        dead[0]["reason"]
+            .as_str()
+            .unwrap()
+            .starts_with("malformed JSON")
+    );
+    assert_eq!(dead[0]["payload_hex"], hex_of(b"{not json"));
+    drop(cluster);
+}
+
+fn walk(dir: &std::path::Path) -> Vec<std::path::PathBuf> {
+    let mut out = Vec::new();
+    for entry in std::fs::read_dir(dir).unwrap() {
+        let path = entry.unwrap().path();
+        if path.is_dir() {
+            out.extend(walk(&path));
+        } else {
+            out.push(path);
+        }
+    }
+    out
+}
+
+fn hex_of(bytes: &[u8]) -> String {
+    bytes.iter().map(|b| format!("{b:02x}")).collect()
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn memory_budget_writes_the_largest_buffer_early() {
+    let streams = schemas::example_streams();
+    let cluster = MockCluster::new(1).unwrap();
+    cluster.create_topic(TOPIC, 4, 1).unwrap();
+    let producer: FutureProducer = ClientConfig::new()
+        .set("bootstrap.servers", cluster.bootstrap_servers())
+        .create()
+        .unwrap();
+    let readings = sensor_readings(&FleetSpec {
+        records: 400,
+        duplicate_ratio: 0.0,
+        ..FleetSpec::default()
+    });
+    for r in &readings {
+        let key = r["device_id"].as_str().unwrap().to_owned();
+        producer
+            .send(
+                FutureRecord::to(TOPIC).key(&key).payload(&r.to_string()),
+                Duration::from_secs(5),
+            )
+            .await
+            .unwrap();
+    }
+    let landing = tempfile::tempdir().unwrap();
+    let shutdown = CancellationToken::new();
+    let mut config = SinkConfig {
+        store: StoreConfig::Local {
+            path: landing.path().to_path_buf(),
+        },
+        // Neither records, bytes nor idle time would close a file within this test.
+        rotation: RotationConfig {
+            idle_ms: 600_000,
+            max_records: 1_000_000,
+            max_bytes: 1 << 30,
+        },
+        memory_budget_bytes: 8_000,
+        ..SinkConfig::default()
+    };
+    config.kafka.brokers = cluster.bootstrap_servers();
+    config.kafka.group_id = "budget".into();
+    let sink = sink::start(config, streams.clone(), shutdown.clone())
+        .await
+        .unwrap();
+    let deadline = Instant::now() + Duration::from_secs(60);
+    while sink.stats.records_written.load(Ordering::Relaxed) < 300 {
+        assert!(
+            Instant::now() < deadline,
+            "the budget did not flush: {} written",
+            sink.stats.records_written.load(Ordering::Relaxed)
+        );
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    shutdown.cancel();
+    sink.task.await.unwrap().unwrap();
+    let def = streams.get("sensor_readings").unwrap();
+    let expected: HashSet<_> = readings
+        .iter()
+        .map(|r| schemas::check(def, r.clone()).unwrap().hash)
+        .collect();
+    let landed = read_landing_dir(landing.path()).unwrap();
+    assert!(compare(&expected, &landed).exactly_once());
+    assert!(
+        landed.files.len() > 4,
+        "small files forced by the budget: {}",
+        landed.files.len()
+    );
     drop(cluster);
 }

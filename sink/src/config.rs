@@ -31,6 +31,10 @@ pub struct SinkConfig {
     /// Content hashes remembered per partition to drop re-sent records.
     #[serde(default = "default_dedupe_window")]
     pub dedupe_window: usize,
+    /// Buffered record bytes across all partitions; past it the partition with the most is
+    /// written out early, so many partitions never mean running out of memory.
+    #[serde(default = "default_memory_budget")]
+    pub memory_budget_bytes: usize,
 }
 
 impl Default for SinkConfig {
@@ -43,6 +47,7 @@ impl Default for SinkConfig {
             key_prefix: default_key_prefix(),
             rotation: RotationConfig::default(),
             dedupe_window: default_dedupe_window(),
+            memory_budget_bytes: default_memory_budget(),
         }
     }
 }
@@ -158,6 +163,9 @@ fn default_max_bytes() -> usize {
 }
 fn default_idle_ms() -> u64 {
     60_000
+}
+fn default_memory_budget() -> usize {
+    1 << 30
 }
 fn default_dedupe_window() -> usize {
     100_000

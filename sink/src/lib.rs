@@ -62,7 +62,19 @@ struct SinkContext {
     revoked: Mutex<Vec<PartKey>>,
 }
 
-impl ClientContext for SinkContext {}
+impl ClientContext for SinkContext {
+    /// librdkafka's statistics (every `statistics.interval.ms`) carry the lag per partition.
+    fn stats(&self, statistics: rdkafka::Statistics) {
+        for (topic, t) in &statistics.topics {
+            for (partition, p) in &t.partitions {
+                if *partition >= 0 && p.consumer_lag >= 0 {
+                    ::metrics::gauge!(m::CONSUMER_LAG, "topic" => topic.clone(), "partition" => partition.to_string())
+                        .set(p.consumer_lag as f64);
+                }
+            }
+        }
+    }
+}
 
 impl ConsumerContext for SinkContext {
     fn pre_rebalance(&self, _consumer: &BaseConsumer<Self>, rebalance: &Rebalance<'_>) {
@@ -92,7 +104,8 @@ pub async fn start(
         .set("group.id", &config.kafka.group_id)
         .set("enable.auto.commit", "false")
         .set("auto.offset.reset", "earliest")
-        .set("enable.partition.eof", "false");
+        .set("enable.partition.eof", "false")
+        .set("statistics.interval.ms", "5000");
     for (k, v) in &config.kafka.consumer {
         client.set(k, v);
     }
@@ -187,6 +200,9 @@ impl Worker {
                     if let Some((key, reason)) = self.handle(&msg) {
                         self.flush(&key, reason).await?;
                     }
+                    if let Some(key) = self.over_budget() {
+                        self.flush(&key, FlushReason::Memory).await?;
+                    }
                 }
             }
         }
@@ -196,6 +212,19 @@ impl Worker {
         }
         tracing::info!("sink stopped");
         Ok(())
+    }
+
+    /// The partition with the most buffered bytes, when all buffers together pass the budget.
+    fn over_budget(&self) -> Option<PartKey> {
+        let total: usize = self.parts.values().map(|p| p.bytes).sum();
+        ::metrics::gauge!(m::BUFFERED_BYTES).set(total as f64);
+        if total <= self.config.memory_budget_bytes {
+            return None;
+        }
+        self.parts
+            .iter()
+            .max_by_key(|(_, p)| p.bytes)
+            .map(|(k, _)| k.clone())
     }
 
     fn drop_revoked(&mut self) {
@@ -248,7 +277,7 @@ impl Worker {
                 tracing::warn!(topic, partition = msg.partition(), offset, reason = %e, "dead letter: undecodable or invalid record");
                 ::metrics::counter!(m::DISCARDED, "stream" => def.name.clone(), "reason" => e.code(), "intentional" => "false").increment(1);
                 self.stats.dead_letters.fetch_add(1, Ordering::Relaxed);
-                part.skip(offset, ingest_ts);
+                part.dead_letter(offset, ingest_ts, &e.to_string(), payload);
                 return None;
             }
         };
@@ -289,6 +318,28 @@ impl Worker {
             let (Some(start), Some(next)) = (part.range_start, part.next_offset) else {
                 return Ok(());
             };
+            if !part.dead.is_empty() {
+                let range = parquet_file::OffsetRange {
+                    first: start.offset,
+                    last: next - 1,
+                };
+                let object = parquet_file::dead_letter_key(
+                    &self.config.key_prefix,
+                    &part.def.name,
+                    start.ingest_ts,
+                    part.partition,
+                    range,
+                );
+                let data = bytes::Bytes::from(std::mem::take(&mut part.dead));
+                if self.put_with_retry(&object, data.clone()).await.is_none() {
+                    if let Some(part) = self.parts.get_mut(key) {
+                        part.dead = data.to_vec();
+                    }
+                    return Ok(());
+                }
+                tracing::info!(object, "wrote dead letters");
+                continue;
+            }
             if part.rows.is_empty() {
                 // Only skipped records (duplicates, dead letters) since the last file.
                 part.range_start = None;

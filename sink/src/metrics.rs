@@ -9,3 +9,5 @@ pub const UPLOAD_DURATION: &str = "sink_upload_duration_seconds";
 pub const DISCARDED: &str = "sink_discarded_records_total";
 pub const STORE_ERRORS: &str = "sink_store_errors_total";
 pub const ADOPTED_FILES: &str = "sink_adopted_files_total";
+pub const CONSUMER_LAG: &str = "sink_consumer_lag_records";
+pub const BUFFERED_BYTES: &str = "sink_buffered_bytes";

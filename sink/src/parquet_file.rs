@@ -54,6 +54,22 @@ pub struct OffsetRange {
     pub last: i64,
 }
 
+/// The key of the dead-letter object of a range:
+/// `<prefix>/_dead_letters/<stream>/date=…/hour=…/<stream>-p<partition>-o<first>-<last>.ndjson`.
+/// The range end is in the name, so a sink that reads further than an earlier one never finds
+/// its dead letters taken by a shorter object (dead letters are at least once).
+pub fn dead_letter_key(
+    prefix: &str,
+    stream: &str,
+    ingest_ts: i64,
+    partition: i32,
+    range: OffsetRange,
+) -> String {
+    let file = object_key("", stream, ingest_ts, partition, range.first);
+    let file = file.trim_start_matches('/').trim_end_matches(".parquet");
+    format!("{prefix}/_dead_letters/{file}-{:020}.ndjson", range.last)
+}
+
 /// Encodes rows (in offset order, all within `range`) into a Parquet file.
 pub fn encode(
     def: &StreamDef,
@@ -120,6 +136,15 @@ mod tests {
         assert_eq!(
             object_key("landing", "sensor_readings", ts, 3, 42),
             "landing/sensor_readings/date=2024-05-01/hour=12/sensor_readings-p3-o00000000000000000042.parquet"
+        );
+    }
+
+    #[test]
+    fn dead_letter_keys_carry_the_range() {
+        let range = OffsetRange { first: 5, last: 9 };
+        assert_eq!(
+            dead_letter_key("landing", "s", 0, 2, range),
+            "landing/_dead_letters/s/date=1970-01-01/hour=00/s-p2-o00000000000000000005-00000000000000000009.ndjson"
         );
     }
 

@@ -28,6 +28,8 @@ pub struct PartitionState {
     pub committed: Option<i64>,
     pub last_append: Instant,
     pub window: HashWindow,
+    /// Dead letters of the open range, as JSON lines for the dead-letter object.
+    pub dead: Vec<u8>,
 }
 
 /// Where the open file's range begins. Its ingest time places the file in a date/hour folder,
@@ -45,6 +47,7 @@ pub enum FlushReason {
     Bytes,
     Hour,
     Idle,
+    Memory,
     Shutdown,
 }
 
@@ -55,6 +58,7 @@ impl FlushReason {
             FlushReason::Bytes => "bytes",
             FlushReason::Hour => "hour",
             FlushReason::Idle => "idle",
+            FlushReason::Memory => "memory",
             FlushReason::Shutdown => "shutdown",
         }
     }
@@ -73,6 +77,7 @@ impl PartitionState {
             committed: None,
             last_append: Instant::now(),
             window: HashWindow::new(window),
+            dead: Vec::new(),
         }
     }
 
@@ -100,6 +105,21 @@ impl PartitionState {
             .get_or_insert(RangeStart { offset, ingest_ts });
         self.next_offset = Some(offset + 1);
         self.last_append = Instant::now();
+    }
+
+    /// Keeps an undecodable or invalid record for the dead-letter object, with its reason.
+    pub fn dead_letter(&mut self, offset: i64, ingest_ts: i64, reason: &str, payload: &[u8]) {
+        let line = serde_json::json!({
+            "topic": self.topic,
+            "partition": self.partition,
+            "offset": offset,
+            "ingest_ts": ingest_ts,
+            "reason": reason,
+            "payload_hex": hex::encode(payload),
+        });
+        self.dead.extend_from_slice(line.to_string().as_bytes());
+        self.dead.push(b'\n');
+        self.skip(offset, ingest_ts);
     }
 
     /// Whether there is something to write or commit.

@@ -105,7 +105,11 @@ impl ObjectStore {
                     .bucket(bucket)
                     .key(key)
                     .if_none_match("*")
-                    .content_type("application/vnd.apache.parquet")
+                    .content_type(if key.ends_with(".parquet") {
+                        "application/vnd.apache.parquet"
+                    } else {
+                        "application/x-ndjson"
+                    })
                     .body(ByteStream::from(data))
                     .send()
                     .await;
