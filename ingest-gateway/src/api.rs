@@ -290,6 +290,15 @@ pub async fn not_found() -> ApiError {
     ApiError::new(StatusCode::NOT_FOUND, "not_found", "no such route")
 }
 
+/// Known routes with another method answer JSON too.
+pub async fn method_not_allowed() -> ApiError {
+    ApiError::new(
+        StatusCode::METHOD_NOT_ALLOWED,
+        "method_not_allowed",
+        "this route does not take that method",
+    )
+}
+
 pub async fn ingest(
     State(state): State<Arc<AppState>>,
     path: Result<Path<String>, PathRejection>,

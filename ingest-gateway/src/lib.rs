@@ -46,6 +46,7 @@ pub fn router(state: Arc<AppState>, health: Health) -> Router {
         .route("/openapi.json", get(openapi))
         .merge(plumbing::admin_router(health))
         .fallback(api::not_found)
+        .method_not_allowed_fallback(api::method_not_allowed)
         .layer(middleware::from_fn(track_requests))
 }
 

@@ -286,3 +286,26 @@ fn shipped_config_file_is_valid() {
     assert_eq!(c.auth.tokens.len(), 1);
     assert!(Auth::from_config(&c.auth).is_ok());
 }
+
+#[tokio::test]
+async fn unknown_routes_and_methods_answer_json() {
+    let res = app(LimitsConfig::default())
+        .oneshot(Request::get(PATH).body(Body::empty()).unwrap())
+        .await
+        .unwrap();
+    assert_eq!(res.status(), StatusCode::METHOD_NOT_ALLOWED);
+    let (status, body) = call(
+        app(LimitsConfig::default()),
+        Request::get("/nope").body(Body::empty()).unwrap(),
+    )
+    .await;
+    assert_eq!(status, StatusCode::NOT_FOUND);
+    assert_eq!(body["error"], "not_found");
+    let (status, body) = call(
+        app(LimitsConfig::default()),
+        Request::delete(PATH).body(Body::empty()).unwrap(),
+    )
+    .await;
+    assert_eq!(status, StatusCode::METHOD_NOT_ALLOWED);
+    assert_eq!(body["error"], "method_not_allowed");
+}

@@ -235,3 +235,98 @@ async fn memory_budget_writes_the_largest_buffer_early() {
     );
     drop(cluster);
 }
+
+/// Duplicates that straddle a restart: the second sink's dedupe window is warmed from the landing
+/// files of the first, so records re-sent after the restart do not land twice.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn dedupe_window_is_warmed_after_a_restart() {
+    let streams = schemas::example_streams();
+    let cluster = MockCluster::new(1).unwrap();
+    cluster.create_topic(TOPIC, 1, 1).unwrap();
+    let producer: FutureProducer = ClientConfig::new()
+        .set("bootstrap.servers", cluster.bootstrap_servers())
+        .create()
+        .unwrap();
+    let readings = sensor_readings(&FleetSpec {
+        records: 120,
+        duplicate_ratio: 0.0,
+        ..FleetSpec::default()
+    });
+    let send = |r: &serde_json::Value| {
+        let value = r.to_string();
+        let producer = producer.clone();
+        async move {
+            // No ingest-ts header: the sink uses the Kafka timestamp (now), like for any producer.
+            producer
+                .send(
+                    FutureRecord::<str, str>::to(TOPIC).payload(&value),
+                    Duration::from_secs(5),
+                )
+                .await
+                .unwrap();
+        }
+    };
+    let landing = tempfile::tempdir().unwrap();
+    let config = || {
+        let mut c = SinkConfig {
+            store: StoreConfig::Local {
+                path: landing.path().to_path_buf(),
+            },
+            rotation: RotationConfig {
+                idle_ms: 300,
+                max_records: 40,
+                ..RotationConfig::default()
+            },
+            ..SinkConfig::default()
+        };
+        c.kafka.brokers = cluster.bootstrap_servers();
+        c.kafka.group_id = "warm".into();
+        c
+    };
+    let run_until = |want: u64| {
+        let config = config();
+        let streams = streams.clone();
+        async move {
+            let shutdown = CancellationToken::new();
+            let sink = sink::start(config, streams, shutdown.clone())
+                .await
+                .unwrap();
+            let deadline = Instant::now() + Duration::from_secs(60);
+            while sink.stats.records_written.load(Ordering::Relaxed)
+                + sink.stats.duplicates_dropped.load(Ordering::Relaxed)
+                < want
+            {
+                assert!(Instant::now() < deadline, "sink made no progress");
+                tokio::time::sleep(Duration::from_millis(100)).await;
+            }
+            tokio::time::sleep(Duration::from_millis(700)).await;
+            shutdown.cancel();
+            sink.task.await.unwrap().unwrap();
+            sink.stats
+        }
+    };
+    for r in &readings[..100] {
+        send(r).await;
+    }
+    let first = run_until(100).await;
+    assert_eq!(first.records_written.load(Ordering::Relaxed), 100);
+    // After the restart: the first 100 again (a client retry), then 20 new ones.
+    for r in readings[..100].iter().chain(&readings[100..]) {
+        send(r).await;
+    }
+    let second = run_until(120).await;
+    assert_eq!(
+        second.duplicates_dropped.load(Ordering::Relaxed),
+        100,
+        "re-sent records were dropped"
+    );
+    assert_eq!(second.records_written.load(Ordering::Relaxed), 20);
+    let def = streams.get("sensor_readings").unwrap();
+    let expected: HashSet<_> = readings
+        .iter()
+        .map(|r| schemas::check(def, r.clone()).unwrap().hash)
+        .collect();
+    let landed = read_landing_dir(landing.path()).unwrap();
+    assert!(compare(&expected, &landed).exactly_once());
+    drop(cluster);
+}

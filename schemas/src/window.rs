@@ -38,6 +38,10 @@ impl HashWindow {
         true
     }
 
+    pub fn capacity(&self) -> usize {
+        self.capacity
+    }
+
     pub fn contains(&self, hash: &ContentHash) -> bool {
         self.set.contains(hash)
     }

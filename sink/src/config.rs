@@ -64,6 +64,14 @@ pub struct KafkaConfig {
     /// Topic of a stream = prefix + stream name. The sink reads the topics of all known streams.
     #[serde(default = "default_topic_prefix")]
     pub topic_prefix: String,
+    /// How long a sink may be silent before the group gives its partitions to the others
+    /// (librdkafka `session.timeout.ms`): the time a crashed sink's partitions stand still.
+    #[serde(default = "default_session_timeout_ms")]
+    pub session_timeout_ms: u64,
+    /// Static group membership (librdkafka `group.instance.id`): a stable name per sink process
+    /// (e.g. the pod name) lets a restarted sink take its partitions back without a rebalance.
+    #[serde(default)]
+    pub instance_id: Option<String>,
     /// Extra librdkafka consumer properties.
     #[serde(default)]
     pub consumer: BTreeMap<String, String>,
@@ -75,6 +83,8 @@ impl Default for KafkaConfig {
             brokers: default_brokers(),
             group_id: default_group_id(),
             topic_prefix: default_topic_prefix(),
+            session_timeout_ms: default_session_timeout_ms(),
+            instance_id: None,
             consumer: BTreeMap::new(),
         }
     }
@@ -151,6 +161,9 @@ fn default_group_id() -> String {
 }
 fn default_topic_prefix() -> String {
     schemas::wire::DEFAULT_TOPIC_PREFIX.into()
+}
+fn default_session_timeout_ms() -> u64 {
+    10_000
 }
 fn default_key_prefix() -> String {
     "landing".into()

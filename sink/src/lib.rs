@@ -23,11 +23,12 @@ use rdkafka::consumer::{
 };
 use rdkafka::message::{Headers, Message, OwnedMessage};
 use rdkafka::{ClientConfig, ClientContext, Offset, TopicPartitionList};
-use schemas::Streams;
 use schemas::arrow::RowMeta;
+use schemas::window::HashWindow;
 use schemas::wire::{
     HEADER_INGEST_TS, decode_value, parse_decimal_header, stream_of_topic, topic_name,
 };
+use schemas::{ContentHash, Streams};
 use tokio::task::JoinHandle;
 use tokio_util::sync::CancellationToken;
 
@@ -55,6 +56,9 @@ pub struct Sink {
 }
 
 type PartKey = (String, i32);
+
+/// Hour folders searched for recent landing files when a partition's dedupe window is warmed.
+pub const WARM_HOURS: i64 = 24;
 
 /// Collects partitions revoked by a rebalance, so the worker drops their uncommitted rows.
 #[derive(Default)]
@@ -105,7 +109,18 @@ pub async fn start(
         .set("enable.auto.commit", "false")
         .set("auto.offset.reset", "earliest")
         .set("enable.partition.eof", "false")
-        .set("statistics.interval.ms", "5000");
+        .set("statistics.interval.ms", "5000")
+        .set(
+            "session.timeout.ms",
+            config.kafka.session_timeout_ms.to_string(),
+        )
+        .set(
+            "heartbeat.interval.ms",
+            (config.kafka.session_timeout_ms / 3).max(100).to_string(),
+        );
+    if let Some(id) = &config.kafka.instance_id {
+        client.set("group.instance.id", id);
+    }
     for (k, v) in &config.kafka.consumer {
         client.set(k, v);
     }
@@ -194,6 +209,7 @@ impl Worker {
                         }
                     };
                     self.drop_revoked();
+                    self.open_partition(&msg).await;
                     if let Some(key) = self.rotates_before(&msg) {
                         self.flush(&key, FlushReason::Hour).await?;
                     }
@@ -241,6 +257,83 @@ impl Worker {
                 tracing::info!(topic = %key.0, partition = key.1, dropped_rows = p.rows.len(), "partition revoked");
             }
         }
+    }
+
+    /// Sets up the state of a partition the first time one of its messages arrives, with the
+    /// dedupe window warmed from the partition's recent landing files, so that duplicates that
+    /// straddle a restart or a rebalance are dropped too.
+    async fn open_partition(&mut self, msg: &OwnedMessage) {
+        let key = (msg.topic().to_owned(), msg.partition());
+        if self.parts.contains_key(&key) {
+            return;
+        }
+        let Some(def) = stream_of_topic(&self.config.kafka.topic_prefix, msg.topic())
+            .and_then(|s| self.streams.get(s))
+            .cloned()
+        else {
+            return;
+        };
+        let mut state =
+            PartitionState::new(def.clone(), key.0.clone(), key.1, self.config.dedupe_window);
+        match self.warm(&def.name, key.1, &mut state.window).await {
+            Ok(0) => {}
+            Ok(n) => {
+                tracing::info!(topic = %key.0, partition = key.1, hashes = n, "warmed dedupe window")
+            }
+            Err(e) => {
+                tracing::warn!(topic = %key.0, partition = key.1, error = %e, "cannot warm dedupe window")
+            }
+        }
+        self.parts.insert(key, state);
+    }
+
+    /// Loads the content hashes of the newest landing files of a partition (from the last
+    /// [`WARM_HOURS`] hour folders) into `window`, oldest first.
+    async fn warm(
+        &self,
+        stream: &str,
+        partition: i32,
+        window: &mut HashWindow,
+    ) -> anyhow::Result<usize> {
+        let mut newest_first: Vec<Vec<ContentHash>> = Vec::new();
+        let mut total = 0;
+        tracing::debug!(stream, partition, "warming dedupe window");
+        'hours: for prefix in parquet_file::recent_hour_prefixes(
+            &self.config.key_prefix,
+            stream,
+            now_micros(),
+            WARM_HOURS,
+        ) {
+            let mut files: Vec<(i64, String)> = self
+                .store
+                .list(&prefix)
+                .await?
+                .into_iter()
+                .filter_map(|k| {
+                    parquet_file::start_offset_of(&k, stream, partition).map(|o| (o, k))
+                })
+                .collect();
+            files.sort_unstable_by(|a, b| b.0.cmp(&a.0));
+            for (_, key) in files {
+                if total >= window.capacity() {
+                    break 'hours;
+                }
+                tracing::debug!(key, "reading content hashes");
+                let Some(data) = self.store.get(&key).await? else {
+                    continue;
+                };
+                let hashes =
+                    tokio::task::spawn_blocking(move || parquet_file::read_hashes(data)).await??;
+                total += hashes.len();
+                newest_first.push(hashes);
+            }
+        }
+        for hashes in newest_first.into_iter().rev() {
+            for h in hashes {
+                window.insert(h);
+            }
+        }
+        Ok(total.min(window.capacity()))
     }
 
     /// The partition whose open file must close before `msg` joins it: its first record was

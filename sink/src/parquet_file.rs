@@ -1,15 +1,18 @@
 //! Encoding landing files: Arrow record batch → Parquet bytes with the metadata readers need,
 //! and reading that metadata back from an existing object.
 
+use arrow::array::{Array, FixedSizeBinaryArray};
 use bytes::Bytes;
 use chrono::{DateTime, Datelike, Timelike, Utc};
-use parquet::arrow::ArrowWriter;
+use parquet::arrow::arrow_reader::ParquetRecordBatchReaderBuilder;
+use parquet::arrow::{ArrowWriter, ProjectionMask};
 use parquet::basic::{Compression, ZstdLevel};
 use parquet::errors::ParquetError;
 use parquet::file::metadata::KeyValue;
 use parquet::file::properties::{EnabledStatistics, WriterProperties};
 use parquet::file::reader::{FileReader, SerializedFileReader};
 use parquet::schema::types::ColumnPath;
+use schemas::ContentHash;
 use schemas::StreamDef;
 use schemas::arrow::{COL_CONTENT_HASH, COL_OFFSET, RowMeta, record_batch};
 use schemas::value::{Record, format_timestamp};
@@ -109,6 +112,54 @@ pub fn encode(
     Ok(Bytes::from(writer.into_inner()?))
 }
 
+/// The hour folders of the last `hours` hours before `now_micros`, newest first:
+/// `<prefix>/<stream>/date=…/hour=…/`.
+pub fn recent_hour_prefixes(
+    prefix: &str,
+    stream: &str,
+    now_micros: i64,
+    hours: i64,
+) -> Vec<String> {
+    (0..hours)
+        .map(|h| {
+            let key = object_key(prefix, stream, now_micros - h * 3_600_000_000, 0, 0);
+            let cut = key.rfind('/').map_or(key.len(), |i| i + 1);
+            key[..cut].to_owned()
+        })
+        .collect()
+}
+
+/// The start offset of a landing file of `partition`, from its key; `None` for other files.
+pub fn start_offset_of(key: &str, stream: &str, partition: i32) -> Option<i64> {
+    let name = key.rsplit('/').next()?;
+    name.strip_prefix(&format!("{stream}-p{partition}-o"))?
+        .strip_suffix(".parquet")?
+        .parse()
+        .ok()
+}
+
+/// The content hashes of a landing file, in row order.
+pub fn read_hashes(data: Bytes) -> Result<Vec<ContentHash>, ParquetError> {
+    let builder = ParquetRecordBatchReaderBuilder::try_new(data)?;
+    let mask = ProjectionMask::columns(builder.parquet_schema(), [COL_CONTENT_HASH]);
+    let mut out = Vec::new();
+    for batch in builder.with_projection(mask).build()? {
+        let batch = batch?;
+        let col = batch
+            .column_by_name(COL_CONTENT_HASH)
+            .and_then(|c| c.as_any().downcast_ref::<FixedSizeBinaryArray>())
+            .ok_or_else(|| ParquetError::General("no content hash column".into()))?;
+        for i in 0..col.len() {
+            let bytes: [u8; 32] = col
+                .value(i)
+                .try_into()
+                .map_err(|_| ParquetError::General("content hash is not 32 bytes".into()))?;
+            out.push(ContentHash(bytes));
+        }
+    }
+    Ok(out)
+}
+
 /// Reads the offset range of an existing landing file from its footer metadata.
 pub fn read_offsets(data: Bytes) -> Result<OffsetRange, ParquetError> {
     let reader = SerializedFileReader::new(data)?;
@@ -137,6 +188,22 @@ mod tests {
             object_key("landing", "sensor_readings", ts, 3, 42),
             "landing/sensor_readings/date=2024-05-01/hour=12/sensor_readings-p3-o00000000000000000042.parquet"
         );
+    }
+
+    #[test]
+    fn recent_hours_and_start_offsets() {
+        let ts = 1_714_564_800_000_000; // 2024-05-01T12:00:00Z
+        assert_eq!(
+            recent_hour_prefixes("landing", "s", ts, 2),
+            [
+                "landing/s/date=2024-05-01/hour=12/",
+                "landing/s/date=2024-05-01/hour=11/"
+            ]
+        );
+        let key = object_key("landing", "s", ts, 3, 42);
+        assert_eq!(start_offset_of(&key, "s", 3), Some(42));
+        assert_eq!(start_offset_of(&key, "s", 4), None);
+        assert_eq!(start_offset_of("landing/s/x.ndjson", "s", 3), None);
     }
 
     #[test]
@@ -176,6 +243,8 @@ mod tests {
             last: 109,
         };
         let data = encode(&def, "ingest.sensor_readings", 1, range, &rows).unwrap();
-        assert_eq!(read_offsets(data).unwrap(), range);
+        assert_eq!(read_offsets(data.clone()).unwrap(), range);
+        let hashes: Vec<_> = rows.iter().map(|(_, m)| m.hash).collect();
+        assert_eq!(read_hashes(data).unwrap(), hashes);
     }
 }

@@ -126,6 +126,60 @@ impl ObjectStore {
         }
     }
 
+    /// Keys under `prefix` (which ends with `/`), in any order.
+    pub async fn list(&self, prefix: &str) -> Result<Vec<String>, StoreError> {
+        match self {
+            ObjectStore::Local(root) => {
+                let (root, prefix) = (root.clone(), prefix.to_owned());
+                tokio::task::spawn_blocking(move || {
+                    let mut out = Vec::new();
+                    let mut stack = vec![root.join(&prefix)];
+                    while let Some(dir) = stack.pop() {
+                        let entries = match std::fs::read_dir(&dir) {
+                            Ok(e) => e,
+                            Err(e) if e.kind() == std::io::ErrorKind::NotFound => continue,
+                            Err(e) => {
+                                return Err(StoreError::retryable(format!(
+                                    "list {}: {e}",
+                                    dir.display()
+                                )));
+                            }
+                        };
+                        for entry in entries.flatten() {
+                            let path = entry.path();
+                            if path.is_dir() {
+                                stack.push(path);
+                            } else if let Ok(rel) = path.strip_prefix(&root) {
+                                out.push(rel.to_string_lossy().into_owned());
+                            }
+                        }
+                    }
+                    Ok(out)
+                })
+                .await
+                .map_err(|e| StoreError::retryable(e.to_string()))?
+            }
+            ObjectStore::S3 { client, bucket } => {
+                let mut out = Vec::new();
+                let mut pages = client
+                    .list_objects_v2()
+                    .bucket(bucket)
+                    .prefix(prefix)
+                    .into_paginator()
+                    .send();
+                while let Some(page) = pages.next().await {
+                    let page = page.map_err(|e| s3_error("list", prefix, e))?;
+                    out.extend(
+                        page.contents()
+                            .iter()
+                            .filter_map(|o| o.key().map(str::to_owned)),
+                    );
+                }
+                Ok(out)
+            }
+        }
+    }
+
     /// Reads a whole object; `None` when it does not exist.
     pub async fn get(&self, key: &str) -> Result<Option<Bytes>, StoreError> {
         match self {
