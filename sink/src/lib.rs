@@ -313,7 +313,7 @@ impl Worker {
                     parquet_file::start_offset_of(&k, stream, partition).map(|o| (o, k))
                 })
                 .collect();
-            files.sort_unstable_by(|a, b| b.0.cmp(&a.0));
+            files.sort_unstable_by_key(|f| std::cmp::Reverse(f.0));
             for (_, key) in files {
                 if total >= window.capacity() {
                     break 'hours;
