@@ -7,11 +7,17 @@ use ingest_gateway::GatewayConfig;
 use ingest_gateway::config::ENV_PREFIX;
 use tokio_util::sync::CancellationToken;
 
+/// mimalloc: the decode and encode paths allocate per record; glibc malloc was a quarter of
+/// the gateway's profile.
+#[global_allocator]
+static GLOBAL: mimalloc::MiMalloc = mimalloc::MiMalloc;
+
 /// HTTP ingest gateway: authenticates, decodes and validates records and produces them to Kafka.
 ///
 /// Configuration comes from the TOML file given with --config, overridden by environment
 /// variables prefixed INGEST_GATEWAY_ (nested keys joined with "__", e.g.
 /// INGEST_GATEWAY_KAFKA__BROKERS). See config/ingest-gateway.toml for every option.
+
 #[derive(Debug, Parser)]
 #[command(version)]
 struct Args {

@@ -25,7 +25,7 @@ impl ContentHash {
     }
 
     pub fn to_hex(&self) -> String {
-        hex::encode(self.0)
+        blake3::Hash::from_bytes(self.0).to_hex().to_string()
     }
 }
 

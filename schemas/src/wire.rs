@@ -8,7 +8,7 @@
 //!   `content-hash` (64 hex digits), `schema-version` (decimal), `ingest-ts` (epoch microseconds,
 //!   decimal).
 
-use serde_json::{Map, Number, Value as Json};
+use serde_json::{Number, Value as Json};
 
 use crate::error::RecordError;
 use crate::stream::StreamDef;
@@ -29,15 +29,69 @@ pub fn stream_of_topic<'a>(prefix: &str, topic: &'a str) -> Option<&'a str> {
     topic.strip_prefix(prefix)
 }
 
-/// Encodes a validated record as the Kafka message value.
+/// Encodes a validated record as the Kafka message value: a JSON object in the schema's field
+/// order, nulls omitted. Written directly, without building a JSON tree (a hot path).
 pub fn encode_value(def: &StreamDef, record: &Record) -> Vec<u8> {
-    let mut obj = Map::new();
+    let mut out = Vec::with_capacity(256);
+    out.push(b'{');
+    let mut first = true;
     for (field, value) in def.fields.iter().zip(&record.values) {
-        if *value != Value::Null {
-            obj.insert(field.name.clone(), to_json(value));
+        if *value == Value::Null {
+            continue;
+        }
+        if !first {
+            out.push(b',');
+        }
+        first = false;
+        write_str(&mut out, &field.name);
+        out.push(b':');
+        write_value(&mut out, value);
+    }
+    out.push(b'}');
+    out
+}
+
+fn write_str(out: &mut Vec<u8>, s: &str) {
+    // Serializing a str into a Vec cannot fail.
+    let _ = serde_json::to_writer(&mut *out, s);
+}
+
+fn write_value(out: &mut Vec<u8>, value: &Value) {
+    match value {
+        Value::Null => out.extend_from_slice(b"null"),
+        Value::Bool(b) => out.extend_from_slice(if *b { b"true" } else { b"false" }),
+        Value::Int(i) => out.extend_from_slice(itoa::Buffer::new().format(*i).as_bytes()),
+        Value::Float(f) => match Number::from_f64(*f) {
+            Some(n) => {
+                let _ = serde_json::to_writer(&mut *out, &n);
+            }
+            None => out.extend_from_slice(b"null"),
+        },
+        Value::Str(s) => write_str(out, s),
+        Value::Timestamp(t) => write_str(out, &format_timestamp(*t)),
+        Value::List(items) => {
+            out.push(b'[');
+            for (i, item) in items.iter().enumerate() {
+                if i > 0 {
+                    out.push(b',');
+                }
+                write_value(out, item);
+            }
+            out.push(b']');
+        }
+        Value::Map(entries) => {
+            out.push(b'{');
+            for (i, (k, v)) in entries.iter().enumerate() {
+                if i > 0 {
+                    out.push(b',');
+                }
+                write_str(out, k);
+                out.push(b':');
+                write_value(out, v);
+            }
+            out.push(b'}');
         }
     }
-    serde_json::to_vec(&Json::Object(obj)).unwrap_or_default()
 }
 
 /// Decodes and validates a Kafka message value.
@@ -45,25 +99,6 @@ pub fn decode_value(def: &StreamDef, bytes: &[u8]) -> Result<Record, RecordError
     let json: Json =
         serde_json::from_slice(bytes).map_err(|e| RecordError::Malformed(e.to_string()))?;
     validate(def, json)
-}
-
-/// The JSON form of a value, as the gateway writes it to Kafka.
-pub fn to_json(value: &Value) -> Json {
-    match value {
-        Value::Null => Json::Null,
-        Value::Bool(b) => Json::Bool(*b),
-        Value::Int(i) => Json::Number((*i).into()),
-        Value::Float(f) => Number::from_f64(*f).map_or(Json::Null, Json::Number),
-        Value::Str(s) => Json::String(s.clone()),
-        Value::Timestamp(t) => Json::String(format_timestamp(*t)),
-        Value::List(items) => Json::Array(items.iter().map(to_json).collect()),
-        Value::Map(entries) => Json::Object(
-            entries
-                .iter()
-                .map(|(k, v)| (k.clone(), to_json(v)))
-                .collect(),
-        ),
-    }
 }
 
 /// Parses a decimal header value.

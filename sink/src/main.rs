@@ -7,12 +7,18 @@ use sink::SinkConfig;
 use sink::config::ENV_PREFIX;
 use tokio_util::sync::CancellationToken;
 
+/// mimalloc: the decode and encode paths allocate per record; glibc malloc was a quarter of
+/// the gateway's profile.
+#[global_allocator]
+static GLOBAL: mimalloc::MiMalloc = mimalloc::MiMalloc;
+
 /// Landing-zone sink: consumes the stream topics as a consumer group and writes Parquet files
 /// to S3 or a local directory exactly once.
 ///
 /// Configuration comes from the TOML file given with --config, overridden by environment
 /// variables prefixed SINK_ (nested keys joined with "__", e.g. SINK_KAFKA__BROKERS).
 /// See config/sink.toml for every option.
+
 #[derive(Debug, Parser)]
 #[command(version)]
 struct Args {
