@@ -2,7 +2,6 @@
 
 use std::sync::Arc;
 
-use schemas::decode::parse_line;
 use schemas::window::HashWindow;
 use schemas::wire::encode_value;
 use schemas::{RecordError, StreamDef};
@@ -54,7 +53,7 @@ impl Pipeline {
     /// Adds one NDJSON line. Returns a batch when this line closed one.
     pub fn push_line(&mut self, line: &[u8]) -> Result<Option<Batch>, RecordError> {
         self.stats.read += 1;
-        let checked = parse_line(line).and_then(|json| schemas::check(&self.def, json));
+        let checked = schemas::check_bytes(&self.def, line);
         let valid = match checked {
             Ok(v) => v,
             Err(e) => {

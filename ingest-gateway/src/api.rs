@@ -12,7 +12,7 @@ use axum::extract::{Path, State};
 use axum::http::{HeaderMap, HeaderValue, StatusCode, header};
 use axum::response::{IntoResponse, Response};
 use schemas::api::{ErrorBody, IngestResponse, RejectedRecord};
-use schemas::decode::{BodyFormat, parse_line, split_body};
+use schemas::decode::{BodyFormat, split_body};
 use schemas::{RecordError, StreamDef, Streams, validate_stream_name};
 use tokio::sync::{OwnedSemaphorePermit, Semaphore};
 
@@ -217,7 +217,7 @@ pub fn check_body(
                 limits.max_line_bytes
             )))
         } else {
-            parse_line(raw).and_then(|j| schemas::check(def, j))
+            schemas::check_bytes(def, raw)
         };
         match checked {
             Ok(valid) => {

@@ -13,6 +13,7 @@ pub mod decode;
 pub mod error;
 pub mod hash;
 pub mod stream;
+pub mod typed;
 pub mod value;
 pub mod window;
 pub mod wire;
@@ -27,6 +28,14 @@ pub use value::{Record, Value, validate};
 pub struct ValidRecord {
     pub record: Record,
     pub hash: ContentHash,
+}
+
+/// Parses and validates one raw JSON record (an NDJSON line or array element) straight into a
+/// typed record, and computes its content hash. The fast path; same rules as [`check`].
+pub fn check_bytes(def: &StreamDef, raw: &[u8]) -> Result<ValidRecord, RecordError> {
+    let record = typed::decode_record(def, raw)?;
+    let hash = content_hash(def, &record);
+    Ok(ValidRecord { record, hash })
 }
 
 /// Validates a JSON record and computes its content hash.

@@ -2,7 +2,7 @@ use proptest::prelude::*;
 use serde_json::{Value as Json, json};
 
 use crate::arrow::{RowMeta, arrow_schema, record_batch};
-use crate::decode::{BodyFormat, decode_body, ndjson_lines};
+use crate::decode::{BodyFormat, decode_body, ndjson_lines, parse_line};
 use crate::value::{EPOCH_MS_LIMIT, format_timestamp};
 use crate::wire::{decode_value, encode_value};
 use crate::*;
@@ -492,6 +492,71 @@ proptest! {
         prop_assert_eq!(out.len(), n);
         for (i, r) in out.iter().enumerate() {
             prop_assert_eq!(&r.as_ref().unwrap()["i"], &json!(i));
+        }
+    }
+}
+
+/// One fault put into a valid reading: a field's value replaced, a field removed or an
+/// unknown field added.
+fn arb_fault() -> impl Strategy<Value = (usize, Json)> {
+    let any_json = prop_oneof![
+        Just(Json::Null),
+        any::<bool>().prop_map(Json::Bool),
+        any::<i64>().prop_map(|i| json!(i)),
+        any::<u64>().prop_map(|u| json!(u)),
+        (-1e300f64..1e300).prop_map(|f| json!(f)),
+        "\\PC{0,8}".prop_map(Json::String),
+        Just(json!("2024-05-01T12:00:00Z")),
+        Just(json!([1, "a", null])),
+        Just(json!({"k": "v", "n": 1})),
+        Just(json!({"k": {"deep": true}})),
+    ];
+    (0usize..9, any_json)
+}
+
+proptest! {
+    #[test]
+    fn typed_decoding_equals_the_value_path(r in arb_reading(), fault in prop::option::of(arb_fault())) {
+        let def = sensor();
+        let mut r = r;
+        let names = ["device_id", "sensor", "ts", "value", "unit", "quality", "tags"];
+        match fault {
+            Some((i, v)) if i < names.len() => { r[names[i]] = v; }
+            Some((7, _)) => { r.as_object_mut().unwrap().remove("value"); }
+            Some((_, v)) => { r["extra"] = v; }
+            None => {}
+        }
+        let raw = r.to_string();
+        let slow = parse_line(raw.as_bytes()).and_then(|j| check(&def, j));
+        let fast = check_bytes(&def, raw.as_bytes());
+        prop_assert_eq!(fast, slow, "{}", raw);
+    }
+
+    #[test]
+    fn typed_decoder_never_panics(body in prop::collection::vec(any::<u8>(), 0..256)) {
+        let _ = check_bytes(&sensor(), &body);
+    }
+}
+
+#[test]
+fn typed_decoding_rejects_what_the_value_path_rejects() {
+    let def = sensor();
+    for raw in [
+        "",
+        "[1,2]",
+        "\"x\"",
+        "7",
+        "null",
+        "{",
+        "{} x",
+        "{\"device_id\":\"d\"}{}",
+    ] {
+        let slow = parse_line(raw.as_bytes()).and_then(|j| check(&def, j));
+        assert!(slow.is_err(), "{raw}");
+        let fast = check_bytes(&def, raw.as_bytes());
+        match (&slow, &fast) {
+            (Err(RecordError::Malformed(_)), Err(RecordError::Malformed(_))) => {}
+            _ => assert_eq!(fast, slow, "{raw}"),
         }
     }
 }

@@ -1,7 +1,7 @@
 //! Typed record values and the validation of JSON records against a stream.
 
 use chrono::{DateTime, SecondsFormat, Utc};
-use serde_json::{Map, Value as Json};
+use serde_json::{Map, Number, Value as Json};
 
 use crate::error::RecordError;
 use crate::stream::{FieldType, StreamDef, printable};
@@ -104,22 +104,12 @@ fn convert(ty: &FieldType, json: Json, path: &str) -> Result<Value, RecordError>
         (_, Json::Null) => Ok(Value::Null),
         (FieldType::String, Json::String(s)) => Ok(Value::Str(s)),
         (FieldType::Bool, Json::Bool(b)) => Ok(Value::Bool(b)),
-        (FieldType::Int64, Json::Number(n)) => {
-            if let Some(i) = n.as_i64() {
-                Ok(Value::Int(i))
-            } else {
-                match n.as_f64() {
-                    Some(f) if f.fract() == 0.0 && f.abs() <= MAX_EXACT_F64_INT => {
-                        Ok(Value::Int(f as i64))
-                    }
-                    _ => Err(mismatch(&Json::Number(n))),
-                }
-            }
-        }
-        (FieldType::Float64, Json::Number(n)) => match n.as_f64() {
-            Some(f) if f.is_finite() => Ok(Value::Float(if f == 0.0 { 0.0 } else { f })),
-            _ => Err(mismatch(&Json::Number(n))),
-        },
+        (FieldType::Int64, Json::Number(n)) => int_from_number(&n)
+            .map(Value::Int)
+            .ok_or_else(|| mismatch(&Json::Number(n))),
+        (FieldType::Float64, Json::Number(n)) => float_from_number(&n)
+            .map(Value::Float)
+            .ok_or_else(|| mismatch(&Json::Number(n))),
         (FieldType::Timestamp, json) => parse_timestamp(&json)
             .map(Value::Timestamp)
             .ok_or_else(|| mismatch(&json)),
@@ -148,30 +138,47 @@ fn convert(ty: &FieldType, json: Json, path: &str) -> Result<Value, RecordError>
 }
 
 fn parse_timestamp(json: &Json) -> Option<i64> {
-    let micros = match json {
-        Json::String(s) => {
-            let t = DateTime::parse_from_rfc3339(s).ok()?;
-            t.timestamp().checked_mul(1_000_000)? + i64::from(t.timestamp_subsec_micros())
+    match json {
+        Json::String(s) => timestamp_from_str(s),
+        Json::Number(n) => timestamp_from_int(n),
+        _ => None,
+    }
+}
+
+/// An int64 from a JSON number: any i64, or an integral float up to ±2^53.
+pub(crate) fn int_from_number(n: &Number) -> Option<i64> {
+    match n.as_i64() {
+        Some(i) => Some(i),
+        None => {
+            let f = n.as_f64()?;
+            (f.fract() == 0.0 && f.abs() <= MAX_EXACT_F64_INT).then_some(f as i64)
         }
-        Json::Number(n) => {
-            let i = match n.as_i64() {
-                Some(i) => i,
-                None => {
-                    let f = n.as_f64()?;
-                    if f.fract() != 0.0 || f.abs() > MAX_EXACT_F64_INT {
-                        return None;
-                    }
-                    f as i64
-                }
-            };
-            if i.abs() < EPOCH_MS_LIMIT {
-                i * 1000
-            } else {
-                i
-            }
-        }
-        _ => return None,
-    };
+    }
+}
+
+/// A float64 from a JSON number; -0.0 becomes 0.0 so that equal values hash equally.
+pub(crate) fn float_from_number(n: &Number) -> Option<f64> {
+    let f = n.as_f64()?;
+    f.is_finite().then_some(if f == 0.0 { 0.0 } else { f })
+}
+
+/// A timestamp from an RFC 3339 string.
+pub(crate) fn timestamp_from_str(s: &str) -> Option<i64> {
+    let t = DateTime::parse_from_rfc3339(s).ok()?;
+    in_range(t.timestamp().checked_mul(1_000_000)? + i64::from(t.timestamp_subsec_micros()))
+}
+
+/// A timestamp from an integral number of epoch milliseconds or microseconds.
+pub(crate) fn timestamp_from_int(n: &Number) -> Option<i64> {
+    let i = int_from_number(n)?;
+    in_range(if i.abs() < EPOCH_MS_LIMIT {
+        i * 1000
+    } else {
+        i
+    })
+}
+
+fn in_range(micros: i64) -> Option<i64> {
     (MIN_TS_MICROS..=MAX_TS_MICROS)
         .contains(&micros)
         .then_some(micros)
@@ -184,7 +191,7 @@ pub fn format_timestamp(micros: i64) -> String {
         .unwrap_or_default()
 }
 
-fn expected(ty: &FieldType) -> String {
+pub(crate) fn expected(ty: &FieldType) -> String {
     match ty {
         FieldType::Timestamp => {
             "timestamp (RFC 3339 string or integer epoch ms/us, years 1-9999)".into()
@@ -197,7 +204,7 @@ fn expected(ty: &FieldType) -> String {
 }
 
 /// A short description of a JSON value: its kind and a bounded excerpt.
-fn describe(json: &Json) -> String {
+pub(crate) fn describe(json: &Json) -> String {
     match json {
         Json::Null => "null".into(),
         Json::Bool(b) => format!("bool {b}"),

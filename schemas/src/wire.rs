@@ -8,11 +8,11 @@
 //!   `content-hash` (64 hex digits), `schema-version` (decimal), `ingest-ts` (epoch microseconds,
 //!   decimal).
 
-use serde_json::{Number, Value as Json};
+use serde_json::Number;
 
 use crate::error::RecordError;
 use crate::stream::StreamDef;
-use crate::value::{Record, Value, format_timestamp, validate};
+use crate::value::{Record, Value, format_timestamp};
 
 pub const DEFAULT_TOPIC_PREFIX: &str = "ingest.";
 pub const HEADER_CONTENT_HASH: &str = "content-hash";
@@ -96,9 +96,7 @@ fn write_value(out: &mut Vec<u8>, value: &Value) {
 
 /// Decodes and validates a Kafka message value.
 pub fn decode_value(def: &StreamDef, bytes: &[u8]) -> Result<Record, RecordError> {
-    let json: Json =
-        serde_json::from_slice(bytes).map_err(|e| RecordError::Malformed(e.to_string()))?;
-    validate(def, json)
+    crate::typed::decode_record(def, bytes)
 }
 
 /// Parses a decimal header value.
