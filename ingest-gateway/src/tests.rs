@@ -14,15 +14,18 @@ use crate::produce::Producer;
 const TOKEN: &str = "sensor-token";
 
 fn app(limits: LimitsConfig) -> axum::Router {
-    let auth = Auth::from_config(&AuthConfig {
+    let auth = AuthConfig {
         allow_anonymous: false,
         tokens: vec![TokenConfig {
             name: "sensors".into(),
             blake3: blake3::hash(TOKEN.as_bytes()).to_hex().to_string(),
             streams: vec!["sensor_readings".into()],
         }],
-    })
-    .unwrap();
+    };
+    app_with(&auth, limits)
+}
+
+fn app_with(auth: &AuthConfig, limits: LimitsConfig) -> axum::Router {
     // No broker at this address: nothing in these tests may reach Kafka.
     let kafka = KafkaConfig {
         brokers: "127.0.0.1:1".into(),
@@ -30,7 +33,7 @@ fn app(limits: LimitsConfig) -> axum::Router {
     };
     let state = Arc::new(AppState::new(
         schemas::example_streams(),
-        auth,
+        Auth::from_config(auth).unwrap(),
         limits,
         Producer::new(&kafka).unwrap(),
         &Default::default(),
@@ -222,27 +225,15 @@ async fn bad_requests_get_exact_statuses_and_json_errors() {
 
 #[tokio::test]
 async fn unknown_stream_is_404_for_a_wildcard_token() {
-    let auth = Auth::from_config(&AuthConfig {
+    let auth = AuthConfig {
         allow_anonymous: false,
         tokens: vec![TokenConfig {
             name: "all".into(),
             blake3: blake3::hash(b"t").to_hex().to_string(),
             streams: vec!["*".into()],
         }],
-    })
-    .unwrap();
-    let kafka = KafkaConfig {
-        brokers: "127.0.0.1:1".into(),
-        ..KafkaConfig::default()
     };
-    let state = Arc::new(AppState::new(
-        schemas::example_streams(),
-        auth,
-        LimitsConfig::default(),
-        Producer::new(&kafka).unwrap(),
-        &Default::default(),
-    ));
-    let app = crate::router(state, plumbing::Health::default());
+    let app = app_with(&auth, LimitsConfig::default());
     let (status, body) = call(
         app,
         post("/v1/streams/nope/records", Some("t"), NDJSON, None, vec![]),

@@ -27,12 +27,7 @@ const BASE_TS: i64 = 1_767_225_600_000_000; // 2026-01-01T00:00:00Z in µs
 async fn sink_adopts_a_file_written_before_a_crash() {
     let streams = schemas::example_streams();
     let def = streams.get("sensor_readings").unwrap().clone();
-    let cluster = MockCluster::new(1).unwrap();
-    cluster.create_topic(TOPIC, 1, 1).unwrap();
-    let producer: FutureProducer = ClientConfig::new()
-        .set("bootstrap.servers", cluster.bootstrap_servers())
-        .create()
-        .unwrap();
+    let (cluster, producer) = mock_cluster(1);
 
     // 150 distinct readings; offsets 100..110 re-send earlier ones, offset 120 is garbage.
     let readings = sensor_readings(&FleetSpec {
@@ -104,15 +99,7 @@ async fn sink_adopts_a_file_written_before_a_crash() {
     let sink = sink::start(config, streams.clone(), shutdown.clone())
         .await
         .unwrap();
-    let deadline = Instant::now() + Duration::from_secs(60);
-    while sink.stats.records_written.load(Ordering::Relaxed) < 110 {
-        assert!(
-            Instant::now() < deadline,
-            "only {} records landed",
-            sink.stats.records_written.load(Ordering::Relaxed)
-        );
-        tokio::time::sleep(Duration::from_millis(100)).await;
-    }
+    wait_written(&sink, 110).await;
     // Let an idle period pass so that any wrongly re-written file would show.
     tokio::time::sleep(Duration::from_millis(800)).await;
     shutdown.cancel();
@@ -169,12 +156,7 @@ fn hex_of(bytes: &[u8]) -> String {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn memory_budget_writes_the_largest_buffer_early() {
     let streams = schemas::example_streams();
-    let cluster = MockCluster::new(1).unwrap();
-    cluster.create_topic(TOPIC, 4, 1).unwrap();
-    let producer: FutureProducer = ClientConfig::new()
-        .set("bootstrap.servers", cluster.bootstrap_servers())
-        .create()
-        .unwrap();
+    let (cluster, producer) = mock_cluster(4);
     let readings = sensor_readings(&FleetSpec {
         records: 400,
         duplicate_ratio: 0.0,
@@ -210,15 +192,7 @@ async fn memory_budget_writes_the_largest_buffer_early() {
     let sink = sink::start(config, streams.clone(), shutdown.clone())
         .await
         .unwrap();
-    let deadline = Instant::now() + Duration::from_secs(60);
-    while sink.stats.records_written.load(Ordering::Relaxed) < 300 {
-        assert!(
-            Instant::now() < deadline,
-            "the budget did not flush: {} written",
-            sink.stats.records_written.load(Ordering::Relaxed)
-        );
-        tokio::time::sleep(Duration::from_millis(100)).await;
-    }
+    wait_written(&sink, 300).await;
     shutdown.cancel();
     sink.task.await.unwrap().unwrap();
     let def = streams.get("sensor_readings").unwrap();
@@ -241,12 +215,7 @@ async fn memory_budget_writes_the_largest_buffer_early() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn dedupe_window_is_warmed_after_a_restart() {
     let streams = schemas::example_streams();
-    let cluster = MockCluster::new(1).unwrap();
-    cluster.create_topic(TOPIC, 1, 1).unwrap();
-    let producer: FutureProducer = ClientConfig::new()
-        .set("bootstrap.servers", cluster.bootstrap_servers())
-        .create()
-        .unwrap();
+    let (cluster, producer) = mock_cluster(1);
     let readings = sensor_readings(&FleetSpec {
         records: 120,
         duplicate_ratio: 0.0,
@@ -329,4 +298,33 @@ async fn dedupe_window_is_warmed_after_a_restart() {
     let landed = read_landing_dir(landing.path()).unwrap();
     assert!(compare(&expected, &landed).exactly_once());
     drop(cluster);
+}
+
+/// A one-broker mock cluster with the sensor topic, and a producer for it.
+fn mock_cluster(
+    partitions: i32,
+) -> (
+    MockCluster<'static, rdkafka::producer::DefaultProducerContext>,
+    FutureProducer,
+) {
+    let cluster = MockCluster::new(1).unwrap();
+    cluster.create_topic(TOPIC, partitions, 1).unwrap();
+    let producer = ClientConfig::new()
+        .set("bootstrap.servers", cluster.bootstrap_servers())
+        .create()
+        .unwrap();
+    (cluster, producer)
+}
+
+/// Waits until the sink wrote at least `n` records, at most a minute.
+async fn wait_written(sink: &sink::Sink, n: u64) {
+    let deadline = Instant::now() + Duration::from_secs(60);
+    while sink.stats.records_written.load(Ordering::Relaxed) < n {
+        let written = sink.stats.records_written.load(Ordering::Relaxed);
+        assert!(
+            Instant::now() < deadline,
+            "only {written} of {n} records landed"
+        );
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
 }
