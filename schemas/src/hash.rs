@@ -51,63 +51,67 @@ impl FromStr for ContentHash {
     }
 }
 
-/// Computes the content hash of a validated record.
+/// Computes the content hash of a validated record. The canonical encoding is written to one
+/// buffer and hashed in one call (the same bytes as feeding them piecewise, much faster for
+/// records of a few hundred bytes).
 pub fn content_hash(def: &StreamDef, record: &Record) -> ContentHash {
-    let mut h = blake3::Hasher::new();
-    h.update(DOMAIN);
-    for &i in &def.hash_fields {
-        let name = def.fields[i].name.as_bytes();
-        h.update(&(name.len() as u32).to_le_bytes());
-        h.update(name);
-        encode(&mut h, &record.values[i]);
+    thread_local! {
+        static BUF: std::cell::RefCell<Vec<u8>> = const { std::cell::RefCell::new(Vec::new()) };
     }
-    ContentHash(*h.finalize().as_bytes())
+    BUF.with(|buf| {
+        let mut buf = buf.borrow_mut();
+        buf.clear();
+        buf.extend_from_slice(DOMAIN);
+        for &i in &def.hash_fields {
+            let name = def.fields[i].name.as_bytes();
+            buf.extend_from_slice(&(name.len() as u32).to_le_bytes());
+            buf.extend_from_slice(name);
+            encode(&mut buf, &record.values[i]);
+        }
+        ContentHash(*blake3::hash(&buf).as_bytes())
+    })
 }
 
-fn encode(h: &mut blake3::Hasher, value: &Value) {
+fn encode(out: &mut Vec<u8>, value: &Value) {
     match value {
-        Value::Null => {
-            h.update(&[0]);
-        }
-        Value::Bool(b) => {
-            h.update(&[1, u8::from(*b)]);
-        }
+        Value::Null => out.push(0),
+        Value::Bool(b) => out.extend_from_slice(&[1, u8::from(*b)]),
         Value::Int(i) => {
-            h.update(&[2]);
-            h.update(&i.to_le_bytes());
+            out.push(2);
+            out.extend_from_slice(&i.to_le_bytes());
         }
         Value::Float(f) => {
             // Validation maps -0.0 to 0.0; JSON has no NaN.
-            h.update(&[3]);
-            h.update(&f.to_bits().to_le_bytes());
+            out.push(3);
+            out.extend_from_slice(&f.to_bits().to_le_bytes());
         }
         Value::Str(s) => {
-            h.update(&[4]);
-            encode_bytes(h, s.as_bytes());
+            out.push(4);
+            encode_bytes(out, s.as_bytes());
         }
         Value::Timestamp(t) => {
-            h.update(&[5]);
-            h.update(&t.to_le_bytes());
+            out.push(5);
+            out.extend_from_slice(&t.to_le_bytes());
         }
         Value::List(items) => {
-            h.update(&[6]);
-            h.update(&(items.len() as u64).to_le_bytes());
+            out.push(6);
+            out.extend_from_slice(&(items.len() as u64).to_le_bytes());
             for item in items {
-                encode(h, item);
+                encode(out, item);
             }
         }
         Value::Map(entries) => {
-            h.update(&[7]);
-            h.update(&(entries.len() as u64).to_le_bytes());
+            out.push(7);
+            out.extend_from_slice(&(entries.len() as u64).to_le_bytes());
             for (k, v) in entries {
-                encode_bytes(h, k.as_bytes());
-                encode(h, v);
+                encode_bytes(out, k.as_bytes());
+                encode(out, v);
             }
         }
     }
 }
 
-fn encode_bytes(h: &mut blake3::Hasher, bytes: &[u8]) {
-    h.update(&(bytes.len() as u64).to_le_bytes());
-    h.update(bytes);
+fn encode_bytes(out: &mut Vec<u8>, bytes: &[u8]) {
+    out.extend_from_slice(&(bytes.len() as u64).to_le_bytes());
+    out.extend_from_slice(bytes);
 }
