@@ -316,16 +316,6 @@ impl Streams {
         }
     }
 
-    /// Builds the set from already parsed definitions.
-    pub fn from_defs(defs: impl IntoIterator<Item = StreamDef>) -> Streams {
-        Streams {
-            by_name: defs
-                .into_iter()
-                .map(|d| (d.name.clone(), Arc::new(d)))
-                .collect(),
-        }
-    }
-
     pub fn get(&self, name: &str) -> Option<&Arc<StreamDef>> {
         self.by_name.get(name)
     }

@@ -52,7 +52,6 @@ pub struct SinkStats {
 pub struct Sink {
     pub task: JoinHandle<anyhow::Result<()>>,
     pub stats: Arc<SinkStats>,
-    pub store: ObjectStore,
 }
 
 type PartKey = (String, i32);
@@ -138,7 +137,7 @@ pub async fn start(
     let stats = Arc::new(SinkStats::default());
     let worker = Worker {
         consumer: Arc::new(consumer),
-        store: store.clone(),
+        store,
         streams,
         config,
         parts: HashMap::new(),
@@ -148,7 +147,6 @@ pub async fn start(
     Ok(Sink {
         task: tokio::spawn(worker.run()),
         stats,
-        store,
     })
 }
 
@@ -351,10 +349,8 @@ impl Worker {
             .and_then(|s| self.streams.get(s))?
             .clone();
         let key = (topic.to_owned(), msg.partition());
-        let window = self.config.dedupe_window;
-        let part = self.parts.entry(key.clone()).or_insert_with(|| {
-            PartitionState::new(def.clone(), topic.to_owned(), msg.partition(), window)
-        });
+        // `open_partition` created the state (with its warmed window) before this call.
+        let part = self.parts.get_mut(&key)?;
         let offset = msg.offset();
         let payload = msg.payload().unwrap_or_default();
         let labels = [("stream", def.name.clone())];
