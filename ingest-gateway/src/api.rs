@@ -1,6 +1,5 @@
 //! The HTTP API: `POST /v1/streams/{stream}/records`.
 
-use std::collections::HashSet;
 use std::io::Read;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
@@ -13,6 +12,7 @@ use axum::http::{HeaderMap, HeaderValue, StatusCode, header};
 use axum::response::{IntoResponse, Response};
 use schemas::api::{ErrorBody, IngestResponse, RejectedRecord};
 use schemas::decode::{BodyFormat, split_body};
+use schemas::hash::HashSetOfHashes;
 use schemas::{RecordError, StreamDef, Streams, validate_stream_name};
 use tokio::sync::{OwnedSemaphorePermit, Semaphore};
 
@@ -150,34 +150,79 @@ fn body_format(headers: &HeaderMap) -> Result<BodyFormat, ApiError> {
         })
 }
 
-/// Decompresses `body`, stopping as soon as the output passes `limit` (a bomb never grows
-/// past it).
-fn decompress(encoding: Encoding, body: Bytes, limit: usize) -> Result<Bytes, ApiError> {
+/// Decompression state kept by each blocking-pool thread between requests: a zstd context
+/// and an output buffer (fresh megabyte buffers per request cost more in page faults than the
+/// decoding itself).
+struct Scratch {
+    zstd: Option<zstd::bulk::Decompressor<'static>>,
+    plain: Vec<u8>,
+}
+
+/// Larger buffers are not kept between requests.
+const SCRATCH_KEEP_BYTES: usize = 8 << 20;
+
+thread_local! {
+    static SCRATCH: std::cell::RefCell<Scratch> = const {
+        std::cell::RefCell::new(Scratch { zstd: None, plain: Vec::new() })
+    };
+}
+
+/// Decompresses `body` into `out`, stopping as soon as the output passes `limit` (a bomb never
+/// grows past it).
+fn decompress_into(
+    encoding: Encoding,
+    body: &[u8],
+    limit: usize,
+    scratch: &mut Scratch,
+) -> Result<(), ApiError> {
     let too_large =
         || ApiError::too_large(format!("decompressed body is larger than {limit} bytes"));
+    let out = &mut scratch.plain;
+    out.clear();
     let reader: Box<dyn Read + '_> = match encoding {
         Encoding::Identity => {
-            return if body.len() > limit {
-                Err(too_large())
-            } else {
-                Ok(body)
-            };
+            if body.len() > limit {
+                return Err(too_large());
+            }
+            out.extend_from_slice(body);
+            return Ok(());
         }
-        Encoding::Zstd => Box::new(
-            zstd::stream::read::Decoder::with_buffer(&body[..])
-                .map_err(|e| ApiError::bad_request(format!("invalid zstd body: {e}")))?,
-        ),
-        Encoding::Gzip => Box::new(flate2::read::MultiGzDecoder::new(&body[..])),
+        Encoding::Zstd => {
+            // A single frame that states its size (what zstd tools and libraries write) is
+            // decoded in one call into a buffer of exactly that size; a frame that grows past
+            // its stated size fails there. Anything else takes the streaming path.
+            let stated = zstd::zstd_safe::get_frame_content_size(body).ok().flatten();
+            if let Some(size) = stated.and_then(|s| usize::try_from(s).ok()) {
+                if size > limit {
+                    return Err(too_large());
+                }
+                if scratch.zstd.is_none() {
+                    scratch.zstd = zstd::bulk::Decompressor::new().ok();
+                }
+                if let Some(dctx) = scratch.zstd.as_mut() {
+                    out.reserve(size);
+                    if dctx.decompress_to_buffer(body, out).is_ok() && out.len() == size {
+                        return Ok(());
+                    }
+                    out.clear();
+                }
+            }
+            Box::new(
+                zstd::stream::read::Decoder::with_buffer(body)
+                    .map_err(|e| ApiError::bad_request(format!("invalid zstd body: {e}")))?,
+            )
+        }
+        Encoding::Gzip => Box::new(flate2::read::MultiGzDecoder::new(body)),
     };
-    let mut out = Vec::with_capacity(body.len().saturating_mul(4).min(limit));
+    out.reserve(body.len().saturating_mul(4).min(limit));
     reader
         .take(limit as u64 + 1)
-        .read_to_end(&mut out)
+        .read_to_end(out)
         .map_err(|e| ApiError::bad_request(format!("cannot decompress body: {e}")))?;
     if out.len() > limit {
         return Err(too_large());
     }
-    Ok(Bytes::from(out))
+    Ok(())
 }
 
 /// What decoding and validating one request produced.
@@ -196,8 +241,34 @@ pub fn check_body(
     body: Bytes,
     limits: &LimitsConfig,
 ) -> Result<Checked, ApiError> {
-    let plain = decompress(encoding, body, limits.max_decompressed_bytes)?;
-    let records = split_body(format, &plain).map_err(|e| ApiError::bad_request(e.to_string()))?;
+    if encoding == Encoding::Identity {
+        if body.len() > limits.max_decompressed_bytes {
+            return Err(ApiError::too_large(format!(
+                "decompressed body is larger than {} bytes",
+                limits.max_decompressed_bytes
+            )));
+        }
+        return check_plain(def, format, &body, limits);
+    }
+    SCRATCH.with(|scratch| {
+        let mut scratch = scratch.borrow_mut();
+        let checked = decompress_into(encoding, &body, limits.max_decompressed_bytes, &mut scratch)
+            .and_then(|()| check_plain(def, format, &scratch.plain, limits));
+        if scratch.plain.capacity() > SCRATCH_KEEP_BYTES {
+            scratch.plain = Vec::new();
+        }
+        checked
+    })
+}
+
+/// Decodes, validates and hashes an uncompressed body.
+fn check_plain(
+    def: &StreamDef,
+    format: BodyFormat,
+    plain: &[u8],
+    limits: &LimitsConfig,
+) -> Result<Checked, ApiError> {
+    let records = split_body(format, plain).map_err(|e| ApiError::bad_request(e.to_string()))?;
     if records.len() > limits.max_records {
         return Err(ApiError::too_large(format!(
             "{} records in one request; the limit is {}",
@@ -206,7 +277,7 @@ pub fn check_body(
         )));
     }
     let mut response = IngestResponse::default();
-    let mut seen = HashSet::with_capacity(records.len());
+    let mut seen = HashSetOfHashes::with_capacity_and_hasher(records.len(), Default::default());
     let mut prepared = Vec::with_capacity(records.len());
     let mut dead_letters = Vec::new();
     for (index, raw) in records.into_iter().enumerate() {
@@ -429,21 +500,45 @@ pub async fn ingest(
 mod tests {
     use super::*;
 
+    fn decompress(encoding: Encoding, body: Vec<u8>, limit: usize) -> Result<Vec<u8>, ApiError> {
+        let mut scratch = Scratch {
+            zstd: None,
+            plain: Vec::new(),
+        };
+        decompress_into(encoding, &body, limit, &mut scratch).map(|()| scratch.plain)
+    }
+
     #[test]
     fn bombs_stop_at_the_limit() {
         let plain = vec![b'a'; 10 << 20];
-        let bomb = zstd::encode_all(&plain[..], 19).unwrap();
-        assert!(bomb.len() < 4096);
-        let e = decompress(Encoding::Zstd, Bytes::from(bomb.clone()), 1 << 20).unwrap_err();
-        assert_eq!(e.status, StatusCode::PAYLOAD_TOO_LARGE);
-        let ok = decompress(Encoding::Zstd, Bytes::from(bomb), 10 << 20).unwrap();
-        assert_eq!(ok.len(), 10 << 20);
+        // Streamed frames do not state their size; bulk frames do. Both stop at the limit.
+        for bomb in [
+            zstd::encode_all(&plain[..], 19).unwrap(),
+            zstd::bulk::compress(&plain, 19).unwrap(),
+        ] {
+            assert!(bomb.len() < 4096);
+            let e = decompress(Encoding::Zstd, bomb.clone(), 1 << 20).unwrap_err();
+            assert_eq!(e.status, StatusCode::PAYLOAD_TOO_LARGE);
+            let ok = decompress(Encoding::Zstd, bomb, 10 << 20).unwrap();
+            assert_eq!(ok, plain);
+        }
         let mut gz = flate2::write::GzEncoder::new(Vec::new(), flate2::Compression::best());
         std::io::Write::write_all(&mut gz, &plain).unwrap();
         let gz = gz.finish().unwrap();
-        let e = decompress(Encoding::Gzip, Bytes::from(gz), 1 << 20).unwrap_err();
+        let e = decompress(Encoding::Gzip, gz, 1 << 20).unwrap_err();
         assert_eq!(e.status, StatusCode::PAYLOAD_TOO_LARGE);
-        let e = decompress(Encoding::Zstd, Bytes::from_static(b"not zstd"), 1 << 20).unwrap_err();
+        let e = decompress(Encoding::Zstd, b"not zstd".to_vec(), 1 << 20).unwrap_err();
         assert_eq!(e.status, StatusCode::BAD_REQUEST);
+    }
+
+    #[test]
+    fn concatenated_zstd_frames_decode_whole() {
+        let (a, b) = (vec![b'a'; 5000], vec![b'b'; 7000]);
+        let mut body = zstd::bulk::compress(&a, 3).unwrap();
+        body.extend(zstd::bulk::compress(&b, 3).unwrap());
+        let out = decompress(Encoding::Zstd, body.clone(), 1 << 20).unwrap();
+        assert_eq!(out, [a, b].concat());
+        let e = decompress(Encoding::Zstd, body, 10_000).unwrap_err();
+        assert_eq!(e.status, StatusCode::PAYLOAD_TOO_LARGE);
     }
 }

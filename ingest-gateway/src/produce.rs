@@ -13,7 +13,7 @@ use rdkafka::producer::{FutureProducer, FutureRecord, Producer as _};
 use schemas::wire::{
     HEADER_CONTENT_HASH, HEADER_INGEST_TS, HEADER_SCHEMA_VERSION, encode_value, topic_name,
 };
-use schemas::{StreamDef, Streams, ValidRecord};
+use schemas::{ContentHash, StreamDef, Streams, ValidRecord};
 
 use crate::api::ApiError;
 use crate::config::KafkaConfig;
@@ -22,8 +22,8 @@ use crate::config::KafkaConfig;
 pub struct Prepared {
     key: String,
     value: Vec<u8>,
-    hash_hex: String,
-    schema_version: String,
+    hash: ContentHash,
+    schema_version: u32,
 }
 
 impl Prepared {
@@ -36,8 +36,8 @@ impl Prepared {
         Prepared {
             key: valid.record.partition_key(def),
             value: encode_value(def, &valid.record),
-            hash_hex: valid.hash.to_hex(),
-            schema_version: def.version.to_string(),
+            hash: valid.hash,
+            schema_version: def.version,
         }
     }
 }
@@ -191,14 +191,16 @@ impl Producer {
             .to_string();
         let mut pending = Vec::with_capacity(records.len());
         for r in &records {
+            let hash_hex = blake3::Hash::from_bytes(r.hash.0).to_hex();
+            let mut version = itoa::Buffer::new();
             let headers = OwnedHeaders::new_with_capacity(3)
                 .insert(Header {
                     key: HEADER_CONTENT_HASH,
-                    value: Some(&r.hash_hex),
+                    value: Some(hash_hex.as_str()),
                 })
                 .insert(Header {
                     key: HEADER_SCHEMA_VERSION,
-                    value: Some(&r.schema_version),
+                    value: Some(version.format(r.schema_version)),
                 })
                 .insert(Header {
                     key: HEADER_INGEST_TS,

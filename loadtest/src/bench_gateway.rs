@@ -133,49 +133,112 @@ fn batches(
     Ok(out)
 }
 
-pub async fn run(opts: BenchOptions) -> anyhow::Result<BenchReport> {
-    let streams = schemas::example_streams();
-    let def = streams
-        .get("sensor_readings")
-        .context("sensor_readings missing")?
-        .clone();
-    let fleet = FleetSpec {
-        records: opts.records,
-        devices: 1_000,
-        duplicate_ratio: 0.0,
-        ..FleetSpec::default()
-    };
-    let raw = batches(&sensor_readings(&fleet), opts.batch_bytes)?;
-    let raw_bytes: usize = raw.iter().map(|(_, b)| b.len()).sum();
-    let total: usize = raw.iter().map(|(n, _)| n).sum();
-    let compressed: Vec<(usize, Bytes)> = raw
-        .iter()
-        .map(|(n, b)| Ok((*n, Bytes::from(zstd::bulk::compress(b, 3)?))))
-        .collect::<anyhow::Result<_>>()?;
-    eprintln!(
-        "bench: {total} records, {} batches, {:.1} MB NDJSON",
-        raw.len(),
-        raw_bytes as f64 / 1e6
-    );
+/// The benchmark's records: normalized NDJSON batches and their zstd-3 compressed forms.
+pub struct Workload {
+    pub def: std::sync::Arc<schemas::StreamDef>,
+    pub raw: Vec<(usize, Vec<u8>)>,
+    pub compressed: Vec<(usize, Bytes)>,
+    pub total: usize,
+    pub raw_bytes: usize,
+}
 
-    // 1. The decode + validate + hash path alone, one thread.
-    let limits = LimitsConfig::default();
-    let (d, c) = (def.clone(), compressed.clone());
-    let decode = tokio::task::spawn_blocking(move || {
+impl Workload {
+    /// `records` sensor readings from 1,000 devices, no duplicates, cut into batches of at most
+    /// `batch_bytes` uncompressed.
+    pub fn generate(records: usize, batch_bytes: usize) -> anyhow::Result<Workload> {
+        let streams = schemas::example_streams();
+        let def = streams
+            .get("sensor_readings")
+            .context("sensor_readings missing")?
+            .clone();
+        let fleet = FleetSpec {
+            records,
+            devices: 1_000,
+            duplicate_ratio: 0.0,
+            ..FleetSpec::default()
+        };
+        let raw = batches(&sensor_readings(&fleet), batch_bytes)?;
+        let raw_bytes: usize = raw.iter().map(|(_, b)| b.len()).sum();
+        let total: usize = raw.iter().map(|(n, _)| n).sum();
+        let compressed: Vec<(usize, Bytes)> = raw
+            .iter()
+            .map(|(n, b)| Ok((*n, Bytes::from(zstd::bulk::compress(b, 3)?))))
+            .collect::<anyhow::Result<_>>()?;
+        eprintln!(
+            "bench: {total} records, {} batches, {:.1} MB NDJSON",
+            raw.len(),
+            raw_bytes as f64 / 1e6
+        );
+        Ok(Workload {
+            def,
+            raw,
+            compressed,
+            total,
+            raw_bytes,
+        })
+    }
+
+    /// Decompress + decode + validate + hash alone (what the per-core target names), on
+    /// this thread, `rounds` times over the batches.
+    pub fn validate_path(&self, rounds: usize) -> anyhow::Result<Throughput> {
         let m = Measure::start();
         let mut ok = 0;
-        for (_, body) in c {
-            ok += check_body(&d, BodyFormat::Ndjson, Encoding::Zstd, body, &limits)
+        for _ in 0..rounds.max(1) {
+            for (_, body) in &self.compressed {
+                let plain = zstd::bulk::decompress(body, 64 << 20)?;
+                for line in schemas::decode::ndjson_lines(&plain) {
+                    ok += usize::from(schemas::check_bytes(&self.def, line).is_ok());
+                }
+            }
+        }
+        let expected = self.total * rounds.max(1);
+        if ok != expected {
+            bail!("validation accepted {ok} of {expected} records");
+        }
+        Ok(m.done(expected, self.raw_bytes * rounds.max(1)))
+    }
+
+    /// The gateway's decode + validate + hash + encode path alone, on this thread, `rounds`
+    /// times over the batches: what one core does with a request body before producing it.
+    pub fn decode_path(&self, rounds: usize) -> anyhow::Result<Throughput> {
+        let limits = LimitsConfig::default();
+        let m = Measure::start();
+        let mut ok = 0;
+        for _ in 0..rounds.max(1) {
+            for (_, body) in &self.compressed {
+                ok += check_body(
+                    &self.def,
+                    BodyFormat::Ndjson,
+                    Encoding::Zstd,
+                    body.clone(),
+                    &limits,
+                )
                 .map(|c| c.prepared.len())
                 .unwrap_or(0);
+            }
         }
-        (ok, m.done(0, 0))
-    })
-    .await?;
-    if decode.0 != total {
-        bail!("decode path accepted {} of {total} records", decode.0);
+        let expected = self.total * rounds.max(1);
+        if ok != expected {
+            bail!("decode path accepted {ok} of {expected} records");
+        }
+        Ok(m.done(expected, self.raw_bytes * rounds.max(1)))
     }
-    let decode_t = Throughput::new(total, raw_bytes, decode.1.seconds, decode.1.cpu_seconds);
+}
+
+pub async fn run(opts: BenchOptions) -> anyhow::Result<BenchReport> {
+    let streams = schemas::example_streams();
+    let work = Workload::generate(opts.records, opts.batch_bytes)?;
+    let Workload {
+        def,
+        raw,
+        compressed,
+        total,
+        raw_bytes,
+    } = &work;
+    let (def, total, raw_bytes) = (def.clone(), *total, *raw_bytes);
+
+    // 1. The decode + validate + hash path alone, one thread.
+    let decode_t = tokio::task::block_in_place(|| work.decode_path(1))?;
 
     let id = std::process::id();
     let mut kafka = ingest_gateway::config::KafkaConfig {

@@ -52,6 +52,19 @@ enum Command {
         #[arg(long, default_value = "target/bench/gateway.json")]
         out: PathBuf,
     },
+    /// Measures the gateway's decode + validate + hash + encode path alone on one core, without
+    /// a broker (build with --release; also the target for a profiler).
+    BenchDecode {
+        /// Records per round (about 160 bytes each as NDJSON).
+        #[arg(long, default_value_t = 300_000)]
+        records: usize,
+        /// Times to decode the whole set.
+        #[arg(long, default_value_t = 3)]
+        rounds: usize,
+        /// Uncompressed NDJSON bytes per batch.
+        #[arg(long, default_value_t = 1 << 20)]
+        batch_bytes: usize,
+    },
     /// Writes generated sensor readings as NDJSON to stdout or a file.
     Generate {
         #[command(flatten)]
@@ -129,6 +142,23 @@ async fn main() -> anyhow::Result<()> {
             })
             .await?;
             println!("{report}");
+            Ok(())
+        }
+        Command::BenchDecode {
+            records,
+            rounds,
+            batch_bytes,
+        } => {
+            let work = loadtest::bench_gateway::Workload::generate(records, batch_bytes)?;
+            for (name, t) in [
+                ("decode+validate+hash", work.validate_path(rounds)?),
+                ("+ Kafka encoding (gateway)", work.decode_path(rounds)?),
+            ] {
+                println!(
+                    "{name:<28} {:>9.0} records/cpu-s {:>7.1} MB/cpu-s ({} records, {:.2} s)",
+                    t.records_per_cpu_s, t.mb_per_cpu_s, t.records, t.seconds
+                );
+            }
             Ok(())
         }
         Command::Generate { fleet, out } => {

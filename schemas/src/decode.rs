@@ -46,9 +46,15 @@ impl BodyFormat {
 /// or `\n` terminators. The position in the iterator is the record index.
 pub fn ndjson_lines(body: &[u8]) -> impl Iterator<Item = &[u8]> {
     let body = body.strip_prefix(BOM).unwrap_or(body);
-    body.split(|b| *b == b'\n')
-        .map(|line| line.strip_suffix(b"\r").unwrap_or(line))
-        .filter(|line| !line.iter().all(u8::is_ascii_whitespace))
+    let mut start = 0;
+    let ends = memchr::memchr_iter(b'\n', body).chain(std::iter::once(body.len()));
+    ends.map(move |end| {
+        let line = &body[start..end];
+        start = end + 1;
+        line
+    })
+    .map(|line| line.strip_suffix(b"\r").unwrap_or(line))
+    .filter(|line| !line.iter().all(u8::is_ascii_whitespace))
 }
 
 /// Parses one NDJSON line.

@@ -16,8 +16,21 @@ use crate::value::{Record, Value};
 const DOMAIN: &[u8] = b"edge-ingest/record/v1\0";
 
 /// The 32-byte BLAKE3 content hash of a record.
-#[derive(Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord)]
+#[derive(Clone, Copy, PartialEq, Eq, PartialOrd, Ord)]
 pub struct ContentHash(pub [u8; 32]);
+
+/// Hash tables see 8 of the 32 bytes: they are uniformly distributed already, and the table's
+/// keyed hasher ([`HashSetOfHashes`]) mixes them, so an attacker cannot aim at its buckets.
+impl std::hash::Hash for ContentHash {
+    fn hash<H: std::hash::Hasher>(&self, state: &mut H) {
+        let mut head = [0u8; 8];
+        head.copy_from_slice(&self.0[..8]);
+        state.write_u64(u64::from_le_bytes(head));
+    }
+}
+
+/// A set of content hashes with a fast, randomly keyed hasher (foldhash) instead of SipHash.
+pub type HashSetOfHashes = std::collections::HashSet<ContentHash, foldhash::fast::RandomState>;
 
 impl ContentHash {
     pub fn as_bytes(&self) -> &[u8; 32] {

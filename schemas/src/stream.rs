@@ -138,6 +138,8 @@ pub struct StreamDef {
     /// Indices into `fields` of the hashed fields, ordered by field name.
     pub hash_fields: Vec<usize>,
     index: HashMap<String, usize>,
+    /// Each field's name as a JSON object key with its colon (`"name":`), for the encoder.
+    json_keys: Vec<Box<[u8]>>,
 }
 
 impl StreamDef {
@@ -147,9 +149,19 @@ impl StreamDef {
         raw.validate()
     }
 
-    /// The index of a field by name.
+    /// The index of a field by name. Streams of a few fields are searched in order, which is
+    /// faster than hashing the name (the decoder calls this for every key of every record).
     pub fn field_index(&self, name: &str) -> Option<usize> {
-        self.index.get(name).copied()
+        if self.fields.len() <= 16 {
+            self.fields.iter().position(|f| f.name == name)
+        } else {
+            self.index.get(name).copied()
+        }
+    }
+
+    /// The field's name as JSON object key, colon included: `"name":`.
+    pub(crate) fn json_key(&self, field: usize) -> &[u8] {
+        &self.json_keys[field]
     }
 
     pub fn event_time_field(&self) -> &FieldDef {
@@ -263,6 +275,11 @@ impl RawStream {
             }
         };
         hash_fields.sort_by(|a, b| fields[*a].name.cmp(&fields[*b].name));
+        // Field names are identifiers, so they need no escaping.
+        let json_keys = fields
+            .iter()
+            .map(|f| format!("\"{}\":", f.name).into_bytes().into_boxed_slice())
+            .collect();
         Ok(StreamDef {
             name: self.name,
             version: self.version,
@@ -272,6 +289,7 @@ impl RawStream {
             partition_key,
             hash_fields,
             index,
+            json_keys,
         })
     }
 }

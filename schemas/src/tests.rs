@@ -560,3 +560,75 @@ fn typed_decoding_rejects_what_the_value_path_rejects() {
         }
     }
 }
+
+fn chrono_format(micros: i64) -> String {
+    chrono::DateTime::<chrono::Utc>::from_timestamp_micros(micros)
+        .map(|t| t.to_rfc3339_opts(chrono::SecondsFormat::Micros, true))
+        .unwrap_or_default()
+}
+
+#[test]
+fn timestamp_fast_paths_match_chrono_at_the_edges() {
+    use crate::value::{chrono_timestamp_from_str, timestamp_from_str};
+    for micros in [
+        -62_135_596_800_000_000, // 0001-01-01
+        253_402_300_799_999_999, // 9999-12-31T23:59:59.999999
+        -1,
+        0,
+        951_782_400_000_000, // 2000-02-29
+        4_107_542_399_999_999,
+    ] {
+        assert_eq!(format_timestamp(micros), chrono_format(micros));
+    }
+    for text in [
+        "2024-02-29T00:00:00Z",
+        "2023-02-29T00:00:00Z",
+        "1900-02-29T00:00:00Z",
+        "2000-02-29T12:00:00.5Z",
+        "2024-04-31T00:00:00Z",
+        "2024-13-01T00:00:00Z",
+        "2024-00-10T00:00:00Z",
+        "2024-01-01T24:00:00Z",
+        "2024-01-01T23:60:00Z",
+        "2016-12-31T23:59:60Z",
+        "2024-01-01T00:00:00.Z",
+        "2024-01-01T00:00:00.1234567891Z",
+        "2024-01-01T00:00:00.123456789Z",
+        "2024-01-01t00:00:00z",
+        "2024-01-01T00:00:00+02:00",
+        "0000-12-31T23:59:59Z",
+        "0001-01-01T00:00:00Z",
+        "9999-12-31T23:59:59.999999999Z",
+        "2024-01-01T00:00:0xZ",
+        "2024-01-01T00:00:00.12a4Z",
+    ] {
+        assert_eq!(
+            timestamp_from_str(text),
+            chrono_timestamp_from_str(text),
+            "{text}"
+        );
+    }
+}
+
+proptest! {
+    #[test]
+    fn timestamp_format_equals_chrono(micros in -62_135_596_800_000_000i64..=253_402_300_799_999_999) {
+        let text = format_timestamp(micros);
+        prop_assert_eq!(&text, &chrono_format(micros));
+        prop_assert_eq!(crate::value::timestamp_from_str(&text), Some(micros));
+    }
+
+    #[test]
+    fn timestamp_parse_equals_chrono(
+        y in 0u32..10000, mo in 0u32..14, d in 0u32..33, h in 0u32..26, mi in 0u32..62,
+        s in 0u32..62, frac in prop::option::of("[0-9]{1,10}"),
+    ) {
+        let frac = frac.map(|f| format!(".{f}")).unwrap_or_default();
+        let text = format!("{y:04}-{mo:02}-{d:02}T{h:02}:{mi:02}:{s:02}{frac}Z");
+        prop_assert_eq!(
+            crate::value::timestamp_from_str(&text),
+            crate::value::chrono_timestamp_from_str(&text),
+            "{}", text
+        );
+    }
+}

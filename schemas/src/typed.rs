@@ -81,7 +81,7 @@ impl<'de> Visitor<'de> for RecordSeed<'_> {
             };
             values[i] = map.next_value_seed(FieldSeed {
                 ty: &self.def.fields[i].ty,
-                path: &key,
+                path: FieldPath::Field(&key),
                 failure: self.failure,
             })?;
         }
@@ -139,10 +139,38 @@ impl RecordSeed<'_> {
     }
 }
 
+/// Where a value sits in the record, rendered only for an error message (`field`,
+/// `field[3]`, `field.key`).
+#[derive(Clone, Copy)]
+enum FieldPath<'a> {
+    Field(&'a str),
+    Index(&'a str, usize),
+    Key(&'a str, &'a str),
+}
+
+impl fmt::Display for FieldPath<'_> {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            FieldPath::Field(name) => f.write_str(name),
+            FieldPath::Index(name, i) => write!(f, "{name}[{i}]"),
+            FieldPath::Key(name, key) => write!(f, "{name}.{}", printable(key)),
+        }
+    }
+}
+
+impl<'a> FieldPath<'a> {
+    /// The field a nested value belongs to (lists and maps hold scalars only).
+    fn field(self) -> &'a str {
+        match self {
+            FieldPath::Field(name) | FieldPath::Index(name, _) | FieldPath::Key(name, _) => name,
+        }
+    }
+}
+
 /// Decodes one field value of a known type.
 struct FieldSeed<'a> {
     ty: &'a FieldType,
-    path: &'a str,
+    path: FieldPath<'a>,
     failure: Failure<'a>,
 }
 
@@ -151,7 +179,7 @@ impl FieldSeed<'_> {
         fail(
             self.failure,
             RecordError::Type {
-                field: self.path.to_owned(),
+                field: self.path.to_string(),
                 expected: expected(self.ty),
                 got: describe(got),
             },
@@ -234,10 +262,9 @@ impl<'de> Visitor<'de> for FieldSeed<'_> {
         };
         let mut items = Vec::new();
         loop {
-            let path = format!("{}[{}]", self.path, items.len());
             let seed = FieldSeed {
                 ty: inner,
-                path: &path,
+                path: FieldPath::Index(self.path.field(), items.len()),
                 failure: self.failure,
             };
             match seq.next_element_seed(seed)? {
@@ -255,10 +282,9 @@ impl<'de> Visitor<'de> for FieldSeed<'_> {
         };
         let mut entries: Vec<(String, Value)> = Vec::new();
         while let Some(key) = map.next_key::<String>()? {
-            let path = format!("{}.{}", self.path, printable(&key));
             let value = map.next_value_seed(FieldSeed {
                 ty: inner,
-                path: &path,
+                path: FieldPath::Key(self.path.field(), &key),
                 failure: self.failure,
             })?;
             // A repeated key keeps its last value, as a parsed JSON object would.

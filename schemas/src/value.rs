@@ -164,8 +164,99 @@ pub(crate) fn float_from_number(n: &Number) -> Option<f64> {
 
 /// A timestamp from an RFC 3339 string.
 pub(crate) fn timestamp_from_str(s: &str) -> Option<i64> {
+    if let Some(micros) = parse_canonical_timestamp(s.as_bytes()) {
+        return in_range(micros);
+    }
+    chrono_timestamp_from_str(s)
+}
+
+/// The general RFC 3339 parser (offsets, lower-case `t`/`z`, leap seconds).
+pub(crate) fn chrono_timestamp_from_str(s: &str) -> Option<i64> {
     let t = DateTime::parse_from_rfc3339(s).ok()?;
     in_range(t.timestamp().checked_mul(1_000_000)? + i64::from(t.timestamp_subsec_micros()))
+}
+
+/// The common form `YYYY-MM-DDTHH:MM:SS[.fraction]Z` (1 to 9 fraction digits, cut to
+/// microseconds), parsed without chrono; `None` sends anything else to the general parser. It
+/// gives what chrono gives for the inputs it takes (a property test holds them equal).
+fn parse_canonical_timestamp(b: &[u8]) -> Option<i64> {
+    if b.len() < 20 || b[4] != b'-' || b[7] != b'-' || b[10] != b'T' || b[13] != b':' {
+        return None;
+    }
+    if b[16] != b':' || *b.last()? != b'Z' {
+        return None;
+    }
+    let num = |range: std::ops::Range<usize>| {
+        b[range].iter().try_fold(0u32, |acc, &c| {
+            c.is_ascii_digit().then(|| acc * 10 + u32::from(c - b'0'))
+        })
+    };
+    let (year, month, day) = (num(0..4)?, num(5..7)?, num(8..10)?);
+    let (hour, minute, second) = (num(11..13)?, num(14..16)?, num(17..19)?);
+    let fraction = &b[19..b.len() - 1];
+    let micros = match fraction {
+        [] => 0,
+        [b'.', digits @ ..] if (1..=9).contains(&digits.len()) => {
+            let mut micros = 0u32;
+            for i in 0..6 {
+                let d = match digits.get(i) {
+                    Some(c) if c.is_ascii_digit() => u32::from(c - b'0'),
+                    Some(_) => return None,
+                    None => 0,
+                };
+                micros = micros * 10 + d;
+            }
+            if !digits[6.min(digits.len())..].iter().all(u8::is_ascii_digit) {
+                return None;
+            }
+            micros
+        }
+        _ => return None,
+    };
+    if !(1..=12).contains(&month) || day == 0 || day > days_in_month(year, month) {
+        return None;
+    }
+    if hour > 23 || minute > 59 || second > 59 {
+        return None; // leap seconds go to chrono
+    }
+    let days = days_from_civil(i64::from(year), month, day);
+    let seconds = days * 86_400 + i64::from(hour * 3600 + minute * 60 + second);
+    Some(seconds * 1_000_000 + i64::from(micros))
+}
+
+fn days_in_month(year: u32, month: u32) -> u32 {
+    match month {
+        2 if year % 4 == 0 && (year % 100 != 0 || year % 400 == 0) => 29,
+        2 => 28,
+        4 | 6 | 9 | 11 => 30,
+        _ => 31,
+    }
+}
+
+/// Days from 1970-01-01 to a date of the proleptic Gregorian calendar (H. Hinnant's
+/// `days_from_civil`).
+fn days_from_civil(year: i64, month: u32, day: u32) -> i64 {
+    let y = if month <= 2 { year - 1 } else { year };
+    let era = y.div_euclid(400);
+    let yoe = y.rem_euclid(400);
+    let mp = i64::from((month + 9) % 12);
+    let doy = (153 * mp + 2) / 5 + i64::from(day) - 1;
+    let doe = yoe * 365 + yoe / 4 - yoe / 100 + doy;
+    era * 146_097 + doe - 719_468
+}
+
+/// The date of a day counted from 1970-01-01 (H. Hinnant's `civil_from_days`).
+fn civil_from_days(days: i64) -> (i64, u32, u32) {
+    let z = days + 719_468;
+    let era = z.div_euclid(146_097);
+    let doe = z.rem_euclid(146_097);
+    let yoe = (doe - doe / 1460 + doe / 36_524 - doe / 146_096) / 365;
+    let doy = doe - (365 * yoe + yoe / 4 - yoe / 100);
+    let mp = (5 * doy + 2) / 153;
+    let day = (doy - (153 * mp + 2) / 5 + 1) as u32;
+    let month = if mp < 10 { mp + 3 } else { mp - 9 } as u32;
+    let year = yoe + era * 400 + i64::from(month <= 2);
+    (year, month, day)
 }
 
 /// A timestamp from an integral number of epoch milliseconds or microseconds.
@@ -186,9 +277,39 @@ fn in_range(micros: i64) -> Option<i64> {
 
 /// Formats epoch microseconds as RFC 3339 with microsecond precision, `Z` suffix.
 pub fn format_timestamp(micros: i64) -> String {
-    DateTime::<Utc>::from_timestamp_micros(micros)
-        .map(|t| t.to_rfc3339_opts(SecondsFormat::Micros, true))
-        .unwrap_or_default()
+    let mut out = Vec::with_capacity(27);
+    write_timestamp(&mut out, micros);
+    String::from_utf8(out).unwrap_or_default()
+}
+
+/// Appends [`format_timestamp`]'s text to `out` (the encoders' hot path: no allocation).
+pub fn write_timestamp(out: &mut Vec<u8>, micros: i64) {
+    let (year, month, day) = civil_from_days(micros.div_euclid(86_400_000_000));
+    if !(0..=9999).contains(&year) {
+        // Outside what validation accepts; chrono writes the extended-year form.
+        let text = DateTime::<Utc>::from_timestamp_micros(micros)
+            .map(|t| t.to_rfc3339_opts(SecondsFormat::Micros, true))
+            .unwrap_or_default();
+        out.extend_from_slice(text.as_bytes());
+        return;
+    }
+    let of_day = micros.rem_euclid(86_400_000_000);
+    let (seconds, fraction) = (of_day / 1_000_000, of_day % 1_000_000);
+    let mut text = *b"0000-00-00T00:00:00.000000Z";
+    let mut put = |end: usize, width: usize, mut value: i64| {
+        for slot in text[end - width..end].iter_mut().rev() {
+            *slot = b'0' + (value % 10) as u8;
+            value /= 10;
+        }
+    };
+    put(4, 4, year);
+    put(7, 2, i64::from(month));
+    put(10, 2, i64::from(day));
+    put(13, 2, seconds / 3600);
+    put(16, 2, seconds / 60 % 60);
+    put(19, 2, seconds % 60);
+    put(26, 6, fraction);
+    out.extend_from_slice(&text);
 }
 
 pub(crate) fn expected(ty: &FieldType) -> String {

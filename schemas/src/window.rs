@@ -1,14 +1,14 @@
 //! A bounded window of recently seen content hashes, for dropping duplicates.
 
-use std::collections::{HashSet, VecDeque};
+use std::collections::VecDeque;
 
-use crate::hash::ContentHash;
+use crate::hash::{ContentHash, HashSetOfHashes};
 
 /// Remembers the last `capacity` distinct hashes; the oldest is forgotten first.
 #[derive(Debug, Clone)]
 pub struct HashWindow {
     capacity: usize,
-    set: HashSet<ContentHash>,
+    set: HashSetOfHashes,
     order: VecDeque<ContentHash>,
 }
 
@@ -16,7 +16,7 @@ impl HashWindow {
     pub fn new(capacity: usize) -> HashWindow {
         HashWindow {
             capacity,
-            set: HashSet::new(),
+            set: HashSetOfHashes::default(),
             order: VecDeque::new(),
         }
     }

@@ -12,7 +12,7 @@ use serde_json::Number;
 
 use crate::error::RecordError;
 use crate::stream::StreamDef;
-use crate::value::{Record, Value, format_timestamp};
+use crate::value::{Record, Value, write_timestamp};
 
 pub const DEFAULT_TOPIC_PREFIX: &str = "ingest.";
 pub const HEADER_CONTENT_HASH: &str = "content-hash";
@@ -35,7 +35,7 @@ pub fn encode_value(def: &StreamDef, record: &Record) -> Vec<u8> {
     let mut out = Vec::with_capacity(256);
     out.push(b'{');
     let mut first = true;
-    for (field, value) in def.fields.iter().zip(&record.values) {
+    for (i, value) in record.values.iter().enumerate() {
         if *value == Value::Null {
             continue;
         }
@@ -43,8 +43,7 @@ pub fn encode_value(def: &StreamDef, record: &Record) -> Vec<u8> {
             out.push(b',');
         }
         first = false;
-        write_str(&mut out, &field.name);
-        out.push(b':');
+        out.extend_from_slice(def.json_key(i));
         write_value(&mut out, value);
     }
     out.push(b'}');
@@ -68,7 +67,11 @@ fn write_value(out: &mut Vec<u8>, value: &Value) {
             None => out.extend_from_slice(b"null"),
         },
         Value::Str(s) => write_str(out, s),
-        Value::Timestamp(t) => write_str(out, &format_timestamp(*t)),
+        Value::Timestamp(t) => {
+            out.push(b'"');
+            write_timestamp(out, *t);
+            out.push(b'"');
+        }
         Value::List(items) => {
             out.push(b'[');
             for (i, item) in items.iter().enumerate() {
