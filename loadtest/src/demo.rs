@@ -43,7 +43,7 @@ pub struct DemoSummary {
     pub agent: edge_agent::AgentStats,
     pub sink_duplicates: u64,
     pub landed_rows: usize,
-    pub files: Vec<PathBuf>,
+    pub files: Vec<crate::verify::LandedFile>,
     pub run_dir: PathBuf,
     pub verdict: Verdict,
     pub elapsed: Duration,

@@ -25,6 +25,18 @@ const BASE_TS: i64 = 1_767_225_600_000_000; // 2026-01-01T00:00:00Z in µs
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn sink_adopts_a_file_written_before_a_crash() {
+    // The sink's first file ends inside the crashed sink's range: all of it is adopted.
+    adoption_case(25).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn sink_adopts_a_shorter_file_and_lands_the_rest() {
+    // The sink's first file reaches past the crashed sink's range: the rows after it are
+    // re-encoded into the next file.
+    adoption_case(60).await;
+}
+
+async fn adoption_case(max_records: usize) {
     let streams = schemas::example_streams();
     let def = streams.get("sensor_readings").unwrap().clone();
     let (cluster, producer) = mock_cluster(1);
@@ -83,19 +95,16 @@ async fn sink_adopts_a_file_written_before_a_crash() {
     );
 
     let shutdown = CancellationToken::new();
-    let mut config = SinkConfig {
-        store: StoreConfig::Local {
-            path: landing.path().to_path_buf(),
-        },
-        rotation: RotationConfig {
+    let config = local_sink(
+        &cluster,
+        landing.path(),
+        "exactly-once",
+        RotationConfig {
             idle_ms: 300,
-            max_records: 25,
+            max_records,
             ..RotationConfig::default()
         },
-        ..SinkConfig::default()
-    };
-    config.kafka.brokers = cluster.bootstrap_servers();
-    config.kafka.group_id = "exactly-once".into();
+    );
     let sink = sink::start(config, streams.clone(), shutdown.clone())
         .await
         .unwrap();
@@ -153,8 +162,11 @@ fn hex_of(bytes: &[u8]) -> String {
     bytes.iter().map(|b| format!("{b:02x}")).collect()
 }
 
+/// 400 records over 4 partitions with a memory budget of 8 kB: open files write their row
+/// groups early instead of holding them, and files still close only by rotation (here: at
+/// shutdown, one per partition).
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn memory_budget_writes_the_largest_buffer_early() {
+async fn memory_budget_spills_row_groups_not_small_files() {
     let streams = schemas::example_streams();
     let (cluster, producer) = mock_cluster(4);
     let readings = sensor_readings(&FleetSpec {
@@ -174,25 +186,29 @@ async fn memory_budget_writes_the_largest_buffer_early() {
     }
     let landing = tempfile::tempdir().unwrap();
     let shutdown = CancellationToken::new();
-    let mut config = SinkConfig {
-        store: StoreConfig::Local {
-            path: landing.path().to_path_buf(),
-        },
-        // Neither records, bytes nor idle time would close a file within this test.
-        rotation: RotationConfig {
+    // Neither records, bytes nor idle time would close a file within this test.
+    let mut config = local_sink(
+        &cluster,
+        landing.path(),
+        "budget",
+        RotationConfig {
             idle_ms: 600_000,
-            max_records: 1_000_000,
-            max_bytes: 1 << 30,
+            ..RotationConfig::default()
         },
-        memory_budget_bytes: 8_000,
-        ..SinkConfig::default()
-    };
-    config.kafka.brokers = cluster.bootstrap_servers();
-    config.kafka.group_id = "budget".into();
+    );
+    config.memory_budget_bytes = 8_000;
     let sink = sink::start(config, streams.clone(), shutdown.clone())
         .await
         .unwrap();
-    wait_written(&sink, 300).await;
+    let deadline = Instant::now() + Duration::from_secs(60);
+    while sink.stats.records_received.load(Ordering::Relaxed) < 400 {
+        assert!(
+            Instant::now() < deadline,
+            "the sink did not read everything"
+        );
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    assert_eq!(sink.stats.files_written.load(Ordering::Relaxed), 0);
     shutdown.cancel();
     sink.task.await.unwrap().unwrap();
     let def = streams.get("sensor_readings").unwrap();
@@ -202,11 +218,11 @@ async fn memory_budget_writes_the_largest_buffer_early() {
         .collect();
     let landed = read_landing_dir(landing.path()).unwrap();
     assert!(compare(&expected, &landed).exactly_once());
-    assert!(
-        landed.files.len() > 4,
-        "small files forced by the budget: {}",
-        landed.files.len()
-    );
+    assert_eq!(landed.files.len(), 4, "one file per partition");
+    let spilled = sink.stats.spilled_row_groups.load(Ordering::Relaxed);
+    assert!(spilled >= 10, "row groups written early: {spilled}");
+    let row_groups: usize = landed.files.iter().map(|f| f.row_groups).sum();
+    assert!(row_groups > 4, "{row_groups} row groups in 4 files");
     drop(cluster);
 }
 
@@ -237,20 +253,16 @@ async fn dedupe_window_is_warmed_after_a_restart() {
     };
     let landing = tempfile::tempdir().unwrap();
     let config = || {
-        let mut c = SinkConfig {
-            store: StoreConfig::Local {
-                path: landing.path().to_path_buf(),
-            },
-            rotation: RotationConfig {
+        local_sink(
+            &cluster,
+            landing.path(),
+            "warm",
+            RotationConfig {
                 idle_ms: 300,
                 max_records: 40,
                 ..RotationConfig::default()
             },
-            ..SinkConfig::default()
-        };
-        c.kafka.brokers = cluster.bootstrap_servers();
-        c.kafka.group_id = "warm".into();
-        c
+        )
     };
     let run_until = |want: u64| {
         let config = config();
@@ -298,6 +310,112 @@ async fn dedupe_window_is_warmed_after_a_restart() {
     let landed = read_landing_dir(landing.path()).unwrap();
     assert!(compare(&expected, &landed).exactly_once());
     drop(cluster);
+}
+
+/// Steady load into one partition with a small target file size: the files but the last
+/// (closed at shutdown) average within 10% of the target, and each after the first is within
+/// 15% (the first has no earlier file to correct the writer's size estimate by).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn files_close_at_the_target_parquet_size() {
+    // The mock cluster keeps about 5 MB per partition: 24,000 readings fit.
+    const TARGET: usize = 96 << 10;
+    let streams = schemas::example_streams();
+    let (cluster, producer) = mock_cluster(1);
+    let readings = sensor_readings(&FleetSpec {
+        records: 24_000,
+        devices: 200,
+        duplicate_ratio: 0.0,
+        ..FleetSpec::default()
+    });
+    let mut pending = Vec::new();
+    for r in &readings {
+        let value = r.to_string();
+        let sent = producer.send_result(FutureRecord::<str, str>::to(TOPIC).payload(&value));
+        pending.push(sent.map_err(|(e, _)| e));
+        if pending.len() >= 5_000 {
+            for p in pending.drain(..) {
+                p.unwrap().await.unwrap().unwrap();
+            }
+        }
+    }
+    for p in pending {
+        p.unwrap().await.unwrap().unwrap();
+    }
+    let landing = tempfile::tempdir().unwrap();
+    let shutdown = CancellationToken::new();
+    let config = local_sink(
+        &cluster,
+        landing.path(),
+        "size",
+        RotationConfig {
+            idle_ms: 600_000,
+            max_bytes: TARGET,
+            ..RotationConfig::default()
+        },
+    );
+    let sink = sink::start(config, streams.clone(), shutdown.clone())
+        .await
+        .unwrap();
+    let deadline = Instant::now() + Duration::from_secs(120);
+    while sink.stats.records_received.load(Ordering::Relaxed) < readings.len() as u64 {
+        assert!(
+            Instant::now() < deadline && !sink.task.is_finished(),
+            "the sink read {} of {} records",
+            sink.stats.records_received.load(Ordering::Relaxed),
+            readings.len()
+        );
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    shutdown.cancel();
+    sink.task.await.unwrap().unwrap();
+    let def = streams.get("sensor_readings").unwrap();
+    let expected: HashSet<_> = readings
+        .iter()
+        .map(|r| schemas::check(def, r.clone()).unwrap().hash)
+        .collect();
+    let landed = read_landing_dir(landing.path()).unwrap();
+    assert!(compare(&expected, &landed).exactly_once());
+    let mut sizes: Vec<(String, u64)> = landed
+        .files
+        .iter()
+        .map(|f| (f.key.clone(), f.size))
+        .collect();
+    sizes.sort();
+    sizes.pop(); // the last file closed at shutdown, before its target
+    assert!(sizes.len() >= 5, "{sizes:?}");
+    let off = |size: f64| (size - TARGET as f64).abs() / TARGET as f64;
+    eprintln!("file sizes: {sizes:?}");
+    for (key, size) in &sizes[1..] {
+        assert!(
+            off(*size as f64) <= 0.15,
+            "{key}: {size} bytes, target {TARGET}"
+        );
+    }
+    let average = sizes.iter().map(|(_, s)| *s as f64).sum::<f64>() / sizes.len() as f64;
+    assert!(
+        off(average) <= 0.10,
+        "average {average:.0}, target {TARGET}: {sizes:?}"
+    );
+    drop(cluster);
+}
+
+/// A sink config for the mock cluster writing to a local directory.
+fn local_sink(
+    cluster: &MockCluster<'static, rdkafka::producer::DefaultProducerContext>,
+    landing: &std::path::Path,
+    group: &str,
+    rotation: RotationConfig,
+) -> SinkConfig {
+    let mut config = SinkConfig {
+        store: StoreConfig::Local {
+            path: landing.to_path_buf(),
+        },
+        rotation,
+        ..SinkConfig::default()
+    };
+    config.kafka.brokers = cluster.bootstrap_servers();
+    config.kafka.group_id = group.into();
+    config
 }
 
 /// A one-broker mock cluster with the sensor topic, and a producer for it.

@@ -31,10 +31,40 @@ pub struct SinkConfig {
     /// Content hashes remembered per partition to drop re-sent records.
     #[serde(default = "default_dedupe_window")]
     pub dedupe_window: usize,
-    /// Buffered record bytes across all partitions; past it the partition with the most is
-    /// written out early, so many partitions never mean running out of memory.
+    /// Memory for open files across all partitions (rows not yet encoded and row groups in
+    /// progress); past it the partition holding the most writes its row group to the staged
+    /// file early, so many partitions never mean running out of memory (nor small files).
     #[serde(default = "default_memory_budget")]
     pub memory_budget_bytes: usize,
+    #[serde(default)]
+    pub upload: UploadConfig,
+}
+
+#[derive(Debug, Clone, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct UploadConfig {
+    /// Open files are staged here before upload to S3 (a local store stages inside its own
+    /// directory, in `.staging/`).
+    #[serde(default = "default_staging_dir")]
+    pub staging_dir: PathBuf,
+    /// S3 files of at least this size go up as multipart uploads of parts of exactly this
+    /// size (the last part may be shorter); at least 5 MiB, S3's minimum.
+    #[serde(default = "default_part_bytes")]
+    pub part_bytes: usize,
+    /// Multipart uploads (and locally staged files) older than this are abandoned: a sink
+    /// that crashed mid-upload left them. Swept at start and every hour.
+    #[serde(default = "default_abandoned_after_hours")]
+    pub abandoned_after_hours: u64,
+}
+
+impl Default for UploadConfig {
+    fn default() -> Self {
+        UploadConfig {
+            staging_dir: default_staging_dir(),
+            part_bytes: default_part_bytes(),
+            abandoned_after_hours: default_abandoned_after_hours(),
+        }
+    }
 }
 
 impl Default for SinkConfig {
@@ -48,6 +78,7 @@ impl Default for SinkConfig {
             rotation: RotationConfig::default(),
             dedupe_window: default_dedupe_window(),
             memory_budget_bytes: default_memory_budget(),
+            upload: UploadConfig::default(),
         }
     }
 }
@@ -129,9 +160,12 @@ pub struct RotationConfig {
     /// Close a file after this many records.
     #[serde(default = "default_max_records")]
     pub max_records: usize,
-    /// Close a file when its records' JSON size reaches this many bytes.
+    /// Close a file when its Parquet size reaches this many bytes (the target file size).
     #[serde(default = "default_max_bytes")]
     pub max_bytes: usize,
+    /// Write a row group when its encoded size reaches this many bytes.
+    #[serde(default = "default_row_group_bytes")]
+    pub row_group_bytes: usize,
     /// Close a file when its partition received nothing for this many milliseconds.
     #[serde(default = "default_idle_ms")]
     pub idle_ms: u64,
@@ -142,6 +176,7 @@ impl Default for RotationConfig {
         RotationConfig {
             max_records: default_max_records(),
             max_bytes: default_max_bytes(),
+            row_group_bytes: default_row_group_bytes(),
             idle_ms: default_idle_ms(),
         }
     }
@@ -172,13 +207,25 @@ fn default_max_records() -> usize {
     1_000_000
 }
 fn default_max_bytes() -> usize {
-    256 << 20
+    128 << 20
+}
+fn default_row_group_bytes() -> usize {
+    16 << 20
+}
+fn default_staging_dir() -> PathBuf {
+    std::env::temp_dir().join("edge-ingest-sink")
+}
+fn default_part_bytes() -> usize {
+    16 << 20
+}
+fn default_abandoned_after_hours() -> u64 {
+    24
 }
 fn default_idle_ms() -> u64 {
     60_000
 }
 fn default_memory_budget() -> usize {
-    1 << 30
+    256 << 20
 }
 fn default_dedupe_window() -> usize {
     100_000

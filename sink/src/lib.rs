@@ -8,6 +8,7 @@
 
 pub mod config;
 pub mod metrics;
+pub mod open_file;
 pub mod parquet_file;
 pub mod partition;
 pub mod store;
@@ -35,8 +36,9 @@ use tokio_util::sync::CancellationToken;
 pub use config::SinkConfig;
 
 use crate::metrics as m;
+use crate::open_file::{FileTargets, OpenFile};
 use crate::partition::{FlushReason, PartitionState};
-use crate::store::{ObjectStore, PutOutcome};
+use crate::store::{ObjectStore, PutOutcome, Staged, StoreError};
 
 /// Counters a caller (the demo, tests) can watch.
 #[derive(Debug, Default)]
@@ -46,6 +48,10 @@ pub struct SinkStats {
     pub duplicates_dropped: AtomicU64,
     pub dead_letters: AtomicU64,
     pub adopted_files: AtomicU64,
+    /// Records taken from Kafka (rows, duplicates and dead letters).
+    pub records_received: AtomicU64,
+    /// Row groups written early because open files held more than the memory budget.
+    pub spilled_row_groups: AtomicU64,
 }
 
 /// A started sink.
@@ -101,6 +107,9 @@ pub async fn start(
     shutdown: CancellationToken,
 ) -> anyhow::Result<Sink> {
     let store = ObjectStore::from_config(&config.store).await?;
+    let staging = store.staging_dir(&config.upload.staging_dir);
+    std::fs::create_dir_all(&staging)
+        .with_context(|| format!("cannot create staging directory {}", staging.display()))?;
     let mut client = ClientConfig::new();
     client
         .set("bootstrap.servers", &config.kafka.brokers)
@@ -143,6 +152,8 @@ pub async fn start(
         parts: HashMap::new(),
         stats: stats.clone(),
         shutdown,
+        staging,
+        last_sweep: None,
     };
     Ok(Sink {
         task: tokio::spawn(worker.run()),
@@ -158,7 +169,13 @@ struct Worker {
     parts: HashMap<PartKey, PartitionState>,
     stats: Arc<SinkStats>,
     shutdown: CancellationToken,
+    /// Where open files are staged.
+    staging: std::path::PathBuf,
+    last_sweep: Option<Instant>,
 }
+
+/// How often abandoned multipart uploads and staged files are looked for.
+const SWEEP_INTERVAL: Duration = Duration::from_secs(3600);
 
 /// Ingest time of a message: the gateway's `ingest-ts` header, else the Kafka timestamp, else now.
 fn ingest_ts(msg: &OwnedMessage) -> i64 {
@@ -187,6 +204,7 @@ impl Worker {
                 _ = self.shutdown.cancelled() => break,
                 _ = tick.tick() => {
                     self.drop_revoked();
+                    self.sweep_if_due().await;
                     let idle_parts: Vec<PartKey> = self
                         .parts
                         .iter()
@@ -211,12 +229,10 @@ impl Worker {
                     if let Some(key) = self.rotates_before(&msg) {
                         self.flush(&key, FlushReason::Hour).await?;
                     }
-                    if let Some((key, reason)) = self.handle(&msg) {
+                    if let Some((key, reason)) = self.handle(&msg)? {
                         self.flush(&key, reason).await?;
                     }
-                    if let Some(key) = self.over_budget() {
-                        self.flush(&key, FlushReason::Memory).await?;
-                    }
+                    self.enforce_budget()?;
                 }
             }
         }
@@ -228,17 +244,47 @@ impl Worker {
         Ok(())
     }
 
-    /// The partition with the most buffered bytes, when all buffers together pass the budget.
-    fn over_budget(&self) -> Option<PartKey> {
-        let total: usize = self.parts.values().map(|p| p.bytes).sum();
+    /// When the open files together hold more memory than the budget, the one holding the
+    /// most writes its row group in progress to its staged file.
+    fn enforce_budget(&mut self) -> anyhow::Result<()> {
+        let total: usize = self.parts.values().map(PartitionState::memory).sum();
         ::metrics::gauge!(m::BUFFERED_BYTES).set(total as f64);
         if total <= self.config.memory_budget_bytes {
-            return None;
+            return Ok(());
         }
-        self.parts
-            .iter()
-            .max_by_key(|(_, p)| p.bytes)
-            .map(|(k, _)| k.clone())
+        if let Some(part) = self.parts.values_mut().max_by_key(|p| p.memory())
+            && let Some(file) = part.file.as_mut()
+        {
+            file.spill(&part.def)
+                .context("cannot write a row group to the staged file")?;
+            ::metrics::counter!(m::SPILLED_ROW_GROUPS).increment(1);
+            self.stats
+                .spilled_row_groups
+                .fetch_add(1, Ordering::Relaxed);
+        }
+        Ok(())
+    }
+
+    /// Aborts abandoned multipart uploads and removes abandoned staged files, at start and
+    /// then every [`SWEEP_INTERVAL`].
+    async fn sweep_if_due(&mut self) {
+        if self
+            .last_sweep
+            .is_some_and(|t| t.elapsed() < SWEEP_INTERVAL)
+        {
+            return;
+        }
+        self.last_sweep = Some(Instant::now());
+        let age = Duration::from_secs(self.config.upload.abandoned_after_hours * 3600);
+        let prefix = format!("{}/", self.config.key_prefix);
+        match self.store.sweep_abandoned(&prefix, age).await {
+            Ok(0) => {}
+            Ok(n) => {
+                ::metrics::counter!(m::ABANDONED_UPLOADS).increment(n as u64);
+                tracing::info!(removed = n, "removed abandoned uploads");
+            }
+            Err(e) => tracing::warn!(error = %e, "cannot sweep abandoned uploads"),
+        }
     }
 
     fn drop_revoked(&mut self) {
@@ -252,7 +298,7 @@ impl Worker {
         );
         for key in revoked {
             if let Some(p) = self.parts.remove(&key) {
-                tracing::info!(topic = %key.0, partition = key.1, dropped_rows = p.rows.len(), "partition revoked");
+                tracing::info!(topic = %key.0, partition = key.1, dropped_rows = p.rows(), "partition revoked");
             }
         }
     }
@@ -342,22 +388,37 @@ impl Worker {
         part.crosses_hour(ingest_ts(msg)).then_some(key)
     }
 
+    fn targets(&self) -> FileTargets {
+        FileTargets {
+            file_bytes: self.config.rotation.max_bytes,
+            row_group_bytes: self.config.rotation.row_group_bytes,
+        }
+    }
+
     /// Adds one message to its partition; returns the partition to flush, if one must be.
-    fn handle(&mut self, msg: &OwnedMessage) -> Option<(PartKey, FlushReason)> {
+    /// Fails only when the staged file cannot be written (nothing is committed then).
+    fn handle(&mut self, msg: &OwnedMessage) -> anyhow::Result<Option<(PartKey, FlushReason)>> {
         let topic = msg.topic();
-        let def = stream_of_topic(&self.config.kafka.topic_prefix, topic)
-            .and_then(|s| self.streams.get(s))?
-            .clone();
+        let Some(def) = stream_of_topic(&self.config.kafka.topic_prefix, topic)
+            .and_then(|s| self.streams.get(s))
+            .cloned()
+        else {
+            return Ok(None);
+        };
         let key = (topic.to_owned(), msg.partition());
+        let targets = self.targets();
         // `open_partition` created the state (with its warmed window) before this call.
-        let part = self.parts.get_mut(&key)?;
+        let Some(part) = self.parts.get_mut(&key) else {
+            return Ok(None);
+        };
+        self.stats.records_received.fetch_add(1, Ordering::Relaxed);
         let offset = msg.offset();
         let payload = msg.payload().unwrap_or_default();
         let labels = [("stream", def.name.clone())];
         ::metrics::counter!(m::RECORDS_RECEIVED, &labels).increment(1);
         if part.next_offset.is_some_and(|next| offset < next) {
             // Already durable in an adopted object.
-            return None;
+            return Ok(None);
         }
         let ingest_ts = ingest_ts(msg);
         let record = match decode_value(&def, payload) {
@@ -367,7 +428,7 @@ impl Worker {
                 ::metrics::counter!(m::DISCARDED, "stream" => def.name.clone(), "reason" => e.code(), "intentional" => "false").increment(1);
                 self.stats.dead_letters.fetch_add(1, Ordering::Relaxed);
                 part.dead_letter(offset, ingest_ts, &e.to_string(), payload);
-                return None;
+                return Ok(None);
             }
         };
         let hash = schemas::content_hash(&def, &record);
@@ -377,7 +438,7 @@ impl Worker {
                 .duplicates_dropped
                 .fetch_add(1, Ordering::Relaxed);
             part.skip(offset, ingest_ts);
-            return None;
+            return Ok(None);
         }
         let meta = RowMeta {
             ingest_ts,
@@ -385,20 +446,29 @@ impl Worker {
             offset,
             hash,
         };
-        part.push(record, meta, payload.len());
-        let rot = &self.config.rotation;
-        if part.rows.len() >= rot.max_records {
+        let file = match &mut part.file {
+            Some(file) => file,
+            None => part.file.insert(
+                OpenFile::create(&def, &self.staging, targets, part.size_ratio)
+                    .context("cannot create a staged file")?,
+            ),
+        };
+        file.push(&def, record, meta, payload.len())
+            .context("cannot write to the staged file")?;
+        let full = file.is_full();
+        part.took(offset, ingest_ts);
+        Ok(if part.rows() >= self.config.rotation.max_records {
             Some((key, FlushReason::Records))
-        } else if part.bytes >= rot.max_bytes {
+        } else if full {
             Some((key, FlushReason::Bytes))
         } else {
             None
-        }
+        })
     }
 
-    /// Writes the partition's buffered rows as one object and commits past them. On a
-    /// conflicting create, adopts the existing object. Retries retryable store errors until
-    /// shutdown.
+    /// Closes the partition's open file, makes it an object and commits past it. On a
+    /// conflicting create, adopts the existing object and keeps the rows after it in a new open
+    /// file. Retries retryable store errors until shutdown.
     async fn flush(&mut self, key: &PartKey, reason: FlushReason) -> anyhow::Result<()> {
         loop {
             let Some(part) = self.parts.get_mut(key) else {
@@ -407,11 +477,11 @@ impl Worker {
             let (Some(start), Some(next)) = (part.range_start, part.next_offset) else {
                 return Ok(());
             };
+            let range = parquet_file::OffsetRange {
+                first: start.offset,
+                last: next - 1,
+            };
             if !part.dead.is_empty() {
-                let range = parquet_file::OffsetRange {
-                    first: start.offset,
-                    last: next - 1,
-                };
                 let object = parquet_file::dead_letter_key(
                     &self.config.key_prefix,
                     &part.def.name,
@@ -420,7 +490,10 @@ impl Worker {
                     range,
                 );
                 let data = bytes::Bytes::from(std::mem::take(&mut part.dead));
-                if self.put_with_retry(&object, data.clone()).await.is_none() {
+                let put = self
+                    .with_retry(&object, || self.store.put_if_absent(&object, data.clone()))
+                    .await;
+                if put.is_none() {
                     if let Some(part) = self.parts.get_mut(key) {
                         part.dead = data.to_vec();
                     }
@@ -429,20 +502,15 @@ impl Worker {
                 tracing::info!(object, "wrote dead letters");
                 continue;
             }
-            if part.rows.is_empty() {
+            let Some(file) = part.file.take() else {
                 // Only skipped records (duplicates, dead letters) since the last file.
                 part.range_start = None;
                 if part.next_offset > part.committed {
                     self.commit(key).await;
                 }
                 return Ok(());
-            }
-            let rows = std::mem::take(&mut part.rows);
-            let (def, topic, partition) = (part.def.clone(), part.topic.clone(), part.partition);
-            let range = parquet_file::OffsetRange {
-                first: start.offset,
-                last: next - 1,
             };
+            let (def, topic, partition) = (part.def.clone(), part.topic.clone(), part.partition);
             let object = parquet_file::object_key(
                 &self.config.key_prefix,
                 &def.name,
@@ -450,15 +518,19 @@ impl Worker {
                 partition,
                 start.offset,
             );
-            let (rows, encoded) = tokio::task::spawn_blocking(move || {
-                let encoded = parquet_file::encode(&def, &topic, partition, range, &rows);
-                (rows, encoded)
-            })
-            .await?;
-            let data = encoded.context("cannot encode a Parquet file")?;
-            let size = data.len();
+            let finished =
+                tokio::task::spawn_blocking(move || file.finish(&def, &topic, partition, range))
+                    .await?
+                    .context("cannot finish a Parquet file")?;
+            part.size_ratio = finished.ratio;
+            let (staged, rows, size) = (finished.staged, finished.rows, finished.size);
             let started = Instant::now();
-            let outcome = self.put_with_retry(&object, data).await;
+            let part_bytes = self.config.upload.part_bytes;
+            let outcome = self
+                .with_retry(&object, || {
+                    self.store.put_file_if_absent(&object, &staged, part_bytes)
+                })
+                .await;
             let part = self
                 .parts
                 .get_mut(key)
@@ -472,45 +544,23 @@ impl Worker {
                         .record(size as f64);
                     ::metrics::counter!(m::FILES_WRITTEN, "stream" => stream.clone(), "reason" => reason.as_str()).increment(1);
                     ::metrics::counter!(m::RECORDS_WRITTEN, "stream" => stream.clone())
-                        .increment(rows.len() as u64);
-                    ::metrics::counter!(m::BYTES_WRITTEN, "stream" => stream)
-                        .increment(size as u64);
+                        .increment(rows as u64);
+                    ::metrics::counter!(m::BYTES_WRITTEN, "stream" => stream).increment(size);
                     self.stats
                         .records_written
-                        .fetch_add(rows.len() as u64, Ordering::Relaxed);
+                        .fetch_add(rows as u64, Ordering::Relaxed);
                     self.stats.files_written.fetch_add(1, Ordering::Relaxed);
-                    part.bytes = 0;
                     part.range_start = None;
                     tracing::debug!(
                         object,
-                        rows = rows.len(),
+                        rows,
                         size,
                         reason = reason.as_str(),
                         "wrote landing file"
                     );
                 }
                 Some(PutOutcome::AlreadyExists) => {
-                    let existing = self
-                        .store
-                        .get(&object)
-                        .await?
-                        .context("object vanished after a conflicting create")?;
-                    let adopted =
-                        tokio::task::spawn_blocking(move || parquet_file::read_offsets(existing))
-                            .await??;
-                    tracing::info!(
-                        object,
-                        last_offset = adopted.last,
-                        "adopted existing landing file"
-                    );
-                    ::metrics::counter!(m::ADOPTED_FILES, "stream" => stream).increment(1);
-                    self.stats.adopted_files.fetch_add(1, Ordering::Relaxed);
-                    let part = self
-                        .parts
-                        .get_mut(key)
-                        .context("partition state vanished")?;
-                    part.rows = rows;
-                    part.adopt_through(adopted.last);
+                    self.adopt(key, &object, staged).await?;
                     continue;
                 }
                 None => {
@@ -523,10 +573,51 @@ impl Worker {
         }
     }
 
-    async fn put_with_retry(&self, object: &str, data: bytes::Bytes) -> Option<PutOutcome> {
+    /// Adopts the object another sink wrote at `object`: continues after its last offset, and
+    /// the rows of `staged` past that offset go into a new open file.
+    async fn adopt(&mut self, key: &PartKey, object: &str, staged: Staged) -> anyhow::Result<()> {
+        let existing = self
+            .store
+            .get(object)
+            .await?
+            .context("object vanished after a conflicting create")?;
+        let adopted =
+            tokio::task::spawn_blocking(move || parquet_file::read_offsets(existing)).await??;
+        tracing::info!(
+            object,
+            last_offset = adopted.last,
+            "adopted existing landing file"
+        );
+        let (batches, first_ingest_ts) =
+            tokio::task::spawn_blocking(move || open_file::rows_after(&staged, adopted.last))
+                .await??;
+        let targets = self.targets();
+        let part = self
+            .parts
+            .get_mut(key)
+            .context("partition state vanished")?;
+        ::metrics::counter!(m::ADOPTED_FILES, "stream" => part.def.name.clone()).increment(1);
+        self.stats.adopted_files.fetch_add(1, Ordering::Relaxed);
+        part.adopt_through(adopted.last, first_ingest_ts);
+        if !batches.is_empty() {
+            let mut file = OpenFile::create(&part.def, &self.staging, targets, part.size_ratio)?;
+            for batch in &batches {
+                file.write_batch(batch)?;
+            }
+            part.file = Some(file);
+        }
+        Ok(())
+    }
+
+    /// Runs a store write until it succeeds; `None` when shutdown interrupted the retries.
+    async fn with_retry<F, Fut>(&self, object: &str, mut write: F) -> Option<PutOutcome>
+    where
+        F: FnMut() -> Fut,
+        Fut: std::future::Future<Output = Result<PutOutcome, StoreError>>,
+    {
         let mut attempt = 0;
         loop {
-            match self.store.put_if_absent(object, data.clone()).await {
+            match write().await {
                 Ok(outcome) => return Some(outcome),
                 Err(e) => {
                     ::metrics::counter!(m::STORE_ERRORS, "retryable" => if e.retryable { "true" } else { "false" }).increment(1);

@@ -11,3 +11,5 @@ pub const STORE_ERRORS: &str = "sink_store_errors_total";
 pub const ADOPTED_FILES: &str = "sink_adopted_files_total";
 pub const CONSUMER_LAG: &str = "sink_consumer_lag_records";
 pub const BUFFERED_BYTES: &str = "sink_buffered_bytes";
+pub const SPILLED_ROW_GROUPS: &str = "sink_spilled_row_groups_total";
+pub const ABANDONED_UPLOADS: &str = "sink_abandoned_uploads_removed_total";

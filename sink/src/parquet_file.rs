@@ -26,8 +26,9 @@ pub const META_ROW_COUNT: &str = "row_count";
 pub const META_MIN_EVENT_TIME: &str = "min_event_time";
 pub const META_MAX_EVENT_TIME: &str = "max_event_time";
 
-/// Rows per Parquet row group.
-const ROW_GROUP_ROWS: usize = 128 * 1024;
+/// Most rows in one Parquet row group (row groups also close at a byte size, see
+/// [`crate::open_file::FileTargets`]).
+const ROW_GROUP_ROWS: usize = 1024 * 1024;
 
 /// The object key of a landing file:
 /// `<prefix>/<stream>/date=YYYY-MM-DD/hour=HH/<stream>-p<partition>-o<start offset, 20 digits>.parquet`,
@@ -98,18 +99,25 @@ pub fn encode(
         kv(META_MIN_EVENT_TIME, format_timestamp(min_t)),
         kv(META_MAX_EVENT_TIME, format_timestamp(max_t)),
     ];
-    let props = WriterProperties::builder()
+    let mut writer = ArrowWriter::try_new(Vec::new(), batch.schema(), Some(writer_properties()?))?;
+    writer.write(&batch)?;
+    for kv in metadata {
+        writer.append_key_value_metadata(kv);
+    }
+    Ok(Bytes::from(writer.into_inner()?))
+}
+
+/// How landing files are encoded: zstd, page statistics, dictionary strings (not for the
+/// content hash and offset columns, which never repeat).
+pub fn writer_properties() -> Result<WriterProperties, ParquetError> {
+    Ok(WriterProperties::builder()
         .set_compression(Compression::ZSTD(ZstdLevel::try_new(3)?))
         .set_statistics_enabled(EnabledStatistics::Page)
         .set_dictionary_enabled(true)
         .set_column_dictionary_enabled(ColumnPath::from(COL_CONTENT_HASH), false)
         .set_column_dictionary_enabled(ColumnPath::from(COL_OFFSET), false)
         .set_max_row_group_row_count(Some(ROW_GROUP_ROWS))
-        .set_key_value_metadata(Some(metadata))
-        .build();
-    let mut writer = ArrowWriter::try_new(Vec::new(), batch.schema(), Some(props))?;
-    writer.write(&batch)?;
-    Ok(Bytes::from(writer.into_inner()?))
+        .build())
 }
 
 /// The hour folders of the last `hours` hours before `now_micros`, newest first:

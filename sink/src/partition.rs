@@ -5,9 +5,9 @@ use std::sync::Arc;
 use std::time::Instant;
 
 use schemas::StreamDef;
-use schemas::arrow::RowMeta;
-use schemas::value::Record;
 use schemas::window::HashWindow;
+
+use crate::open_file::{OpenFile, SizeRatio};
 
 const HOUR_MICROS: i64 = 3_600_000_000;
 
@@ -15,10 +15,10 @@ pub struct PartitionState {
     pub def: Arc<StreamDef>,
     pub topic: String,
     pub partition: i32,
-    /// Rows of the open file, in offset order.
-    pub rows: Vec<(Record, RowMeta)>,
-    /// Approximate size of the buffered rows (their Kafka value bytes).
-    pub bytes: usize,
+    /// The open landing file: rows of the current range, in offset order.
+    pub file: Option<OpenFile>,
+    /// How the previous file's final size compared with its estimate.
+    pub size_ratio: SizeRatio,
     /// The next offset to read: every record before it is in a written file or was dropped.
     pub next_offset: Option<i64>,
     /// First offset of the open file's range: the first offset consumed after the last file or
@@ -47,7 +47,6 @@ pub enum FlushReason {
     Bytes,
     Hour,
     Idle,
-    Memory,
     Shutdown,
 }
 
@@ -58,7 +57,6 @@ impl FlushReason {
             FlushReason::Bytes => "bytes",
             FlushReason::Hour => "hour",
             FlushReason::Idle => "idle",
-            FlushReason::Memory => "memory",
             FlushReason::Shutdown => "shutdown",
         }
     }
@@ -70,8 +68,8 @@ impl PartitionState {
             def,
             topic,
             partition,
-            rows: Vec::new(),
-            bytes: 0,
+            file: None,
+            size_ratio: SizeRatio::default(),
             next_offset: None,
             range_start: None,
             committed: None,
@@ -88,23 +86,27 @@ impl PartitionState {
         })
     }
 
-    pub fn push(&mut self, record: Record, meta: RowMeta, bytes: usize) {
-        self.range_start.get_or_insert(RangeStart {
-            offset: meta.offset,
-            ingest_ts: meta.ingest_ts,
-        });
-        self.next_offset = Some(meta.offset + 1);
-        self.bytes += bytes;
-        self.last_append = Instant::now();
-        self.rows.push((record, meta));
-    }
-
-    /// Marks an offset as consumed without a row (a duplicate or a dead letter).
-    pub fn skip(&mut self, offset: i64, ingest_ts: i64) {
+    /// Marks `offset` as taken into the open file.
+    pub fn took(&mut self, offset: i64, ingest_ts: i64) {
         self.range_start
             .get_or_insert(RangeStart { offset, ingest_ts });
         self.next_offset = Some(offset + 1);
         self.last_append = Instant::now();
+    }
+
+    /// Rows in the open file.
+    pub fn rows(&self) -> usize {
+        self.file.as_ref().map_or(0, OpenFile::rows)
+    }
+
+    /// Memory held by the open file.
+    pub fn memory(&self) -> usize {
+        self.file.as_ref().map_or(0, OpenFile::memory)
+    }
+
+    /// Marks an offset as consumed without a row (a duplicate or a dead letter).
+    pub fn skip(&mut self, offset: i64, ingest_ts: i64) {
+        self.took(offset, ingest_ts);
     }
 
     /// Keeps an undecodable or invalid record for the dead-letter object, with its reason.
@@ -124,21 +126,17 @@ impl PartitionState {
 
     /// Whether there is something to write or commit.
     pub fn has_pending(&self) -> bool {
-        !self.rows.is_empty() || self.next_offset > self.committed
+        self.rows() > 0 || self.next_offset > self.committed
     }
 
-    /// Adopts an existing object that accounts for offsets up to and including `last`: drops
-    /// the rows it holds and continues the range chain after it. The next range starts at
-    /// `last + 1`, with the ingest time of the first row after it when one is buffered.
-    pub fn adopt_through(&mut self, last: i64) {
-        let before = self.rows.len();
-        self.rows.retain(|(_, m)| m.offset > last);
-        self.bytes = self.bytes * self.rows.len() / before.max(1);
+    /// Adopts an existing object that accounts for offsets up to and including `last`, after
+    /// the open file was taken out: continues the range chain after it. When offsets past
+    /// `last` were consumed, the next range starts at `last + 1` with the ingest time of the
+    /// first row after it (`first_ingest_ts`, if a row is left).
+    pub fn adopt_through(&mut self, last: i64, first_ingest_ts: Option<i64>) {
         if self.next_offset.is_some_and(|n| n > last + 1) {
-            let ingest_ts = self.rows.first().map_or_else(
-                || self.range_start.map_or(0, |r| r.ingest_ts),
-                |(_, m)| m.ingest_ts,
-            );
+            let ingest_ts =
+                first_ingest_ts.unwrap_or_else(|| self.range_start.map_or(0, |r| r.ingest_ts));
             self.range_start = Some(RangeStart {
                 offset: last + 1,
                 ingest_ts,

@@ -1,9 +1,9 @@
 //! Object store backends: a local directory and S3. Both create objects only if absent, which
 //! is what makes deterministic keys safe under retries, restarts and rebalances.
 
-use std::io::Write;
+use std::io::{Read, Seek, SeekFrom, Write};
 use std::path::{Path, PathBuf};
-use std::time::Duration;
+use std::time::{Duration, SystemTime};
 
 use aws_sdk_s3::error::{ProvideErrorMetadata, SdkError};
 use aws_sdk_s3::primitives::ByteStream;
@@ -35,6 +35,12 @@ impl StoreError {
         }
     }
 }
+
+/// A landing file being written: a temporary file in the store's staging directory.
+pub type Staged = tempfile::NamedTempFile;
+
+/// Smallest part S3 accepts (all parts but the last).
+pub const MIN_PART_BYTES: usize = 5 << 20;
 
 #[derive(Debug, Clone)]
 pub enum ObjectStore {
@@ -121,6 +127,205 @@ impl ObjectStore {
                         Ok(PutOutcome::AlreadyExists)
                     }
                     Err(e) => Err(s3_error("put", key, e)),
+                }
+            }
+        }
+    }
+
+    /// Where files are staged before they become objects. For a local store it is inside the
+    /// store's root (same file system, so a file is linked into place, never copied).
+    pub fn staging_dir(&self, configured: &Path) -> PathBuf {
+        match self {
+            ObjectStore::Local(root) => root.join(".staging"),
+            ObjectStore::S3 { .. } => configured.to_path_buf(),
+        }
+    }
+
+    /// Creates `key` from a staged file unless an object with that key exists. S3 objects of
+    /// at least `part_bytes` go up as a multipart upload of equal `part_bytes` parts (the last
+    /// may be shorter), completed with `If-None-Match: *`; a failed upload is aborted.
+    pub async fn put_file_if_absent(
+        &self,
+        key: &str,
+        staged: &Staged,
+        part_bytes: usize,
+    ) -> Result<PutOutcome, StoreError> {
+        let io = |what: &str, e: std::io::Error| {
+            StoreError::retryable(format!("{what} {}: {e}", staged.path().display()))
+        };
+        let size = staged
+            .as_file()
+            .metadata()
+            .map_err(|e| io("stat", e))?
+            .len();
+        match self {
+            ObjectStore::Local(root) => {
+                let (from, to) = (staged.path().to_path_buf(), root.join(key));
+                tokio::task::spawn_blocking(move || local_link_if_absent(&from, &to))
+                    .await
+                    .map_err(|e| StoreError::retryable(e.to_string()))?
+            }
+            ObjectStore::S3 { .. } if size < part_bytes.max(MIN_PART_BYTES) as u64 => {
+                let data = read_range(staged, 0, size as usize).map_err(|e| io("read", e))?;
+                self.put_if_absent(key, data).await
+            }
+            ObjectStore::S3 { client, bucket } => {
+                let part_bytes = part_bytes.max(MIN_PART_BYTES);
+                let created = client
+                    .create_multipart_upload()
+                    .bucket(bucket)
+                    .key(key)
+                    .content_type("application/vnd.apache.parquet")
+                    .send()
+                    .await
+                    .map_err(|e| s3_error("create multipart upload", key, e))?;
+                let upload_id = created
+                    .upload_id()
+                    .ok_or_else(|| StoreError::retryable("multipart upload without an id"))?
+                    .to_owned();
+                let result = self
+                    .upload_parts(key, &upload_id, staged, size, part_bytes)
+                    .await;
+                if !matches!(result, Ok(PutOutcome::Created)) {
+                    // Also on a conflict: S3 keeps an upload whose completion failed.
+                    self.abort_upload(key, &upload_id).await;
+                }
+                result
+            }
+        }
+    }
+
+    async fn upload_parts(
+        &self,
+        key: &str,
+        upload_id: &str,
+        staged: &Staged,
+        size: u64,
+        part_bytes: usize,
+    ) -> Result<PutOutcome, StoreError> {
+        let ObjectStore::S3 { client, bucket } = self else {
+            return Err(StoreError::retryable("not an S3 store"));
+        };
+        let mut parts = Vec::new();
+        let mut offset = 0u64;
+        while offset < size {
+            let len = part_bytes.min((size - offset) as usize);
+            let data = read_range(staged, offset, len).map_err(|e| {
+                StoreError::retryable(format!("read {}: {e}", staged.path().display()))
+            })?;
+            let number = parts.len() as i32 + 1;
+            let out = client
+                .upload_part()
+                .bucket(bucket)
+                .key(key)
+                .upload_id(upload_id)
+                .part_number(number)
+                .body(ByteStream::from(data))
+                .send()
+                .await
+                .map_err(|e| s3_error("upload part", key, e))?;
+            parts.push(
+                aws_sdk_s3::types::CompletedPart::builder()
+                    .part_number(number)
+                    .set_e_tag(out.e_tag().map(str::to_owned))
+                    .build(),
+            );
+            offset += len as u64;
+        }
+        let done = client
+            .complete_multipart_upload()
+            .bucket(bucket)
+            .key(key)
+            .upload_id(upload_id)
+            .if_none_match("*")
+            .multipart_upload(
+                aws_sdk_s3::types::CompletedMultipartUpload::builder()
+                    .set_parts(Some(parts))
+                    .build(),
+            )
+            .send()
+            .await;
+        match done {
+            Ok(_) => Ok(PutOutcome::Created),
+            Err(SdkError::ServiceError(e)) if matches!(e.raw().status().as_u16(), 412 | 409) => {
+                Ok(PutOutcome::AlreadyExists)
+            }
+            Err(e) => Err(s3_error("complete multipart upload", key, e)),
+        }
+    }
+
+    async fn abort_upload(&self, key: &str, upload_id: &str) {
+        let ObjectStore::S3 { client, bucket } = self else {
+            return;
+        };
+        let aborted = client
+            .abort_multipart_upload()
+            .bucket(bucket)
+            .key(key)
+            .upload_id(upload_id)
+            .send()
+            .await;
+        if let Err(e) = aborted {
+            tracing::warn!(key, upload_id, error = %s3_error("abort multipart upload", key, e), "cannot abort a multipart upload; the next sweep retries");
+        }
+    }
+
+    /// Aborts multipart uploads under `prefix` started more than `older_than` ago: what a sink
+    /// that crashed during an upload leaves behind (S3 bills their parts until aborted). On a
+    /// local store, removes staged files of that age. Returns how many it removed.
+    pub async fn sweep_abandoned(
+        &self,
+        prefix: &str,
+        older_than: Duration,
+    ) -> Result<usize, StoreError> {
+        let cutoff = SystemTime::now()
+            .checked_sub(older_than)
+            .unwrap_or(SystemTime::UNIX_EPOCH);
+        match self {
+            ObjectStore::Local(root) => {
+                let dir = root.join(".staging");
+                tokio::task::spawn_blocking(move || remove_files_older_than(&dir, cutoff))
+                    .await
+                    .map_err(|e| StoreError::retryable(e.to_string()))?
+            }
+            ObjectStore::S3 { client, bucket } => {
+                let mut removed = 0;
+                let (mut key_marker, mut id_marker) = (None::<String>, None::<String>);
+                loop {
+                    let page = client
+                        .list_multipart_uploads()
+                        .bucket(bucket)
+                        .prefix(prefix)
+                        .set_key_marker(key_marker.clone())
+                        .set_upload_id_marker(id_marker.clone())
+                        .send()
+                        .await
+                        .map_err(|e| s3_error("list multipart uploads", prefix, e))?;
+                    for upload in page.uploads() {
+                        let started = upload
+                            .initiated()
+                            .and_then(|t| SystemTime::try_from(*t).ok());
+                        if let (Some(key), Some(id), Some(started)) =
+                            (upload.key(), upload.upload_id(), started)
+                            && started < cutoff
+                        {
+                            tracing::info!(
+                                key,
+                                upload_id = id,
+                                "aborting an abandoned multipart upload"
+                            );
+                            self.abort_upload(key, id).await;
+                            removed += 1;
+                        }
+                    }
+                    if page.is_truncated() != Some(true) {
+                        return Ok(removed);
+                    }
+                    key_marker = page.next_key_marker().map(str::to_owned);
+                    id_marker = page.next_upload_id_marker().map(str::to_owned);
+                    if key_marker.is_none() && id_marker.is_none() {
+                        return Ok(removed);
+                    }
                 }
             }
         }
@@ -233,8 +438,41 @@ fn s3_error<E: ProvideErrorMetadata + std::error::Error + Send + Sync + 'static>
     }
 }
 
-/// Writes to a temporary file in the target directory, fsyncs it, hard-links it to the final
-/// name (which fails if the name exists: an atomic create-if-absent) and fsyncs the directory.
+/// `len` bytes of a staged file from `offset`.
+fn read_range(staged: &Staged, offset: u64, len: usize) -> std::io::Result<Bytes> {
+    let mut file = staged.reopen()?;
+    file.seek(SeekFrom::Start(offset))?;
+    let mut buf = vec![0; len];
+    file.read_exact(&mut buf)?;
+    Ok(Bytes::from(buf))
+}
+
+/// Removes the files of `dir` last modified before `cutoff`.
+fn remove_files_older_than(dir: &Path, cutoff: SystemTime) -> Result<usize, StoreError> {
+    let entries = match std::fs::read_dir(dir) {
+        Ok(e) => e,
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(0),
+        Err(e) => {
+            return Err(StoreError::retryable(format!(
+                "list {}: {e}",
+                dir.display()
+            )));
+        }
+    };
+    let mut removed = 0;
+    for entry in entries.flatten() {
+        let old = entry
+            .metadata()
+            .and_then(|m| m.modified())
+            .is_ok_and(|t| t < cutoff);
+        if old && std::fs::remove_file(entry.path()).is_ok() {
+            removed += 1;
+        }
+    }
+    Ok(removed)
+}
+
+/// Writes to a temporary file in the target directory, then links it into place.
 fn local_put_if_absent(path: &Path, data: &[u8]) -> Result<PutOutcome, StoreError> {
     let io = |what: &str, e: std::io::Error| {
         StoreError::retryable(format!("{what} {}: {e}", path.display()))
@@ -248,13 +486,27 @@ fn local_put_if_absent(path: &Path, data: &[u8]) -> Result<PutOutcome, StoreErro
         .tempfile_in(dir)
         .map_err(|e| io("create temporary file for", e))?;
     tmp.write_all(data).map_err(|e| io("write", e))?;
-    tmp.as_file().sync_all().map_err(|e| io("fsync", e))?;
-    let outcome = match std::fs::hard_link(tmp.path(), path) {
+    local_link_if_absent(tmp.path(), path)
+}
+
+/// Fsyncs a temporary file, hard-links it to the final name (which fails if the name exists:
+/// an atomic create-if-absent) and fsyncs the directory.
+fn local_link_if_absent(from: &Path, path: &Path) -> Result<PutOutcome, StoreError> {
+    let io = |what: &str, e: std::io::Error| {
+        StoreError::retryable(format!("{what} {}: {e}", path.display()))
+    };
+    let dir = path
+        .parent()
+        .ok_or_else(|| StoreError::retryable("object key has no directory"))?;
+    std::fs::create_dir_all(dir).map_err(|e| io("create directory for", e))?;
+    std::fs::File::open(from)
+        .and_then(|f| f.sync_all())
+        .map_err(|e| io("fsync", e))?;
+    let outcome = match std::fs::hard_link(from, path) {
         Ok(()) => PutOutcome::Created,
         Err(e) if e.kind() == std::io::ErrorKind::AlreadyExists => PutOutcome::AlreadyExists,
         Err(e) => return Err(io("link", e)),
     };
-    drop(tmp);
     if outcome == PutOutcome::Created {
         std::fs::File::open(dir)
             .and_then(|d| d.sync_all())

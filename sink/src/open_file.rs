@@ -1,0 +1,278 @@
+//! The open landing file of a partition. Rows are encoded into Parquet as they arrive and row
+//! groups are written to a staged file, so memory holds only the row group in progress: many
+//! partitions with large target files fit a small memory budget, and a file closes at its
+//! target Parquet size (not at a guess from the JSON size).
+
+use std::path::Path;
+use std::sync::{Mutex, MutexGuard, PoisonError};
+
+use arrow::array::{Array, Int64Array, RecordBatch, TimestampMicrosecondArray};
+use parquet::arrow::ArrowWriter;
+use parquet::arrow::arrow_reader::ParquetRecordBatchReaderBuilder;
+use parquet::errors::ParquetError;
+use parquet::file::metadata::KeyValue;
+use schemas::StreamDef;
+use schemas::arrow::{COL_INGEST_TS, COL_OFFSET, RowMeta, record_batch};
+use schemas::value::{Record, format_timestamp};
+
+use crate::parquet_file::{
+    META_FIRST_OFFSET, META_LAST_OFFSET, META_MAX_EVENT_TIME, META_MIN_EVENT_TIME, META_PARTITION,
+    META_ROW_COUNT, META_TOPIC, OffsetRange, writer_properties,
+};
+use crate::store::Staged;
+
+/// Rows collected before they are encoded as one Arrow batch: small enough that the size
+/// check after each batch stays close to the target.
+const BATCH_ROWS: usize = 1024;
+
+/// Size targets of a landing file.
+#[derive(Debug, Clone, Copy)]
+pub struct FileTargets {
+    /// Close the file when its Parquet size reaches this.
+    pub file_bytes: usize,
+    /// Write a row group out when its encoded size reaches this.
+    pub row_group_bytes: usize,
+}
+
+/// Final size / estimated size of the partition's previous file: the writer's estimate of a
+/// row group in progress counts pages not yet compressed, so it runs high; the next file's
+/// estimate is scaled by what the last one showed.
+#[derive(Debug, Clone, Copy)]
+pub struct SizeRatio(pub f64);
+
+impl Default for SizeRatio {
+    fn default() -> Self {
+        SizeRatio(1.0)
+    }
+}
+
+pub struct OpenFile {
+    /// In a mutex only to make the sink's state `Sync` (the writer is `Send` but not `Sync`);
+    /// it is reached through `&mut self` and never contended.
+    writer: Mutex<ArrowWriter<Staged>>,
+    event_time_column: String,
+    pending: Vec<(Record, RowMeta)>,
+    /// Kafka value bytes of the pending rows (their memory is of that order).
+    pending_bytes: usize,
+    rows: usize,
+    min_event_time: i64,
+    max_event_time: i64,
+    targets: FileTargets,
+    ratio: SizeRatio,
+}
+
+impl OpenFile {
+    pub fn create(
+        def: &StreamDef,
+        staging: &Path,
+        targets: FileTargets,
+        ratio: SizeRatio,
+    ) -> Result<OpenFile, ParquetError> {
+        std::fs::create_dir_all(staging).map_err(|e| ParquetError::External(Box::new(e)))?;
+        let staged = tempfile::Builder::new()
+            .prefix(".tmp-")
+            .suffix(".parquet")
+            .tempfile_in(staging)
+            .map_err(|e| ParquetError::External(Box::new(e)))?;
+        let schema = schemas::arrow::arrow_schema(def);
+        let writer = ArrowWriter::try_new(staged, schema, Some(writer_properties()?))?;
+        Ok(OpenFile {
+            writer: Mutex::new(writer),
+            event_time_column: def.event_time_field().name.clone(),
+            pending: Vec::with_capacity(BATCH_ROWS),
+            pending_bytes: 0,
+            rows: 0,
+            min_event_time: i64::MAX,
+            max_event_time: i64::MIN,
+            targets,
+            ratio,
+        })
+    }
+
+    /// Adds a row; encodes the pending rows once there are enough for a batch.
+    pub fn push(
+        &mut self,
+        def: &StreamDef,
+        record: Record,
+        meta: RowMeta,
+        bytes: usize,
+    ) -> Result<(), ParquetError> {
+        self.pending.push((record, meta));
+        self.pending_bytes += bytes;
+        if self.pending.len() >= BATCH_ROWS {
+            self.encode_pending(def)?;
+        }
+        Ok(())
+    }
+
+    fn encode_pending(&mut self, def: &StreamDef) -> Result<(), ParquetError> {
+        if self.pending.is_empty() {
+            return Ok(());
+        }
+        let batch = record_batch(def, &self.pending)?;
+        self.pending.clear();
+        self.pending_bytes = 0;
+        self.write_batch(&batch)
+    }
+
+    /// Appends an Arrow batch of this stream's landing schema.
+    pub fn write_batch(&mut self, batch: &RecordBatch) -> Result<(), ParquetError> {
+        if let Some(times) = batch
+            .column_by_name(&self.event_time_column)
+            .and_then(|c| c.as_any().downcast_ref::<TimestampMicrosecondArray>())
+        {
+            for t in times.iter().flatten() {
+                self.min_event_time = self.min_event_time.min(t);
+                self.max_event_time = self.max_event_time.max(t);
+            }
+        }
+        self.rows += batch.num_rows();
+        let row_group_bytes = self.targets.row_group_bytes;
+        let writer = self.writer_mut();
+        writer.write(batch)?;
+        if writer.in_progress_size() >= row_group_bytes {
+            writer.flush()?;
+        }
+        Ok(())
+    }
+
+    fn writer_mut(&mut self) -> &mut ArrowWriter<Staged> {
+        self.writer
+            .get_mut()
+            .unwrap_or_else(PoisonError::into_inner)
+    }
+
+    fn writer(&self) -> MutexGuard<'_, ArrowWriter<Staged>> {
+        self.writer.lock().unwrap_or_else(PoisonError::into_inner)
+    }
+
+    /// Writes the row group in progress to the staged file (to free memory).
+    pub fn spill(&mut self, def: &StreamDef) -> Result<(), ParquetError> {
+        self.encode_pending(def)?;
+        self.writer_mut().flush()
+    }
+
+    /// Rows in the file, pending ones included.
+    pub fn rows(&self) -> usize {
+        self.rows + self.pending.len()
+    }
+
+    /// Memory the file holds: pending rows and the row group in progress.
+    pub fn memory(&self) -> usize {
+        self.pending_bytes + self.writer().memory_size()
+    }
+
+    /// The writer's estimate of the file size: row groups written, the one in progress, and
+    /// the pending rows at the encoded size per row so far.
+    fn raw_estimate(&self) -> f64 {
+        let writer = self.writer();
+        let encoded = (writer.bytes_written() + writer.in_progress_size()) as f64;
+        let per_row = if self.rows > 0 {
+            encoded / self.rows as f64
+        } else {
+            0.0
+        };
+        encoded + per_row * self.pending.len() as f64
+    }
+
+    /// Whether the file reached its target size (the estimate, corrected by the ratio the
+    /// partition's previous file showed).
+    pub fn is_full(&self) -> bool {
+        self.raw_estimate() * self.ratio.0 >= self.targets.file_bytes as f64
+    }
+
+    /// Finishes the file with the metadata DESIGN.md lists and returns the staged file.
+    pub fn finish(
+        mut self,
+        def: &StreamDef,
+        topic: &str,
+        partition: i32,
+        range: OffsetRange,
+    ) -> Result<Finished, ParquetError> {
+        let estimate = self.raw_estimate();
+        self.encode_pending(def)?;
+        let kv = |k: &str, v: String| KeyValue::new(k.to_owned(), v);
+        for item in [
+            kv(schemas::arrow::META_STREAM, def.name.clone()),
+            kv(schemas::arrow::META_SCHEMA_VERSION, def.version.to_string()),
+            kv(META_TOPIC, topic.to_owned()),
+            kv(META_PARTITION, partition.to_string()),
+            kv(META_FIRST_OFFSET, range.first.to_string()),
+            kv(META_LAST_OFFSET, range.last.to_string()),
+            kv(META_ROW_COUNT, self.rows.to_string()),
+            kv(META_MIN_EVENT_TIME, format_timestamp(self.min_event_time)),
+            kv(META_MAX_EVENT_TIME, format_timestamp(self.max_event_time)),
+        ] {
+            self.writer_mut().append_key_value_metadata(item);
+        }
+        let rows = self.rows;
+        let staged = self
+            .writer
+            .into_inner()
+            .unwrap_or_else(PoisonError::into_inner)
+            .into_inner()?;
+        let file = staged.as_file();
+        file.sync_all()
+            .map_err(|e| ParquetError::External(Box::new(e)))?;
+        let size = file
+            .metadata()
+            .map_err(|e| ParquetError::External(Box::new(e)))?
+            .len();
+        let ratio = if estimate > 0.0 {
+            SizeRatio((size as f64 / estimate).clamp(0.1, 10.0))
+        } else {
+            self.ratio
+        };
+        Ok(Finished {
+            staged,
+            rows,
+            size,
+            ratio,
+        })
+    }
+}
+
+/// A finished landing file, staged.
+pub struct Finished {
+    pub staged: Staged,
+    pub rows: usize,
+    pub size: u64,
+    /// Final size / estimate, for the partition's next file.
+    pub ratio: SizeRatio,
+}
+
+/// The rows of a finished staged file with offsets after `last`, as Arrow batches, and the
+/// ingest time of the first of them: what is left to land after another sink's object was
+/// adopted.
+pub fn rows_after(
+    staged: &Staged,
+    last: i64,
+) -> Result<(Vec<RecordBatch>, Option<i64>), ParquetError> {
+    let file = staged
+        .reopen()
+        .map_err(|e| ParquetError::External(Box::new(e)))?;
+    let reader = ParquetRecordBatchReaderBuilder::try_new(file)?.build()?;
+    let mut out = Vec::new();
+    let mut first_ingest_ts = None;
+    for batch in reader {
+        let batch = batch?;
+        let offsets = batch
+            .column_by_name(COL_OFFSET)
+            .and_then(|c| c.as_any().downcast_ref::<Int64Array>())
+            .ok_or_else(|| ParquetError::General("no offset column".into()))?;
+        let keep: arrow::array::BooleanArray =
+            offsets.iter().map(|o| o.map(|o| o > last)).collect();
+        let kept = arrow::compute::filter_record_batch(&batch, &keep)?;
+        if kept.num_rows() == 0 {
+            continue;
+        }
+        if first_ingest_ts.is_none() {
+            first_ingest_ts = kept
+                .column_by_name(COL_INGEST_TS)
+                .and_then(|c| c.as_any().downcast_ref::<TimestampMicrosecondArray>())
+                .and_then(|c| c.iter().flatten().next());
+        }
+        out.push(kept);
+    }
+    Ok((out, first_ingest_ts))
+}
