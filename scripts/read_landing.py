@@ -13,7 +13,8 @@ import pyarrow.parquet as pq
 
 
 def local_files(root):
-    for dirpath, _, names in os.walk(root):
+    for dirpath, dirs, names in os.walk(root):
+        dirs[:] = [d for d in dirs if not d.startswith(".")]  # a sink stages files in .staging/
         for name in sorted(names):
             if name.endswith(".parquet"):
                 path = os.path.join(dirpath, name)

@@ -632,3 +632,24 @@ proptest! {
         );
     }
 }
+
+proptest! {
+    /// Every finite float64 survives decoding exactly (serde_json's default float parser can be
+    /// off in the last bit; the workspace enables its `float_roundtrip` feature).
+    #[test]
+    fn floats_decode_to_the_same_bits(v in any::<f64>().prop_filter("finite", |v| v.is_finite())) {
+        let def = sensor();
+        let line = format!(
+            r#"{{"device_id":"d","sensor":"s","ts":0,"value":{}}}"#,
+            serde_json::to_string(&v).unwrap()
+        );
+        let record = crate::typed::decode_record(&def, line.as_bytes()).unwrap();
+        let i = def.field_index("value").unwrap();
+        // Validation maps -0.0 to 0.0.
+        let want = if v == 0.0 { 0.0 } else { v };
+        prop_assert_eq!(&record.values[i], &Value::Float(want));
+        if let Value::Float(got) = record.values[i] {
+            prop_assert_eq!(got.to_bits(), want.to_bits());
+        }
+    }
+}

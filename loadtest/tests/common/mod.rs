@@ -100,7 +100,27 @@ pub fn assert_landed_exactly(sent: &[Value], landed: &Value) {
         got.len(),
         expected.len()
     );
-    assert!(got == expected, "landed rows differ from the sent records");
+    if got != expected {
+        let (mut missing, mut extra) = (Vec::new(), Vec::new());
+        let (mut i, mut j) = (0, 0);
+        while i < expected.len() || j < got.len() {
+            match (expected.get(i), got.get(j)) {
+                (Some(e), Some(g)) if e == g => (i, j) = (i + 1, j + 1),
+                (Some(e), Some(g)) if e < g => (missing.push(e), i += 1).1,
+                (Some(e), None) => (missing.push(e), i += 1).1,
+                (_, Some(g)) => (extra.push(g), j += 1).1,
+                (None, None) => break,
+            }
+        }
+        panic!(
+            "landed rows differ from the sent records: {} missing, {} extra or repeated; \
+             first missing {:?}, first extra {:?}",
+            missing.len(),
+            extra.len(),
+            missing.iter().take(3).collect::<Vec<_>>(),
+            extra.iter().take(3).collect::<Vec<_>>()
+        );
+    }
 
     let files = landed["files"].as_array().expect("files");
     assert!(!files.is_empty());
