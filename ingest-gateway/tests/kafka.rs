@@ -16,6 +16,11 @@ use rdkafka::{ClientConfig, Offset, TopicPartitionList};
 use serde_json::{Value, json};
 use tokio_util::sync::CancellationToken;
 
+#[path = "../../loadtest/tests/common/mod.rs"]
+mod common;
+
+use common::{free_port, proxy};
+
 const TOKEN: &str = "gateway-test-token";
 
 fn env(name: &str) -> String {
@@ -414,14 +419,6 @@ async fn bad_inputs_get_exact_statuses_and_lose_nothing_else() {
     g.stop().await;
 }
 
-fn free_port() -> u16 {
-    std::net::TcpListener::bind("127.0.0.1:0")
-        .unwrap()
-        .local_addr()
-        .unwrap()
-        .port()
-}
-
 /// A tansu of this test's own that advertises `advertised` (the proxy) instead of its own port.
 fn spawn_tansu(port: u16, advertised: u16) -> Child {
     let child = Command::new(env("EDGE_INGEST_TANSU"))
@@ -445,36 +442,6 @@ fn spawn_tansu(port: u16, advertised: u16) -> Child {
         std::thread::sleep(Duration::from_millis(50));
     }
     child
-}
-
-/// A TCP proxy in front of the broker: stopping it is a broker outage as clients see it
-/// (refused and reset connections), and it can come back on the same port.
-async fn proxy(port: u16, target: u16) -> CancellationToken {
-    let stop = CancellationToken::new();
-    let listener = tokio::net::TcpListener::bind(("127.0.0.1", port))
-        .await
-        .unwrap();
-    let token = stop.clone();
-    tokio::spawn(async move {
-        loop {
-            let (mut client, _) = tokio::select! {
-                _ = token.cancelled() => return,
-                accepted = listener.accept() => accepted.unwrap(),
-            };
-            let token = token.clone();
-            tokio::spawn(async move {
-                let Ok(mut upstream) = tokio::net::TcpStream::connect(("127.0.0.1", target)).await
-                else {
-                    return;
-                };
-                tokio::select! {
-                    _ = token.cancelled() => {}
-                    _ = tokio::io::copy_bidirectional(&mut client, &mut upstream) => {}
-                }
-            });
-        }
-    });
-    stop
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

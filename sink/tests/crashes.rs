@@ -5,6 +5,7 @@
 
 #[path = "../../loadtest/tests/common/mod.rs"]
 mod common;
+mod support;
 
 use std::path::Path;
 use std::process::{Child, Command, Stdio};
@@ -16,35 +17,10 @@ use rdkafka::consumer::{BaseConsumer, Consumer};
 use rdkafka::mocking::MockCluster;
 use rdkafka::producer::{FutureProducer, FutureRecord};
 use rdkafka::{ClientConfig, Offset, TopicPartitionList};
-use serde_json::{Value, json};
 
 const TOPIC: &str = "ingest.sensor_readings";
 const PARTITIONS: i32 = 4;
 const GROUP: &str = "crash-sinks";
-
-/// Readings of the fleet generator's shape (a fifth re-sent), deterministic per seed.
-fn readings(n: usize, seed: u64) -> Vec<Value> {
-    let mut rng = SmallRng::seed_from_u64(seed);
-    let mut out: Vec<Value> = Vec::with_capacity(n);
-    while out.len() < n {
-        if !out.is_empty() && rng.random_bool(0.2) {
-            let back = rng.random_range(1..=out.len().min(300));
-            out.push(out[out.len() - back].clone());
-            continue;
-        }
-        let i = out.len();
-        out.push(json!({
-            "device_id": format!("dev-{:03}", i % 40),
-            "sensor": "temperature",
-            "ts": 1_767_225_600_000i64 + i as i64,
-            "value": rng.random_range(0.0..100.0f64),
-            "unit": "degC",
-            "quality": 192,
-            "tags": {"site": "s1"},
-        }));
-    }
-    out
-}
 
 fn start_sink(config: &Path, log: &Path) -> Child {
     let log = std::fs::File::create(log).unwrap();
@@ -130,7 +106,7 @@ staging_dir = "{staging}"
     )
     .unwrap();
 
-    let sent = readings(6_000, 11);
+    let sent = support::readings(6_000, 11);
     let producer: FutureProducer = ClientConfig::new()
         .set("bootstrap.servers", &bootstrap)
         .create()

@@ -184,3 +184,42 @@ pub fn assert_landed_exactly(sent: &[Value], landed: &Value) {
     hashes.dedup();
     assert_eq!(hashes.len(), n, "a content hash landed twice");
 }
+
+/// A loopback port that was free a moment ago.
+pub fn free_port() -> u16 {
+    std::net::TcpListener::bind("127.0.0.1:0")
+        .unwrap()
+        .local_addr()
+        .unwrap()
+        .port()
+}
+
+/// A TCP proxy on `port` in front of `target`: stopping it is an outage as clients see it
+/// (refused and reset connections), and it can come back on the same port.
+pub async fn proxy(port: u16, target: u16) -> tokio_util::sync::CancellationToken {
+    let stop = tokio_util::sync::CancellationToken::new();
+    let listener = tokio::net::TcpListener::bind(("127.0.0.1", port))
+        .await
+        .unwrap();
+    let token = stop.clone();
+    tokio::spawn(async move {
+        loop {
+            let (mut client, _) = tokio::select! {
+                _ = token.cancelled() => return,
+                accepted = listener.accept() => accepted.unwrap(),
+            };
+            let token = token.clone();
+            tokio::spawn(async move {
+                let Ok(mut upstream) = tokio::net::TcpStream::connect(("127.0.0.1", target)).await
+                else {
+                    return;
+                };
+                tokio::select! {
+                    _ = token.cancelled() => {}
+                    _ = tokio::io::copy_bidirectional(&mut client, &mut upstream) => {}
+                }
+            });
+        }
+    });
+    stop
+}
