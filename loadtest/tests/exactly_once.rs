@@ -8,7 +8,7 @@ use std::sync::atomic::Ordering;
 use std::time::{Duration, Instant};
 
 use loadtest::fleet::{FleetSpec, sensor_readings};
-use loadtest::verify::{compare, read_landing_dir};
+use loadtest::verify::{Landed, compare, read_landing_dir};
 use rdkafka::ClientConfig;
 use rdkafka::message::{Header, OwnedHeaders};
 use rdkafka::mocking::MockCluster;
@@ -200,24 +200,11 @@ async fn memory_budget_spills_row_groups_not_small_files() {
     let sink = sink::start(config, streams.clone(), shutdown.clone())
         .await
         .unwrap();
-    let deadline = Instant::now() + Duration::from_secs(60);
-    while sink.stats.records_received.load(Ordering::Relaxed) < 400 {
-        assert!(
-            Instant::now() < deadline,
-            "the sink did not read everything"
-        );
-        tokio::time::sleep(Duration::from_millis(100)).await;
-    }
+    wait_received(&sink, 400).await;
     assert_eq!(sink.stats.files_written.load(Ordering::Relaxed), 0);
     shutdown.cancel();
     sink.task.await.unwrap().unwrap();
-    let def = streams.get("sensor_readings").unwrap();
-    let expected: HashSet<_> = readings
-        .iter()
-        .map(|r| schemas::check(def, r.clone()).unwrap().hash)
-        .collect();
-    let landed = read_landing_dir(landing.path()).unwrap();
-    assert!(compare(&expected, &landed).exactly_once());
+    let landed = assert_exactly_once(&readings, landing.path());
     assert_eq!(landed.files.len(), 4, "one file per partition");
     let spilled = sink.stats.spilled_row_groups.load(Ordering::Relaxed);
     assert!(spilled >= 10, "row groups written early: {spilled}");
@@ -302,13 +289,7 @@ async fn dedupe_window_is_warmed_after_a_restart() {
         "re-sent records were dropped"
     );
     assert_eq!(second.records_written.load(Ordering::Relaxed), 20);
-    let def = streams.get("sensor_readings").unwrap();
-    let expected: HashSet<_> = readings
-        .iter()
-        .map(|r| schemas::check(def, r.clone()).unwrap().hash)
-        .collect();
-    let landed = read_landing_dir(landing.path()).unwrap();
-    assert!(compare(&expected, &landed).exactly_once());
+    assert_exactly_once(&readings, landing.path());
     drop(cluster);
 }
 
@@ -356,25 +337,10 @@ async fn files_close_at_the_target_parquet_size() {
     let sink = sink::start(config, streams.clone(), shutdown.clone())
         .await
         .unwrap();
-    let deadline = Instant::now() + Duration::from_secs(120);
-    while sink.stats.records_received.load(Ordering::Relaxed) < readings.len() as u64 {
-        assert!(
-            Instant::now() < deadline && !sink.task.is_finished(),
-            "the sink read {} of {} records",
-            sink.stats.records_received.load(Ordering::Relaxed),
-            readings.len()
-        );
-        tokio::time::sleep(Duration::from_millis(100)).await;
-    }
+    wait_received(&sink, readings.len() as u64).await;
     shutdown.cancel();
     sink.task.await.unwrap().unwrap();
-    let def = streams.get("sensor_readings").unwrap();
-    let expected: HashSet<_> = readings
-        .iter()
-        .map(|r| schemas::check(def, r.clone()).unwrap().hash)
-        .collect();
-    let landed = read_landing_dir(landing.path()).unwrap();
-    assert!(compare(&expected, &landed).exactly_once());
+    let landed = assert_exactly_once(&readings, landing.path());
     let mut sizes: Vec<(String, u64)> = landed
         .files
         .iter()
@@ -432,6 +398,33 @@ fn mock_cluster(
         .create()
         .unwrap();
     (cluster, producer)
+}
+
+/// Reads the landing directory and checks it holds each distinct reading exactly once.
+fn assert_exactly_once(readings: &[serde_json::Value], landing: &std::path::Path) -> Landed {
+    let streams = schemas::example_streams();
+    let def = streams.get("sensor_readings").unwrap();
+    let expected: HashSet<_> = readings
+        .iter()
+        .map(|r| schemas::check(def, r.clone()).unwrap().hash)
+        .collect();
+    let landed = read_landing_dir(landing).unwrap();
+    let verdict = compare(&expected, &landed);
+    assert!(verdict.exactly_once(), "{verdict:?}");
+    landed
+}
+
+/// Waits until the sink read at least `n` records, at most two minutes.
+async fn wait_received(sink: &sink::Sink, n: u64) {
+    let deadline = Instant::now() + Duration::from_secs(120);
+    while sink.stats.records_received.load(Ordering::Relaxed) < n {
+        assert!(
+            Instant::now() < deadline && !sink.task.is_finished(),
+            "the sink read {} of {n} records",
+            sink.stats.records_received.load(Ordering::Relaxed),
+        );
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
 }
 
 /// Waits until the sink wrote at least `n` records, at most a minute.

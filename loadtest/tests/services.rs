@@ -5,7 +5,7 @@
 mod common;
 
 use std::sync::atomic::Ordering;
-use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
+use std::time::{Duration, Instant};
 
 use edge_agent::AgentConfig;
 use edge_agent::config::{BatchConfig, GatewayTarget, SourceConfig};
@@ -21,11 +21,7 @@ use tokio_util::sync::CancellationToken;
 async fn agent_gateway_tansu_sink_s3_pyarrow() {
     let kafka = common::service_env("EDGE_INGEST_KAFKA");
     let s3 = common::service_env("EDGE_INGEST_S3");
-    let id = SystemTime::now()
-        .duration_since(UNIX_EPOCH)
-        .unwrap()
-        .as_nanos()
-        % 1_000_000_000_000;
+    let id = common::unique_id();
     let topic_prefix = format!("e2e{id}.");
     let bucket = format!("landing-{id}");
     common::pyarrow(&["--s3-endpoint", &s3, "--bucket", &bucket, "--create-bucket"]);
@@ -121,13 +117,6 @@ async fn agent_gateway_tansu_sink_s3_pyarrow() {
     gateway.task.await.unwrap().unwrap();
     sink.task.await.unwrap().unwrap();
 
-    let landed = common::pyarrow(&[
-        "--s3-endpoint",
-        &s3,
-        "--bucket",
-        &bucket,
-        "--prefix",
-        "landing/",
-    ]);
+    let landed = common::pyarrow_s3(&s3, &bucket, "landing/");
     common::assert_landed_exactly(&records, &landed);
 }

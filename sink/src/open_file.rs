@@ -10,15 +10,11 @@ use arrow::array::{Array, Int64Array, RecordBatch, TimestampMicrosecondArray};
 use parquet::arrow::ArrowWriter;
 use parquet::arrow::arrow_reader::ParquetRecordBatchReaderBuilder;
 use parquet::errors::ParquetError;
-use parquet::file::metadata::KeyValue;
 use schemas::StreamDef;
 use schemas::arrow::{COL_INGEST_TS, COL_OFFSET, RowMeta, record_batch};
-use schemas::value::{Record, format_timestamp};
+use schemas::value::Record;
 
-use crate::parquet_file::{
-    META_FIRST_OFFSET, META_LAST_OFFSET, META_MAX_EVENT_TIME, META_MIN_EVENT_TIME, META_PARTITION,
-    META_ROW_COUNT, META_TOPIC, OffsetRange, writer_properties,
-};
+use crate::parquet_file::{OffsetRange, file_metadata, writer_properties};
 use crate::store::Staged;
 
 /// Rows collected before they are encoded as one Arrow batch: small enough that the size
@@ -191,18 +187,15 @@ impl OpenFile {
     ) -> Result<Finished, ParquetError> {
         let estimate = self.raw_estimate();
         self.encode_pending(def)?;
-        let kv = |k: &str, v: String| KeyValue::new(k.to_owned(), v);
-        for item in [
-            kv(schemas::arrow::META_STREAM, def.name.clone()),
-            kv(schemas::arrow::META_SCHEMA_VERSION, def.version.to_string()),
-            kv(META_TOPIC, topic.to_owned()),
-            kv(META_PARTITION, partition.to_string()),
-            kv(META_FIRST_OFFSET, range.first.to_string()),
-            kv(META_LAST_OFFSET, range.last.to_string()),
-            kv(META_ROW_COUNT, self.rows.to_string()),
-            kv(META_MIN_EVENT_TIME, format_timestamp(self.min_event_time)),
-            kv(META_MAX_EVENT_TIME, format_timestamp(self.max_event_time)),
-        ] {
+        let metadata = file_metadata(
+            def,
+            topic,
+            partition,
+            range,
+            self.rows,
+            (self.min_event_time, self.max_event_time),
+        );
+        for item in metadata {
             self.writer_mut().append_key_value_metadata(item);
         }
         let rows = self.rows;

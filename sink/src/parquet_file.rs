@@ -87,24 +87,36 @@ pub fn encode(
         .iter()
         .map(|(r, _)| r.event_time(def))
         .fold((i64::MAX, i64::MIN), |(lo, hi), t| (lo.min(t), hi.max(t)));
-    let kv = |k: &str, v: String| KeyValue::new(k.to_owned(), v);
-    let metadata = vec![
-        kv(schemas::arrow::META_STREAM, def.name.clone()),
-        kv(schemas::arrow::META_SCHEMA_VERSION, def.version.to_string()),
-        kv(META_TOPIC, topic.to_owned()),
-        kv(META_PARTITION, partition.to_string()),
-        kv(META_FIRST_OFFSET, range.first.to_string()),
-        kv(META_LAST_OFFSET, range.last.to_string()),
-        kv(META_ROW_COUNT, rows.len().to_string()),
-        kv(META_MIN_EVENT_TIME, format_timestamp(min_t)),
-        kv(META_MAX_EVENT_TIME, format_timestamp(max_t)),
-    ];
+    let metadata = file_metadata(def, topic, partition, range, rows.len(), (min_t, max_t));
     let mut writer = ArrowWriter::try_new(Vec::new(), batch.schema(), Some(writer_properties()?))?;
     writer.write(&batch)?;
     for kv in metadata {
         writer.append_key_value_metadata(kv);
     }
     Ok(Bytes::from(writer.into_inner()?))
+}
+
+/// The key-value metadata of a landing file (DESIGN.md, "Sink → landing zone").
+pub fn file_metadata(
+    def: &StreamDef,
+    topic: &str,
+    partition: i32,
+    range: OffsetRange,
+    rows: usize,
+    (min_event_time, max_event_time): (i64, i64),
+) -> Vec<KeyValue> {
+    let kv = |k: &str, v: String| KeyValue::new(k.to_owned(), v);
+    vec![
+        kv(schemas::arrow::META_STREAM, def.name.clone()),
+        kv(schemas::arrow::META_SCHEMA_VERSION, def.version.to_string()),
+        kv(META_TOPIC, topic.to_owned()),
+        kv(META_PARTITION, partition.to_string()),
+        kv(META_FIRST_OFFSET, range.first.to_string()),
+        kv(META_LAST_OFFSET, range.last.to_string()),
+        kv(META_ROW_COUNT, rows.to_string()),
+        kv(META_MIN_EVENT_TIME, format_timestamp(min_event_time)),
+        kv(META_MAX_EVENT_TIME, format_timestamp(max_event_time)),
+    ]
 }
 
 /// How landing files are encoded: zstd, page statistics, dictionary strings (not for the

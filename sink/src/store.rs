@@ -472,15 +472,24 @@ fn remove_files_older_than(dir: &Path, cutoff: SystemTime) -> Result<usize, Stor
     Ok(removed)
 }
 
-/// Writes to a temporary file in the target directory, then links it into place.
-fn local_put_if_absent(path: &Path, data: &[u8]) -> Result<PutOutcome, StoreError> {
-    let io = |what: &str, e: std::io::Error| {
-        StoreError::retryable(format!("{what} {}: {e}", path.display()))
-    };
+/// An I/O error on `path`, worth retrying.
+fn io_error(path: &Path, what: &str, e: std::io::Error) -> StoreError {
+    StoreError::retryable(format!("{what} {}: {e}", path.display()))
+}
+
+/// The directory of an object's path, created if missing.
+fn object_dir(path: &Path) -> Result<&Path, StoreError> {
     let dir = path
         .parent()
         .ok_or_else(|| StoreError::retryable("object key has no directory"))?;
-    std::fs::create_dir_all(dir).map_err(|e| io("create directory for", e))?;
+    std::fs::create_dir_all(dir).map_err(|e| io_error(path, "create directory for", e))?;
+    Ok(dir)
+}
+
+/// Writes to a temporary file in the target directory, then links it into place.
+fn local_put_if_absent(path: &Path, data: &[u8]) -> Result<PutOutcome, StoreError> {
+    let io = |what: &str, e: std::io::Error| io_error(path, what, e);
+    let dir = object_dir(path)?;
     let mut tmp = tempfile::Builder::new()
         .prefix(".tmp-")
         .tempfile_in(dir)
@@ -492,13 +501,8 @@ fn local_put_if_absent(path: &Path, data: &[u8]) -> Result<PutOutcome, StoreErro
 /// Fsyncs a temporary file, hard-links it to the final name (which fails if the name exists:
 /// an atomic create-if-absent) and fsyncs the directory.
 fn local_link_if_absent(from: &Path, path: &Path) -> Result<PutOutcome, StoreError> {
-    let io = |what: &str, e: std::io::Error| {
-        StoreError::retryable(format!("{what} {}: {e}", path.display()))
-    };
-    let dir = path
-        .parent()
-        .ok_or_else(|| StoreError::retryable("object key has no directory"))?;
-    std::fs::create_dir_all(dir).map_err(|e| io("create directory for", e))?;
+    let io = |what: &str, e: std::io::Error| io_error(path, what, e);
+    let dir = object_dir(path)?;
     std::fs::File::open(from)
         .and_then(|f| f.sync_all())
         .map_err(|e| io("fsync", e))?;

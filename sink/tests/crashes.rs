@@ -9,13 +9,13 @@ mod support;
 
 use std::path::Path;
 use std::process::{Child, Command, Stdio};
-use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
+use std::time::{Duration, Instant};
 
 use rand::rngs::SmallRng;
 use rand::{Rng, SeedableRng};
 use rdkafka::consumer::{BaseConsumer, Consumer};
 use rdkafka::mocking::MockCluster;
-use rdkafka::producer::{FutureProducer, FutureRecord};
+use rdkafka::producer::FutureProducer;
 use rdkafka::{ClientConfig, Offset, TopicPartitionList};
 
 const TOPIC: &str = "ingest.sensor_readings";
@@ -62,11 +62,7 @@ fn caught_up(bootstrap: &str) -> bool {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn sinks_killed_at_random_points_land_every_record_exactly_once() {
     let s3 = common::service_env("EDGE_INGEST_S3");
-    let id = SystemTime::now()
-        .duration_since(UNIX_EPOCH)
-        .unwrap()
-        .as_nanos()
-        % 1_000_000_000_000;
+    let id = common::unique_id();
     let bucket = format!("crash-{id}");
     common::pyarrow(&["--s3-endpoint", &s3, "--bucket", &bucket, "--create-bucket"]);
 
@@ -120,17 +116,7 @@ staging_dir = "{staging}"
     // Produce in chunks; between chunks, SIGKILL one of the two sinks at a random moment and
     // start a replacement.
     for chunk in sent.chunks(500) {
-        for r in chunk {
-            let key = r["device_id"].as_str().unwrap().to_owned();
-            let value = r.to_string();
-            producer
-                .send(
-                    FutureRecord::to(TOPIC).key(&key).payload(&value),
-                    Duration::from_secs(5),
-                )
-                .await
-                .unwrap();
-        }
+        support::produce(&producer, TOPIC, chunk).await;
         tokio::time::sleep(Duration::from_millis(rng.random_range(200..1_500))).await;
         if rng.random_bool(0.5) {
             let victim = rng.random_range(0..sinks.len());
@@ -176,14 +162,7 @@ staging_dir = "{staging}"
             .unwrap();
         assert!(s.wait().unwrap().success());
     }
-    let landed = common::pyarrow(&[
-        "--s3-endpoint",
-        &s3,
-        "--bucket",
-        &bucket,
-        "--prefix",
-        "landing/",
-    ]);
+    let landed = common::pyarrow_s3(&s3, &bucket, "landing/");
     common::assert_landed_exactly(&sent, &landed);
     drop(cluster);
 }

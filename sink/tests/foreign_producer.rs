@@ -9,7 +9,7 @@ mod support;
 
 use std::process::Command;
 use std::sync::atomic::Ordering;
-use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
+use std::time::{Duration, Instant};
 
 use rdkafka::ClientConfig;
 use rdkafka::admin::{AdminClient, AdminOptions, NewTopic, TopicReplication};
@@ -42,11 +42,7 @@ async fn confluent_kafka_records_with_duplicates_and_bad_values() {
     let kafka = common::service_env("EDGE_INGEST_KAFKA");
     let s3 = common::service_env("EDGE_INGEST_S3");
     let python = common::service_env("EDGE_INGEST_PYTHON");
-    let id = SystemTime::now()
-        .duration_since(UNIX_EPOCH)
-        .unwrap()
-        .as_nanos()
-        % 1_000_000_000_000;
+    let id = common::unique_id();
     let prefix = format!("foreign{id}.");
     let topic = format!("{prefix}sensor_readings");
     let bucket = format!("foreign-{id}");
@@ -138,14 +134,7 @@ async fn confluent_kafka_records_with_duplicates_and_bad_values() {
         bad_count as u64
     );
 
-    let landed = common::pyarrow(&[
-        "--s3-endpoint",
-        &s3,
-        "--bucket",
-        &bucket,
-        "--prefix",
-        "landing/sensor_readings/",
-    ]);
+    let landed = common::pyarrow_s3(&s3, &bucket, "landing/sensor_readings/");
     common::assert_landed_exactly(&sent, &landed);
 
     let mut dead = Vec::new();

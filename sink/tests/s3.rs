@@ -8,25 +8,20 @@ mod support;
 
 use std::io::Write;
 use std::sync::atomic::Ordering;
-use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
+use std::time::{Duration, Instant};
 
 use rand::rngs::SmallRng;
 use rand::{Rng, SeedableRng};
 use rdkafka::ClientConfig;
 use rdkafka::mocking::MockCluster;
-use rdkafka::producer::{FutureProducer, FutureRecord};
+use rdkafka::producer::FutureProducer;
 use sink::SinkConfig;
 use sink::config::{RotationConfig, StoreConfig};
 use sink::store::{ObjectStore, PutOutcome};
 use tokio_util::sync::CancellationToken;
 
 fn unique(name: &str) -> String {
-    let id = SystemTime::now()
-        .duration_since(UNIX_EPOCH)
-        .unwrap()
-        .as_nanos()
-        % 1_000_000_000_000;
-    format!("{name}-{id}")
+    format!("{name}-{}", common::unique_id())
 }
 
 fn s3_config(endpoint: &str, bucket: &str) -> StoreConfig {
@@ -186,23 +181,6 @@ async fn s3_outage_delays_files_but_loses_and_repeats_nothing() {
         .create()
         .unwrap();
     let sent = support::readings(3_000, 3);
-    let produce = |records: &[serde_json::Value]| {
-        let records = records.to_vec();
-        let producer = producer.clone();
-        async move {
-            for r in &records {
-                let key = r["device_id"].as_str().unwrap().to_owned();
-                let value = r.to_string();
-                producer
-                    .send(
-                        FutureRecord::to(TOPIC).key(&key).payload(&value),
-                        Duration::from_secs(5),
-                    )
-                    .await
-                    .unwrap();
-            }
-        }
-    };
 
     let mut config = SinkConfig {
         store: s3_config(&format!("http://127.0.0.1:{front}"), &bucket),
@@ -220,7 +198,7 @@ async fn s3_outage_delays_files_but_loses_and_repeats_nothing() {
     let sink = sink::start(config, streams, shutdown.clone())
         .await
         .unwrap();
-    produce(&sent[..1_000]).await;
+    support::produce(&producer, TOPIC, &sent[..1_000]).await;
     wait_until("the first files", || {
         sink.stats.records_written.load(Ordering::Relaxed) > 0
     })
@@ -229,7 +207,7 @@ async fn s3_outage_delays_files_but_loses_and_repeats_nothing() {
     // S3 goes away while records keep arriving: uploads fail and are retried.
     link.cancel();
     let written_before = sink.stats.records_written.load(Ordering::Relaxed);
-    produce(&sent[1_000..2_000]).await;
+    support::produce(&producer, TOPIC, &sent[1_000..2_000]).await;
     tokio::time::sleep(Duration::from_secs(3)).await;
     let written_during = sink.stats.records_written.load(Ordering::Relaxed);
     assert_eq!(
@@ -238,7 +216,7 @@ async fn s3_outage_delays_files_but_loses_and_repeats_nothing() {
     );
 
     let _back = common::proxy(front, moto_port).await;
-    produce(&sent[2_000..]).await;
+    support::produce(&producer, TOPIC, &sent[2_000..]).await;
     let distinct = {
         let mut d: Vec<String> = sent.iter().map(|r| r.to_string()).collect();
         d.sort();
@@ -251,14 +229,7 @@ async fn s3_outage_delays_files_but_loses_and_repeats_nothing() {
     .await;
     shutdown.cancel();
     sink.task.await.unwrap().unwrap();
-    let landed = common::pyarrow(&[
-        "--s3-endpoint",
-        &endpoint,
-        "--bucket",
-        &bucket,
-        "--prefix",
-        "landing/",
-    ]);
+    let landed = common::pyarrow_s3(&endpoint, &bucket, "landing/");
     common::assert_landed_exactly(&sent, &landed);
     drop(cluster);
 }

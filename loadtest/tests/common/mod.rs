@@ -40,6 +40,18 @@ pub fn pyarrow(args: &[&str]) -> Value {
     serde_json::from_slice(&out.stdout).expect("pyarrow reader printed invalid JSON")
 }
 
+/// Reads the landing files under an S3 prefix with pyarrow.
+pub fn pyarrow_s3(endpoint: &str, bucket: &str, prefix: &str) -> Value {
+    pyarrow(&[
+        "--s3-endpoint",
+        endpoint,
+        "--bucket",
+        bucket,
+        "--prefix",
+        prefix,
+    ])
+}
+
 /// A sensor reading reduced to a canonical, comparable form.
 fn canonical(
     device: &Value,
@@ -183,6 +195,15 @@ pub fn assert_landed_exactly(sent: &[Value], landed: &Value) {
     let n = hashes.len();
     hashes.dedup();
     assert_eq!(hashes.len(), n, "a content hash landed twice");
+}
+
+/// A number for names (topics, buckets, groups) no earlier run used.
+pub fn unique_id() -> u128 {
+    std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .unwrap()
+        .as_nanos()
+        % 1_000_000_000_000
 }
 
 /// A loopback port that was free a moment ago.

@@ -1,7 +1,12 @@
 //! Test data shared by the sink's tests.
 
+#![allow(dead_code)]
+
+use std::time::Duration;
+
 use rand::rngs::SmallRng;
 use rand::{Rng, SeedableRng};
+use rdkafka::producer::{FutureProducer, FutureRecord};
 use serde_json::{Value, json};
 
 /// Readings of the fleet generator's shape (a fifth re-sent), deterministic per seed.
@@ -26,4 +31,19 @@ pub fn readings(n: usize, seed: u64) -> Vec<Value> {
         }));
     }
     out
+}
+
+/// Produces readings keyed by device (the partition key), each acknowledged.
+pub async fn produce(producer: &FutureProducer, topic: &str, records: &[Value]) {
+    for r in records {
+        let key = r["device_id"].as_str().unwrap().to_owned();
+        let value = r.to_string();
+        producer
+            .send(
+                FutureRecord::to(topic).key(&key).payload(&value),
+                Duration::from_secs(5),
+            )
+            .await
+            .unwrap();
+    }
 }
