@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # Benchmarks that need the test services: starts them (installing once, cached), runs the
-# benchmark in release mode and stops them. Usage: scripts/bench.sh gateway [options]
+# benchmark in release mode and stops them. Usage: scripts/bench.sh gateway|sink [options]
 set -euo pipefail
 cd "$(dirname "${BASH_SOURCE[0]}")/.."
 which=${1:-gateway}
@@ -13,5 +13,6 @@ scripts/services.sh start "$STATE"
 source "$STATE/env"
 case "$which" in
   gateway) cargo run --release -p loadtest -- bench-gateway --brokers "$EDGE_INGEST_KAFKA" "$@" ;;
-  *) echo "unknown benchmark: $which (gateway)" >&2; exit 2 ;;
+  sink) cargo run --release -p loadtest -- bench-sink --brokers "$EDGE_INGEST_KAFKA" "$@" ;;
+  *) echo "unknown benchmark: $which (gateway, sink)" >&2; exit 2 ;;
 esac

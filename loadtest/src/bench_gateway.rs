@@ -30,7 +30,7 @@ pub struct BenchOptions {
     pub out: std::path::PathBuf,
 }
 
-#[derive(Debug, Serialize)]
+#[derive(Debug, Serialize, serde::Deserialize)]
 pub struct Throughput {
     pub records: usize,
     pub seconds: f64,
@@ -42,7 +42,7 @@ pub struct Throughput {
 }
 
 impl Throughput {
-    fn new(records: usize, bytes: usize, seconds: f64, cpu_seconds: f64) -> Throughput {
+    pub(crate) fn new(records: usize, bytes: usize, seconds: f64, cpu_seconds: f64) -> Throughput {
         let mb = bytes as f64 / 1e6;
         Throughput {
             records,
@@ -83,19 +83,20 @@ fn cpu_seconds() -> f64 {
     (ticks(11) + ticks(12)) / 100.0
 }
 
-struct Measure {
+/// Wall-clock and CPU time of this process from a starting point.
+pub(crate) struct Measure {
     wall: Instant,
     cpu: f64,
 }
 
 impl Measure {
-    fn start() -> Measure {
+    pub(crate) fn start() -> Measure {
         Measure {
             wall: Instant::now(),
             cpu: cpu_seconds(),
         }
     }
-    fn done(self, records: usize, bytes: usize) -> Throughput {
+    pub(crate) fn done(self, records: usize, bytes: usize) -> Throughput {
         Throughput::new(
             records,
             bytes,
@@ -402,7 +403,7 @@ async fn post(client: &reqwest::Client, url: &str, body: Bytes) -> anyhow::Resul
     Ok(())
 }
 
-fn write_report(path: &Path, report: &BenchReport) -> anyhow::Result<()> {
+pub(crate) fn write_report(path: &Path, report: &impl Serialize) -> anyhow::Result<()> {
     if let Some(dir) = path.parent() {
         std::fs::create_dir_all(dir)?;
     }
@@ -418,22 +419,14 @@ impl std::fmt::Display for BenchReport {
             self.batches,
             self.raw_bytes as f64 / 1e6
         )?;
-        writeln!(
+        write_table(
             f,
-            "{:<26} {:>12} {:>9} {:>14} {:>10}",
-            "path", "records/s", "MB/s", "records/cpu-s", "MB/cpu-s"
+            &[
+                ("decode+validate+hash", &self.decode_validate_hash),
+                ("direct librdkafka", &self.direct_librdkafka),
+                ("gateway (HTTP→Kafka)", &self.gateway),
+            ],
         )?;
-        for (name, t) in [
-            ("decode+validate+hash", &self.decode_validate_hash),
-            ("direct librdkafka", &self.direct_librdkafka),
-            ("gateway (HTTP→Kafka)", &self.gateway),
-        ] {
-            writeln!(
-                f,
-                "{name:<26} {:>12.0} {:>9.1} {:>14.0} {:>10.1}",
-                t.records_per_s, t.mb_per_s, t.records_per_cpu_s, t.mb_per_cpu_s
-            )?;
-        }
         writeln!(
             f,
             "ratio gateway/direct (records/s): {:.2}",
@@ -445,4 +438,24 @@ impl std::fmt::Display for BenchReport {
             self.half_peak_batches_per_s, self.latency_p50_ms, self.latency_p99_ms
         )
     }
+}
+
+/// A table of throughputs, one row per path.
+pub(crate) fn write_table(
+    f: &mut std::fmt::Formatter<'_>,
+    rows: &[(&str, &Throughput)],
+) -> std::fmt::Result {
+    writeln!(
+        f,
+        "{:<32} {:>12} {:>9} {:>14} {:>10}",
+        "path", "records/s", "MB/s", "records/cpu-s", "MB/cpu-s"
+    )?;
+    for (name, t) in rows {
+        writeln!(
+            f,
+            "{name:<32} {:>12.0} {:>9.1} {:>14.0} {:>10.1}",
+            t.records_per_s, t.mb_per_s, t.records_per_cpu_s, t.mb_per_cpu_s
+        )?;
+    }
+    Ok(())
 }

@@ -65,6 +65,40 @@ enum Command {
         #[arg(long, default_value_t = 1 << 20)]
         batch_bytes: usize,
     },
+    /// Benchmarks the sink (Kafka → Parquet on local disk, a 64-partition topic) against a
+    /// librdkafka consumer that only reads and against pyarrow converting the same records, in
+    /// one run. Prints a table and writes JSON (build with --release).
+    BenchSink {
+        /// Kafka bootstrap servers.
+        #[arg(long)]
+        brokers: String,
+        /// Records to produce and land (about 160 bytes each as NDJSON).
+        #[arg(long, default_value_t = 300_000)]
+        records: usize,
+        /// Partitions of the benchmark topic, all assigned to the one sink.
+        #[arg(long, default_value_t = 64)]
+        partitions: i32,
+        /// Python with pyarrow (the test venv's).
+        #[arg(long, env = "EDGE_INGEST_PYTHON", default_value = "python3")]
+        python: PathBuf,
+        /// Where the JSON report goes.
+        #[arg(long, default_value = "target/bench/sink.json")]
+        out: PathBuf,
+    },
+    /// The sink side of bench-sink (a child process, so that its peak RSS is its own).
+    #[command(hide = true)]
+    SinkWorker {
+        #[arg(long)]
+        brokers: String,
+        #[arg(long)]
+        topic_prefix: String,
+        #[arg(long)]
+        records: usize,
+        #[arg(long)]
+        raw_bytes: usize,
+        #[arg(long)]
+        landing: PathBuf,
+    },
     /// Writes generated sensor readings as NDJSON to stdout or a file.
     Generate {
         #[command(flatten)]
@@ -159,6 +193,42 @@ async fn main() -> anyhow::Result<()> {
                     t.records_per_cpu_s, t.mb_per_cpu_s, t.records, t.seconds
                 );
             }
+            Ok(())
+        }
+        Command::BenchSink {
+            brokers,
+            records,
+            partitions,
+            python,
+            out,
+        } => {
+            let report = loadtest::bench_sink::run(loadtest::bench_sink::SinkBenchOptions {
+                brokers,
+                records,
+                partitions,
+                python,
+                out,
+            })
+            .await?;
+            println!("{report}");
+            Ok(())
+        }
+        Command::SinkWorker {
+            brokers,
+            topic_prefix,
+            records,
+            raw_bytes,
+            landing,
+        } => {
+            let run = loadtest::bench_sink::sink_worker(
+                &brokers,
+                &topic_prefix,
+                records,
+                raw_bytes,
+                &landing,
+            )
+            .await?;
+            println!("{}", serde_json::to_string(&run)?);
             Ok(())
         }
         Command::Generate { fleet, out } => {

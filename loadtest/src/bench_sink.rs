@@ -1,0 +1,296 @@
+//! Sink benchmark, all in one run on the same broker and records: a librdkafka consumer that only
+//! reads the topic; the sink (a child process, so its peak RSS is its own) writing Parquet to a
+//! local directory with every partition of a 64-partition topic assigned; and pyarrow converting
+//! the same records from NDJSON to Parquet with zstd.
+
+use std::path::{Path, PathBuf};
+use std::process::Command;
+use std::sync::atomic::Ordering;
+use std::time::Duration;
+
+use anyhow::{Context, bail};
+use rdkafka::ClientConfig;
+use rdkafka::consumer::{BaseConsumer, Consumer};
+use rdkafka::producer::{FutureProducer, FutureRecord};
+use rdkafka::{Offset, TopicPartitionList};
+use serde::{Deserialize, Serialize};
+
+use crate::bench_gateway::{Measure, Throughput, Workload};
+
+#[derive(Debug, Clone)]
+pub struct SinkBenchOptions {
+    pub brokers: String,
+    pub records: usize,
+    pub partitions: i32,
+    /// The test venv's Python, with pyarrow.
+    pub python: PathBuf,
+    pub out: PathBuf,
+}
+
+/// What the sink child process reports about itself.
+#[derive(Debug, Serialize, Deserialize)]
+pub struct SinkRun {
+    pub throughput: Throughput,
+    pub peak_rss_bytes: u64,
+    pub files: u64,
+}
+
+#[derive(Debug, Serialize)]
+pub struct SinkBenchReport {
+    pub records: usize,
+    pub raw_bytes: usize,
+    pub partitions: i32,
+    pub librdkafka_consumer: Throughput,
+    pub sink: SinkRun,
+    pub pyarrow: Throughput,
+    pub ratio_sink_pyarrow: f64,
+}
+
+/// Peak resident set size of this process (`VmHWM`).
+pub fn peak_rss_bytes() -> u64 {
+    std::fs::read_to_string("/proc/self/status")
+        .ok()
+        .and_then(|s| {
+            s.lines()
+                .find(|l| l.starts_with("VmHWM:"))
+                .and_then(|l| l.split_whitespace().nth(1))
+                .and_then(|kb| kb.parse::<u64>().ok())
+        })
+        .map_or(0, |kb| kb * 1024)
+}
+
+const PYARROW: &str = r#"
+import json, sys, time
+import pyarrow as pa, pyarrow.json as pj, pyarrow.parquet as pq
+src, dst = sys.argv[1:3]
+schema = pa.schema([
+    ("device_id", pa.string()), ("sensor", pa.string()),
+    ("ts", pa.timestamp("us", tz="UTC")), ("value", pa.float64()), ("unit", pa.string()),
+    ("quality", pa.int64()), ("tags", pa.struct([("line", pa.string()), ("site", pa.string())])),
+])
+wall, cpu = time.perf_counter(), time.process_time()
+table = pj.read_json(src, parse_options=pj.ParseOptions(explicit_schema=schema))
+pq.write_table(table, dst, compression="zstd", compression_level=3)
+print(json.dumps({"rows": table.num_rows, "seconds": time.perf_counter() - wall,
+                  "cpu_seconds": time.process_time() - cpu}))
+"#;
+
+pub async fn run(opts: SinkBenchOptions) -> anyhow::Result<SinkBenchReport> {
+    let work = Workload::generate(opts.records, 1 << 20)?;
+    let lines: Vec<&[u8]> = work
+        .raw
+        .iter()
+        .flat_map(|(_, b)| b.split(|c| *c == b'\n').filter(|l| !l.is_empty()))
+        .collect();
+    let id = std::process::id();
+    let prefix = format!("benchsink{id}.");
+    let topic = format!("{prefix}sensor_readings");
+
+    // The topic and its records.
+    let kafka = ingest_gateway::config::KafkaConfig {
+        brokers: opts.brokers.clone(),
+        topic_prefix: prefix.clone(),
+        topic_partitions: opts.partitions,
+        ..Default::default()
+    };
+    ingest_gateway::produce::ensure_topics(&kafka, &schemas::example_streams()).await?;
+    let producer: FutureProducer = ClientConfig::new()
+        .set("bootstrap.servers", &opts.brokers)
+        .set("compression.type", "zstd")
+        .set("linger.ms", "20")
+        .create()?;
+    let mut pending = Vec::with_capacity(lines.len());
+    for line in &lines {
+        let value: serde_json::Value = serde_json::from_slice(line)?;
+        let key = value["device_id"].as_str().unwrap_or_default().to_owned();
+        let mut record = FutureRecord::to(&topic).key(&key).payload(*line);
+        loop {
+            match producer.send_result(record) {
+                Ok(f) => {
+                    pending.push(f);
+                    break;
+                }
+                Err((_, r)) => {
+                    record = r;
+                    tokio::time::sleep(Duration::from_millis(1)).await;
+                }
+            }
+        }
+    }
+    for f in pending {
+        f.await?.map_err(|(e, _)| e)?;
+    }
+    eprintln!("bench: produced {} records to {topic}", lines.len());
+
+    // 1. A librdkafka consumer that only reads.
+    let (brokers, t, n, parts) = (
+        opts.brokers.clone(),
+        topic.clone(),
+        lines.len(),
+        opts.partitions,
+    );
+    let consumer_t =
+        tokio::task::spawn_blocking(move || read_all(&brokers, &t, parts, n)).await??;
+
+    // 2. The sink in a child process.
+    let dir = tempfile::tempdir()?;
+    let exe = std::env::current_exe()?;
+    let out = Command::new(exe)
+        .args([
+            "sink-worker",
+            "--brokers",
+            &opts.brokers,
+            "--topic-prefix",
+            &prefix,
+        ])
+        .args(["--records", &lines.len().to_string()])
+        .arg("--raw-bytes")
+        .arg(work.raw_bytes.to_string())
+        .arg("--landing")
+        .arg(dir.path())
+        .output()?;
+    if !out.status.success() {
+        bail!(
+            "sink worker failed: {}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+    }
+    let sink: SinkRun = serde_json::from_slice(&out.stdout).context("sink worker output")?;
+
+    // 3. pyarrow on the same records.
+    let src = dir.path().join("records.ndjson");
+    let joined: Vec<u8> = work
+        .raw
+        .iter()
+        .flat_map(|(_, b)| b.iter().copied())
+        .collect();
+    std::fs::write(&src, joined)?;
+    let out = Command::new(&opts.python)
+        .args(["-c", PYARROW])
+        .arg(&src)
+        .arg(dir.path().join("pyarrow.parquet"))
+        .output()?;
+    if !out.status.success() {
+        bail!("pyarrow failed: {}", String::from_utf8_lossy(&out.stderr));
+    }
+    #[derive(Deserialize)]
+    struct Py {
+        rows: usize,
+        seconds: f64,
+        cpu_seconds: f64,
+    }
+    let py: Py = serde_json::from_slice(&out.stdout)?;
+    if py.rows != lines.len() {
+        bail!("pyarrow read {} of {} records", py.rows, lines.len());
+    }
+    let pyarrow = Throughput::new(py.rows, work.raw_bytes, py.seconds, py.cpu_seconds);
+
+    let report = SinkBenchReport {
+        records: lines.len(),
+        raw_bytes: work.raw_bytes,
+        partitions: opts.partitions,
+        ratio_sink_pyarrow: sink.throughput.records_per_cpu_s / pyarrow.records_per_cpu_s,
+        librdkafka_consumer: consumer_t,
+        sink,
+        pyarrow,
+    };
+    crate::bench_gateway::write_report(&opts.out, &report)?;
+    Ok(report)
+}
+
+/// Reads `n` messages of every partition of `topic` from the beginning.
+fn read_all(brokers: &str, topic: &str, partitions: i32, n: usize) -> anyhow::Result<Throughput> {
+    let consumer: BaseConsumer = ClientConfig::new()
+        .set("bootstrap.servers", brokers)
+        .set("group.id", "bench-reader")
+        .set("enable.auto.commit", "false")
+        .create()?;
+    let mut list = TopicPartitionList::new();
+    for p in 0..partitions {
+        list.add_partition_offset(topic, p, Offset::Beginning)?;
+    }
+    consumer.assign(&list)?;
+    let m = Measure::start();
+    let (mut count, mut bytes) = (0, 0);
+    while count < n {
+        match consumer.poll(Duration::from_secs(10)) {
+            Some(Ok(msg)) => {
+                count += 1;
+                bytes += rdkafka::Message::payload(&msg).map_or(0, <[u8]>::len) + 1;
+            }
+            Some(Err(e)) => bail!("consumer error: {e}"),
+            None => bail!("the consumer read {count} of {n} records"),
+        }
+    }
+    Ok(m.done(count, bytes))
+}
+
+/// The child side: runs a sink over the topics with `prefix` until `records` rows are written,
+/// and prints its own throughput and peak RSS.
+pub async fn sink_worker(
+    brokers: &str,
+    prefix: &str,
+    records: usize,
+    raw_bytes: usize,
+    landing: &Path,
+) -> anyhow::Result<SinkRun> {
+    let mut config = sink::SinkConfig {
+        store: sink::config::StoreConfig::Local {
+            path: landing.to_path_buf(),
+        },
+        ..sink::SinkConfig::default()
+    };
+    config.rotation.idle_ms = 1_000;
+    config.kafka.brokers = brokers.to_owned();
+    config.kafka.topic_prefix = prefix.to_owned();
+    config.kafka.group_id = format!("{prefix}sink");
+    let shutdown = tokio_util::sync::CancellationToken::new();
+    let m = Measure::start();
+    let sink = sink::start(config, schemas::example_streams(), shutdown.clone()).await?;
+    while sink.stats.records_written.load(Ordering::Relaxed) < records as u64 {
+        if sink.task.is_finished() {
+            bail!("the sink stopped early");
+        }
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    let throughput = m.done(records, raw_bytes);
+    shutdown.cancel();
+    sink.task.await??;
+    Ok(SinkRun {
+        throughput,
+        peak_rss_bytes: peak_rss_bytes(),
+        files: sink.stats.files_written.load(Ordering::Relaxed),
+    })
+}
+
+impl std::fmt::Display for SinkBenchReport {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        writeln!(
+            f,
+            "sink benchmark: {} records, {:.1} MB NDJSON, {} partitions",
+            self.records,
+            self.raw_bytes as f64 / 1e6,
+            self.partitions
+        )?;
+        crate::bench_gateway::write_table(
+            f,
+            &[
+                ("librdkafka consumer (read only)", &self.librdkafka_consumer),
+                ("sink (Kafka → Parquet files)", &self.sink.throughput),
+                ("pyarrow (NDJSON → Parquet)", &self.pyarrow),
+            ],
+        )?;
+        writeln!(
+            f,
+            "sink / pyarrow (records per CPU-second): {:.2}",
+            self.ratio_sink_pyarrow
+        )?;
+        write!(
+            f,
+            "sink: peak RSS {:.0} MiB with {} partitions assigned, {} files",
+            self.sink.peak_rss_bytes as f64 / (1 << 20) as f64,
+            self.partitions,
+            self.sink.files
+        )
+    }
+}
