@@ -154,6 +154,7 @@ pub async fn start(
         shutdown,
         staging,
         last_sweep: None,
+        received: 0,
     };
     Ok(Sink {
         task: tokio::spawn(worker.run()),
@@ -172,7 +173,13 @@ struct Worker {
     /// Where open files are staged.
     staging: std::path::PathBuf,
     last_sweep: Option<Instant>,
+    /// Messages received, for spacing the budget checks.
+    received: u64,
 }
+
+/// Messages between two checks of the memory budget (a check visits every open file; the
+/// budget can be passed by at most this many records).
+const BUDGET_CHECK_EVERY: u64 = 16;
 
 /// How often abandoned multipart uploads and staged files are looked for.
 const SWEEP_INTERVAL: Duration = Duration::from_secs(3600);
@@ -232,7 +239,10 @@ impl Worker {
                     if let Some((key, reason)) = self.handle(&msg)? {
                         self.flush(&key, reason).await?;
                     }
-                    self.enforce_budget()?;
+                    self.received += 1;
+                    if self.received % BUDGET_CHECK_EVERY == 0 {
+                        self.enforce_budget()?;
+                    }
                 }
             }
         }
