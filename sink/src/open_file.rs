@@ -55,6 +55,10 @@ pub struct OpenFile {
     max_event_time: i64,
     targets: FileTargets,
     ratio: SizeRatio,
+    /// The writer's size estimate (row groups written plus the one in progress) after the last
+    /// batch: it changes only when a batch is written, and reading it from the writer takes a
+    /// lock per column.
+    encoded_estimate: usize,
 }
 
 impl OpenFile {
@@ -82,6 +86,7 @@ impl OpenFile {
             max_event_time: i64::MIN,
             targets,
             ratio,
+            encoded_estimate: 0,
         })
     }
 
@@ -129,6 +134,7 @@ impl OpenFile {
         if writer.in_progress_size() >= row_group_bytes {
             writer.flush()?;
         }
+        self.encoded_estimate = writer.bytes_written() + writer.in_progress_size();
         Ok(())
     }
 
@@ -145,7 +151,10 @@ impl OpenFile {
     /// Writes the row group in progress to the staged file (to free memory).
     pub fn spill(&mut self, def: &StreamDef) -> Result<(), ParquetError> {
         self.encode_pending(def)?;
-        self.writer_mut().flush()
+        let writer = self.writer_mut();
+        writer.flush()?;
+        self.encoded_estimate = writer.bytes_written();
+        Ok(())
     }
 
     /// Rows in the file, pending ones included.
@@ -161,8 +170,7 @@ impl OpenFile {
     /// The writer's estimate of the file size: row groups written, the one in progress, and
     /// the pending rows at the encoded size per row so far.
     fn raw_estimate(&self) -> f64 {
-        let writer = self.writer();
-        let encoded = (writer.bytes_written() + writer.in_progress_size()) as f64;
+        let encoded = self.encoded_estimate as f64;
         let per_row = if self.rows > 0 {
             encoded / self.rows as f64
         } else {
