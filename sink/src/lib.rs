@@ -424,8 +424,7 @@ impl Worker {
         self.stats.records_received.fetch_add(1, Ordering::Relaxed);
         let offset = msg.offset();
         let payload = msg.payload().unwrap_or_default();
-        let labels = [("stream", def.name.clone())];
-        ::metrics::counter!(m::RECORDS_RECEIVED, &labels).increment(1);
+        part.received.increment(1);
         if part.next_offset.is_some_and(|next| offset < next) {
             // Already durable in an adopted object.
             return Ok(None);

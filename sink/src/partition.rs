@@ -19,6 +19,8 @@ pub struct PartitionState {
     pub file: Option<OpenFile>,
     /// How the previous file's final size compared with its estimate.
     pub size_ratio: SizeRatio,
+    /// `sink_records_received_total` of the stream, registered once (not per message).
+    pub received: metrics::Counter,
     /// The next offset to read: every record before it is in a written file or was dropped.
     pub next_offset: Option<i64>,
     /// First offset of the open file's range: the first offset consumed after the last file or
@@ -64,12 +66,15 @@ impl FlushReason {
 
 impl PartitionState {
     pub fn new(def: Arc<StreamDef>, topic: String, partition: i32, window: usize) -> Self {
+        let received =
+            metrics::counter!(crate::metrics::RECORDS_RECEIVED, "stream" => def.name.clone());
         PartitionState {
             def,
             topic,
             partition,
             file: None,
             size_ratio: SizeRatio::default(),
+            received,
             next_offset: None,
             range_start: None,
             committed: None,
