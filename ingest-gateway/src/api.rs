@@ -175,18 +175,12 @@ fn decompress_into(
     limit: usize,
     scratch: &mut Scratch,
 ) -> Result<(), ApiError> {
-    let too_large =
-        || ApiError::too_large(format!("decompressed body is larger than {limit} bytes"));
+    let too_large = || decompressed_too_large(limit);
     let out = &mut scratch.plain;
     out.clear();
     let reader: Box<dyn Read + '_> = match encoding {
-        Encoding::Identity => {
-            if body.len() > limit {
-                return Err(too_large());
-            }
-            out.extend_from_slice(body);
-            return Ok(());
-        }
+        // `check_body` reads identity bodies in place; here they are copied like any other.
+        Encoding::Identity => Box::new(body),
         Encoding::Zstd => {
             // A single frame that states its size (what zstd tools and libraries write) is
             // decoded in one call into a buffer of exactly that size; a frame that grows past
@@ -225,6 +219,10 @@ fn decompress_into(
     Ok(())
 }
 
+fn decompressed_too_large(limit: usize) -> ApiError {
+    ApiError::too_large(format!("decompressed body is larger than {limit} bytes"))
+}
+
 /// What decoding and validating one request produced.
 pub struct Checked {
     pub prepared: Vec<Prepared>,
@@ -243,10 +241,7 @@ pub fn check_body(
 ) -> Result<Checked, ApiError> {
     if encoding == Encoding::Identity {
         if body.len() > limits.max_decompressed_bytes {
-            return Err(ApiError::too_large(format!(
-                "decompressed body is larger than {} bytes",
-                limits.max_decompressed_bytes
-            )));
+            return Err(decompressed_too_large(limits.max_decompressed_bytes));
         }
         return check_plain(def, format, &body, limits);
     }

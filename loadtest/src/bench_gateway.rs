@@ -182,47 +182,71 @@ impl Workload {
     /// Decompress + decode + validate + hash alone (what the per-core target names), on
     /// this thread, `rounds` times over the batches.
     pub fn validate_path(&self, rounds: usize) -> anyhow::Result<Throughput> {
-        let m = Measure::start();
-        let mut ok = 0;
-        for _ in 0..rounds.max(1) {
-            for (_, body) in &self.compressed {
-                let plain = zstd::bulk::decompress(body, 64 << 20)?;
-                for line in schemas::decode::ndjson_lines(&plain) {
-                    ok += usize::from(schemas::check_bytes(&self.def, line).is_ok());
-                }
-            }
-        }
-        let expected = self.total * rounds.max(1);
-        if ok != expected {
-            bail!("validation accepted {ok} of {expected} records");
-        }
-        Ok(m.done(expected, self.raw_bytes * rounds.max(1)))
+        self.time_per_batch("validation", rounds, |body| {
+            let plain = zstd::bulk::decompress(body, 64 << 20)?;
+            Ok(schemas::decode::ndjson_lines(&plain)
+                .filter(|line| schemas::check_bytes(&self.def, line).is_ok())
+                .count())
+        })
     }
 
     /// The gateway's decode + validate + hash + encode path alone, on this thread, `rounds`
     /// times over the batches: what one core does with a request body before producing it.
     pub fn decode_path(&self, rounds: usize) -> anyhow::Result<Throughput> {
         let limits = LimitsConfig::default();
+        self.time_per_batch("decode path", rounds, |body| {
+            Ok(check_body(
+                &self.def,
+                BodyFormat::Ndjson,
+                Encoding::Zstd,
+                body.clone(),
+                &limits,
+            )
+            .map_or(0, |c| c.prepared.len()))
+        })
+    }
+
+    /// Runs `accept` (records accepted from one compressed batch) over every batch `rounds`
+    /// times on this thread; fails unless every record was accepted.
+    fn time_per_batch(
+        &self,
+        what: &str,
+        rounds: usize,
+        mut accept: impl FnMut(&Bytes) -> anyhow::Result<usize>,
+    ) -> anyhow::Result<Throughput> {
+        let rounds = rounds.max(1);
         let m = Measure::start();
         let mut ok = 0;
-        for _ in 0..rounds.max(1) {
+        for _ in 0..rounds {
             for (_, body) in &self.compressed {
-                ok += check_body(
-                    &self.def,
-                    BodyFormat::Ndjson,
-                    Encoding::Zstd,
-                    body.clone(),
-                    &limits,
-                )
-                .map(|c| c.prepared.len())
-                .unwrap_or(0);
+                ok += accept(body)?;
             }
         }
-        let expected = self.total * rounds.max(1);
+        let expected = self.total * rounds;
         if ok != expected {
-            bail!("decode path accepted {ok} of {expected} records");
+            bail!("{what} accepted {ok} of {expected} records");
         }
-        Ok(m.done(expected, self.raw_bytes * rounds.max(1)))
+        Ok(m.done(expected, self.raw_bytes * rounds))
+    }
+}
+
+/// Hands a record to librdkafka, waiting while its queue is full.
+pub(crate) async fn send_queued<K, P>(
+    producer: &FutureProducer,
+    mut record: FutureRecord<'_, K, P>,
+) -> rdkafka::producer::DeliveryFuture
+where
+    K: rdkafka::message::ToBytes + ?Sized,
+    P: rdkafka::message::ToBytes + ?Sized,
+{
+    loop {
+        match producer.send_result(record) {
+            Ok(delivery) => return delivery,
+            Err((_, r)) => {
+                record = r;
+                tokio::time::sleep(Duration::from_millis(1)).await;
+            }
+        }
     }
 }
 
@@ -290,22 +314,11 @@ pub async fn run(opts: BenchOptions) -> anyhow::Result<BenchReport> {
                 key: HEADER_INGEST_TS,
                 value: Some(&ts),
             });
-        let mut record = FutureRecord::to(&topic)
+        let record = FutureRecord::to(&topic)
             .key(key)
             .payload(value)
             .headers(headers);
-        loop {
-            match producer.send_result(record) {
-                Ok(f) => {
-                    pending.push(f);
-                    break;
-                }
-                Err((_, r)) => {
-                    record = r;
-                    tokio::time::sleep(Duration::from_millis(1)).await;
-                }
-            }
-        }
+        pending.push(send_queued(&producer, record).await);
     }
     for f in pending {
         f.await?.map_err(|(e, _)| e)?;

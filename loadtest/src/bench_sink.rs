@@ -15,7 +15,7 @@ use rdkafka::producer::{FutureProducer, FutureRecord};
 use rdkafka::{Offset, TopicPartitionList};
 use serde::{Deserialize, Serialize};
 
-use crate::bench_gateway::{Measure, Throughput, Workload};
+use crate::bench_gateway::{Measure, Throughput, Workload, send_queued};
 
 #[derive(Debug, Clone)]
 pub struct SinkBenchOptions {
@@ -103,19 +103,8 @@ pub async fn run(opts: SinkBenchOptions) -> anyhow::Result<SinkBenchReport> {
     for line in &lines {
         let value: serde_json::Value = serde_json::from_slice(line)?;
         let key = value["device_id"].as_str().unwrap_or_default().to_owned();
-        let mut record = FutureRecord::to(&topic).key(&key).payload(*line);
-        loop {
-            match producer.send_result(record) {
-                Ok(f) => {
-                    pending.push(f);
-                    break;
-                }
-                Err((_, r)) => {
-                    record = r;
-                    tokio::time::sleep(Duration::from_millis(1)).await;
-                }
-            }
-        }
+        let record = FutureRecord::to(&topic).key(&key).payload(*line);
+        pending.push(send_queued(&producer, record).await);
     }
     for f in pending {
         f.await?.map_err(|(e, _)| e)?;

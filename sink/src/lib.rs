@@ -446,7 +446,7 @@ impl Worker {
             self.stats
                 .duplicates_dropped
                 .fetch_add(1, Ordering::Relaxed);
-            part.skip(offset, ingest_ts);
+            part.consumed(offset, ingest_ts);
             return Ok(None);
         }
         let meta = RowMeta {
@@ -465,7 +465,7 @@ impl Worker {
         file.push(&def, record, meta, payload.len())
             .context("cannot write to the staged file")?;
         let full = file.is_full();
-        part.took(offset, ingest_ts);
+        part.consumed(offset, ingest_ts);
         Ok(if part.rows() >= self.config.rotation.max_records {
             Some((key, FlushReason::Records))
         } else if full {
@@ -597,24 +597,29 @@ impl Worker {
             last_offset = adopted.last,
             "adopted existing landing file"
         );
-        let (batches, first_ingest_ts) =
-            tokio::task::spawn_blocking(move || open_file::rows_after(&staged, adopted.last))
-                .await??;
         let targets = self.targets();
         let part = self
             .parts
             .get_mut(key)
             .context("partition state vanished")?;
-        ::metrics::counter!(m::ADOPTED_FILES, "stream" => part.def.name.clone()).increment(1);
-        self.stats.adopted_files.fetch_add(1, Ordering::Relaxed);
-        part.adopt_through(adopted.last, first_ingest_ts);
-        if !batches.is_empty() {
-            let mut file = OpenFile::create(&part.def, &self.staging, targets, part.size_ratio)?;
+        // The rows past the adopted object go into a new open file, encoded off the reactor.
+        let (def, staging, ratio) = (part.def.clone(), self.staging.clone(), part.size_ratio);
+        let (rest, first_ingest_ts) = tokio::task::spawn_blocking(move || {
+            let (batches, first_ingest_ts) = open_file::rows_after(&staged, adopted.last)?;
+            if batches.is_empty() {
+                return Ok::<_, parquet::errors::ParquetError>((None, first_ingest_ts));
+            }
+            let mut file = OpenFile::create(&def, &staging, targets, ratio)?;
             for batch in &batches {
                 file.write_batch(batch)?;
             }
-            part.file = Some(file);
-        }
+            Ok((Some(file), first_ingest_ts))
+        })
+        .await??;
+        ::metrics::counter!(m::ADOPTED_FILES, "stream" => part.def.name.clone()).increment(1);
+        self.stats.adopted_files.fetch_add(1, Ordering::Relaxed);
+        part.adopt_through(adopted.last, first_ingest_ts);
+        part.file = rest;
         Ok(())
     }
 

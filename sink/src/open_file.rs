@@ -68,7 +68,6 @@ impl OpenFile {
         targets: FileTargets,
         ratio: SizeRatio,
     ) -> Result<OpenFile, ParquetError> {
-        std::fs::create_dir_all(staging).map_err(|e| ParquetError::External(Box::new(e)))?;
         let staged = tempfile::Builder::new()
             .prefix(".tmp-")
             .suffix(".parquet")

@@ -91,8 +91,9 @@ impl PartitionState {
         })
     }
 
-    /// Marks `offset` as taken into the open file.
-    pub fn took(&mut self, offset: i64, ingest_ts: i64) {
+    /// Marks `offset` as consumed: its record is a row of the open file, a duplicate or a dead
+    /// letter.
+    pub fn consumed(&mut self, offset: i64, ingest_ts: i64) {
         self.range_start
             .get_or_insert(RangeStart { offset, ingest_ts });
         self.next_offset = Some(offset + 1);
@@ -109,11 +110,6 @@ impl PartitionState {
         self.file.as_ref().map_or(0, OpenFile::memory)
     }
 
-    /// Marks an offset as consumed without a row (a duplicate or a dead letter).
-    pub fn skip(&mut self, offset: i64, ingest_ts: i64) {
-        self.took(offset, ingest_ts);
-    }
-
     /// Keeps an undecodable or invalid record for the dead-letter object, with its reason.
     pub fn dead_letter(&mut self, offset: i64, ingest_ts: i64, reason: &str, payload: &[u8]) {
         let line = serde_json::json!({
@@ -126,7 +122,7 @@ impl PartitionState {
         });
         self.dead.extend_from_slice(line.to_string().as_bytes());
         self.dead.push(b'\n');
-        self.skip(offset, ingest_ts);
+        self.consumed(offset, ingest_ts);
     }
 
     /// Whether there is something to write or commit.

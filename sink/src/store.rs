@@ -1,7 +1,7 @@
 //! Object store backends: a local directory and S3. Both create objects only if absent, which
 //! is what makes deterministic keys safe under retries, restarts and rebalances.
 
-use std::io::{Read, Seek, SeekFrom, Write};
+use std::io::{Read, Write};
 use std::path::{Path, PathBuf};
 use std::time::{Duration, SystemTime};
 
@@ -166,7 +166,10 @@ impl ObjectStore {
                     .map_err(|e| StoreError::retryable(e.to_string()))?
             }
             ObjectStore::S3 { .. } if size < part_bytes.max(MIN_PART_BYTES) as u64 => {
-                let data = read_range(staged, 0, size as usize).map_err(|e| io("read", e))?;
+                let data = StagedReader::open(staged)
+                    .read(size as usize)
+                    .await
+                    .map_err(|e| io("read", e))?;
                 self.put_if_absent(key, data).await
             }
             ObjectStore::S3 { client, bucket } => {
@@ -207,10 +210,11 @@ impl ObjectStore {
             return Err(StoreError::retryable("not an S3 store"));
         };
         let mut parts = Vec::new();
+        let mut reader = StagedReader::open(staged);
         let mut offset = 0u64;
         while offset < size {
             let len = part_bytes.min((size - offset) as usize);
-            let data = read_range(staged, offset, len).map_err(|e| {
+            let data = reader.read(len).await.map_err(|e| {
                 StoreError::retryable(format!("read {}: {e}", staged.path().display()))
             })?;
             let number = parts.len() as i32 + 1;
@@ -438,13 +442,33 @@ fn s3_error<E: ProvideErrorMetadata + std::error::Error + Send + Sync + 'static>
     }
 }
 
-/// `len` bytes of a staged file from `offset`.
-fn read_range(staged: &Staged, offset: u64, len: usize) -> std::io::Result<Bytes> {
-    let mut file = staged.reopen()?;
-    file.seek(SeekFrom::Start(offset))?;
-    let mut buf = vec![0; len];
-    file.read_exact(&mut buf)?;
-    Ok(Bytes::from(buf))
+/// Reads a staged file from its start, one piece after the other, on the blocking pool (parts
+/// are megabytes: not work for the async reactor).
+struct StagedReader {
+    file: std::io::Result<std::fs::File>,
+}
+
+impl StagedReader {
+    fn open(staged: &Staged) -> StagedReader {
+        StagedReader {
+            file: staged.reopen(),
+        }
+    }
+
+    /// The next `len` bytes.
+    async fn read(&mut self, len: usize) -> std::io::Result<Bytes> {
+        let taken = std::mem::replace(&mut self.file, Err(std::io::ErrorKind::Other.into()));
+        let mut file = taken?;
+        let (file, data) = tokio::task::spawn_blocking(move || {
+            let mut buf = vec![0; len];
+            let read = file.read_exact(&mut buf).map(|()| Bytes::from(buf));
+            (file, read)
+        })
+        .await
+        .map_err(std::io::Error::other)?;
+        self.file = Ok(file);
+        data
+    }
 }
 
 /// Removes the files of `dir` last modified before `cutoff`.
