@@ -11,6 +11,8 @@ use axum::extract::{Path, State};
 use axum::http::{HeaderMap, HeaderValue, StatusCode, header};
 use axum::response::{IntoResponse, Response};
 use schemas::api::{ErrorBody, IngestResponse, RejectedRecord};
+use schemas::DecodeError;
+use schemas::columnar::parquet_to_ndjson;
 use schemas::decode::{BodyFormat, split_body};
 use schemas::hash::HashSetOfHashes;
 use schemas::{RecordError, StreamDef, Streams, validate_stream_name};
@@ -146,7 +148,9 @@ fn body_format(headers: &HeaderMap) -> Result<BodyFormat, ApiError> {
         .and_then(|v| v.to_str().ok())
         .and_then(BodyFormat::from_content_type)
         .ok_or_else(|| {
-            ApiError::unsupported("Content-Type must be application/x-ndjson or application/json")
+            ApiError::unsupported(
+                "Content-Type must be application/x-ndjson, application/json or application/vnd.apache.parquet",
+            )
         })
 }
 
@@ -263,6 +267,22 @@ fn check_plain(
     plain: &[u8],
     limits: &LimitsConfig,
 ) -> Result<Checked, ApiError> {
+    let converted;
+    let (format, plain) = match format {
+        BodyFormat::Parquet => {
+            converted = parquet_to_ndjson(
+                def,
+                Bytes::copy_from_slice(plain),
+                limits.max_decompressed_bytes,
+            )
+            .map_err(|e| match e {
+                DecodeError::TooLarge(limit) => decompressed_too_large(limit),
+                e => ApiError::bad_request(e.to_string()),
+            })?;
+            (BodyFormat::Ndjson, &converted[..])
+        }
+        other => (other, plain),
+    };
     let records = split_body(format, plain).map_err(|e| ApiError::bad_request(e.to_string()))?;
     if records.len() > limits.max_records {
         return Err(ApiError::too_large(format!(

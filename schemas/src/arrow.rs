@@ -137,7 +137,7 @@ pub fn record_batch(
     RecordBatch::try_new(schema, columns)
 }
 
-fn build_array<'a>(
+pub(crate) fn build_array<'a>(
     ty: &FieldType,
     values: impl ExactSizeIterator<Item = &'a Value>,
 ) -> Result<ArrayRef, ArrowError> {

@@ -14,6 +14,9 @@ pub enum BodyFormat {
     Ndjson,
     /// One JSON array of objects (`application/json`).
     JsonArray,
+    /// A Parquet file of the stream's fields (`application/vnd.apache.parquet`), see
+    /// [`crate::columnar`].
+    Parquet,
 }
 
 impl BodyFormat {
@@ -30,6 +33,7 @@ impl BodyFormat {
                 Some(BodyFormat::Ndjson)
             }
             "application/json" => Some(BodyFormat::JsonArray),
+            crate::columnar::PARQUET_CONTENT_TYPE => Some(BodyFormat::Parquet),
             _ => None,
         }
     }
@@ -38,6 +42,7 @@ impl BodyFormat {
         match self {
             BodyFormat::Ndjson => "application/x-ndjson",
             BodyFormat::JsonArray => "application/json",
+            BodyFormat::Parquet => crate::columnar::PARQUET_CONTENT_TYPE,
         }
     }
 }
@@ -64,9 +69,13 @@ pub fn parse_line(line: &[u8]) -> Result<Json, RecordError> {
 
 /// Splits a body into the raw text of its records, without parsing the records themselves.
 /// NDJSON: the non-blank lines. JSON array: the elements (the array must be well-formed).
+/// A Parquet body must first be turned into NDJSON with [`crate::columnar::parquet_to_ndjson`].
 pub fn split_body(format: BodyFormat, body: &[u8]) -> Result<Vec<&[u8]>, DecodeError> {
     match format {
         BodyFormat::Ndjson => Ok(ndjson_lines(body).collect()),
+        BodyFormat::Parquet => Err(DecodeError::Malformed(
+            "a Parquet body must be converted to NDJSON first".into(),
+        )),
         BodyFormat::JsonArray => {
             let body = body.strip_prefix(BOM).unwrap_or(body);
             match body.iter().find(|b| !b.is_ascii_whitespace()) {

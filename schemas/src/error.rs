@@ -56,4 +56,6 @@ pub enum DecodeError {
     Malformed(String),
     #[error("a JSON body must be an array of records, got {0}")]
     NotAnArray(String),
+    #[error("decoded body is larger than {0} bytes")]
+    TooLarge(usize),
 }

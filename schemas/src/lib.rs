@@ -5,10 +5,12 @@
 //! - [`decode`]: NDJSON and JSON-array bodies;
 //! - [`hash`]: the canonical BLAKE3 content hash;
 //! - [`wire`]: the Kafka topic, key, value and header format;
-//! - [`arrow`]: the Arrow schema of landing files and the record batch builder.
+//! - [`arrow`]: the Arrow schema of landing files and the record batch builder;
+//! - [`columnar`]: the Parquet request body.
 
 pub mod api;
 pub mod arrow;
+pub mod columnar;
 pub mod decode;
 pub mod error;
 pub mod hash;

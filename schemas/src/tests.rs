@@ -653,3 +653,67 @@ proptest! {
         }
     }
 }
+
+fn parquet_round_trip(def: &StreamDef, records: &[Record]) -> Vec<Record> {
+    let body = crate::columnar::encode_parquet(def, records, 3).unwrap();
+    let ndjson = crate::columnar::parquet_to_ndjson(def, body.into(), usize::MAX).unwrap();
+    ndjson_lines(&ndjson)
+        .map(|line| check_bytes(def, line).unwrap().record)
+        .collect()
+}
+
+proptest! {
+    #![proptest_config(ProptestConfig::with_cases(64))]
+    /// A Parquet body decodes to the same records (as a multiset: rows are sorted by series).
+    #[test]
+    fn parquet_bodies_decode_to_the_same_records(rs in prop::collection::vec(arb_reading(), 0..40)) {
+        let def = sensor();
+        let records: Vec<Record> = rs.into_iter().map(|r| validate(&def, r).unwrap()).collect();
+        let key = |r: &Record| encode_value(&def, r);
+        let mut expected: Vec<Vec<u8>> = records.iter().map(key).collect();
+        let mut got: Vec<Vec<u8>> = parquet_round_trip(&def, &records).iter().map(key).collect();
+        expected.sort();
+        got.sort();
+        prop_assert_eq!(got, expected);
+    }
+}
+
+#[test]
+fn parquet_bodies_with_lists_and_maps_round_trip() {
+    let def = example_streams().get("vehicle_telemetry").unwrap().clone();
+    let mut records = Vec::new();
+    for i in 0..50 {
+        let line = json!({
+            "vehicle_id": format!("v{}", i % 3), "recorded_at": 1_700_000_000_000i64 + i * 1000,
+            "lat": 52.0 + i as f64 / 1e4, "lon": 13.0, "speed_kmh": if i % 4 == 0 { Json::Null } else { json!(i) },
+            "odometer_m": i * 10, "ignition": i % 2 == 0,
+            "fault_codes": if i % 5 == 0 { json!([]) } else if i % 5 == 1 { Json::Null } else { json!(["P0300", format!("U{i}")]) }
+        });
+        records.push(check(&def, line).unwrap().record);
+    }
+    assert!(!records.is_empty());
+    let mut got = parquet_round_trip(&def, &records);
+    let mut expected = records.clone();
+    let key = |r: &Record| encode_value(&def, r);
+    got.sort_by_key(key);
+    expected.sort_by_key(key);
+    assert_eq!(got, expected);
+}
+
+#[test]
+fn parquet_bodies_fail_clearly() {
+    let def = sensor();
+    let records = vec![validate(&def, reading()).unwrap(); 100];
+    let body = crate::columnar::encode_parquet(&def, &records, 3).unwrap();
+    let limit = crate::columnar::parquet_to_ndjson(&def, body.clone().into(), 500).unwrap_err();
+    assert_eq!(limit, DecodeError::TooLarge(500));
+    let garbage = crate::columnar::parquet_to_ndjson(&def, b"PAR1 not parquet".to_vec().into(), 1 << 20)
+        .unwrap_err()
+        .to_string();
+    assert!(garbage.starts_with("malformed JSON body: Parquet body:"), "{garbage}");
+    let other = example_streams().get("vehicle_telemetry").unwrap().clone();
+    let wrong = crate::columnar::parquet_to_ndjson(&other, body.into(), 1 << 20)
+        .unwrap_err()
+        .to_string();
+    assert!(wrong.contains("is not a field of the stream"), "{wrong}");
+}
