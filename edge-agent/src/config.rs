@@ -1,8 +1,16 @@
-//! Agent configuration: a TOML file plus `EDGE_AGENT_` environment overrides.
+//! Agent configuration: a TOML file plus `EDGE_AGENT_` environment overrides. Every option has a
+//! default except the output (`[gateway]` or `[kafka]`) and the sources.
 
+use std::collections::BTreeMap;
+use std::net::SocketAddr;
 use std::path::PathBuf;
+use std::time::Duration;
 
 use serde::Deserialize;
+
+use crate::batch::BodyEncoding;
+use crate::filter::FilterConfig;
+use crate::spool::{FsyncPolicy, Overflow, SpoolOptions};
 
 /// Environment variables with this prefix override config keys (`__` separates nesting).
 pub const ENV_PREFIX: &str = "EDGE_AGENT_";
@@ -13,12 +21,30 @@ pub struct AgentConfig {
     /// Directory of stream definitions (`<stream>.toml`).
     #[serde(default = "default_streams_dir")]
     pub streams_dir: PathBuf,
-    pub gateway: GatewayTarget,
+    /// Where the agent keeps its spool, dedupe logs and file read positions.
+    #[serde(default = "default_state_dir")]
+    pub state_dir: PathBuf,
+    /// `/metrics`, `/healthz` and `/readyz`; none to serve nothing.
+    #[serde(default)]
+    pub admin_listen: Option<SocketAddr>,
+    /// HTTP output: the ingest gateway. Exactly one of `gateway` and `kafka` is set.
+    #[serde(default)]
+    pub gateway: Option<GatewayTarget>,
+    /// Kafka output, for boxes that reach the brokers.
+    #[serde(default)]
+    pub kafka: Option<KafkaTarget>,
     #[serde(default)]
     pub batch: BatchConfig,
-    /// Content hashes remembered to drop re-sent records (32 bytes + overhead each).
-    #[serde(default = "default_dedupe_window")]
-    pub dedupe_window: usize,
+    #[serde(default)]
+    pub dedupe: DedupeConfig,
+    #[serde(default)]
+    pub spool: SpoolConfig,
+    /// Bandwidth cap over all streams, bytes per second on the wire; 0 is no cap.
+    #[serde(default)]
+    pub max_bytes_per_sec: u64,
+    /// Per-stream settings, by stream name.
+    #[serde(default)]
+    pub streams: BTreeMap<String, StreamSettings>,
     /// Where records come from.
     pub sources: Vec<SourceConfig>,
 }
@@ -34,9 +60,22 @@ pub struct GatewayTarget {
     /// Timeout of one request, in milliseconds.
     #[serde(default = "default_timeout_ms")]
     pub timeout_ms: u64,
-    /// Attempts per batch before the agent gives up on the batch and stops.
-    #[serde(default = "default_max_attempts")]
-    pub max_attempts: u32,
+    /// Longest wait between retries, in milliseconds (backoff doubles from 250 ms).
+    #[serde(default = "default_max_backoff_ms")]
+    pub max_backoff_ms: u64,
+}
+
+#[derive(Debug, Clone, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct KafkaTarget {
+    /// Bootstrap servers.
+    pub brokers: String,
+    /// Topic prefix (`ingest.` like the gateway).
+    #[serde(default = "default_topic_prefix")]
+    pub topic_prefix: String,
+    /// Extra librdkafka producer properties (security, timeouts).
+    #[serde(default)]
+    pub properties: BTreeMap<String, String>,
 }
 
 #[derive(Debug, Clone, Deserialize)]
@@ -48,9 +87,15 @@ pub struct BatchConfig {
     /// Close a batch when its uncompressed NDJSON reaches this many bytes.
     #[serde(default = "default_max_bytes")]
     pub max_bytes: usize,
+    /// Close a batch this long after its first record, in milliseconds.
+    #[serde(default = "default_max_age_ms")]
+    pub max_age_ms: u64,
     /// zstd level of batch bodies (1-22).
     #[serde(default = "default_zstd_level")]
     pub zstd_level: i32,
+    /// Body encoding: `ndjson` (zstd NDJSON) or `parquet` (columnar, about half the bytes).
+    #[serde(default)]
+    pub encoding: BodyEncoding,
 }
 
 impl Default for BatchConfig {
@@ -58,32 +103,256 @@ impl Default for BatchConfig {
         BatchConfig {
             max_records: default_max_records(),
             max_bytes: default_max_bytes(),
+            max_age_ms: default_max_age_ms(),
             zstd_level: default_zstd_level(),
+            encoding: BodyEncoding::default(),
         }
     }
+}
+
+#[derive(Debug, Clone, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct DedupeConfig {
+    /// Content hashes remembered per stream (about 30 bytes each); 0 turns dedupe off.
+    #[serde(default = "default_dedupe_records")]
+    pub window_records: usize,
+    /// Hashes older than this many seconds are forgotten; 0 keeps them until evicted by count.
+    #[serde(default = "default_dedupe_secs")]
+    pub window_secs: u32,
+}
+
+impl Default for DedupeConfig {
+    fn default() -> Self {
+        DedupeConfig {
+            window_records: default_dedupe_records(),
+            window_secs: default_dedupe_secs(),
+        }
+    }
+}
+
+#[derive(Debug, Clone, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct SpoolConfig {
+    /// Size limit of the spool over all streams, in MiB (small limits are fine).
+    #[serde(default = "default_spool_mb")]
+    pub max_mb: u64,
+    /// Segment file size in MiB; the effective size is at most a quarter of `max_mb`.
+    #[serde(default = "default_segment_mb")]
+    pub segment_mb: u64,
+    /// `batch` (fsync every batch) or `interval` (every `fsync_interval_ms`).
+    #[serde(default)]
+    pub fsync: FsyncPolicy,
+    #[serde(default = "default_fsync_interval_ms")]
+    pub fsync_interval_ms: u64,
+}
+
+impl Default for SpoolConfig {
+    fn default() -> Self {
+        SpoolConfig {
+            max_mb: default_spool_mb(),
+            segment_mb: default_segment_mb(),
+            fsync: FsyncPolicy::default(),
+            fsync_interval_ms: default_fsync_interval_ms(),
+        }
+    }
+}
+
+impl SpoolConfig {
+    pub fn options(&self) -> SpoolOptions {
+        let max_bytes = self.max_mb.max(1) << 20;
+        SpoolOptions {
+            max_bytes,
+            segment_bytes: (self.segment_mb.max(1) << 20).min(max_bytes / 4),
+            fsync: self.fsync,
+            fsync_interval: Duration::from_millis(self.fsync_interval_ms),
+        }
+    }
+}
+
+/// Settings of one stream.
+#[derive(Debug, Clone, Default, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct StreamSettings {
+    /// What to do when the spool is full: `block` (default), `drop_newest`, `drop_oldest`.
+    #[serde(default)]
+    pub overflow: Overflow,
+    /// Higher goes first when streams share a bandwidth cap.
+    #[serde(default)]
+    pub priority: i32,
+    /// This stream's own cap, bytes per second on the wire; 0 is no cap.
+    #[serde(default)]
+    pub max_bytes_per_sec: u64,
+    /// Body encoding of this stream, instead of `batch.encoding`.
+    #[serde(default)]
+    pub encoding: Option<BodyEncoding>,
+    /// Filters, applied in order after dedupe.
+    #[serde(default)]
+    pub filters: Vec<FilterConfig>,
+}
+
+/// Record format of a file source.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum FileFormat {
+    #[default]
+    Ndjson,
+    /// Comma-separated with a header line naming the fields; cells are typed by the stream.
+    Csv,
 }
 
 /// A source of records.
 #[derive(Debug, Clone, Deserialize)]
 #[serde(tag = "type", rename_all = "snake_case", deny_unknown_fields)]
 pub enum SourceConfig {
-    /// An NDJSON file, read once from the start.
-    File { path: PathBuf, stream: String },
+    /// A file, or every file in a directory whose name ends with `suffix`. Read positions are
+    /// persisted and survive rotation (by rename), truncation and restarts.
+    File {
+        path: PathBuf,
+        stream: String,
+        #[serde(default)]
+        format: FileFormat,
+        /// Keep watching for appended lines and new files; false reads to the end and stops.
+        #[serde(default)]
+        follow: bool,
+        /// For a directory: only file names ending with this.
+        #[serde(default)]
+        suffix: Option<String>,
+        /// Poll interval when following, in milliseconds.
+        #[serde(default = "default_poll_ms")]
+        poll_ms: u64,
+    },
     /// NDJSON on standard input, until end of input.
     Stdin { stream: String },
+    /// An MQTT subscription. Messages are NDJSON (one or more records). With QoS 1 the PUBACK
+    /// goes out only after the records are in the spool.
+    Mqtt {
+        /// `mqtt://host:port` (or `host:port`).
+        url: String,
+        topics: Vec<String>,
+        stream: String,
+        #[serde(default = "default_mqtt_client_id")]
+        client_id: String,
+        #[serde(default = "default_qos")]
+        qos: u8,
+        #[serde(default)]
+        username: Option<String>,
+        #[serde(default)]
+        password: Option<String>,
+        /// Messages not yet acknowledged at which the open batch is closed early. Keep it at or
+        /// below the broker's in-flight limit (mosquitto: `max_inflight_messages`, 20).
+        #[serde(default = "default_max_unacked")]
+        max_unacked: usize,
+    },
+    /// The gateway's ingest API on a local port, for devices on the box or the plant network.
+    /// Answers after the records are in the spool.
+    Http {
+        listen: SocketAddr,
+        /// Bearer token clients must present; none accepts anonymous requests.
+        #[serde(default)]
+        token: Option<String>,
+        /// Largest request body, compressed or not.
+        #[serde(default = "default_http_max_body")]
+        max_body_bytes: usize,
+    },
+}
+
+impl SourceConfig {
+    /// The stream the source feeds; none for the HTTP source (the URL names it).
+    pub fn stream(&self) -> Option<&str> {
+        match self {
+            SourceConfig::File { stream, .. }
+            | SourceConfig::Stdin { stream }
+            | SourceConfig::Mqtt { stream, .. } => Some(stream),
+            SourceConfig::Http { .. } => None,
+        }
+    }
+
+    /// Whether the source runs until shutdown rather than to the end of its input.
+    pub fn runs_forever(&self) -> bool {
+        match self {
+            SourceConfig::File { follow, .. } => *follow,
+            SourceConfig::Stdin { .. } => false,
+            SourceConfig::Mqtt { .. } | SourceConfig::Http { .. } => true,
+        }
+    }
+}
+
+impl AgentConfig {
+    /// Parses a config from TOML text (no environment overrides), for tests and tools.
+    pub fn parse(text: &str) -> anyhow::Result<AgentConfig> {
+        use figment::providers::{Format, Toml};
+        figment::Figment::new()
+            .merge(Toml::string(text))
+            .extract()
+            .map_err(|e| anyhow::anyhow!("invalid configuration: {e}"))
+    }
+
+    /// Checks what serde cannot; all problems are reported together.
+    pub fn validate(&self, streams: &schemas::Streams) -> anyhow::Result<()> {
+        let mut problems = Vec::new();
+        match (&self.gateway, &self.kafka) {
+            (None, None) => problems.push("set an output: [gateway] or [kafka]".to_owned()),
+            (Some(_), Some(_)) => {
+                problems.push("set only one output: [gateway] or [kafka], not both".to_owned())
+            }
+            _ => {}
+        }
+        if self.sources.is_empty() {
+            problems.push("no [[sources]] configured".to_owned());
+        }
+        for source in &self.sources {
+            if let Some(stream) = source.stream()
+                && streams.get(stream).is_none()
+            {
+                problems.push(format!("a source refers to unknown stream '{stream}'"));
+            }
+            if let SourceConfig::Mqtt { qos, .. } = source
+                && *qos > 1
+            {
+                problems.push("mqtt qos must be 0 or 1".to_owned());
+            }
+        }
+        for (name, settings) in &self.streams {
+            match streams.get(name) {
+                None => problems.push(format!("[streams.{name}] names an unknown stream")),
+                Some(def) => {
+                    for filter in &settings.filters {
+                        if let Err(e) = filter.check(def) {
+                            problems.push(format!("[streams.{name}] filter: {e}"));
+                        }
+                    }
+                }
+            }
+        }
+        if !(1..=22).contains(&self.batch.zstd_level) {
+            problems.push("batch.zstd_level must be 1 to 22".to_owned());
+        }
+        if problems.is_empty() {
+            Ok(())
+        } else {
+            anyhow::bail!("invalid configuration:\n  {}", problems.join("\n  "))
+        }
+    }
+
+    pub fn settings(&self, stream: &str) -> StreamSettings {
+        self.streams.get(stream).cloned().unwrap_or_default()
+    }
 }
 
 fn default_streams_dir() -> PathBuf {
     PathBuf::from("streams")
 }
-fn default_dedupe_window() -> usize {
-    1_000_000
+fn default_state_dir() -> PathBuf {
+    PathBuf::from("edge-agent-state")
 }
 fn default_timeout_ms() -> u64 {
     30_000
 }
-fn default_max_attempts() -> u32 {
-    10
+fn default_max_backoff_ms() -> u64 {
+    60_000
+}
+fn default_topic_prefix() -> String {
+    schemas::wire::DEFAULT_TOPIC_PREFIX.to_owned()
 }
 fn default_max_records() -> usize {
     50_000
@@ -91,8 +360,41 @@ fn default_max_records() -> usize {
 fn default_max_bytes() -> usize {
     1 << 20
 }
+fn default_max_age_ms() -> u64 {
+    1_000
+}
 fn default_zstd_level() -> i32 {
     3
+}
+fn default_dedupe_records() -> usize {
+    1_000_000
+}
+fn default_dedupe_secs() -> u32 {
+    86_400
+}
+fn default_spool_mb() -> u64 {
+    256
+}
+fn default_segment_mb() -> u64 {
+    8
+}
+fn default_fsync_interval_ms() -> u64 {
+    1_000
+}
+fn default_poll_ms() -> u64 {
+    250
+}
+fn default_mqtt_client_id() -> String {
+    "edge-agent".to_owned()
+}
+fn default_qos() -> u8 {
+    1
+}
+fn default_max_unacked() -> usize {
+    20
+}
+fn default_http_max_body() -> usize {
+    16 << 20
 }
 
 #[cfg(test)]
@@ -103,6 +405,6 @@ mod tests {
             std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("../config/edge-agent.toml");
         let c: super::AgentConfig = plumbing::load_config(Some(&file), "NO_SUCH_PREFIX_").unwrap();
         assert_eq!(c.batch.max_bytes, super::BatchConfig::default().max_bytes);
-        assert_eq!(c.sources.len(), 1);
+        c.validate(&schemas::example_streams()).unwrap();
     }
 }

@@ -1,159 +1,410 @@
-//! The edge agent: reads records from sources, validates and dedupes them by content hash,
-//! batches and zstd-compresses them and delivers them to the gateway.
+//! The edge agent: reads records from sources, validates them, drops duplicates by content hash,
+//! filters them, batches and compresses them into a durable spool, and delivers the spool to the
+//! gateway (or Kafka).
 //!
-//! Each source runs its CPU work (parse, validate, hash, compress) on a blocking thread and
-//! hands closed batches over a bounded channel to the async sender.
+//! ```text
+//! sources ──chunks──► pipeline (thread per stream) ──append──► spool ◄──read/ack── delivery (task per stream) ──► output
+//!   ▲                      │ parse, dedupe, filter, batch, encode
+//!   └── done: position saved / PUBACK / HTTP answer, once the chunk is durable
+//! ```
 
+pub mod batch;
 pub mod config;
+pub mod dedupe;
+pub mod deliver;
+pub mod filter;
+pub mod link;
+pub mod metrics;
+pub mod output;
 pub mod pipeline;
-pub mod sender;
+pub mod source;
+pub mod spool;
 
-use std::io::BufRead;
+use std::collections::{BTreeMap, BTreeSet};
+use std::io::BufReader;
+use std::path::Path;
 use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::time::Duration;
 
 use anyhow::Context;
-use schemas::{StreamDef, Streams};
-use tokio::sync::mpsc;
+use schemas::Streams;
+use tokio::task::JoinHandle;
 use tokio_util::sync::CancellationToken;
 
 pub use config::AgentConfig;
 
-use crate::config::{BatchConfig, SourceConfig};
-use crate::pipeline::{Batch, Pipeline, PipelineStats};
-use crate::sender::Sender;
+use crate::config::SourceConfig;
+use crate::deliver::{Delivery, DeliveryStats};
+use crate::link::{Link, StreamCap};
+use crate::output::Output;
+use crate::pipeline::{Pipeline, PipelineStats};
+use crate::source::file::{FileSpec, Positions};
+use crate::source::mqtt::MqttSpec;
+use crate::source::{Feed, Feeds, feed_lines, verbatim};
+use crate::spool::{Recovery, Spool, Usage};
 
-/// Batches in flight between a source and the sender (each at most `batch.max_bytes`).
-const QUEUED_BATCHES: usize = 4;
+/// Chunks queued between the sources and a stream's pipeline (each at most 256 KiB from line
+/// sources; MQTT messages and HTTP bodies are single chunks).
+const QUEUED_CHUNKS: usize = 16;
 
-/// What a run did.
+/// What happened to one stream during a run.
+#[derive(Debug, Default, Clone, PartialEq, Eq)]
+pub struct StreamStats {
+    pub recovery: Recovery,
+    pub pipeline: PipelineStats,
+    pub delivery: DeliveryStats,
+}
+
+/// What a run did, per stream.
 #[derive(Debug, Default, Clone, PartialEq, Eq)]
 pub struct AgentStats {
-    pub pipeline: PipelineStats,
-    pub batches: u64,
-    pub accepted: u64,
-    pub gateway_duplicates: u64,
-    pub gateway_rejected: u64,
-    pub raw_bytes: u64,
-    pub wire_bytes: u64,
+    pub streams: BTreeMap<String, StreamStats>,
 }
 
 impl AgentStats {
-    pub fn merge(&mut self, other: &AgentStats) {
-        let p = &other.pipeline;
-        self.pipeline.read += p.read;
-        self.pipeline.invalid += p.invalid;
-        self.pipeline.duplicates += p.duplicates;
-        self.pipeline.batched += p.batched;
-        self.batches += other.batches;
-        self.accepted += other.accepted;
-        self.gateway_duplicates += other.gateway_duplicates;
-        self.gateway_rejected += other.gateway_rejected;
-        self.raw_bytes += other.raw_bytes;
-        self.wire_bytes += other.wire_bytes;
-    }
-
-    fn add_batch(&mut self, batch: &Batch, response: &schemas::api::IngestResponse) {
-        self.batches += 1;
-        self.accepted += response.accepted as u64;
-        self.gateway_duplicates += response.duplicates as u64;
-        self.gateway_rejected += response.rejected.len() as u64;
-        self.raw_bytes += batch.raw_bytes as u64;
-        self.wire_bytes += batch.body.len() as u64;
+    /// Sums over all streams.
+    pub fn total(&self) -> StreamStats {
+        let mut t = StreamStats::default();
+        for s in self.streams.values() {
+            let (p, d) = (&s.pipeline, &s.delivery);
+            t.pipeline.read += p.read;
+            t.pipeline.invalid += p.invalid;
+            t.pipeline.duplicates += p.duplicates;
+            t.pipeline.filtered += p.filtered;
+            t.pipeline.batched += p.batched;
+            t.pipeline.batches += p.batches;
+            t.pipeline.spool_dropped += p.spool_dropped;
+            t.pipeline.raw_bytes += p.raw_bytes;
+            t.pipeline.encoded_bytes += p.encoded_bytes;
+            t.delivery.batches += d.batches;
+            t.delivery.records += d.records;
+            t.delivery.accepted += d.accepted;
+            t.delivery.duplicates += d.duplicates;
+            t.delivery.rejected_records += d.rejected_records;
+            t.delivery.rejected_batches += d.rejected_batches;
+            t.delivery.wire_bytes += d.wire_bytes;
+            t.delivery.raw_bytes += d.raw_bytes;
+        }
+        t
     }
 }
 
-/// Runs every configured source to its end and delivers what it read.
+/// Streams the agent runs a pipeline for: those its sources name, every known stream if there is
+/// an HTTP source, and any stream with batches left in the spool from an earlier run.
+fn active_streams(config: &AgentConfig, streams: &Streams, spool_root: &Path) -> BTreeSet<String> {
+    let mut names: BTreeSet<String> = config
+        .sources
+        .iter()
+        .filter_map(|s| s.stream().map(str::to_owned))
+        .collect();
+    if config
+        .sources
+        .iter()
+        .any(|s| matches!(s, SourceConfig::Http { .. }))
+    {
+        names.extend(streams.iter().map(|d| d.name.clone()));
+    }
+    if let Ok(entries) = std::fs::read_dir(spool_root) {
+        for entry in entries.flatten() {
+            let name = entry.file_name().to_string_lossy().into_owned();
+            if streams.get(&name).is_some() {
+                names.insert(name);
+            }
+        }
+    }
+    names
+}
+
+struct Running {
+    pipeline: std::thread::JoinHandle<Result<PipelineStats, pipeline::PipelineError>>,
+    delivery: JoinHandle<anyhow::Result<DeliveryStats>>,
+    recovery: Recovery,
+}
+
+/// Runs the agent: until every source has ended and the spool is delivered (sources that read to
+/// an end), or until `shutdown` (then the open batches go to the spool and are delivered at the
+/// next start).
 pub async fn run(
     config: AgentConfig,
     streams: Streams,
     shutdown: CancellationToken,
 ) -> anyhow::Result<AgentStats> {
-    let sender = Arc::new(Sender::new(&config.gateway)?);
-    let mut total = AgentStats::default();
-    for source in &config.sources {
-        let (stream, reader): (&str, Box<dyn BufRead + Send>) = match source {
-            SourceConfig::File { path, stream } => (
-                stream,
-                Box::new(std::io::BufReader::new(
-                    std::fs::File::open(path)
-                        .with_context(|| format!("cannot open {}", path.display()))?,
-                )),
-            ),
-            SourceConfig::Stdin { stream } => {
-                (stream, Box::new(std::io::BufReader::new(std::io::stdin())))
+    config.validate(&streams)?;
+    let state = &config.state_dir;
+    std::fs::create_dir_all(state)
+        .with_context(|| format!("cannot create state directory {}", state.display()))?;
+    let lock = std::fs::File::create(state.join("lock"))?;
+    if lock.try_lock().is_err() {
+        anyhow::bail!(
+            "another agent is running with state directory {}",
+            state.display()
+        );
+    }
+    let spool_root = state.join("spool");
+    let dedupe_dir = state.join("dedupe");
+    std::fs::create_dir_all(&dedupe_dir)?;
+    let health = plumbing::Health::default();
+    if let Some(addr) = config.admin_listen {
+        let local = plumbing::serve_admin(addr, health.clone(), shutdown.clone())
+            .await
+            .with_context(|| format!("cannot serve admin endpoints on {addr}"))?;
+        tracing::info!(%local, "admin endpoints listening");
+    }
+    let cancel = Arc::new(AtomicBool::new(false));
+    {
+        let (cancel, shutdown) = (cancel.clone(), shutdown.clone());
+        tokio::spawn(async move {
+            shutdown.cancelled().await;
+            cancel.store(true, Ordering::Relaxed);
+        });
+    }
+    let usage = Arc::new(Usage::default());
+    let output = Arc::new(Output::new(config.gateway.as_ref(), config.kafka.as_ref())?);
+    let link = Arc::new(Link::new(config.max_bytes_per_sec));
+    let mut feeds = Feeds::new();
+    let mut running = BTreeMap::new();
+    for name in active_streams(&config, &streams, &spool_root) {
+        let def = streams
+            .get(&name)
+            .expect("active streams are known")
+            .clone();
+        let settings = config.settings(&name);
+        let (spool, recovery) =
+            Spool::open(&spool_root, &name, config.spool.options(), usage.clone())?;
+        if recovery != Recovery::default() {
+            tracing::info!(stream = %name, ?recovery, "spool recovered");
+        }
+        let spool = Arc::new(spool);
+        let pipeline = Pipeline::new(
+            def.clone(),
+            &settings,
+            config.batch.clone(),
+            &config.dedupe,
+            spool.clone(),
+            &dedupe_dir,
+        )?;
+        tracing::info!(stream = %name, dedupe_bytes = pipeline.dedupe_memory_bytes(), "stream ready");
+        let (tx, rx) = std::sync::mpsc::sync_channel(QUEUED_CHUNKS);
+        feeds.insert(name.clone(), Feed::new(tx));
+        let inputs_done = Arc::new(AtomicBool::new(false));
+        let pipeline = {
+            let (cancel, inputs_done) = (cancel.clone(), inputs_done.clone());
+            std::thread::Builder::new()
+                .name(format!("pipeline-{name}"))
+                .spawn(move || {
+                    let result = pipeline.run(rx, &cancel);
+                    inputs_done.store(true, Ordering::Release);
+                    result
+                })?
+        };
+        let delivery = Delivery {
+            def,
+            spool,
+            output: output.clone(),
+            link: link.clone(),
+            cap: StreamCap::new(settings.max_bytes_per_sec),
+            priority: settings.priority,
+            rejected_dir: state.join("rejected"),
+            inputs_done,
+        };
+        let delivery = tokio::spawn(delivery.run(shutdown.child_token()));
+        running.insert(
+            name,
+            Running {
+                pipeline,
+                delivery,
+                recovery,
+            },
+        );
+    }
+    let positions = Arc::new(Positions::load(state)?);
+    let saver = {
+        let (positions, stop) = (positions.clone(), CancellationToken::new());
+        let stop2 = stop.clone();
+        let task = tokio::spawn(async move {
+            loop {
+                tokio::select! {
+                    _ = tokio::time::sleep(Duration::from_secs(1)) => {}
+                    _ = stop2.cancelled() => return,
+                }
+                let p = positions.clone();
+                if let Ok(Err(e)) = tokio::task::spawn_blocking(move || p.save()).await {
+                    tracing::error!(error = %e, "cannot save file positions");
+                }
+            }
+        });
+        (task, stop)
+    };
+    let sources = start_sources(&config, &streams, &feeds, &positions, &shutdown)?;
+    drop(feeds);
+    health.set_ready(true);
+    let mut failure = None;
+    for source in sources {
+        match source.await {
+            Ok(Ok(())) => {}
+            Ok(Err(e)) => {
+                tracing::error!(error = %format!("{e:#}"), "source failed; stopping");
+                shutdown.cancel();
+                failure.get_or_insert(e);
+            }
+            Err(e) => {
+                shutdown.cancel();
+                failure.get_or_insert(e.into());
+            }
+        }
+    }
+    let mut stats = AgentStats::default();
+    for (name, r) in running {
+        let pipeline = tokio::task::spawn_blocking(move || r.pipeline.join())
+            .await?
+            .map_err(|_| anyhow::anyhow!("pipeline of {name} panicked"))?;
+        let pipeline = match pipeline {
+            Ok(p) => p,
+            Err(pipeline::PipelineError::Spool(spool::SpoolError::Cancelled)) => {
+                PipelineStats::default()
+            }
+            Err(e) => {
+                shutdown.cancel();
+                failure.get_or_insert(anyhow::anyhow!("pipeline of {name}: {e}"));
+                PipelineStats::default()
             }
         };
-        let def = streams
-            .get(stream)
-            .with_context(|| format!("source refers to unknown stream '{stream}'"))?
-            .clone();
-        let stats = deliver_lines(
-            reader,
-            def,
-            config.batch.clone(),
-            config.dedupe_window,
-            &sender,
-            &shutdown,
-        )
-        .await?;
-        total.merge(&stats);
+        let delivery = r.delivery.await??;
+        stats.streams.insert(
+            name,
+            StreamStats {
+                recovery: r.recovery,
+                pipeline,
+                delivery,
+            },
+        );
     }
-    Ok(total)
+    saver.1.cancel();
+    let _ = saver.0.await;
+    positions.save().context("cannot save file positions")?;
+    drop(lock);
+    match failure {
+        Some(e) => Err(e),
+        None => Ok(stats),
+    }
 }
 
-/// Reads NDJSON lines on a blocking thread, batches them and sends every batch.
-pub async fn deliver_lines(
-    reader: Box<dyn BufRead + Send>,
-    def: Arc<StreamDef>,
-    batch: BatchConfig,
-    dedupe_window: usize,
-    sender: &Sender,
-    shutdown: &CancellationToken,
-) -> anyhow::Result<AgentStats> {
-    let (tx, rx) = mpsc::channel(QUEUED_BATCHES);
-    let stream = def.name.clone();
-    let reading = tokio::task::spawn_blocking(move || -> anyhow::Result<PipelineStats> {
-        let mut pipeline = Pipeline::new(def, batch, dedupe_window);
-        for (n, line) in reader.split(b'\n').enumerate() {
-            let line = line?;
-            if line.iter().all(u8::is_ascii_whitespace) {
-                continue;
-            }
-            match pipeline.push_line(&line) {
-                Ok(Some(batch)) => {
-                    if tx.blocking_send(batch).is_err() {
-                        break;
-                    }
-                }
-                Ok(None) => {}
-                Err(e) => {
-                    tracing::warn!(stream = %stream, line = n + 1, error = %e, "invalid record skipped")
-                }
-            }
-        }
-        if let Some(batch) = pipeline.take_batch() {
-            let _ = tx.blocking_send(batch);
-        }
-        Ok(pipeline.stats)
+type SourceTask = tokio::sync::oneshot::Receiver<anyhow::Result<()>>;
+
+/// Runs `f` on a thread of its own (a blocked read of stdin must not hold up the runtime's
+/// shutdown); the receiver reports its end.
+fn on_thread(
+    name: &str,
+    f: impl FnOnce() -> anyhow::Result<()> + Send + 'static,
+) -> anyhow::Result<SourceTask> {
+    let (tx, rx) = tokio::sync::oneshot::channel();
+    std::thread::Builder::new()
+        .name(name.to_owned())
+        .spawn(move || {
+            let _ = tx.send(f());
+        })?;
+    Ok(rx)
+}
+
+fn on_task(f: impl Future<Output = anyhow::Result<()>> + Send + 'static) -> SourceTask {
+    let (tx, rx) = tokio::sync::oneshot::channel();
+    tokio::spawn(async move {
+        let _ = tx.send(f.await);
     });
-    let mut stats = send_all(rx, sender, shutdown).await?;
-    stats.pipeline = reading.await??;
-    Ok(stats)
+    rx
 }
 
-/// Sends batches from `rx` in order until the channel closes.
-pub async fn send_all(
-    mut rx: mpsc::Receiver<Batch>,
-    sender: &Sender,
+fn start_sources(
+    config: &AgentConfig,
+    streams: &Streams,
+    feeds: &Feeds,
+    positions: &Arc<Positions>,
     shutdown: &CancellationToken,
-) -> anyhow::Result<AgentStats> {
-    let mut stats = AgentStats::default();
-    while let Some(batch) = rx.recv().await {
-        let response = sender.send(&batch, shutdown).await?;
-        for r in &response.rejected {
-            tracing::warn!(stream = %batch.stream, batch = %batch.id, index = r.index, reason = %r.reason, "gateway rejected a record");
-        }
-        stats.add_batch(&batch, &response);
+) -> anyhow::Result<Vec<SourceTask>> {
+    let mut tasks = Vec::new();
+    for source in &config.sources {
+        let feed = source.stream().map(|s| {
+            feeds
+                .get(s)
+                .expect("every source stream has a pipeline")
+                .clone()
+        });
+        let def = source.stream().and_then(|s| streams.get(s)).cloned();
+        let shutdown = shutdown.clone();
+        tasks.push(match source.clone() {
+            SourceConfig::File {
+                path,
+                format,
+                follow,
+                suffix,
+                poll_ms,
+                ..
+            } => {
+                let spec = FileSpec {
+                    path,
+                    format,
+                    follow,
+                    suffix,
+                    poll: Duration::from_millis(poll_ms),
+                };
+                let (feed, def, positions) = (
+                    feed.expect("file source"),
+                    def.expect("file source"),
+                    positions.clone(),
+                );
+                on_thread("source-file", move || {
+                    source::file::run(&spec, &def, &feed, &positions, &shutdown)
+                        .with_context(|| format!("file source {}", spec.path.display()))
+                })?
+            }
+            SourceConfig::Stdin { .. } => {
+                let feed: Feed = feed.expect("stdin source");
+                on_thread("source-stdin", move || {
+                    let mut reader = BufReader::with_capacity(64 * 1024, std::io::stdin());
+                    feed_lines(&mut reader, &feed, 0, true, |_| None, verbatim)?;
+                    Ok(())
+                })?
+            }
+            SourceConfig::Mqtt {
+                url,
+                topics,
+                client_id,
+                qos,
+                username,
+                password,
+                max_unacked,
+                ..
+            } => {
+                let spec = MqttSpec {
+                    url,
+                    topics,
+                    client_id,
+                    qos,
+                    username,
+                    password,
+                    max_unacked,
+                };
+                on_task(source::mqtt::run(
+                    spec,
+                    feed.expect("mqtt source"),
+                    shutdown,
+                ))
+            }
+            SourceConfig::Http {
+                listen,
+                token,
+                max_body_bytes,
+            } => {
+                let router = source::http::router(
+                    streams.clone(),
+                    feeds.clone(),
+                    token.as_deref(),
+                    max_body_bytes,
+                );
+                on_task(source::http::serve(listen, router, shutdown))
+            }
+        });
     }
-    Ok(stats)
+    Ok(tasks)
 }

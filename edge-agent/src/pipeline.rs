@@ -1,144 +1,405 @@
-//! Parse, validate, dedupe, batch and compress: the CPU side of the agent, run off the reactor.
+//! The CPU side of one stream, on a thread of its own: parse and validate, dedupe, filter, batch,
+//! encode, spool. Sources hand it chunks of NDJSON; each chunk's `done` callback runs once every
+//! record of the chunk is durable in the spool (or intentionally dropped), in chunk order. File
+//! sources persist their read position there, MQTT sends its PUBACKs, HTTP answers.
 
+use std::collections::VecDeque;
+use std::path::Path;
 use std::sync::Arc;
+use std::sync::atomic::AtomicBool;
+use std::sync::mpsc::{Receiver, RecvTimeoutError};
+use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
-use schemas::window::HashWindow;
+use schemas::api::RejectedRecord;
+use schemas::decode::ndjson_lines;
 use schemas::wire::encode_value;
-use schemas::{RecordError, StreamDef};
+use schemas::{Record, StreamDef};
 
-use crate::config::BatchConfig;
+use crate::batch::{Batch, BatchId, BodyEncoding};
+use crate::config::{BatchConfig, DedupeConfig, StreamSettings};
+use crate::dedupe::{Digest, DigestLog, DigestWindow, digest};
+use crate::filter::FilterChain;
+use crate::metrics as m;
+use crate::spool::{Appended, Overflow, Spool, SpoolError};
 
-/// A closed, compressed batch ready to send.
-#[derive(Debug, Clone)]
-pub struct Batch {
-    pub stream: String,
-    /// zstd-compressed NDJSON.
-    pub body: Vec<u8>,
-    /// BLAKE3 of the uncompressed NDJSON, sent as `Idempotency-Key`.
-    pub id: String,
-    pub records: usize,
-    pub raw_bytes: usize,
+/// Called once the chunk's records are durable or dropped on purpose.
+pub type Done = Box<dyn FnOnce(ChunkOutcome) + Send>;
+
+/// NDJSON lines from a source.
+pub struct Chunk {
+    pub data: Vec<u8>,
+    pub done: Option<Done>,
+    /// Close the open batch after this chunk (a source holding many unacknowledged messages).
+    pub flush: bool,
 }
 
-/// Counters of one pipeline.
+impl Chunk {
+    pub fn new(data: Vec<u8>, done: Option<Done>) -> Chunk {
+        Chunk {
+            data,
+            done,
+            flush: false,
+        }
+    }
+}
+
+/// What became of one chunk's records.
+#[derive(Debug, Default, Clone, PartialEq, Eq)]
+pub struct ChunkOutcome {
+    /// Valid records that were not duplicates (spooled, or dropped by a filter).
+    pub accepted: usize,
+    pub duplicates: usize,
+    pub rejected: Vec<RejectedRecord>,
+    /// The spool was full and the stream's policy dropped records of this chunk.
+    pub spool_dropped: bool,
+}
+
+/// Counters of one stream's pipeline.
 #[derive(Debug, Default, Clone, PartialEq, Eq)]
 pub struct PipelineStats {
     pub read: u64,
     pub invalid: u64,
     pub duplicates: u64,
+    pub filtered: u64,
     pub batched: u64,
+    pub batches: u64,
+    pub spool_dropped: u64,
+    pub raw_bytes: u64,
+    pub encoded_bytes: u64,
+}
+
+#[derive(Default)]
+struct Open {
+    ndjson: Vec<u8>,
+    records: Vec<Record>,
+    count: u32,
+    started: Option<Instant>,
+    digests: Vec<Digest>,
+    done: Vec<(Done, ChunkOutcome)>,
+}
+
+/// Callbacks waiting for a sequence number to become durable (`None`: nothing to wait for).
+type Waiting = VecDeque<(Option<u64>, Vec<(Done, ChunkOutcome)>)>;
+
+#[derive(Debug, thiserror::Error)]
+pub enum PipelineError {
+    #[error(transparent)]
+    Spool(#[from] SpoolError),
+    #[error("dedupe log: {0}")]
+    DedupeLog(std::io::Error),
+    #[error("cannot encode a batch: {0}")]
+    Encode(String),
 }
 
 pub struct Pipeline {
     def: Arc<StreamDef>,
-    config: BatchConfig,
-    window: HashWindow,
-    buf: Vec<u8>,
-    records: usize,
+    batch: BatchConfig,
+    encoding: BodyEncoding,
+    overflow: Overflow,
+    filters: FilterChain,
+    window: DigestWindow,
+    log: DigestLog,
+    spool: Arc<Spool>,
+    open: Open,
+    waiting: Waiting,
+    durable: u64,
+    filtered_out: Vec<Record>,
+    invalid_logged: u64,
     pub stats: PipelineStats,
 }
 
+pub fn now_secs() -> u32 {
+    SystemTime::now()
+        .duration_since(UNIX_EPOCH)
+        .map(|d| d.as_secs() as u32)
+        .unwrap_or(0)
+}
+
+fn now_ms() -> u64 {
+    SystemTime::now()
+        .duration_since(UNIX_EPOCH)
+        .map(|d| d.as_millis() as u64)
+        .unwrap_or(0)
+}
+
 impl Pipeline {
-    pub fn new(def: Arc<StreamDef>, config: BatchConfig, dedupe_window: usize) -> Pipeline {
-        Pipeline {
+    /// Builds the pipeline of a stream. The dedupe window is loaded from the digest log in
+    /// `state_dir` and from every batch still in the spool.
+    pub fn new(
+        def: Arc<StreamDef>,
+        settings: &StreamSettings,
+        batch: BatchConfig,
+        dedupe: &DedupeConfig,
+        spool: Arc<Spool>,
+        state_dir: &Path,
+    ) -> anyhow::Result<Pipeline> {
+        let filters = FilterChain::new(&def, &settings.filters).map_err(anyhow::Error::msg)?;
+        let mut window = DigestWindow::new(dedupe.window_records, dedupe.window_secs);
+        let now = now_secs();
+        let path = state_dir.join(format!("{}.digests", def.name));
+        let log = DigestLog::open(&path, &mut window, now)
+            .map_err(|e| anyhow::anyhow!("cannot open {}: {e}", path.display()))?;
+        for batch in spool.pending_batches()? {
+            match batch.records(&def) {
+                Ok(records) => records.iter().for_each(|r| {
+                    window.insert(digest(&r.hash), now);
+                }),
+                Err(e) => {
+                    tracing::error!(stream = %def.name, batch = %batch.id, error = %e, "cannot rebuild the dedupe window from a spooled batch")
+                }
+            }
+        }
+        metrics::gauge!(m::DEDUPE_ENTRIES, "stream" => def.name.clone()).set(window.len() as f64);
+        Ok(Pipeline {
+            encoding: settings.encoding.unwrap_or(batch.encoding),
+            overflow: settings.overflow,
             def,
-            config,
-            window: HashWindow::new(dedupe_window),
-            buf: Vec::new(),
-            records: 0,
+            batch,
+            filters,
+            window,
+            log,
+            spool,
+            open: Open::default(),
+            waiting: VecDeque::new(),
+            durable: 0,
+            filtered_out: Vec::new(),
+            invalid_logged: 0,
             stats: PipelineStats::default(),
+        })
+    }
+
+    pub fn dedupe_memory_bytes(&self) -> usize {
+        self.window.memory_bytes()
+    }
+
+    /// Runs until every sender of `rx` is gone, then closes the open batch and waits for it to be
+    /// durable. Stops early (leaving the open batch to be read again) if the spool is full under
+    /// `block` while `cancel` is set.
+    pub fn run(
+        mut self,
+        rx: Receiver<Chunk>,
+        cancel: &AtomicBool,
+    ) -> Result<PipelineStats, PipelineError> {
+        let max_age = Duration::from_millis(self.batch.max_age_ms.max(1));
+        let tick = max_age.min(Duration::from_millis(200));
+        loop {
+            if cancel.load(std::sync::atomic::Ordering::Relaxed) {
+                // Stopping: what is queued but not taken will be read again (files), delivered
+                // again (MQTT) or answered 503 (HTTP).
+                break;
+            }
+            let wait = match self.open.started {
+                Some(t) => (t + max_age)
+                    .saturating_duration_since(Instant::now())
+                    .min(tick),
+                None => tick,
+            };
+            match rx.recv_timeout(wait) {
+                Ok(chunk) => self.push_chunk(chunk, cancel)?,
+                Err(RecvTimeoutError::Timeout) => {}
+                Err(RecvTimeoutError::Disconnected) => break,
+            }
+            if self.open.started.is_some_and(|t| t.elapsed() >= max_age) {
+                self.close_batch(cancel)?;
+            }
+            self.flush_filters(false, cancel)?;
+            self.sync(false)?;
+        }
+        self.flush_filters(true, cancel)?;
+        self.close_batch(cancel)?;
+        self.sync(true)?;
+        Ok(self.stats)
+    }
+
+    /// Parses, dedupes, filters and batches the records of one chunk.
+    pub fn push_chunk(&mut self, chunk: Chunk, cancel: &AtomicBool) -> Result<(), PipelineError> {
+        let now = now_secs();
+        let mut outcome = ChunkOutcome::default();
+        let (mut read, mut invalid, mut duplicates) = (0u64, 0u64, 0u64);
+        for (index, line) in ndjson_lines(&chunk.data).enumerate() {
+            read += 1;
+            let valid = match schemas::check_bytes(&self.def, line) {
+                Ok(v) => v,
+                Err(e) => {
+                    invalid += 1;
+                    self.invalid_logged += 1;
+                    if self.invalid_logged <= 10 || self.invalid_logged.is_multiple_of(1000) {
+                        tracing::warn!(stream = %self.def.name, index, error = %e, total = self.invalid_logged, "invalid record skipped");
+                    }
+                    outcome.rejected.push(RejectedRecord {
+                        index,
+                        reason: e.to_string(),
+                    });
+                    continue;
+                }
+            };
+            let d = digest(&valid.hash);
+            if !self.window.insert(d, now) {
+                duplicates += 1;
+                continue;
+            }
+            self.open.digests.push(d);
+            outcome.accepted += 1;
+            if self.filters.is_empty() {
+                self.add(valid.record, cancel)?;
+            } else {
+                let mut out = std::mem::take(&mut self.filtered_out);
+                self.filters.apply(&self.def, valid.record, &mut out);
+                for record in out.drain(..) {
+                    self.add(record, cancel)?;
+                }
+                self.filtered_out = out;
+            }
+        }
+        outcome.duplicates = duplicates as usize;
+        self.stats.read += read;
+        self.stats.invalid += invalid;
+        self.stats.duplicates += duplicates;
+        let labels = [("stream", self.def.name.clone())];
+        metrics::counter!(m::RECORDS_RECEIVED, &labels).increment(read);
+        metrics::counter!(m::RECEIVED_BYTES, &labels).increment(chunk.data.len() as u64);
+        self.discarded("invalid", false, invalid);
+        self.discarded("duplicate", true, duplicates);
+        if let Some(done) = chunk.done {
+            self.open.done.push((done, outcome));
+        }
+        if chunk.flush || (self.open.count == 0 && !self.open.done.is_empty()) {
+            // Nothing left to spool for these chunks (all filtered or duplicates).
+            self.close_batch(cancel)?;
+        }
+        Ok(())
+    }
+
+    fn discarded(&self, reason: &'static str, intentional: bool, n: u64) {
+        if n > 0 {
+            metrics::counter!(m::DISCARDED, "stream" => self.def.name.clone(), "reason" => reason, "intentional" => if intentional { "true" } else { "false" }).increment(n);
         }
     }
 
-    /// Adds one NDJSON line. Returns a batch when this line closed one.
-    pub fn push_line(&mut self, line: &[u8]) -> Result<Option<Batch>, RecordError> {
-        self.stats.read += 1;
-        let checked = schemas::check_bytes(&self.def, line);
-        let valid = match checked {
-            Ok(v) => v,
-            Err(e) => {
-                self.stats.invalid += 1;
-                return Err(e);
+    fn add(&mut self, record: Record, cancel: &AtomicBool) -> Result<(), PipelineError> {
+        self.open
+            .ndjson
+            .extend_from_slice(&encode_value(&self.def, &record));
+        self.open.ndjson.push(b'\n');
+        if self.encoding == BodyEncoding::Parquet {
+            self.open.records.push(record);
+        }
+        self.open.count += 1;
+        self.open.started.get_or_insert_with(Instant::now);
+        if self.open.count as usize >= self.batch.max_records
+            || self.open.ndjson.len() >= self.batch.max_bytes
+        {
+            self.close_batch(cancel)?;
+        }
+        Ok(())
+    }
+
+    fn flush_filters(&mut self, all: bool, cancel: &AtomicBool) -> Result<(), PipelineError> {
+        if self.filters.is_empty() {
+            return Ok(());
+        }
+        let mut out = Vec::new();
+        self.filters.flush(&self.def, all, &mut out);
+        for record in out {
+            self.add(record, cancel)?;
+        }
+        Ok(())
+    }
+
+    /// Encodes and spools the open batch; queues its chunks' callbacks until it is durable.
+    fn close_batch(&mut self, cancel: &AtomicBool) -> Result<(), PipelineError> {
+        let open = std::mem::take(&mut self.open);
+        for (kind, n) in self.filters.take_dropped() {
+            self.stats.filtered += n;
+            self.discarded(kind, true, n);
+        }
+        if open.count == 0 {
+            for d in &open.digests {
+                self.log.push(*d, now_secs());
+            }
+            self.log.flush(false).map_err(PipelineError::DedupeLog)?;
+            self.waiting.push_back((None, open.done));
+            self.fire_ready();
+            return Ok(());
+        }
+        let body = match self.encoding {
+            BodyEncoding::Ndjson => zstd::bulk::compress(&open.ndjson, self.batch.zstd_level)
+                .map_err(|e| PipelineError::Encode(e.to_string()))?,
+            BodyEncoding::Parquet => {
+                schemas::columnar::encode_parquet(&self.def, &open.records, self.batch.zstd_level)
+                    .map_err(|e| PipelineError::Encode(e.to_string()))?
             }
         };
-        if !self.window.insert(valid.hash) {
-            self.stats.duplicates += 1;
-            return Ok(None);
+        let batch = Batch {
+            id: BatchId(*blake3::hash(&open.ndjson).as_bytes()),
+            encoding: self.encoding,
+            body,
+            records: open.count,
+            raw_bytes: open.ndjson.len() as u32,
+            created_ms: now_ms(),
+        };
+        let mut done = open.done;
+        match self.spool.append(&batch, self.overflow, cancel)? {
+            Appended::Stored { seq, durable } => {
+                let now = now_secs();
+                for d in &open.digests {
+                    self.log.push(*d, now);
+                }
+                self.log.flush(durable).map_err(PipelineError::DedupeLog)?;
+                if durable {
+                    self.durable = seq + 1;
+                }
+                self.stats.batched += u64::from(batch.records);
+                self.stats.batches += 1;
+                self.stats.raw_bytes += u64::from(batch.raw_bytes);
+                self.stats.encoded_bytes += batch.body.len() as u64;
+                let labels = [("stream", self.def.name.clone())];
+                metrics::counter!(m::BATCHES_SPOOLED, &labels).increment(1);
+                metrics::counter!(m::RECORDS_SPOOLED, &labels).increment(u64::from(batch.records));
+                self.waiting.push_back((Some(seq), done));
+            }
+            Appended::Dropped => {
+                self.stats.spool_dropped += u64::from(batch.records);
+                for (_, outcome) in &mut done {
+                    outcome.spool_dropped = true;
+                }
+                self.waiting.push_back((None, done));
+            }
         }
-        self.buf
-            .extend_from_slice(&encode_value(&self.def, &valid.record));
-        self.buf.push(b'\n');
-        self.records += 1;
-        self.stats.batched += 1;
-        if self.records >= self.config.max_records || self.buf.len() >= self.config.max_bytes {
-            return Ok(self.take_batch());
-        }
-        Ok(None)
+        metrics::gauge!(m::DEDUPE_ENTRIES, "stream" => self.def.name.clone())
+            .set(self.window.len() as f64);
+        self.fire_ready();
+        Ok(())
     }
 
-    /// Closes the open batch, if it holds anything.
-    pub fn take_batch(&mut self) -> Option<Batch> {
-        if self.records == 0 {
-            return None;
+    fn sync(&mut self, force: bool) -> Result<(), PipelineError> {
+        if self
+            .waiting
+            .iter()
+            .any(|(seq, _)| seq.is_some_and(|s| s >= self.durable))
+        {
+            let durable = self.spool.sync(force)?;
+            if durable > self.durable {
+                self.log.flush(true).map_err(PipelineError::DedupeLog)?;
+                self.durable = durable;
+            }
         }
-        let raw = std::mem::take(&mut self.buf);
-        let records = std::mem::take(&mut self.records);
-        let body = zstd::bulk::compress(&raw, self.config.zstd_level)
-            .unwrap_or_else(|_| zstd::bulk::compress(&raw, 3).unwrap_or_default());
-        Some(Batch {
-            stream: self.def.name.clone(),
-            id: blake3::hash(&raw).to_hex().to_string(),
-            body,
-            records,
-            raw_bytes: raw.len(),
-        })
+        self.fire_ready();
+        Ok(())
+    }
+
+    fn fire_ready(&mut self) {
+        while let Some((seq, _)) = self.waiting.front() {
+            if seq.is_some_and(|s| s >= self.durable) {
+                break;
+            }
+            let (_, callbacks) = self.waiting.pop_front().expect("checked");
+            for (done, outcome) in callbacks {
+                done(outcome);
+            }
+        }
     }
 }
 
 #[cfg(test)]
-mod tests {
-    use super::*;
-
-    fn pipeline(max_records: usize) -> Pipeline {
-        let def = schemas::example_streams()
-            .get("sensor_readings")
-            .unwrap()
-            .clone();
-        let config = BatchConfig {
-            max_records,
-            ..BatchConfig::default()
-        };
-        Pipeline::new(def, config, 100)
-    }
-
-    fn line(i: usize) -> Vec<u8> {
-        format!(r#"{{"device_id":"d","sensor":"s","ts":{i},"value":{i}}}"#).into_bytes()
-    }
-
-    #[test]
-    fn batches_dedupes_and_ids_are_content_addressed() {
-        let mut p = pipeline(2);
-        assert!(p.push_line(&line(1)).unwrap().is_none());
-        assert!(p.push_line(&line(1)).unwrap().is_none(), "duplicate");
-        let b = p.push_line(&line(2)).unwrap().expect("closed at 2 records");
-        assert_eq!(b.records, 2);
-        assert!(p.push_line(b"{\"nope\":1}").is_err());
-        assert_eq!(
-            p.stats,
-            PipelineStats {
-                read: 4,
-                invalid: 1,
-                duplicates: 1,
-                batched: 2
-            }
-        );
-        let raw = zstd::decode_all(&b.body[..]).unwrap();
-        assert_eq!(raw.len(), b.raw_bytes);
-        assert_eq!(b.id, blake3::hash(&raw).to_hex().to_string());
-        let mut q = pipeline(2);
-        q.push_line(&line(1)).unwrap();
-        let again = q.push_line(&line(2)).unwrap().unwrap();
-        assert_eq!(again.id, b.id, "same records, same Idempotency-Key");
-        assert!(p.take_batch().is_none());
-    }
-}
+mod tests;

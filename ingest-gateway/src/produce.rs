@@ -2,7 +2,7 @@
 //! accepted record was acknowledged.
 
 use std::sync::RwLock;
-use std::time::{Duration, SystemTime, UNIX_EPOCH};
+use std::time::Duration;
 
 use rdkafka::ClientConfig;
 use rdkafka::admin::{AdminClient, AdminOptions, NewTopic, TopicReplication};
@@ -10,9 +10,7 @@ use rdkafka::client::DefaultClientContext;
 use rdkafka::error::{KafkaError, RDKafkaErrorCode};
 use rdkafka::message::{Header, OwnedHeaders};
 use rdkafka::producer::{FutureProducer, FutureRecord, Producer as _};
-use schemas::wire::{
-    HEADER_CONTENT_HASH, HEADER_INGEST_TS, HEADER_SCHEMA_VERSION, encode_value, topic_name,
-};
+use schemas::wire::{HEADER_INGEST_TS, encode_value, topic_name};
 use schemas::{ContentHash, StreamDef, Streams, ValidRecord};
 
 use crate::api::ApiError;
@@ -98,12 +96,7 @@ pub fn client_config(brokers: &str) -> ClientConfig {
 
 impl Producer {
     pub fn new(config: &KafkaConfig) -> Result<Producer, KafkaError> {
-        let mut c = client_config(&config.brokers);
-        c.set("enable.idempotence", "true")
-            .set("acks", "all")
-            .set("compression.type", "zstd")
-            .set("linger.ms", "5")
-            .set("message.timeout.ms", config.produce_timeout_ms.to_string());
+        let mut c = plumbing::kafka::producer_config(&config.brokers, config.produce_timeout_ms);
         for (k, v) in &config.producer {
             c.set(k, v);
         }
@@ -184,28 +177,10 @@ impl Producer {
         dead_letters: Vec<DeadLetter>,
     ) -> Result<(), SendFailure> {
         let topic = topic_name(&self.topic_prefix, stream);
-        let ingest_ts = SystemTime::now()
-            .duration_since(UNIX_EPOCH)
-            .map(|d| d.as_micros() as i64)
-            .unwrap_or_default()
-            .to_string();
+        let ingest_ts = plumbing::kafka::ingest_ts_now();
         let mut pending = Vec::with_capacity(records.len());
         for r in &records {
-            let hash_hex = blake3::Hash::from_bytes(r.hash.0).to_hex();
-            let mut version = itoa::Buffer::new();
-            let headers = OwnedHeaders::new_with_capacity(3)
-                .insert(Header {
-                    key: HEADER_CONTENT_HASH,
-                    value: Some(hash_hex.as_str()),
-                })
-                .insert(Header {
-                    key: HEADER_SCHEMA_VERSION,
-                    value: Some(version.format(r.schema_version)),
-                })
-                .insert(Header {
-                    key: HEADER_INGEST_TS,
-                    value: Some(&ingest_ts),
-                });
+            let headers = plumbing::kafka::record_headers(&r.hash, r.schema_version, &ingest_ts);
             let record = FutureRecord::to(&topic)
                 .key(&r.key)
                 .payload(&r.value)

@@ -3,14 +3,11 @@
 
 use std::collections::HashSet;
 use std::fmt;
-use std::io::Cursor;
 use std::path::PathBuf;
 use std::sync::atomic::Ordering;
 use std::time::{Duration, Instant};
 
 use anyhow::{Context, bail};
-use edge_agent::config::{BatchConfig, GatewayTarget};
-use edge_agent::sender::Sender;
 use ingest_gateway::GatewayConfig;
 use ingest_gateway::config::{AuthConfig, TokenConfig};
 use rdkafka::mocking::MockCluster;
@@ -51,8 +48,8 @@ pub struct DemoSummary {
 
 impl fmt::Display for DemoSummary {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        let a = &self.agent;
-        let dups = a.pipeline.duplicates + a.gateway_duplicates + self.sink_duplicates;
+        let a = self.agent.total();
+        let dups = a.pipeline.duplicates + a.delivery.duplicates + self.sink_duplicates;
         writeln!(
             f,
             "edge-ingest demo: agent -> gateway -> Kafka (in-process mock) -> sink -> Parquet"
@@ -64,13 +61,13 @@ impl fmt::Display for DemoSummary {
         )?;
         writeln!(
             f,
-            "  sent by the agent    {} records in {} zstd batches, {} accepted by the gateway",
-            a.pipeline.batched, a.batches, a.accepted
+            "  sent by the agent    {} records in {} zstd batches through its spool, {} accepted by the gateway",
+            a.pipeline.batched, a.delivery.batches, a.delivery.accepted
         )?;
         writeln!(
             f,
             "  duplicates dropped   {dups} (agent {}, gateway {}, sink {})",
-            a.pipeline.duplicates, a.gateway_duplicates, self.sink_duplicates
+            a.pipeline.duplicates, a.delivery.duplicates, self.sink_duplicates
         )?;
         writeln!(
             f,
@@ -78,11 +75,11 @@ impl fmt::Display for DemoSummary {
             self.landed_rows,
             self.files.len()
         )?;
-        let ratio = a.wire_bytes as f64 / a.raw_bytes.max(1) as f64;
+        let ratio = a.delivery.wire_bytes as f64 / a.delivery.raw_bytes.max(1) as f64;
         writeln!(
             f,
             "  bytes on the wire    {} (NDJSON {} bytes, ratio {ratio:.3})",
-            a.wire_bytes, a.raw_bytes
+            a.delivery.wire_bytes, a.delivery.raw_bytes
         )?;
         let v = &self.verdict;
         if v.exactly_once() {
@@ -136,30 +133,28 @@ pub async fn run(options: DemoOptions) -> anyhow::Result<DemoSummary> {
 
     let records = sensor_readings(&options.fleet);
     let expected = distinct_hashes(&streams, &records)?;
-    let sender = Sender::new(&GatewayTarget {
-        url: format!("http://{}", gateway.addr),
-        token: Some(DEMO_TOKEN.into()),
-        timeout_ms: 10_000,
-        max_attempts: 5,
-    })?;
-    let def = streams
-        .get(STREAM)
-        .context("sensor_readings stream missing")?
-        .clone();
-    let batch = BatchConfig {
-        max_records: 2_000,
-        ..BatchConfig::default()
-    };
-    let agent = edge_agent::deliver_lines(
-        Box::new(Cursor::new(to_ndjson(&records))),
-        def,
-        batch,
-        1_000_000,
-        &sender,
-        &shutdown,
-    )
-    .await?;
-
+    // The agent reads the fleet's readings from a file, as it would on an edge box.
+    let agent_dir = options.landing.join(format!("{run_prefix}-agent"));
+    std::fs::create_dir_all(&agent_dir)?;
+    let readings = agent_dir.join("readings.ndjson");
+    std::fs::write(&readings, to_ndjson(&records))?;
+    let agent_config = edge_agent::AgentConfig::parse(&format!(
+        r#"
+        state_dir = {state:?}
+        [gateway]
+        url = "http://{addr}"
+        token = "{DEMO_TOKEN}"
+        [batch]
+        max_records = 2000
+        [[sources]]
+        type = "file"
+        path = {readings:?}
+        stream = "{STREAM}"
+        "#,
+        state = agent_dir.join("state"),
+        addr = gateway.addr,
+    ))?;
+    let agent = edge_agent::run(agent_config, streams.clone(), shutdown.clone()).await?;
     let deadline = Instant::now() + options.timeout;
     while sink.stats.records_written.load(Ordering::Relaxed) < expected.len() as u64 {
         if Instant::now() > deadline {

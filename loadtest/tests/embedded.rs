@@ -26,11 +26,11 @@ async fn embedded_default_lands_every_record_exactly_once() {
     assert!(summary.verdict.exactly_once(), "{summary}");
     assert_eq!(summary.landed_rows, summary.distinct);
     assert!(
-        summary.agent.pipeline.duplicates > 0,
+        summary.agent.total().pipeline.duplicates > 0,
         "the fleet re-sends records"
     );
     assert!(
-        summary.agent.wire_bytes < summary.agent.raw_bytes / 3,
+        summary.agent.total().delivery.wire_bytes < summary.agent.total().delivery.raw_bytes / 3,
         "{summary}"
     );
 

@@ -8,7 +8,6 @@ use std::sync::atomic::Ordering;
 use std::time::{Duration, Instant};
 
 use edge_agent::AgentConfig;
-use edge_agent::config::{BatchConfig, GatewayTarget, SourceConfig};
 use ingest_gateway::GatewayConfig;
 use ingest_gateway::config::{AuthConfig, TokenConfig};
 use loadtest::demo::{blake3_hex, distinct_hashes};
@@ -79,29 +78,35 @@ async fn agent_gateway_tansu_sink_s3_pyarrow() {
     let dir = tempfile::tempdir().unwrap();
     let file = dir.path().join("readings.ndjson");
     std::fs::write(&file, to_ndjson(&records)).unwrap();
-    let agent = AgentConfig {
-        streams_dir: common::repo_root().join("streams"),
-        gateway: GatewayTarget {
-            url: format!("http://{}", gateway.addr),
-            token: Some("e2e-secret".into()),
-            timeout_ms: 30_000,
-            max_attempts: 5,
-        },
-        batch: BatchConfig {
-            max_records: 700,
-            ..BatchConfig::default()
-        },
-        dedupe_window: 1_000_000,
-        sources: vec![SourceConfig::File {
-            path: file,
-            stream: "sensor_readings".into(),
-        }],
-    };
+    // The agent sends Parquet batch bodies: the gateway's columnar path, end to end.
+    let agent = AgentConfig::parse(&format!(
+        r#"
+        state_dir = {state:?}
+        [gateway]
+        url = "http://{addr}"
+        token = "e2e-secret"
+        [batch]
+        max_records = 700
+        encoding = "parquet"
+        [[sources]]
+        type = "file"
+        path = {file:?}
+        stream = "sensor_readings"
+        "#,
+        state = dir.path().join("state"),
+        addr = gateway.addr,
+    ))
+    .unwrap();
     let stats = edge_agent::run(agent, streams.clone(), shutdown.clone())
         .await
-        .unwrap();
-    assert_eq!(stats.accepted as usize, expected.len());
-    assert!(stats.batches >= 4, "several batches: {stats:?}");
+        .unwrap()
+        .total();
+    assert_eq!(stats.delivery.accepted as usize, expected.len());
+    assert!(stats.delivery.batches >= 4, "several batches: {stats:?}");
+    assert!(
+        stats.delivery.wire_bytes * 2 < stats.delivery.raw_bytes,
+        "Parquet bodies are compressed: {stats:?}"
+    );
 
     let deadline = Instant::now() + Duration::from_secs(120);
     while sink.stats.records_written.load(Ordering::Relaxed) < expected.len() as u64 {

@@ -2,6 +2,7 @@
 //! health endpoints, tracing and shutdown. Kept small on purpose.
 
 pub mod config;
+pub mod kafka;
 pub mod telemetry;
 
 pub use config::{load_config, load_streams_dir};

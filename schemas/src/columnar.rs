@@ -13,7 +13,9 @@
 use std::sync::Arc;
 
 use arrow::array::{Array, ArrayRef, AsArray, RecordBatch};
-use arrow::datatypes::{Field, Float64Type, Int64Type, Schema, SchemaRef, TimestampMicrosecondType};
+use arrow::datatypes::{
+    Field, Float64Type, Int64Type, Schema, SchemaRef, TimestampMicrosecondType,
+};
 use bytes::Bytes;
 use parquet::arrow::ArrowWriter;
 use parquet::arrow::arrow_reader::ParquetRecordBatchReaderBuilder;

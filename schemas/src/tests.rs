@@ -425,7 +425,7 @@ fn reformat(json: &Json, variant: u8) -> String {
     let mut parts = Vec::new();
     for (k, v) in obj.iter().rev() {
         let text = match (k.as_str(), v) {
-            (_, Json::Null) if variant % 2 == 0 => continue,
+            (_, Json::Null) if variant.is_multiple_of(2) => continue,
             ("ts", Json::Number(n)) => {
                 let ms = n.as_i64().unwrap();
                 match variant % 3 {
@@ -707,10 +707,14 @@ fn parquet_bodies_fail_clearly() {
     let body = crate::columnar::encode_parquet(&def, &records, 3).unwrap();
     let limit = crate::columnar::parquet_to_ndjson(&def, body.clone().into(), 500).unwrap_err();
     assert_eq!(limit, DecodeError::TooLarge(500));
-    let garbage = crate::columnar::parquet_to_ndjson(&def, b"PAR1 not parquet".to_vec().into(), 1 << 20)
-        .unwrap_err()
-        .to_string();
-    assert!(garbage.starts_with("malformed JSON body: Parquet body:"), "{garbage}");
+    let garbage =
+        crate::columnar::parquet_to_ndjson(&def, b"PAR1 not parquet".to_vec().into(), 1 << 20)
+            .unwrap_err()
+            .to_string();
+    assert!(
+        garbage.starts_with("malformed JSON body: Parquet body:"),
+        "{garbage}"
+    );
     let other = example_streams().get("vehicle_telemetry").unwrap().clone();
     let wrong = crate::columnar::parquet_to_ndjson(&other, body.into(), 1 << 20)
         .unwrap_err()

@@ -240,7 +240,7 @@ impl Worker {
                         self.flush(&key, reason).await?;
                     }
                     self.received += 1;
-                    if self.received % BUDGET_CHECK_EVERY == 0 {
+                    if self.received.is_multiple_of(BUDGET_CHECK_EVERY) {
                         self.enforce_budget()?;
                     }
                 }

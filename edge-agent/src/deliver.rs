@@ -1,0 +1,102 @@
+//! The delivery loop of one stream: oldest spooled batch first, one at a time, acknowledged in
+//! the spool only after the output acknowledged it.
+
+use std::path::PathBuf;
+use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::time::Duration;
+
+use schemas::StreamDef;
+use tokio_util::sync::CancellationToken;
+
+use crate::link::{Link, StreamCap};
+use crate::metrics as m;
+use crate::output::{Output, SendError, keep_rejected};
+use crate::spool::Spool;
+
+/// What one stream's delivery did.
+#[derive(Debug, Default, Clone, PartialEq, Eq)]
+pub struct DeliveryStats {
+    pub batches: u64,
+    pub records: u64,
+    pub accepted: u64,
+    pub duplicates: u64,
+    pub rejected_records: u64,
+    pub rejected_batches: u64,
+    pub wire_bytes: u64,
+    pub raw_bytes: u64,
+}
+
+pub struct Delivery {
+    pub def: Arc<StreamDef>,
+    pub spool: Arc<Spool>,
+    pub output: Arc<Output>,
+    pub link: Arc<Link>,
+    pub cap: StreamCap,
+    pub priority: i32,
+    pub rejected_dir: PathBuf,
+    /// Set once the stream's pipeline has finished: the loop ends when the spool is empty.
+    pub inputs_done: Arc<AtomicBool>,
+}
+
+impl Delivery {
+    /// Sends until the inputs are done and the spool is empty, or until `shutdown`.
+    pub async fn run(self, shutdown: CancellationToken) -> anyhow::Result<DeliveryStats> {
+        let mut stats = DeliveryStats::default();
+        let labels = [("stream", self.def.name.clone())];
+        loop {
+            let spool = self.spool.clone();
+            let next = tokio::task::spawn_blocking(move || spool.first_pending()).await??;
+            let Some((seq, batch)) = next else {
+                if self.inputs_done.load(Ordering::Acquire) && self.spool.pending().0 == 0 {
+                    return Ok(stats);
+                }
+                tokio::select! {
+                    _ = self.spool.appended() => {}
+                    _ = tokio::time::sleep(Duration::from_millis(200)) => {}
+                    _ = shutdown.cancelled() => return Ok(stats),
+                }
+                continue;
+            };
+            let wire = batch.body.len() as u64;
+            tokio::select! {
+                _ = async {
+                    self.cap.acquire(wire).await;
+                    self.link.acquire(self.priority, wire).await;
+                } => {}
+                _ = shutdown.cancelled() => return Ok(stats),
+            }
+            match self.output.send(&self.def, &batch, &shutdown).await {
+                Ok(response) => {
+                    for r in response.rejected.iter().take(10) {
+                        tracing::warn!(stream = %self.def.name, batch = %batch.id, index = r.index, reason = %r.reason, "a record of a delivered batch was rejected");
+                    }
+                    stats.accepted += response.accepted as u64;
+                    stats.duplicates += response.duplicates as u64;
+                    stats.rejected_records += response.rejected.len() as u64;
+                    metrics::counter!(m::RECORDS_REJECTED, &labels)
+                        .increment(response.rejected.len() as u64);
+                }
+                Err(SendError::Rejected { status, body }) => {
+                    let kept =
+                        keep_rejected(&self.rejected_dir, &self.def.name, &batch, status, &body);
+                    tracing::error!(stream = %self.def.name, batch = %batch.id, status, answer = %body, kept = ?kept, "batch refused for good; kept aside, not retried");
+                    stats.rejected_batches += 1;
+                    metrics::counter!(m::BATCHES_REJECTED, &labels).increment(1);
+                }
+                Err(SendError::Cancelled) => return Ok(stats),
+                Err(e @ SendError::Config(_)) => return Err(e.into()),
+            }
+            let spool = self.spool.clone();
+            tokio::task::spawn_blocking(move || spool.ack(seq)).await??;
+            stats.batches += 1;
+            stats.records += u64::from(batch.records);
+            stats.wire_bytes += wire;
+            stats.raw_bytes += u64::from(batch.raw_bytes);
+            metrics::counter!(m::BATCHES_SENT, &labels).increment(1);
+            metrics::counter!(m::RECORDS_SENT, &labels).increment(u64::from(batch.records));
+            metrics::counter!(m::SENT_BYTES, &labels).increment(wire);
+            metrics::counter!(m::SENT_RAW_BYTES, &labels).increment(u64::from(batch.raw_bytes));
+        }
+    }
+}

@@ -1,0 +1,538 @@
+//! Per-stream filters: predicates, deadband (report by exception) and downsampling. Every record a
+//! filter drops is counted, per filter.
+//!
+//! Series: deadband and downsampling keep state per series, identified by `key_fields` (default:
+//! the partition key and the stream's other required string fields, e.g. `device_id` and
+//! `sensor`). Time is the record's event time, so replaying a file gives the same result.
+
+use std::cmp::Ordering;
+use std::collections::HashMap;
+use std::hash::{BuildHasher, Hasher};
+
+use schemas::{FieldType, Record, StreamDef, Value};
+use serde::Deserialize;
+use serde_json::Value as Json;
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum CmpOp {
+    Eq,
+    Ne,
+    Lt,
+    Le,
+    Gt,
+    Ge,
+    /// `value` is a list; the field equals one of its items.
+    In,
+    NotIn,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum Aggregate {
+    Min,
+    Max,
+    Mean,
+}
+
+/// One filter of a stream, as configured.
+#[derive(Debug, Clone, Deserialize)]
+#[serde(tag = "type", rename_all = "snake_case", deny_unknown_fields)]
+pub enum FilterConfig {
+    /// Keeps the records for which `field op value` holds. A missing (null) field satisfies only
+    /// `ne` and `not_in`.
+    Predicate {
+        field: String,
+        op: CmpOp,
+        value: Json,
+    },
+    /// Report by exception: a reading is sent when it differs from the last sent one of its series
+    /// by more than the band (`absolute`, or `percent` of `range`), or when `max_silence_secs`
+    /// passed since the last sent one (a heartbeat). With `send_previous` (default), the last
+    /// suppressed reading is sent before one that breaks the band, so the step keeps its shape.
+    Deadband {
+        field: String,
+        #[serde(default)]
+        key_fields: Option<Vec<String>>,
+        #[serde(default)]
+        absolute: Option<f64>,
+        #[serde(default)]
+        percent: Option<f64>,
+        /// `[low, high]` of the instrument, for `percent`.
+        #[serde(default)]
+        range: Option<[f64; 2]>,
+        #[serde(default)]
+        max_silence_secs: u64,
+        #[serde(default = "yes")]
+        send_previous: bool,
+    },
+    /// Keeps every `every`-th record of a series, or sends one record per `window_secs` window
+    /// with `field` replaced by the `aggregate` (min, max or mean) of the window.
+    Downsample {
+        #[serde(default)]
+        key_fields: Option<Vec<String>>,
+        #[serde(default)]
+        every: Option<u32>,
+        #[serde(default)]
+        window_secs: Option<u64>,
+        #[serde(default)]
+        aggregate: Option<Aggregate>,
+        #[serde(default)]
+        field: Option<String>,
+    },
+}
+
+fn yes() -> bool {
+    true
+}
+
+impl FilterConfig {
+    pub fn kind(&self) -> &'static str {
+        match self {
+            FilterConfig::Predicate { .. } => "predicate",
+            FilterConfig::Deadband { .. } => "deadband",
+            FilterConfig::Downsample { .. } => "downsample",
+        }
+    }
+
+    /// Checks the filter against the stream it is configured for.
+    pub fn check(&self, def: &StreamDef) -> Result<(), String> {
+        self.compile(def).map(|_| ())
+    }
+
+    fn compile(&self, def: &StreamDef) -> Result<Filter, String> {
+        let field = |name: &str| {
+            def.field_index(name)
+                .ok_or_else(|| format!("no field '{name}' in stream '{}'", def.name))
+        };
+        let numeric = |name: &str| {
+            let i = field(name)?;
+            match def.fields[i].ty {
+                FieldType::Int64 | FieldType::Float64 => Ok(i),
+                _ => Err(format!("field '{name}' is not int64 or float64")),
+            }
+        };
+        let series = |key_fields: &Option<Vec<String>>| -> Result<Vec<usize>, String> {
+            match key_fields {
+                Some(names) => names.iter().map(|n| field(n)).collect(),
+                None => {
+                    let mut key = vec![def.partition_key];
+                    key.extend((0..def.fields.len()).filter(|&i| {
+                        i != def.partition_key
+                            && def.fields[i].required
+                            && def.fields[i].ty == FieldType::String
+                    }));
+                    Ok(key)
+                }
+            }
+        };
+        Ok(match self {
+            FilterConfig::Predicate {
+                field: f,
+                op,
+                value,
+            } => {
+                if matches!(op, CmpOp::In | CmpOp::NotIn) && !value.is_array() {
+                    return Err(format!("'{f}' {op:?}: value must be a list"));
+                }
+                Filter::Predicate {
+                    field: field(f)?,
+                    op: *op,
+                    value: value.clone(),
+                }
+            }
+            FilterConfig::Deadband {
+                field: f,
+                key_fields,
+                absolute,
+                percent,
+                range,
+                max_silence_secs,
+                send_previous,
+            } => {
+                let band = match (absolute, percent, range) {
+                    (Some(a), None, _) if *a >= 0.0 => *a,
+                    (None, Some(p), Some([lo, hi])) if *p >= 0.0 && hi > lo => {
+                        p / 100.0 * (hi - lo)
+                    }
+                    (None, Some(_), _) => {
+                        return Err(
+                            "deadband percent needs range = [low, high] with low < high".into()
+                        );
+                    }
+                    _ => {
+                        return Err(
+                            "deadband needs exactly one of absolute or percent (≥ 0)".into()
+                        );
+                    }
+                };
+                Filter::Deadband {
+                    field: numeric(f)?,
+                    series: series(key_fields)?,
+                    band,
+                    max_silence_micros: (*max_silence_secs as i64).saturating_mul(1_000_000),
+                    send_previous: *send_previous,
+                    state: HashMap::new(),
+                }
+            }
+            FilterConfig::Downsample {
+                key_fields,
+                every,
+                window_secs,
+                aggregate,
+                field: f,
+            } => {
+                let series = series(key_fields)?;
+                match (every, window_secs, aggregate, f) {
+                    (Some(n), None, None, None) if *n >= 1 => Filter::Every {
+                        series,
+                        n: *n,
+                        seen: HashMap::new(),
+                    },
+                    (None, Some(w), Some(agg), Some(f)) if *w >= 1 => Filter::Window {
+                        series,
+                        field: numeric(f)?,
+                        micros: (*w as i64).saturating_mul(1_000_000),
+                        aggregate: *agg,
+                        open: HashMap::new(),
+                        latest: i64::MIN,
+                    },
+                    _ => {
+                        return Err("downsample needs either every = N (≥ 1), or window_secs, aggregate and field".into());
+                    }
+                }
+            }
+        })
+    }
+}
+
+#[derive(Debug)]
+struct Band {
+    sent: f64,
+    sent_at: i64,
+    held: Option<Record>,
+}
+
+#[derive(Debug)]
+struct Window {
+    start: i64,
+    template: Record,
+    min: f64,
+    max: f64,
+    sum: f64,
+    count: u64,
+}
+
+#[derive(Debug)]
+enum Filter {
+    Predicate {
+        field: usize,
+        op: CmpOp,
+        value: Json,
+    },
+    Deadband {
+        field: usize,
+        series: Vec<usize>,
+        band: f64,
+        max_silence_micros: i64,
+        send_previous: bool,
+        state: HashMap<u64, Band>,
+    },
+    Every {
+        series: Vec<usize>,
+        n: u32,
+        seen: HashMap<u64, u32>,
+    },
+    Window {
+        series: Vec<usize>,
+        field: usize,
+        micros: i64,
+        aggregate: Aggregate,
+        open: HashMap<u64, Window>,
+        latest: i64,
+    },
+}
+
+fn series_key(record: &Record, fields: &[usize]) -> u64 {
+    let mut h = foldhash::fast::FixedState::with_seed(0x5eed).build_hasher();
+    for &i in fields {
+        match &record.values[i] {
+            Value::Str(s) => h.write(s.as_bytes()),
+            Value::Int(n) => h.write_i64(*n),
+            Value::Bool(b) => h.write_u8(u8::from(*b)),
+            _ => h.write_u8(0xff),
+        }
+        h.write_u8(0);
+    }
+    h.finish()
+}
+
+fn number(v: &Value) -> Option<f64> {
+    match v {
+        Value::Int(i) => Some(*i as f64),
+        Value::Float(f) => Some(*f),
+        _ => None,
+    }
+}
+
+fn compare(v: &Value, literal: &Json) -> Option<Ordering> {
+    match (v, literal) {
+        (Value::Int(_) | Value::Float(_), Json::Number(n)) => number(v)?.partial_cmp(&n.as_f64()?),
+        (Value::Timestamp(t), Json::Number(n)) => (*t as f64).partial_cmp(&n.as_f64()?),
+        (Value::Str(s), Json::String(l)) => Some(s.as_str().cmp(l)),
+        (Value::Bool(b), Json::Bool(l)) => Some(b.cmp(l)),
+        _ => None,
+    }
+}
+
+fn holds(v: &Value, op: CmpOp, literal: &Json) -> bool {
+    let eq = |lit: &Json| compare(v, lit) == Some(Ordering::Equal);
+    let ord = compare(v, literal);
+    match op {
+        CmpOp::Eq => eq(literal),
+        CmpOp::Ne => !eq(literal),
+        CmpOp::Lt => ord == Some(Ordering::Less),
+        CmpOp::Le => matches!(ord, Some(Ordering::Less | Ordering::Equal)),
+        CmpOp::Gt => ord == Some(Ordering::Greater),
+        CmpOp::Ge => matches!(ord, Some(Ordering::Greater | Ordering::Equal)),
+        CmpOp::In => literal.as_array().is_some_and(|items| items.iter().any(eq)),
+        CmpOp::NotIn => !literal.as_array().is_some_and(|items| items.iter().any(eq)),
+    }
+}
+
+impl Filter {
+    /// Passes `record` on (into `out`, possibly with held records before it) or drops it.
+    /// Returns how many records were dropped for good.
+    fn apply(&mut self, def: &StreamDef, record: Record, out: &mut Vec<Record>) -> u64 {
+        match self {
+            Filter::Predicate { field, op, value } => {
+                if holds(&record.values[*field], *op, value) {
+                    out.push(record);
+                    0
+                } else {
+                    1
+                }
+            }
+            Filter::Deadband {
+                field,
+                series,
+                band,
+                max_silence_micros,
+                send_previous,
+                state,
+            } => {
+                let Some(v) = number(&record.values[*field]) else {
+                    out.push(record);
+                    return 0;
+                };
+                let t = record.event_time(def);
+                let key = series_key(&record, series);
+                let Some(s) = state.get_mut(&key) else {
+                    state.insert(
+                        key,
+                        Band {
+                            sent: v,
+                            sent_at: t,
+                            held: None,
+                        },
+                    );
+                    out.push(record);
+                    return 0;
+                };
+                let breaks = (v - s.sent).abs() > *band || v.is_nan() != s.sent.is_nan();
+                let silent_too_long =
+                    *max_silence_micros > 0 && t.saturating_sub(s.sent_at) >= *max_silence_micros;
+                if breaks || silent_too_long {
+                    let mut dropped = 0;
+                    if let Some(held) = s.held.take() {
+                        if breaks && *send_previous {
+                            out.push(held);
+                        } else {
+                            dropped = 1;
+                        }
+                    }
+                    s.sent = v;
+                    s.sent_at = t;
+                    out.push(record);
+                    dropped
+                } else {
+                    u64::from(s.held.replace(record).is_some())
+                }
+            }
+            Filter::Every { series, n, seen } => {
+                let count = seen.entry(series_key(&record, series)).or_insert(0);
+                let keep = *count % *n == 0;
+                *count = count.wrapping_add(1) % *n;
+                if keep {
+                    out.push(record);
+                    0
+                } else {
+                    1
+                }
+            }
+            Filter::Window {
+                series,
+                field,
+                micros,
+                aggregate,
+                open,
+                latest,
+            } => {
+                let t = record.event_time(def);
+                *latest = (*latest).max(t);
+                let Some(v) = number(&record.values[*field]) else {
+                    out.push(record);
+                    return 0;
+                };
+                let start = t - t.rem_euclid(*micros);
+                let key = series_key(&record, series);
+                let mut dropped = 0;
+                if let Some(w) = open.get(&key)
+                    && w.start != start
+                {
+                    let w = open.remove(&key).expect("present");
+                    dropped += close_window(def, *field, *aggregate, w, out);
+                }
+                let w = open.entry(key).or_insert_with(|| Window {
+                    start,
+                    template: record,
+                    min: f64::INFINITY,
+                    max: f64::NEG_INFINITY,
+                    sum: 0.0,
+                    count: 0,
+                });
+                w.min = w.min.min(v);
+                w.max = w.max.max(v);
+                w.sum += v;
+                w.count += 1;
+                dropped
+            }
+        }
+    }
+
+    /// Emits what is held: windows that ended at least one window before the latest event time
+    /// seen (`all`: every window), and (`all`) nothing else. Returns records dropped for good.
+    fn flush(&mut self, def: &StreamDef, all: bool, out: &mut Vec<Record>) -> u64 {
+        match self {
+            Filter::Window {
+                field,
+                micros,
+                aggregate,
+                open,
+                latest,
+                ..
+            } => {
+                let horizon = latest.saturating_sub(2 * *micros);
+                let done: Vec<u64> = open
+                    .iter()
+                    .filter(|(_, w)| all || w.start <= horizon)
+                    .map(|(k, _)| *k)
+                    .collect();
+                let mut dropped = 0;
+                for key in done {
+                    let w = open.remove(&key).expect("present");
+                    dropped += close_window(def, *field, *aggregate, w, out);
+                }
+                dropped
+            }
+            Filter::Deadband { state, .. } if all => {
+                // Suppressed readings still held were within the band of a sent one: dropped.
+                state.values_mut().filter_map(|s| s.held.take()).count() as u64
+            }
+            _ => 0,
+        }
+    }
+}
+
+fn close_window(
+    def: &StreamDef,
+    field: usize,
+    aggregate: Aggregate,
+    w: Window,
+    out: &mut Vec<Record>,
+) -> u64 {
+    let value = match aggregate {
+        Aggregate::Min => w.min,
+        Aggregate::Max => w.max,
+        Aggregate::Mean => w.sum / w.count as f64,
+    };
+    let mut record = w.template;
+    record.values[field] = match def.fields[field].ty {
+        FieldType::Int64 => Value::Int(value.round() as i64),
+        _ => Value::Float(value),
+    };
+    record.values[def.event_time] = Value::Timestamp(w.start);
+    out.push(record);
+    w.count - 1
+}
+
+/// The filters of one stream, in order, with their drop counts.
+#[derive(Debug)]
+pub struct FilterChain {
+    filters: Vec<(&'static str, Filter)>,
+    dropped: Vec<u64>,
+}
+
+impl FilterChain {
+    pub fn new(def: &StreamDef, configs: &[FilterConfig]) -> Result<FilterChain, String> {
+        let filters = configs
+            .iter()
+            .map(|c| Ok((c.kind(), c.compile(def)?)))
+            .collect::<Result<Vec<_>, String>>()?;
+        Ok(FilterChain {
+            dropped: vec![0; filters.len()],
+            filters,
+        })
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.filters.is_empty()
+    }
+
+    /// Runs a record through every filter; what comes out is appended to `out`.
+    pub fn apply(&mut self, def: &StreamDef, record: Record, out: &mut Vec<Record>) {
+        self.run(def, vec![record], None, out);
+    }
+
+    /// Emits held records: windows that are over (or, with `all`, every held record).
+    pub fn flush(&mut self, def: &StreamDef, all: bool, out: &mut Vec<Record>) {
+        for start in 0..self.filters.len() {
+            let mut emitted = Vec::new();
+            self.dropped[start] += self.filters[start].1.flush(def, all, &mut emitted);
+            self.run(def, emitted, Some(start + 1), out);
+        }
+    }
+
+    fn run(
+        &mut self,
+        def: &StreamDef,
+        mut current: Vec<Record>,
+        from: Option<usize>,
+        out: &mut Vec<Record>,
+    ) {
+        for i in from.unwrap_or(0)..self.filters.len() {
+            if current.is_empty() {
+                return;
+            }
+            let mut next = Vec::with_capacity(current.len());
+            for record in current {
+                self.dropped[i] += self.filters[i].1.apply(def, record, &mut next);
+            }
+            current = next;
+        }
+        out.extend(current);
+    }
+
+    /// Dropped records per filter kind since the last call.
+    pub fn take_dropped(&mut self) -> Vec<(&'static str, u64)> {
+        self.filters
+            .iter()
+            .zip(self.dropped.iter_mut())
+            .map(|((kind, _), n)| (*kind, std::mem::take(n)))
+            .filter(|(_, n)| *n > 0)
+            .collect()
+    }
+}
+
+#[cfg(test)]
+mod tests;

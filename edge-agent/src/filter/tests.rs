@@ -1,0 +1,239 @@
+use serde_json::json;
+
+use super::*;
+
+fn def() -> std::sync::Arc<StreamDef> {
+    schemas::example_streams()
+        .get("sensor_readings")
+        .unwrap()
+        .clone()
+}
+
+/// A reading of `sensor` on device d1 at second `sec` with `value`.
+fn reading(sensor: &str, sec: i64, value: f64) -> Record {
+    let json = json!({"device_id": "d1", "sensor": sensor, "ts": sec * 1000, "value": value, "quality": 192});
+    schemas::validate(&def(), json).unwrap()
+}
+
+fn chain(config: serde_json::Value) -> FilterChain {
+    let config: FilterConfig = serde_json::from_value(config).unwrap();
+    FilterChain::new(&def(), &[config]).unwrap()
+}
+
+/// Feeds (sensor, second, value) readings; returns what passed as (second, value).
+fn run(chain: &mut FilterChain, input: &[(&str, i64, f64)], flush: bool) -> Vec<(i64, f64)> {
+    let d = def();
+    let mut out = Vec::new();
+    for &(s, sec, v) in input {
+        chain.apply(&d, reading(s, sec, v), &mut out);
+    }
+    if flush {
+        chain.flush(&d, true, &mut out);
+    }
+    out.iter()
+        .map(|r| {
+            let Value::Float(v) = r.values[3] else {
+                panic!()
+            };
+            (r.event_time(&d) / 1_000_000, v)
+        })
+        .collect()
+}
+
+fn dropped(chain: &mut FilterChain) -> u64 {
+    chain.take_dropped().iter().map(|(_, n)| n).sum()
+}
+
+#[test]
+fn deadband_absolute_sends_only_changes_beyond_the_band() {
+    let mut c = chain(
+        json!({"type": "deadband", "field": "value", "absolute": 0.5, "send_previous": false}),
+    );
+    let input = [
+        ("t", 0, 10.0),
+        ("t", 1, 10.2),
+        ("t", 2, 10.5),
+        ("t", 3, 10.6),
+        ("t", 4, 9.9),
+        ("t", 5, 9.95),
+    ];
+    // 10.5 is exactly on the band: not a change. 10.6 breaks it; 9.9 breaks 10.6's band.
+    assert_eq!(run(&mut c, &input, true), [(0, 10.0), (3, 10.6), (4, 9.9)]);
+    assert_eq!(dropped(&mut c), 3);
+}
+
+#[test]
+fn deadband_sends_the_previous_value_when_the_band_breaks() {
+    let mut c = chain(json!({"type": "deadband", "field": "value", "absolute": 1.0}));
+    let input = [
+        ("t", 0, 20.0),
+        ("t", 1, 20.3),
+        ("t", 2, 20.6),
+        ("t", 3, 25.0),
+        ("t", 4, 25.1),
+    ];
+    // The step from 20.6 (held) to 25.0 keeps its corner: 20.6 is sent just before 25.0.
+    assert_eq!(run(&mut c, &input, true), [(0, 20.0), (2, 20.6), (3, 25.0)]);
+    // 20.3 replaced by 20.6, and 25.1 held at the end.
+    assert_eq!(dropped(&mut c), 2);
+}
+
+#[test]
+fn deadband_percent_of_range_per_series() {
+    // 2 % of 0..200 = 4.
+    let mut c = chain(
+        json!({"type": "deadband", "field": "value", "percent": 2.0, "range": [0.0, 200.0], "send_previous": false}),
+    );
+    let input = [
+        ("a", 0, 100.0),
+        ("b", 0, 100.0),
+        ("a", 1, 103.9),
+        ("b", 1, 104.1),
+        ("a", 2, 95.9),
+    ];
+    assert_eq!(
+        run(&mut c, &input, false),
+        [(0, 100.0), (0, 100.0), (1, 104.1), (2, 95.9)]
+    );
+}
+
+#[test]
+fn deadband_heartbeat_after_max_silence() {
+    let mut c = chain(
+        json!({"type": "deadband", "field": "value", "absolute": 5.0, "max_silence_secs": 60}),
+    );
+    let input: Vec<(&str, i64, f64)> = (0..=130).step_by(10).map(|s| ("t", s, 1.0)).collect();
+    // A constant signal: one reading at 0, then one every 60 s of silence. Heartbeats do not
+    // send the held reading (nothing changed).
+    assert_eq!(run(&mut c, &input, true), [(0, 1.0), (60, 1.0), (120, 1.0)]);
+    assert_eq!(dropped(&mut c), 11);
+}
+
+#[test]
+fn deadband_config_errors() {
+    let d = def();
+    let bad = |v: serde_json::Value| {
+        serde_json::from_value::<FilterConfig>(v)
+            .unwrap()
+            .check(&d)
+            .unwrap_err()
+    };
+    assert!(bad(json!({"type": "deadband", "field": "value"})).contains("exactly one"));
+    assert!(bad(json!({"type": "deadband", "field": "value", "percent": 1.0})).contains("range"));
+    assert!(
+        bad(json!({"type": "deadband", "field": "unit", "absolute": 1.0}))
+            .contains("not int64 or float64")
+    );
+    assert!(
+        bad(json!({"type": "deadband", "field": "nope", "absolute": 1.0}))
+            .contains("no field 'nope'")
+    );
+}
+
+#[test]
+fn predicates() {
+    let d = def();
+    let keep = |v: serde_json::Value, r: Record| {
+        let mut c = chain(v);
+        let mut out = Vec::new();
+        c.apply(&d, r, &mut out);
+        out.len() == 1
+    };
+    let r = reading("temp", 0, 21.5);
+    assert!(keep(
+        json!({"type": "predicate", "field": "value", "op": "gt", "value": 20}),
+        r.clone()
+    ));
+    assert!(!keep(
+        json!({"type": "predicate", "field": "value", "op": "lt", "value": 20}),
+        r.clone()
+    ));
+    assert!(keep(
+        json!({"type": "predicate", "field": "quality", "op": "eq", "value": 192}),
+        r.clone()
+    ));
+    assert!(keep(
+        json!({"type": "predicate", "field": "sensor", "op": "in", "value": ["temp", "rpm"]}),
+        r.clone()
+    ));
+    assert!(!keep(
+        json!({"type": "predicate", "field": "sensor", "op": "not_in", "value": ["temp"]}),
+        r.clone()
+    ));
+    // `unit` is missing: only ne and not_in hold.
+    assert!(!keep(
+        json!({"type": "predicate", "field": "unit", "op": "eq", "value": "degC"}),
+        r.clone()
+    ));
+    assert!(keep(
+        json!({"type": "predicate", "field": "unit", "op": "ne", "value": "degC"}),
+        r.clone()
+    ));
+    // A literal of the wrong type never compares equal.
+    assert!(!keep(
+        json!({"type": "predicate", "field": "sensor", "op": "eq", "value": 1}),
+        r
+    ));
+}
+
+#[test]
+fn downsample_every_nth_per_series() {
+    let mut c = chain(json!({"type": "downsample", "every": 3}));
+    let input: Vec<(&str, i64, f64)> = (0..7)
+        .flat_map(|i| [("a", i, i as f64), ("b", i, -(i as f64))])
+        .collect();
+    let out = run(&mut c, &input, true);
+    assert_eq!(
+        out,
+        [
+            (0, 0.0),
+            (0, -0.0),
+            (3, 3.0),
+            (3, -3.0),
+            (6, 6.0),
+            (6, -6.0)
+        ]
+    );
+    assert_eq!(dropped(&mut c), 8);
+}
+
+#[test]
+fn downsample_window_aggregates() {
+    for (agg, expected) in [
+        ("mean", [2.0, 11.0]),
+        ("min", [1.0, 10.0]),
+        ("max", [3.0, 12.0]),
+    ] {
+        let mut c = chain(
+            json!({"type": "downsample", "window_secs": 60, "aggregate": agg, "field": "value"}),
+        );
+        let input = [
+            ("t", 61, 1.0),
+            ("t", 90, 2.0),
+            ("t", 119, 3.0),
+            ("t", 120, 10.0),
+            ("t", 170, 12.0),
+            ("t", 171, 11.0),
+        ];
+        let out = run(&mut c, &input, true);
+        assert_eq!(out, [(60, expected[0]), (120, expected[1])], "{agg}");
+        assert_eq!(dropped(&mut c), 4);
+    }
+}
+
+#[test]
+fn old_windows_are_emitted_without_waiting_for_the_end() {
+    let d = def();
+    let mut c = chain(
+        json!({"type": "downsample", "window_secs": 10, "aggregate": "max", "field": "value"}),
+    );
+    let mut out = Vec::new();
+    c.apply(&d, reading("a", 0, 1.0), &mut out);
+    c.apply(&d, reading("b", 35, 2.0), &mut out);
+    c.flush(&d, false, &mut out);
+    assert_eq!(
+        out.len(),
+        1,
+        "a's window [0, 10) is two windows behind the latest reading"
+    );
+}

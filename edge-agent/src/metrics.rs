@@ -1,0 +1,32 @@
+//! Metric names of the agent, declared in one place. Labels: `stream` (configured), `source`
+//! (source kind), `filter` (filter kind), `reason`, `policy`, `intentional`.
+
+/// Records read by sources, before validation.
+pub const RECORDS_RECEIVED: &str = "edge_agent_records_received_total";
+pub const RECEIVED_BYTES: &str = "edge_agent_received_bytes_total";
+/// Records discarded, with `reason` (invalid, duplicate, filter kinds, spool_full) and
+/// `intentional` (true for dedupe and filters).
+pub const DISCARDED: &str = "edge_agent_discarded_records_total";
+pub const BATCHES_SPOOLED: &str = "edge_agent_batches_spooled_total";
+pub const RECORDS_SPOOLED: &str = "edge_agent_records_spooled_total";
+pub const SPOOL_WRITTEN_BYTES: &str = "edge_agent_spool_written_bytes_total";
+pub const SPOOL_BYTES: &str = "edge_agent_spool_bytes";
+pub const SPOOL_TOTAL_BYTES: &str = "edge_agent_spool_total_bytes";
+pub const SPOOL_PENDING_BATCHES: &str = "edge_agent_spool_pending_batches";
+pub const SPOOL_DROPPED_RECORDS: &str = "edge_agent_spool_dropped_records_total";
+pub const SPOOL_BLOCKED: &str = "edge_agent_spool_blocked_waits_total";
+pub const SPOOL_TORN_TAILS: &str = "edge_agent_spool_torn_tails_total";
+pub const SPOOL_QUARANTINED: &str = "edge_agent_spool_quarantined_regions_total";
+pub const DEDUPE_ENTRIES: &str = "edge_agent_dedupe_entries";
+/// Batches delivered, and their bytes on the wire and uncompressed.
+pub const BATCHES_SENT: &str = "edge_agent_batches_sent_total";
+pub const RECORDS_SENT: &str = "edge_agent_records_sent_total";
+pub const SENT_BYTES: &str = "edge_agent_sent_bytes_total";
+pub const SENT_RAW_BYTES: &str = "edge_agent_sent_raw_bytes_total";
+pub const SEND_DURATION: &str = "edge_agent_send_duration_seconds";
+/// Failed attempts, by `reason` (connect, timeout, status code class).
+pub const SEND_ERRORS: &str = "edge_agent_send_errors_total";
+/// Batches the gateway refused for good (kept under `rejected/` in the state directory).
+pub const BATCHES_REJECTED: &str = "edge_agent_batches_rejected_total";
+/// Records the gateway rejected individually inside accepted batches.
+pub const RECORDS_REJECTED: &str = "edge_agent_records_rejected_total";

@@ -1,0 +1,300 @@
+//! Delivery of spooled batches: to the gateway over HTTP, or straight to Kafka.
+//!
+//! HTTP: every attempt of a batch carries the same `Idempotency-Key` (the batch id), so a retry
+//! after a lost answer, or after a restart, never lands twice. Retryable failures (connection
+//! errors, timeouts, 408, 409 in-progress, 429, 5xx) are retried with exponential backoff and
+//! jitter, honouring `Retry-After`, until they succeed or the agent stops. Other 4xx answers are
+//! final: the batch is kept aside under `rejected/` and not retried.
+//!
+//! Kafka: the records of the batch are produced like the gateway does (topic, key, value,
+//! headers) by an idempotent producer; the batch is acknowledged once Kafka acknowledged all of
+//! them. A batch retried after a failure may put some records into Kafka twice; they carry the
+//! same content hash and the sink drops them.
+
+use std::path::PathBuf;
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use rand::Rng;
+use rdkafka::producer::{FutureProducer, FutureRecord};
+use reqwest::StatusCode;
+use reqwest::header::{CONTENT_ENCODING, CONTENT_TYPE, RETRY_AFTER};
+use schemas::StreamDef;
+use schemas::api::IngestResponse;
+use schemas::wire::{encode_value, topic_name};
+use thiserror::Error;
+use tokio_util::sync::CancellationToken;
+
+use crate::batch::Batch;
+use crate::config::{GatewayTarget, KafkaTarget};
+use crate::metrics as m;
+
+#[derive(Debug, Error)]
+pub enum SendError {
+    /// The receiver refused the batch for good; retrying cannot help.
+    #[error("batch refused with {status}: {body}")]
+    Rejected { status: u16, body: String },
+    #[error("shutting down")]
+    Cancelled,
+    #[error("invalid output configuration: {0}")]
+    Config(String),
+}
+
+/// Where batches go.
+pub enum Output {
+    Http(HttpOutput),
+    Kafka(KafkaOutput),
+}
+
+impl Output {
+    pub fn new(
+        gateway: Option<&GatewayTarget>,
+        kafka: Option<&KafkaTarget>,
+    ) -> Result<Output, SendError> {
+        match (gateway, kafka) {
+            (Some(g), None) => Ok(Output::Http(HttpOutput::new(g)?)),
+            (None, Some(k)) => Ok(Output::Kafka(KafkaOutput::new(k)?)),
+            _ => Err(SendError::Config(
+                "set exactly one of [gateway] and [kafka]".into(),
+            )),
+        }
+    }
+
+    /// Delivers one batch, retrying until it is acknowledged, refused for good, or cancelled.
+    pub async fn send(
+        &self,
+        def: &Arc<StreamDef>,
+        batch: &Batch,
+        shutdown: &CancellationToken,
+    ) -> Result<IngestResponse, SendError> {
+        let started = Instant::now();
+        let mut attempt = 0u32;
+        loop {
+            let failure = match self {
+                Output::Http(h) => h.attempt(&def.name, batch).await,
+                Output::Kafka(k) => k.attempt(def, batch).await,
+            };
+            let (reason, retry_after) = match failure {
+                Ok(response) => {
+                    let labels = [("stream", def.name.clone())];
+                    metrics::histogram!(m::SEND_DURATION, &labels)
+                        .record(started.elapsed().as_secs_f64());
+                    return Ok(response);
+                }
+                Err(Attempt::Final(e)) => return Err(e),
+                Err(Attempt::Retry {
+                    reason,
+                    retry_after,
+                }) => (reason, retry_after),
+            };
+            metrics::counter!(m::SEND_ERRORS, "stream" => def.name.clone(), "reason" => reason.kind).increment(1);
+            let wait = retry_after.unwrap_or_else(|| backoff(attempt, self.max_backoff()));
+            tracing::warn!(stream = %def.name, batch = %batch.id, attempt, error = %reason.text, ?wait, "batch not delivered, retrying");
+            attempt = attempt.saturating_add(1);
+            tokio::select! {
+                _ = tokio::time::sleep(wait) => {}
+                _ = shutdown.cancelled() => return Err(SendError::Cancelled),
+            }
+        }
+    }
+
+    fn max_backoff(&self) -> Duration {
+        match self {
+            Output::Http(h) => h.max_backoff,
+            Output::Kafka(_) => Duration::from_secs(30),
+        }
+    }
+}
+
+struct Reason {
+    kind: &'static str,
+    text: String,
+}
+
+enum Attempt {
+    Retry {
+        reason: Reason,
+        retry_after: Option<Duration>,
+    },
+    Final(SendError),
+}
+
+fn retry(kind: &'static str, text: impl Into<String>) -> Attempt {
+    Attempt::Retry {
+        reason: Reason {
+            kind,
+            text: text.into(),
+        },
+        retry_after: None,
+    }
+}
+
+pub struct HttpOutput {
+    client: reqwest::Client,
+    base: String,
+    token: Option<String>,
+    max_backoff: Duration,
+}
+
+impl HttpOutput {
+    pub fn new(target: &GatewayTarget) -> Result<HttpOutput, SendError> {
+        let client = reqwest::Client::builder()
+            .timeout(Duration::from_millis(target.timeout_ms))
+            .build()
+            .map_err(|e| SendError::Config(e.to_string()))?;
+        Ok(HttpOutput {
+            client,
+            base: target.url.trim_end_matches('/').to_owned(),
+            token: target.token.clone(),
+            max_backoff: Duration::from_millis(target.max_backoff_ms.max(1)),
+        })
+    }
+
+    async fn attempt(&self, stream: &str, batch: &Batch) -> Result<IngestResponse, Attempt> {
+        let url = format!("{}/v1/streams/{stream}/records", self.base);
+        let mut request = self
+            .client
+            .post(&url)
+            .header(CONTENT_TYPE, batch.encoding.content_type())
+            .header(CONTENT_ENCODING, batch.encoding.content_encoding())
+            .header("Idempotency-Key", batch.id.to_string())
+            .body(batch.body.clone());
+        if let Some(token) = &self.token {
+            request = request.bearer_auth(token);
+        }
+        let response = request.send().await.map_err(|e| {
+            let kind = if e.is_timeout() { "timeout" } else { "connect" };
+            retry(kind, e.to_string())
+        })?;
+        let status = response.status();
+        let retry_after = response
+            .headers()
+            .get(RETRY_AFTER)
+            .and_then(|v| v.to_str().ok())
+            .and_then(|v| v.trim().parse::<u64>().ok())
+            .map(|secs| Duration::from_secs(secs.min(300)));
+        let body = response
+            .bytes()
+            .await
+            .map_err(|e| retry("timeout", e.to_string()))?;
+        if status.is_success() {
+            return serde_json::from_slice::<IngestResponse>(&body).map_err(|e| {
+                // A 200 whose body is not ours (a proxy?): retrying is safe with the same key.
+                retry("bad_answer", format!("unreadable answer: {e}"))
+            });
+        }
+        let text = String::from_utf8_lossy(&body).into_owned();
+        let retryable = status.is_server_error()
+            || matches!(
+                status,
+                StatusCode::REQUEST_TIMEOUT | StatusCode::CONFLICT | StatusCode::TOO_MANY_REQUESTS
+            );
+        if !retryable {
+            return Err(Attempt::Final(SendError::Rejected {
+                status: status.as_u16(),
+                body: text,
+            }));
+        }
+        let kind = if status.is_server_error() {
+            "5xx"
+        } else {
+            "4xx"
+        };
+        Err(Attempt::Retry {
+            reason: Reason {
+                kind,
+                text: format!("{status}: {text}"),
+            },
+            retry_after,
+        })
+    }
+}
+
+pub struct KafkaOutput {
+    producer: FutureProducer,
+    topic_prefix: String,
+}
+
+impl KafkaOutput {
+    pub fn new(target: &KafkaTarget) -> Result<KafkaOutput, SendError> {
+        let mut config = plumbing::kafka::producer_config(&target.brokers, 30_000);
+        for (k, v) in &target.properties {
+            config.set(k, v);
+        }
+        Ok(KafkaOutput {
+            producer: config
+                .create()
+                .map_err(|e| SendError::Config(e.to_string()))?,
+            topic_prefix: target.topic_prefix.clone(),
+        })
+    }
+
+    async fn attempt(&self, def: &StreamDef, batch: &Batch) -> Result<IngestResponse, Attempt> {
+        let records = batch.records(def).map_err(|e| {
+            Attempt::Final(SendError::Rejected {
+                status: 0,
+                body: e.to_string(),
+            })
+        })?;
+        let topic = topic_name(&self.topic_prefix, &def.name);
+        let ingest_ts = plumbing::kafka::ingest_ts_now();
+        let mut pending = Vec::with_capacity(records.len());
+        for r in &records {
+            let key = r.record.partition_key(def);
+            let value = encode_value(def, &r.record);
+            let headers = plumbing::kafka::record_headers(&r.hash, def.version, &ingest_ts);
+            let message = FutureRecord::to(&topic)
+                .key(&key)
+                .payload(&value)
+                .headers(headers);
+            match self.producer.send_result(message) {
+                Ok(delivery) => pending.push(delivery),
+                Err((e, _)) => return Err(retry("kafka", e.to_string())),
+            }
+        }
+        for delivery in pending {
+            match delivery.await {
+                Ok(Ok(_)) => {}
+                Ok(Err((e, _))) => return Err(retry("kafka", e.to_string())),
+                Err(_) => return Err(retry("kafka", "delivery cancelled")),
+            }
+        }
+        Ok(IngestResponse {
+            accepted: records.len(),
+            ..IngestResponse::default()
+        })
+    }
+}
+
+/// 250 ms doubling up to `max`, with ±50 % jitter.
+fn backoff(attempt: u32, max: Duration) -> Duration {
+    let base = 250u64
+        .saturating_mul(1 << attempt.min(16))
+        .min(max.as_millis() as u64)
+        .max(1);
+    Duration::from_millis(rand::rng().random_range(base / 2..=base + base / 2))
+}
+
+/// Keeps a refused batch aside: its body and a JSON note with the answer.
+pub fn keep_rejected(
+    dir: &PathBuf,
+    stream: &str,
+    batch: &Batch,
+    status: u16,
+    body: &str,
+) -> std::io::Result<PathBuf> {
+    std::fs::create_dir_all(dir)?;
+    let base = dir.join(format!("{stream}-{}", batch.id));
+    let note = serde_json::json!({
+        "stream": stream,
+        "batch": batch.id.to_string(),
+        "records": batch.records,
+        "content_type": batch.encoding.content_type(),
+        "content_encoding": batch.encoding.content_encoding(),
+        "status": status,
+        "answer": body,
+    });
+    std::fs::write(base.with_extension("body"), &batch.body)?;
+    std::fs::write(base.with_extension("json"), note.to_string())?;
+    Ok(base.with_extension("body"))
+}

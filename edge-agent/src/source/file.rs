@@ -1,0 +1,324 @@
+//! File and directory sources, tailed, with read positions that survive restarts, rotation and
+//! truncation.
+//!
+//! A file is identified by (device, inode), not by name, so a file renamed by log rotation keeps
+//! its position and is read to its end while the new file under the old name starts at zero. A
+//! file that shrinks below its position was truncated and is read again from the start. Positions
+//! are saved (write, fsync, rename) to `positions.json` in the state directory, and a position
+//! only moves past lines whose records are durable in the spool: after a crash, reading resumes
+//! at the first line not yet spooled, and the dedupe window drops whatever was spooled already.
+
+use std::collections::{BTreeMap, HashMap};
+use std::fs::{self, File};
+use std::io::{BufReader, Seek, SeekFrom};
+use std::os::unix::fs::MetadataExt;
+use std::path::{Path, PathBuf};
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use schemas::{FieldType, StreamDef};
+use serde::{Deserialize, Serialize};
+use serde_json::{Map, Value as Json};
+use tokio_util::sync::CancellationToken;
+
+use super::{Feed, feed_lines, verbatim};
+use crate::config::FileFormat;
+use crate::pipeline::Done;
+
+/// (device, inode).
+pub type FileId = (u64, u64);
+
+#[derive(Debug, Clone, Serialize, Deserialize)]
+struct Position {
+    path: PathBuf,
+    offset: u64,
+}
+
+/// Durable read positions of every tailed file, shared by the file sources.
+#[derive(Debug)]
+pub struct Positions {
+    path: PathBuf,
+    map: Mutex<(BTreeMap<String, Position>, bool)>,
+}
+
+fn key(id: FileId) -> String {
+    format!("{}:{}", id.0, id.1)
+}
+
+impl Positions {
+    pub fn load(state_dir: &Path) -> anyhow::Result<Positions> {
+        let path = state_dir.join("positions.json");
+        let map = match fs::read(&path) {
+            Ok(bytes) => serde_json::from_slice(&bytes).unwrap_or_else(|e| {
+                tracing::error!(file = %path.display(), error = %e, "unreadable positions file; files are read from the start (dedupe drops what was sent)");
+                BTreeMap::new()
+            }),
+            Err(e) if e.kind() == std::io::ErrorKind::NotFound => BTreeMap::new(),
+            Err(e) => return Err(anyhow::anyhow!("cannot read {}: {e}", path.display())),
+        };
+        Ok(Positions {
+            path,
+            map: Mutex::new((map, false)),
+        })
+    }
+
+    fn get(&self, id: FileId) -> Option<u64> {
+        let map = self.map.lock().unwrap_or_else(|e| e.into_inner());
+        map.0.get(&key(id)).map(|p| p.offset)
+    }
+
+    fn set(&self, id: FileId, path: &Path, offset: u64) {
+        let mut map = self.map.lock().unwrap_or_else(|e| e.into_inner());
+        map.0.insert(
+            key(id),
+            Position {
+                path: path.to_owned(),
+                offset,
+            },
+        );
+        map.1 = true;
+    }
+
+    /// Writes the positions if they changed, dropping files that no longer exist.
+    pub fn save(&self) -> std::io::Result<()> {
+        let snapshot = {
+            let mut map = self.map.lock().unwrap_or_else(|e| e.into_inner());
+            if !map.1 {
+                return Ok(());
+            }
+            map.1 = false;
+            map.0
+                .retain(|k, p| fs::metadata(&p.path).is_ok_and(|m| key((m.dev(), m.ino())) == *k));
+            serde_json::to_vec_pretty(&map.0).map_err(std::io::Error::other)?
+        };
+        let tmp = self.path.with_extension("json.tmp");
+        let mut file = File::create(&tmp)?;
+        std::io::Write::write_all(&mut file, &snapshot)?;
+        file.sync_data()?;
+        fs::rename(&tmp, &self.path)?;
+        if let Some(dir) = self.path.parent() {
+            File::open(dir)?.sync_all()?;
+        }
+        Ok(())
+    }
+}
+
+/// What a file source reads.
+#[derive(Debug, Clone)]
+pub struct FileSpec {
+    pub path: PathBuf,
+    pub format: FileFormat,
+    pub follow: bool,
+    pub suffix: Option<String>,
+    pub poll: Duration,
+}
+
+struct Tailed {
+    file: File,
+    path: PathBuf,
+    /// Bytes read and handed over (not necessarily durable yet).
+    offset: u64,
+    /// CSV: the header line's field names.
+    header: Option<Vec<String>>,
+}
+
+fn file_id(m: &fs::Metadata) -> FileId {
+    (m.dev(), m.ino())
+}
+
+/// The files to read now: the file itself, or the directory's matching files (oldest first).
+fn listing(spec: &FileSpec) -> std::io::Result<Vec<PathBuf>> {
+    let meta = match fs::metadata(&spec.path) {
+        Ok(m) => m,
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound && spec.follow => return Ok(Vec::new()),
+        Err(e) => return Err(e),
+    };
+    if !meta.is_dir() {
+        return Ok(vec![spec.path.clone()]);
+    }
+    let mut files = Vec::new();
+    for entry in fs::read_dir(&spec.path)? {
+        let entry = entry?;
+        let name = entry.file_name();
+        let name = name.to_string_lossy();
+        if name.starts_with('.')
+            || spec
+                .suffix
+                .as_ref()
+                .is_some_and(|s| !name.ends_with(s.as_str()))
+        {
+            continue;
+        }
+        let m = entry.metadata()?;
+        if m.is_file() {
+            files.push((m.modified().ok(), entry.path()));
+        }
+    }
+    files.sort();
+    Ok(files.into_iter().map(|(_, p)| p).collect())
+}
+
+/// Reads the files of `spec` into `feed` until they end (or, following, until `shutdown`).
+pub fn run(
+    spec: &FileSpec,
+    def: &Arc<StreamDef>,
+    feed: &Feed,
+    positions: &Arc<Positions>,
+    shutdown: &CancellationToken,
+) -> anyhow::Result<()> {
+    let mut open: HashMap<FileId, Tailed> = HashMap::new();
+    loop {
+        for path in listing(spec)? {
+            let Ok(file) = File::open(&path) else {
+                continue;
+            };
+            let meta = file.metadata()?;
+            let id = file_id(&meta);
+            if open.contains_key(&id) {
+                continue;
+            }
+            let mut offset = positions.get(id).unwrap_or(0);
+            if offset > meta.len() {
+                tracing::warn!(file = %path.display(), offset, size = meta.len(), "file is shorter than its read position (truncated?); reading it from the start");
+                offset = 0;
+            }
+            open.insert(
+                id,
+                Tailed {
+                    file,
+                    path,
+                    offset,
+                    header: None,
+                },
+            );
+        }
+        let mut all_done = true;
+        let mut finished = Vec::new();
+        for (&id, t) in open.iter_mut() {
+            let size = t.file.metadata()?.len();
+            if size < t.offset {
+                tracing::warn!(file = %t.path.display(), "file truncated; reading it from the start");
+                t.offset = 0;
+                positions.set(id, &t.path, 0);
+            }
+            if size > t.offset {
+                read_new(t, id, spec, def, feed, positions)?;
+            }
+            // A file that was renamed away or deleted, and is read to its end, is done.
+            let replaced = fs::metadata(&t.path)
+                .map(|m| file_id(&m) != id)
+                .unwrap_or(true);
+            let at_end = t.file.metadata()?.len() <= t.offset;
+            if replaced && at_end {
+                finished.push(id);
+            } else if !at_end {
+                all_done = false;
+            }
+        }
+        for id in finished {
+            open.remove(&id);
+        }
+        if !spec.follow && all_done {
+            return Ok(());
+        }
+        if shutdown.is_cancelled() {
+            return Ok(());
+        }
+        std::thread::sleep(spec.poll);
+    }
+}
+
+fn read_new(
+    t: &mut Tailed,
+    id: FileId,
+    spec: &FileSpec,
+    def: &Arc<StreamDef>,
+    feed: &Feed,
+    positions: &Arc<Positions>,
+) -> anyhow::Result<()> {
+    if spec.format == FileFormat::Csv && t.header.is_none() {
+        let (names, len) = csv_header(&t.file)?;
+        t.header = Some(names);
+        t.offset = t.offset.max(len);
+    }
+    t.file.seek(SeekFrom::Start(t.offset))?;
+    let mut reader = BufReader::with_capacity(64 * 1024, &t.file);
+    let path = t.path.clone();
+    let positions2 = positions.clone();
+    let done = move |offset: u64| -> Option<Done> {
+        let positions = positions2.clone();
+        let path = path.clone();
+        Some(Box::new(move |_| positions.set(id, &path, offset)))
+    };
+    let header = t.header.clone();
+    let consumed = match (spec.format, header) {
+        (FileFormat::Csv, Some(header)) => feed_lines(
+            &mut reader,
+            feed,
+            t.offset,
+            !spec.follow,
+            done,
+            |line, out| csv_to_json(def, &header, line, out),
+        ),
+        _ => feed_lines(&mut reader, feed, t.offset, !spec.follow, done, verbatim),
+    };
+    t.offset = consumed?;
+    Ok(())
+}
+
+/// The field names of a CSV file's header line, and the line's length.
+fn csv_header(file: &File) -> anyhow::Result<(Vec<String>, u64)> {
+    // A clone shares the file offset; `read_new` seeks before reading anyway.
+    let mut f = file.try_clone()?;
+    f.seek(SeekFrom::Start(0))?;
+    let mut line = Vec::new();
+    std::io::BufRead::read_until(&mut BufReader::new(f), b'\n', &mut line)?;
+    let mut record = csv::StringRecord::new();
+    let mut reader = csv::ReaderBuilder::new()
+        .has_headers(false)
+        .from_reader(&line[..]);
+    if !reader.read_record(&mut record)? {
+        anyhow::bail!("CSV file has no header line");
+    }
+    Ok((
+        record.iter().map(|s| s.trim().to_owned()).collect(),
+        line.len() as u64,
+    ))
+}
+
+/// Turns one CSV line into a JSON record, typing cells by the stream's fields. Empty cells are
+/// missing values; cells that do not parse as their type are passed as strings, so validation
+/// rejects them with its usual message.
+pub fn csv_to_json(def: &StreamDef, header: &[String], line: &[u8], out: &mut Vec<u8>) {
+    let mut reader = csv::ReaderBuilder::new()
+        .has_headers(false)
+        .from_reader(line);
+    let mut record = csv::StringRecord::new();
+    if !matches!(reader.read_record(&mut record), Ok(true)) {
+        out.extend_from_slice(b"\"unreadable CSV line\"");
+        return;
+    }
+    let mut object = Map::new();
+    for (name, cell) in header.iter().zip(record.iter()) {
+        if cell.is_empty() {
+            continue;
+        }
+        let ty = def.field_index(name).map(|i| &def.fields[i].ty);
+        let value = match ty {
+            Some(FieldType::Int64) => cell.parse::<i64>().map(Json::from).ok(),
+            Some(FieldType::Float64) => cell
+                .parse::<f64>()
+                .ok()
+                .and_then(|f| serde_json::Number::from_f64(f).map(Json::Number)),
+            Some(FieldType::Bool) => cell.parse::<bool>().map(Json::from).ok(),
+            Some(FieldType::Timestamp) => cell.parse::<i64>().map(Json::from).ok(),
+            Some(FieldType::List(_) | FieldType::Map(_)) => serde_json::from_str(cell).ok(),
+            _ => None,
+        };
+        object.insert(
+            name.clone(),
+            value.unwrap_or_else(|| Json::String(cell.to_owned())),
+        );
+    }
+    let _ = serde_json::to_writer(&mut *out, &Json::Object(object));
+}

@@ -1,0 +1,247 @@
+//! A local HTTP port with the gateway's ingest API (`POST /v1/streams/{stream}/records`, NDJSON,
+//! JSON array or Parquet bodies, zstd/gzip/identity), for devices that cannot reach the core. The
+//! answer (accepted, duplicates, rejected by index) comes once the records are durable in the
+//! agent's spool; from there the agent delivers them.
+
+use std::io::Read;
+use std::net::SocketAddr;
+use std::sync::Arc;
+
+use axum::Router;
+use axum::body::Bytes;
+use axum::extract::{DefaultBodyLimit, Path, State};
+use axum::http::{HeaderMap, StatusCode, header};
+use axum::response::{IntoResponse, Response};
+use axum::routing::post;
+use schemas::api::{ErrorBody, IngestResponse};
+use schemas::decode::{BodyFormat, split_body};
+use schemas::{DecodeError, Streams};
+use tokio_util::sync::CancellationToken;
+
+use super::Feeds;
+use crate::pipeline::{Chunk, ChunkOutcome};
+
+struct Local {
+    streams: Streams,
+    feeds: Feeds,
+    token: Option<blake3::Hash>,
+    max_body_bytes: usize,
+}
+
+/// A refused request: a 4xx (or 503) with the gateway's JSON error body.
+#[derive(Debug)]
+pub struct Refusal {
+    status: StatusCode,
+    code: &'static str,
+    message: String,
+}
+
+fn error(status: StatusCode, code: &'static str, message: impl Into<String>) -> Refusal {
+    Refusal {
+        status,
+        code,
+        message: message.into(),
+    }
+}
+
+impl IntoResponse for Refusal {
+    fn into_response(self) -> Response {
+        let mut response = (
+            self.status,
+            axum::Json(ErrorBody {
+                error: self.code.to_owned(),
+                message: self.message,
+            }),
+        )
+            .into_response();
+        if self.status == StatusCode::SERVICE_UNAVAILABLE {
+            response
+                .headers_mut()
+                .insert(header::RETRY_AFTER, header::HeaderValue::from_static("1"));
+        }
+        response
+    }
+}
+
+/// The router of the local ingest port.
+pub fn router(
+    streams: Streams,
+    feeds: Feeds,
+    token: Option<&str>,
+    max_body_bytes: usize,
+) -> Router {
+    let local = Arc::new(Local {
+        streams,
+        feeds,
+        token: token.map(|t| blake3::hash(t.as_bytes())),
+        max_body_bytes,
+    });
+    Router::new()
+        .route("/v1/streams/{stream}/records", post(ingest))
+        .layer(DefaultBodyLimit::max(max_body_bytes))
+        .with_state(local)
+}
+
+/// Serves the local ingest port until `shutdown`.
+pub async fn serve(
+    listen: SocketAddr,
+    router: Router,
+    shutdown: CancellationToken,
+) -> anyhow::Result<()> {
+    let listener = tokio::net::TcpListener::bind(listen)
+        .await
+        .map_err(|e| anyhow::anyhow!("cannot listen on {listen}: {e}"))?;
+    tracing::info!(%listen, "local ingest port listening");
+    axum::serve(listener, router)
+        .with_graceful_shutdown(shutdown.cancelled_owned())
+        .await?;
+    Ok(())
+}
+
+fn authorized(local: &Local, headers: &HeaderMap) -> bool {
+    let Some(expected) = local.token else {
+        return true;
+    };
+    headers
+        .get(header::AUTHORIZATION)
+        .and_then(|v| v.to_str().ok())
+        .and_then(|v| v.strip_prefix("Bearer "))
+        // blake3::Hash compares in constant time.
+        .is_some_and(|t| blake3::hash(t.trim().as_bytes()) == expected)
+}
+
+async fn ingest(
+    State(local): State<Arc<Local>>,
+    Path(stream): Path<String>,
+    headers: HeaderMap,
+    body: Bytes,
+) -> Result<axum::Json<IngestResponse>, Refusal> {
+    if !authorized(&local, &headers) {
+        return Err(error(
+            StatusCode::UNAUTHORIZED,
+            "unauthorized",
+            "missing or wrong bearer token",
+        ));
+    }
+    let (Some(def), Some(feed)) = (local.streams.get(&stream), local.feeds.get(&stream)) else {
+        return Err(error(
+            StatusCode::NOT_FOUND,
+            "unknown_stream",
+            "no such stream",
+        ));
+    };
+    let format = headers
+        .get(header::CONTENT_TYPE)
+        .and_then(|v| v.to_str().ok())
+        .and_then(BodyFormat::from_content_type)
+        .ok_or_else(|| {
+            error(
+                StatusCode::UNSUPPORTED_MEDIA_TYPE,
+                "unsupported_media_type",
+                "Content-Type must be application/x-ndjson, application/json or application/vnd.apache.parquet",
+            )
+        })?;
+    let encoding = headers
+        .get(header::CONTENT_ENCODING)
+        .and_then(|v| v.to_str().ok())
+        .unwrap_or("identity")
+        .trim()
+        .to_ascii_lowercase();
+    let (def, limit) = (def.clone(), local.max_body_bytes);
+    let ndjson = tokio::task::spawn_blocking(move || -> Result<Vec<u8>, Refusal> {
+        let plain = decompress(&encoding, &body, limit)?;
+        to_ndjson(&def, format, plain, limit)
+    })
+    .await
+    .map_err(|e| error(StatusCode::SERVICE_UNAVAILABLE, "internal", e.to_string()))??;
+    let (tx, rx) = tokio::sync::oneshot::channel::<ChunkOutcome>();
+    let done: crate::pipeline::Done = Box::new(move |outcome| {
+        let _ = tx.send(outcome);
+    });
+    let stopping = || {
+        error(
+            StatusCode::SERVICE_UNAVAILABLE,
+            "stopping",
+            "the agent stopped before the records were stored",
+        )
+    };
+    feed.send(Chunk::new(ndjson, Some(done)))
+        .await
+        .map_err(|_| stopping())?;
+    // No answer: the agent stopped before the records were durable; nothing was acknowledged.
+    let outcome = rx.await.map_err(|_| stopping())?;
+    Ok(axum::Json(IngestResponse {
+        accepted: outcome.accepted,
+        duplicates: outcome.duplicates,
+        rejected: outcome.rejected,
+    }))
+}
+
+fn decompress(encoding: &str, body: &[u8], limit: usize) -> Result<Vec<u8>, Refusal> {
+    let too_large = || {
+        error(
+            StatusCode::PAYLOAD_TOO_LARGE,
+            "too_large",
+            format!("decompressed body is larger than {limit} bytes"),
+        )
+    };
+    let mut out = Vec::new();
+    let read = match encoding {
+        "" | "identity" => return Ok(body.to_vec()),
+        "zstd" => zstd::stream::read::Decoder::new(body)
+            .and_then(|d| d.take(limit as u64 + 1).read_to_end(&mut out)),
+        "gzip" | "x-gzip" => flate2::read::GzDecoder::new(body)
+            .take(limit as u64 + 1)
+            .read_to_end(&mut out),
+        _ => {
+            return Err(error(
+                StatusCode::UNSUPPORTED_MEDIA_TYPE,
+                "unsupported_encoding",
+                "Content-Encoding must be zstd, gzip or identity",
+            ));
+        }
+    };
+    match read {
+        Ok(_) if out.len() > limit => Err(too_large()),
+        Ok(_) => Ok(out),
+        Err(e) => Err(error(
+            StatusCode::BAD_REQUEST,
+            "bad_encoding",
+            format!("cannot decompress the body: {e}"),
+        )),
+    }
+}
+
+/// The body as NDJSON lines, whatever its format.
+fn to_ndjson(
+    def: &schemas::StreamDef,
+    format: BodyFormat,
+    plain: Vec<u8>,
+    limit: usize,
+) -> Result<Vec<u8>, Refusal> {
+    let bad = |e: DecodeError| match e {
+        DecodeError::TooLarge(_) => {
+            error(StatusCode::PAYLOAD_TOO_LARGE, "too_large", e.to_string())
+        }
+        e => error(StatusCode::BAD_REQUEST, "malformed", e.to_string()),
+    };
+    match format {
+        BodyFormat::Ndjson => Ok(plain),
+        BodyFormat::Parquet => {
+            schemas::columnar::parquet_to_ndjson(def, plain.into(), limit).map_err(bad)
+        }
+        BodyFormat::JsonArray => {
+            let items = split_body(format, &plain).map_err(bad)?;
+            let mut out = Vec::with_capacity(plain.len());
+            for item in items {
+                // JSON strings cannot hold raw line breaks, so any in an element are whitespace.
+                out.extend(
+                    item.iter()
+                        .map(|&b| if b == b'\n' || b == b'\r' { b' ' } else { b }),
+                );
+                out.push(b'\n');
+            }
+            Ok(out)
+        }
+    }
+}

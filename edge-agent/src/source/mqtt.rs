@@ -1,0 +1,116 @@
+//! MQTT subscription source (rumqttc). The agent is a client of the plant's broker, not a broker.
+//!
+//! The session is persistent (clean session off), so messages published while the agent is away
+//! wait at the broker. With QoS 1 acknowledgements are manual: the PUBACK of a message goes out
+//! only after its records are durable in the spool (or dropped on purpose). A message that was
+//! spooled but not yet acknowledged when the agent died is delivered again and dropped by dedupe.
+//!
+//! Brokers stop sending once a client holds `max_inflight_messages` unacknowledged messages
+//! (mosquitto: 20). The source closes the open batch when it holds `max_unacked` of them, so a
+//! slow trickle of messages is never stuck behind the batch age.
+
+use std::sync::Arc;
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::time::Duration;
+
+use rumqttc::{AsyncClient, Event, MqttOptions, Packet, QoS};
+use tokio_util::sync::CancellationToken;
+
+use super::Feed;
+use crate::pipeline::Chunk;
+
+#[derive(Debug, Clone)]
+pub struct MqttSpec {
+    pub url: String,
+    pub topics: Vec<String>,
+    pub client_id: String,
+    pub qos: u8,
+    pub username: Option<String>,
+    pub password: Option<String>,
+    pub max_unacked: usize,
+}
+
+fn host_port(url: &str) -> anyhow::Result<(String, u16)> {
+    let rest = url
+        .strip_prefix("mqtt://")
+        .or_else(|| url.strip_prefix("tcp://"))
+        .unwrap_or(url);
+    let rest = rest.trim_end_matches('/');
+    match rest.rsplit_once(':') {
+        Some((host, port)) => Ok((
+            host.to_owned(),
+            port.parse()
+                .map_err(|_| anyhow::anyhow!("bad MQTT port in '{url}'"))?,
+        )),
+        None => Ok((rest.to_owned(), 1883)),
+    }
+}
+
+/// Subscribes and feeds every message's records until `shutdown`.
+pub async fn run(spec: MqttSpec, feed: Feed, shutdown: CancellationToken) -> anyhow::Result<()> {
+    let (host, port) = host_port(&spec.url)?;
+    let mut options = MqttOptions::new(&spec.client_id, host, port);
+    options
+        .set_keep_alive(Duration::from_secs(30))
+        .set_clean_session(false)
+        .set_manual_acks(true)
+        .set_max_packet_size(16 << 20, 16 << 20);
+    if let (Some(user), Some(pass)) = (&spec.username, &spec.password) {
+        options.set_credentials(user, pass);
+    }
+    let qos = if spec.qos == 0 {
+        QoS::AtMostOnce
+    } else {
+        QoS::AtLeastOnce
+    };
+    let (client, mut events) = AsyncClient::new(options, 256);
+    let unacked = Arc::new(AtomicUsize::new(0));
+    let mut failures = 0u32;
+    loop {
+        let event = tokio::select! {
+            e = events.poll() => e,
+            _ = shutdown.cancelled() => return Ok(()),
+        };
+        match event {
+            Ok(Event::Incoming(Packet::ConnAck(_))) => {
+                failures = 0;
+                tracing::info!(url = %spec.url, topics = ?spec.topics, "mqtt connected");
+                for topic in &spec.topics {
+                    client.subscribe(topic, qos).await?;
+                }
+            }
+            Ok(Event::Incoming(Packet::Publish(publish))) => {
+                let data = publish.payload.to_vec();
+                let done: Option<crate::pipeline::Done> = if publish.qos == QoS::AtMostOnce {
+                    None
+                } else {
+                    unacked.fetch_add(1, Ordering::Relaxed);
+                    let (client, unacked) = (client.clone(), unacked.clone());
+                    Some(Box::new(move |_| {
+                        unacked.fetch_sub(1, Ordering::Relaxed);
+                        if let Err(e) = client.try_ack(&publish) {
+                            tracing::warn!(error = %e, "cannot queue an mqtt acknowledgement; the broker will deliver the message again");
+                        }
+                    }))
+                };
+                let mut chunk = Chunk::new(data, done);
+                chunk.flush = unacked.load(Ordering::Relaxed) >= spec.max_unacked.max(1);
+                if feed.send(chunk).await.is_err() {
+                    return Ok(());
+                }
+            }
+            Ok(_) => {}
+            Err(e) => {
+                failures += 1;
+                let wait = Duration::from_millis(250u64 << failures.min(6));
+                if failures <= 3 || failures.is_multiple_of(20) {
+                    tracing::warn!(url = %spec.url, error = %e, ?wait, "mqtt connection failed; retrying");
+                }
+                tokio::select! {
+                    _ = tokio::time::sleep(wait) => {}
+                    _ = shutdown.cancelled() => return Ok(()),
+                }
+            }
+        }
+    }
+}
