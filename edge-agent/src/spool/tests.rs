@@ -1,1 +1,213 @@
+use std::sync::atomic::AtomicBool;
 
+use proptest::prelude::*;
+
+use super::*;
+
+fn options(max_bytes: u64, segment_bytes: u64) -> SpoolOptions {
+    SpoolOptions {
+        max_bytes,
+        segment_bytes,
+        fsync: FsyncPolicy::Batch,
+        fsync_interval: Duration::from_millis(1000),
+    }
+}
+
+fn batch(i: u32, len: usize) -> Batch {
+    Batch {
+        id: BatchId([i as u8; 32]),
+        encoding: BodyEncoding::Ndjson,
+        body: (0..len).map(|j| (j as u32 ^ i.wrapping_mul(31)) as u8).collect(),
+        records: i + 1,
+        raw_bytes: len as u32 * 3,
+        created_ms: 1_700_000_000_000 + u64::from(i),
+    }
+}
+
+fn open(dir: &Path, opts: SpoolOptions) -> (Spool, Recovery) {
+    Spool::open(dir, "s", opts, Arc::new(Usage::default())).unwrap()
+}
+
+fn never() -> AtomicBool {
+    AtomicBool::new(false)
+}
+
+/// Every pending batch, in order, by acknowledging as it goes (on a copy of the spool).
+fn drain(spool: &Spool) -> Vec<Batch> {
+    let mut out = Vec::new();
+    while let Some((seq, b)) = spool.first_pending().unwrap() {
+        out.push(b);
+        spool.ack(seq).unwrap();
+    }
+    out
+}
+
+fn stored(a: Appended) -> u64 {
+    match a {
+        Appended::Stored { seq, durable } => {
+            assert!(durable);
+            seq
+        }
+        Appended::Dropped => panic!("dropped"),
+    }
+}
+
+#[test]
+fn batches_survive_a_restart_until_acknowledged() {
+    let dir = tempfile::tempdir().unwrap();
+    let (spool, _) = open(dir.path(), options(1 << 20, 300));
+    for i in 0..5 {
+        assert_eq!(stored(spool.append(&batch(i, 100), Overflow::Block, &never()).unwrap()), u64::from(i));
+    }
+    let (seq, first) = spool.first_pending().unwrap().unwrap();
+    assert_eq!((seq, &first), (0, &batch(0, 100)));
+    spool.ack(1).unwrap();
+    drop(spool);
+    let (spool, recovery) = open(dir.path(), options(1 << 20, 300));
+    assert_eq!(recovery.pending_batches, 3);
+    assert_eq!(recovery.pending_records, 3 + 4 + 5);
+    assert_eq!(drain(&spool), vec![batch(2, 100), batch(3, 100), batch(4, 100)]);
+    // Sequence numbers continue; acknowledged segments are gone from disk.
+    assert_eq!(stored(spool.append(&batch(9, 10), Overflow::Block, &never()).unwrap()), 5);
+    let segments = fs::read_dir(dir.path().join("s"))
+        .unwrap()
+        .filter(|e| e.as_ref().unwrap().file_name().to_string_lossy().ends_with(".spool"))
+        .count();
+    assert_eq!(segments, 1);
+}
+
+#[test]
+fn overflow_policies() {
+    let dir = tempfile::tempdir().unwrap();
+    // Room for about three 1000-byte batches; one per segment.
+    let opts = options(3 * 1070, 1000);
+    let (spool, _) = open(dir.path(), opts.clone());
+    for i in 0..3 {
+        stored(spool.append(&batch(i, 1000), Overflow::Block, &never()).unwrap());
+    }
+    assert_eq!(
+        spool.append(&batch(3, 1000), Overflow::DropNewest, &never()).unwrap(),
+        Appended::Dropped
+    );
+    let stopping = AtomicBool::new(true);
+    assert!(matches!(
+        spool.append(&batch(3, 1000), Overflow::Block, &stopping),
+        Err(SpoolError::Cancelled)
+    ));
+    assert_eq!(stored(spool.append(&batch(3, 1000), Overflow::DropOldest, &never()).unwrap()), 3);
+    assert_eq!(spool.pending(), (3, 2 + 3 + 4));
+    assert_eq!(drain(&spool), vec![batch(1, 1000), batch(2, 1000), batch(3, 1000)]);
+    // A batch bigger than the whole spool is dropped whatever the policy.
+    assert_eq!(
+        spool.append(&batch(4, 4000), Overflow::Block, &never()).unwrap(),
+        Appended::Dropped
+    );
+    // Blocked appends go through once an acknowledgement frees space.
+    let spool = Arc::new(spool);
+    for i in 5..8 {
+        stored(spool.append(&batch(i, 1000), Overflow::Block, &never()).unwrap());
+    }
+    let acker = {
+        let spool = spool.clone();
+        std::thread::spawn(move || {
+            std::thread::sleep(Duration::from_millis(100));
+            let (seq, _) = spool.first_pending().unwrap().unwrap();
+            spool.ack(seq).unwrap();
+        })
+    };
+    stored(spool.append(&batch(8, 1000), Overflow::Block, &never()).unwrap());
+    acker.join().unwrap();
+}
+
+#[test]
+fn interval_fsync_hides_entries_until_synced() {
+    let dir = tempfile::tempdir().unwrap();
+    let mut opts = options(1 << 20, 1 << 16);
+    opts.fsync = FsyncPolicy::Interval;
+    opts.fsync_interval = Duration::from_secs(3600);
+    let (spool, _) = open(dir.path(), opts);
+    // The first append syncs (the interval has passed since opening? no: an hour has not).
+    let a = spool.append(&batch(0, 10), Overflow::Block, &never()).unwrap();
+    assert_eq!(a, Appended::Stored { seq: 0, durable: false });
+    assert!(spool.first_pending().unwrap().is_none(), "not durable, not sent");
+    assert_eq!(spool.sync(false).unwrap(), 0);
+    assert_eq!(spool.sync(true).unwrap(), 1);
+    assert_eq!(spool.first_pending().unwrap().unwrap().1, batch(0, 10));
+}
+
+fn segment_files(dir: &Path) -> Vec<PathBuf> {
+    let mut files: Vec<PathBuf> = fs::read_dir(dir.join("s"))
+        .unwrap()
+        .map(|e| e.unwrap().path())
+        .filter(|p| p.extension().is_some_and(|e| e == "spool"))
+        .collect();
+    files.sort();
+    files
+}
+
+proptest! {
+    #![proptest_config(ProptestConfig::with_cases(64))]
+
+    /// Power lost in the middle of an append: every batch written before it is recovered, the
+    /// torn one is cut off, and the spool keeps working.
+    #[test]
+    fn torn_tail_is_truncated(sizes in prop::collection::vec(1usize..400, 1..12), cut in 1usize..10_000) {
+        let dir = tempfile::tempdir().unwrap();
+        let opts = options(1 << 20, 1024);
+        let (spool, _) = open(dir.path(), opts.clone());
+        for (i, &len) in sizes.iter().enumerate() {
+            stored(spool.append(&batch(i as u32, len), Overflow::Block, &never()).unwrap());
+        }
+        drop(spool);
+        let last = segment_files(dir.path()).pop().unwrap();
+        let bytes = fs::read(&last).unwrap();
+        let last_len = HEADER + META + sizes[sizes.len() - 1];
+        // Cut somewhere inside the last entry (not at its very end).
+        let keep = bytes.len() - 1 - (cut % last_len);
+        fs::write(&last, &bytes[..keep]).unwrap();
+        let (spool, recovery) = open(dir.path(), opts);
+        prop_assert!(recovery.torn_bytes > 0);
+        prop_assert_eq!(recovery.quarantined_regions, 0);
+        let expected: Vec<Batch> = (0..sizes.len() - 1).map(|i| batch(i as u32, sizes[i])).collect();
+        let next = stored(spool.append(&batch(99, 5), Overflow::Block, &never()).unwrap());
+        prop_assert_eq!(next, sizes.len() as u64 - 1);
+        let mut got = drain(&spool);
+        prop_assert_eq!(got.pop(), Some(batch(99, 5)));
+        prop_assert_eq!(got, expected);
+    }
+
+    /// A flipped bit anywhere: at most the batch it hit is lost (quarantined or cut as a torn
+    /// tail), every other batch comes back intact, and the agent keeps going.
+    #[test]
+    fn bit_flips_lose_at_most_the_batch_they_hit(
+        sizes in prop::collection::vec(1usize..300, 1..10),
+        segment in any::<prop::sample::Index>(),
+        at in any::<prop::sample::Index>(),
+        bit in 0u8..8,
+    ) {
+        let dir = tempfile::tempdir().unwrap();
+        let opts = options(1 << 20, 700);
+        let (spool, _) = open(dir.path(), opts.clone());
+        for (i, &len) in sizes.iter().enumerate() {
+            stored(spool.append(&batch(i as u32, len), Overflow::Block, &never()).unwrap());
+        }
+        drop(spool);
+        let files = segment_files(dir.path());
+        let file = segment.get(&files);
+        let mut bytes = fs::read(file).unwrap();
+        let pos = at.index(bytes.len());
+        bytes[pos] ^= 1 << bit;
+        fs::write(file, &bytes).unwrap();
+        let (spool, recovery) = open(dir.path(), opts);
+        let got = drain(&spool);
+        let all: Vec<Batch> = sizes.iter().enumerate().map(|(i, &len)| batch(i as u32, len)).collect();
+        prop_assert!(got.len() + 1 >= all.len(), "lost more than one batch: {} of {}", got.len(), all.len());
+        for b in &got {
+            prop_assert!(all.contains(b), "a damaged batch came back");
+        }
+        if got.len() < all.len() {
+            prop_assert!(recovery.quarantined_regions + u64::from(recovery.torn_bytes > 0) >= 1);
+        }
+        stored(spool.append(&batch(99, 5), Overflow::Block, &never()).unwrap());
+    }
+}

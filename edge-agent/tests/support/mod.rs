@@ -1,0 +1,238 @@
+//! A recording gateway for the agent's tests: it speaks the gateway's ingest API, honours
+//! `Idempotency-Key` like the real one (a repeated key replays the first answer and counts
+//! nothing), checks that a repeated key always carries the same body, and misbehaves on demand:
+//! 503s, 429s with `Retry-After`, answers slower than the agent's timeout, refusals.
+
+#![allow(dead_code)]
+
+use std::collections::HashMap;
+use std::net::SocketAddr;
+use std::sync::atomic::{AtomicU32, Ordering};
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use axum::Router;
+use axum::body::Bytes;
+use axum::extract::{Path, State};
+use axum::http::{HeaderMap, StatusCode};
+use axum::response::{IntoResponse, Response};
+use axum::routing::post;
+use rand::Rng;
+use schemas::api::IngestResponse;
+use schemas::{ContentHash, Streams};
+
+/// How often the stub misbehaves, in percent of requests.
+#[derive(Debug, Clone, Copy, Default)]
+pub struct Faults {
+    pub unavailable: u32,
+    pub too_many: u32,
+    /// Answer after this long (longer than the agent's timeout) this often.
+    pub slow: u32,
+    pub slow_for: Duration,
+    /// Refuse (400) every batch whose first record has this device id.
+    pub refuse_device: Option<&'static str>,
+}
+
+#[derive(Default)]
+pub struct Recorded {
+    /// Accepted records by content hash: how many times each landed.
+    pub landed: HashMap<ContentHash, u32>,
+    /// Body hash of every key seen, to check that a key always means the same batch.
+    pub keys: HashMap<String, blake3::Hash>,
+    pub replays: u32,
+    pub requests: u32,
+    pub refused: u32,
+    pub content_types: HashMap<String, u32>,
+}
+
+pub struct Stub {
+    pub addr: SocketAddr,
+    pub recorded: Arc<Mutex<Recorded>>,
+    pub faults: Arc<Mutex<Faults>>,
+    counter: Arc<AtomicU32>,
+}
+
+struct Shared {
+    streams: Streams,
+    recorded: Arc<Mutex<Recorded>>,
+    faults: Arc<Mutex<Faults>>,
+    counter: Arc<AtomicU32>,
+}
+
+impl Stub {
+    pub async fn start(faults: Faults) -> Stub {
+        let recorded = Arc::new(Mutex::new(Recorded::default()));
+        let faults = Arc::new(Mutex::new(faults));
+        let counter = Arc::new(AtomicU32::new(0));
+        let shared = Arc::new(Shared {
+            streams: schemas::example_streams(),
+            recorded: recorded.clone(),
+            faults: faults.clone(),
+            counter: counter.clone(),
+        });
+        let app = Router::new()
+            .route("/v1/streams/{stream}/records", post(ingest))
+            .with_state(shared);
+        let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let addr = listener.local_addr().unwrap();
+        tokio::spawn(async move { axum::serve(listener, app).await.unwrap() });
+        Stub {
+            addr,
+            recorded,
+            faults,
+            counter,
+        }
+    }
+
+    pub fn url(&self) -> String {
+        format!("http://{}", self.addr)
+    }
+
+    pub fn set_faults(&self, faults: Faults) {
+        *self.faults.lock().unwrap() = faults;
+    }
+
+    pub fn landed(&self) -> HashMap<ContentHash, u32> {
+        self.recorded.lock().unwrap().landed.clone()
+    }
+
+    pub fn landed_total(&self) -> usize {
+        self.recorded.lock().unwrap().landed.values().map(|&n| n as usize).sum()
+    }
+}
+
+async fn ingest(
+    State(shared): State<Arc<Shared>>,
+    Path(stream): Path<String>,
+    headers: HeaderMap,
+    body: Bytes,
+) -> Response {
+    let faults = *shared.faults.lock().unwrap();
+    shared.counter.fetch_add(1, Ordering::Relaxed);
+    let roll = rand::rng().random_range(0..100);
+    shared.recorded.lock().unwrap().requests += 1;
+    if roll < faults.unavailable {
+        return (StatusCode::SERVICE_UNAVAILABLE, "try later").into_response();
+    }
+    if roll < faults.unavailable + faults.too_many {
+        return (StatusCode::TOO_MANY_REQUESTS, [("retry-after", "1")], "slow down").into_response();
+    }
+    let slow = roll < faults.unavailable + faults.too_many + faults.slow;
+    let def = shared.streams.get(&stream).unwrap().clone();
+    let content_type = headers.get("content-type").unwrap().to_str().unwrap().to_owned();
+    let key = headers
+        .get("idempotency-key")
+        .expect("the agent always sends an Idempotency-Key")
+        .to_str()
+        .unwrap()
+        .to_owned();
+    let ndjson = match content_type.as_str() {
+        "application/x-ndjson" => {
+            assert_eq!(headers.get("content-encoding").unwrap(), "zstd");
+            zstd::decode_all(&body[..]).unwrap()
+        }
+        "application/vnd.apache.parquet" => {
+            schemas::columnar::parquet_to_ndjson(&def, body.clone(), usize::MAX).unwrap()
+        }
+        other => panic!("unexpected content type {other}"),
+    };
+    let records: Vec<ContentHash> = schemas::decode::ndjson_lines(&ndjson)
+        .map(|l| schemas::check_bytes(&def, l).unwrap().hash)
+        .collect();
+    let answer = record(&shared, &faults, content_type, key, &ndjson, &records);
+    if slow {
+        // Processed, but the answer comes after the agent gave up waiting (an answer lost on
+        // the way): the agent's retry must be a replay.
+        tokio::time::sleep(faults.slow_for).await;
+    }
+    answer
+}
+
+fn record(
+    shared: &Shared,
+    faults: &Faults,
+    content_type: String,
+    key: String,
+    ndjson: &[u8],
+    records: &[ContentHash],
+) -> Response {
+    let mut r = shared.recorded.lock().unwrap();
+    *r.content_types.entry(content_type).or_default() += 1;
+    let body_hash = blake3::hash(ndjson);
+    if let Some(previous) = r.keys.get(&key) {
+        assert_eq!(*previous, body_hash, "Idempotency-Key {key} reused for another batch");
+        r.replays += 1;
+        return axum::Json(IngestResponse {
+            accepted: records.len(),
+            ..IngestResponse::default()
+        })
+        .into_response();
+    }
+    if let Some(device) = faults.refuse_device
+        && ndjson.windows(device.len()).any(|w| w == device.as_bytes())
+    {
+        r.refused += 1;
+        return (StatusCode::BAD_REQUEST, axum::Json(serde_json::json!({"error": "refused", "message": "test refusal"}))).into_response();
+    }
+    r.keys.insert(key, body_hash);
+    for h in records {
+        *r.landed.entry(*h).or_default() += 1;
+    }
+    axum::Json(IngestResponse {
+        accepted: records.len(),
+        ..IngestResponse::default()
+    })
+    .into_response()
+}
+
+/// Sensor readings as NDJSON lines: `n` distinct ones over `devices` devices, with every
+/// `dup_every`-th line repeating an earlier one. Returns the lines and the distinct hashes.
+pub fn readings(n: usize, devices: usize, dup_every: usize, seed: u64) -> (Vec<String>, Vec<ContentHash>) {
+    let def = schemas::example_streams().get("sensor_readings").unwrap().clone();
+    let mut lines = Vec::new();
+    let mut hashes = Vec::new();
+    for i in 0..n {
+        let line = serde_json::json!({
+            "device_id": format!("dev-{}", (i + seed as usize) % devices),
+            "sensor": (["temp", "pressure", "rpm"][i % 3]),
+            "ts": 1_700_000_000_000i64 + (i as i64) * 100 + seed as i64,
+            "value": (i as f64 * 0.37).sin() * 50.0 + 20.0,
+            "unit": "u",
+            "quality": 192,
+        })
+        .to_string();
+        hashes.push(schemas::check_bytes(&def, line.as_bytes()).unwrap().hash);
+        lines.push(line);
+        if dup_every > 0 && i % dup_every == dup_every - 1 {
+            let again = lines[lines.len() / 2].clone();
+            lines.push(again);
+        }
+    }
+    (lines, hashes)
+}
+
+/// Asserts that every hash landed exactly once and nothing else landed.
+pub fn assert_exactly_once(landed: &HashMap<ContentHash, u32>, expected: &[ContentHash]) {
+    let twice: Vec<_> = landed.iter().filter(|(_, n)| **n > 1).collect();
+    assert!(twice.is_empty(), "{} records landed more than once", twice.len());
+    let missing = expected.iter().filter(|h| !landed.contains_key(h)).count();
+    assert_eq!(missing, 0, "{missing} of {} records never landed", expected.len());
+    assert_eq!(landed.len(), expected.len(), "records landed that were never sent");
+}
+
+/// A config for the agent: `sources` and `extra` are TOML fragments.
+pub fn config(state: &std::path::Path, gateway: &str, extra: &str, sources: &str) -> String {
+    format!(
+        r#"
+streams_dir = {streams:?}
+state_dir = {state:?}
+[gateway]
+url = "{gateway}"
+timeout_ms = 1000
+max_backoff_ms = 400
+{extra}
+{sources}
+"#,
+        streams = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("../streams"),
+    )
+}
