@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
-# Test services on loopback: a Kafka-protocol broker (tansu), an S3 server (moto) and the Python
-# tools of the test suite (pyarrow, boto3, confluent-kafka). Installs once into a cache and
+# Test services on loopback: a Kafka-protocol broker (tansu), an S3 server (moto), an MQTT broker
+# (mosquitto, from Debian) and the Python tools of the test suite (pyarrow, boto3,
+# confluent-kafka). Installs once into a cache and
 # reuses it; every start picks free ports, so parallel runs do not collide.
 #
 #   scripts/services.sh install          install what is missing (cached)
@@ -36,6 +37,19 @@ install_python() {
   cp "$HERE/requirements-test.txt" "$stamp"
 }
 
+install_mosquitto() {
+  if command -v mosquitto >/dev/null 2>&1 || [ -x /usr/sbin/mosquitto ]; then return; fi
+  log "installing mosquitto (Debian package)"
+  local sudo=""
+  if [ "$(id -u)" != 0 ]; then sudo=sudo; fi
+  $sudo apt-get install -y --no-install-recommends mosquitto >&2 \
+    || { $sudo apt-get update >&2 && $sudo apt-get install -y --no-install-recommends mosquitto >&2; }
+}
+
+mosquitto_bin() {
+  command -v mosquitto 2>/dev/null || echo /usr/sbin/mosquitto
+}
+
 free_port() {
   python3 -c 'import socket; s=socket.socket(); s.bind(("127.0.0.1", 0)); print(s.getsockname()[1])'
 }
@@ -55,9 +69,18 @@ wait_for_port() { # port name seconds
 start() {
   local state=$1
   mkdir -p "$state"
-  local kport sport
+  local kport sport mport
   kport=$(free_port)
   sport=$(free_port)
+  mport=$(free_port)
+  # In-memory sessions; the broker's default in-flight limit (20 per client) is kept on purpose.
+  cat >"$state/mosquitto.conf" <<CONF
+listener $mport 127.0.0.1
+allow_anonymous true
+persistence false
+CONF
+  "$(mosquitto_bin)" -c "$state/mosquitto.conf" >"$state/mosquitto.log" 2>&1 &
+  echo $! >"$state/mosquitto.pid"
   "$TANSU" broker \
     --listener-url "tcp://127.0.0.1:$kport" \
     --advertised-listener-url "tcp://127.0.0.1:$kport" \
@@ -67,9 +90,11 @@ start() {
   echo $! >"$state/moto.pid"
   wait_for_port "$kport" tansu 60 || { cat "$state/tansu.log" >&2; return 1; }
   wait_for_port "$sport" moto_server 60 || { cat "$state/moto.log" >&2; return 1; }
+  wait_for_port "$mport" mosquitto 30 || { cat "$state/mosquitto.log" >&2; return 1; }
   cat >"$state/env" <<ENV
 export EDGE_INGEST_KAFKA=127.0.0.1:$kport
 export EDGE_INGEST_S3=http://127.0.0.1:$sport
+export EDGE_INGEST_MQTT=127.0.0.1:$mport
 export EDGE_INGEST_PYTHON=$PY
 export EDGE_INGEST_TANSU=$TANSU
 export AWS_ACCESS_KEY_ID=test
@@ -77,12 +102,12 @@ export AWS_SECRET_ACCESS_KEY=test
 export AWS_REGION=us-east-1
 export AWS_EC2_METADATA_DISABLED=true
 ENV
-  log "tansu on 127.0.0.1:$kport, moto_server on 127.0.0.1:$sport (logs in $state)"
+  log "tansu on 127.0.0.1:$kport, moto_server on 127.0.0.1:$sport, mosquitto on 127.0.0.1:$mport (logs in $state)"
 }
 
 stop() {
   local state=$1
-  for name in tansu moto; do
+  for name in tansu moto mosquitto; do
     if [ -f "$state/$name.pid" ]; then
       kill "$(cat "$state/$name.pid")" 2>/dev/null || true
       rm -f "$state/$name.pid"
@@ -91,7 +116,7 @@ stop() {
 }
 
 case "${1:-}" in
-  install) install_tansu; install_python ;;
+  install) install_tansu; install_python; install_mosquitto ;;
   start) start "${2:?state dir}" ;;
   stop) stop "${2:?state dir}" ;;
   *) echo "usage: $0 install | start STATE_DIR | stop STATE_DIR" >&2; exit 2 ;;

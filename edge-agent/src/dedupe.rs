@@ -189,7 +189,14 @@ impl DigestLog {
     /// window.
     pub fn flush(&mut self, sync: bool) -> std::io::Result<()> {
         if !self.buf.is_empty() {
-            self.file.write_all(&self.buf)?;
+            if let Err(e) = self.file.write_all(&self.buf) {
+                // Keep whole entries only; keep the queue for the next try, within reason.
+                let _ = self.file.set_len(self.entries * ENTRY as u64);
+                if self.buf.len() > (1 << 20) {
+                    self.buf.clear();
+                }
+                return Err(e);
+            }
             self.entries += (self.buf.len() / ENTRY) as u64;
             self.buf.clear();
         }

@@ -282,7 +282,10 @@ pub async fn run(
     }
     saver.1.cancel();
     let _ = saver.0.await;
-    positions.save().context("cannot save file positions")?;
+    if let Err(e) = positions.save() {
+        // Files are read again from the last saved positions; dedupe drops what was sent.
+        tracing::error!(error = %e, "cannot save file positions");
+    }
     drop(lock);
     match failure {
         Some(e) => Err(e),

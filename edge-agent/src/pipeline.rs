@@ -85,8 +85,6 @@ type Waiting = VecDeque<(Option<u64>, Vec<(Done, ChunkOutcome)>)>;
 pub enum PipelineError {
     #[error(transparent)]
     Spool(#[from] SpoolError),
-    #[error("dedupe log: {0}")]
-    DedupeLog(std::io::Error),
     #[error("cannot encode a batch: {0}")]
     Encode(String),
 }
@@ -105,6 +103,7 @@ pub struct Pipeline {
     durable: u64,
     filtered_out: Vec<Record>,
     invalid_logged: u64,
+    log_errors: u64,
     pub stats: PipelineStats,
 }
 
@@ -164,6 +163,7 @@ impl Pipeline {
             durable: 0,
             filtered_out: Vec::new(),
             invalid_logged: 0,
+            log_errors: 0,
             stats: PipelineStats::default(),
         })
     }
@@ -317,7 +317,7 @@ impl Pipeline {
             for d in &open.digests {
                 self.log.push(*d, now_secs());
             }
-            self.log.flush(false).map_err(PipelineError::DedupeLog)?;
+            self.flush_log(false);
             self.waiting.push_back((None, open.done));
             self.fire_ready();
             return Ok(());
@@ -345,7 +345,7 @@ impl Pipeline {
                 for d in &open.digests {
                     self.log.push(*d, now);
                 }
-                self.log.flush(durable).map_err(PipelineError::DedupeLog)?;
+                self.flush_log(durable);
                 if durable {
                     self.durable = seq + 1;
                 }
@@ -372,6 +372,17 @@ impl Pipeline {
         Ok(())
     }
 
+    /// Writes the dedupe log. Failures (a full disk) are logged, not fatal: the log only saves
+    /// re-sending after a restart, and the receiver drops re-sent records anyway.
+    fn flush_log(&mut self, sync: bool) {
+        if let Err(e) = self.log.flush(sync) {
+            self.log_errors += 1;
+            if self.log_errors <= 3 || self.log_errors.is_multiple_of(1000) {
+                tracing::warn!(stream = %self.def.name, error = %e, "cannot write the dedupe log");
+            }
+        }
+    }
+
     fn sync(&mut self, force: bool) -> Result<(), PipelineError> {
         if self
             .waiting
@@ -380,7 +391,7 @@ impl Pipeline {
         {
             let durable = self.spool.sync(force)?;
             if durable > self.durable {
-                self.log.flush(true).map_err(PipelineError::DedupeLog)?;
+                self.flush_log(true);
                 self.durable = durable;
             }
         }

@@ -190,6 +190,8 @@ impl Spool {
         let dir = root.join(stream);
         fs::create_dir_all(&dir).map_err(io(&dir))?;
         let acked = read_acked(&dir)?;
+        // Created now, while there is space: later acknowledgements only overwrite it.
+        write_acked(&dir, acked)?;
         let mut names: Vec<(u64, PathBuf)> = Vec::new();
         for entry in fs::read_dir(&dir).map_err(io(&dir))? {
             let path = entry.map_err(io(&dir))?.path();
@@ -284,35 +286,67 @@ impl Spool {
             return Ok(Appended::Dropped);
         }
         let mut inner = self.lock();
-        while self.usage.bytes() + entry_len > self.options.max_bytes {
-            match overflow {
-                Overflow::Block => {
-                    if cancel.load(Ordering::Relaxed) {
-                        return Err(SpoolError::Cancelled);
+        loop {
+            let full = self.usage.bytes() + entry_len > self.options.max_bytes;
+            if !full {
+                match self.write_entry(&mut inner, batch, entry_len) {
+                    Ok(appended) => return Ok(appended),
+                    Err(SpoolError::Io { source, path })
+                        if source.kind() == std::io::ErrorKind::StorageFull =>
+                    {
+                        // The disk filled up before the spool's own limit: the same policy.
+                        tracing::warn!(stream = %self.stream, file = %path.display(), policy = overflow.label(), "disk full");
                     }
-                    metrics::counter!(m::SPOOL_BLOCKED, "stream" => self.stream.clone())
-                        .increment(1);
-                    // Another stream's acknowledgement frees space without notifying this one.
-                    inner = self
-                        .space
-                        .wait_timeout(inner, Duration::from_millis(50))
-                        .unwrap_or_else(|e| e.into_inner())
-                        .0;
-                }
-                Overflow::DropNewest => {
-                    metrics::counter!(m::SPOOL_DROPPED_RECORDS, &labels)
-                        .increment(u64::from(batch.records));
-                    return Ok(Appended::Dropped);
-                }
-                Overflow::DropOldest => {
-                    if !self.drop_oldest_segment(&mut inner, &labels)? {
-                        metrics::counter!(m::SPOOL_DROPPED_RECORDS, &labels)
-                            .increment(u64::from(batch.records));
-                        return Ok(Appended::Dropped);
-                    }
+                    Err(e) => return Err(e),
                 }
             }
+            let dropped;
+            (inner, dropped) = self.overflow_step(inner, overflow, &labels, cancel)?;
+            if dropped {
+                metrics::counter!(m::SPOOL_DROPPED_RECORDS, &labels)
+                    .increment(u64::from(batch.records));
+                return Ok(Appended::Dropped);
+            }
         }
+    }
+
+    /// One step of the overflow policy: wait a little for space (`block`), or delete the oldest
+    /// segment (`drop_oldest`). True when the new batch is to be dropped instead.
+    fn overflow_step<'a>(
+        &'a self,
+        mut inner: MutexGuard<'a, Inner>,
+        overflow: Overflow,
+        labels: &[(&'static str, String); 2],
+        cancel: &AtomicBool,
+    ) -> Result<(MutexGuard<'a, Inner>, bool), SpoolError> {
+        match overflow {
+            Overflow::Block => {
+                if cancel.load(Ordering::Relaxed) {
+                    return Err(SpoolError::Cancelled);
+                }
+                metrics::counter!(m::SPOOL_BLOCKED, "stream" => self.stream.clone()).increment(1);
+                // Another stream's acknowledgement frees space without notifying this one.
+                inner = self
+                    .space
+                    .wait_timeout(inner, Duration::from_millis(50))
+                    .unwrap_or_else(|e| e.into_inner())
+                    .0;
+                Ok((inner, false))
+            }
+            Overflow::DropNewest => Ok((inner, true)),
+            Overflow::DropOldest => {
+                let dropped = !self.drop_oldest_segment(&mut inner, labels)?;
+                Ok((inner, dropped))
+            }
+        }
+    }
+
+    fn write_entry(
+        &self,
+        inner: &mut Inner,
+        batch: &Batch,
+        entry_len: u64,
+    ) -> Result<Appended, SpoolError> {
         let seq = inner.next_seq;
         let rolls = inner
             .segments
@@ -320,7 +354,7 @@ impl Spool {
             .is_none_or(|s| s.bytes > 0 && s.bytes + entry_len > self.options.segment_bytes)
             || inner.active.is_none();
         if rolls {
-            self.roll(&mut inner, seq)?;
+            self.roll(inner, seq)?;
         }
         let encoded = encode_entry(seq, batch);
         let segment = inner.segments.back_mut().expect("rolled above");
@@ -350,18 +384,17 @@ impl Spool {
             .increment(entry_len);
         let durable = match self.options.fsync {
             FsyncPolicy::Batch => {
-                self.sync_locked(&mut inner)?;
+                self.sync_locked(inner)?;
                 true
             }
             FsyncPolicy::Interval => {
                 if inner.last_sync.elapsed() >= self.options.fsync_interval {
-                    self.sync_locked(&mut inner)?;
+                    self.sync_locked(inner)?;
                 }
                 inner.durable > seq
             }
         };
-        self.report(&inner);
-        drop(inner);
+        self.report(inner);
         if durable {
             self.appended.notify_one();
         }
@@ -736,15 +769,22 @@ fn read_acked(dir: &Path) -> Result<u64, SpoolError> {
     }
 }
 
+/// Overwrites the acknowledgement file in place: 20 digits at offset 0, so that a full disk
+/// (which refuses new files and blocks) can never stop acknowledgements. A single 20-byte write
+/// within one sector is not torn in practice; an unreadable file only means re-sending (and the
+/// receiver dropping) batches.
 fn write_acked(dir: &Path, acked: u64) -> Result<(), SpoolError> {
+    use std::os::unix::fs::FileExt;
     let path = dir.join(ACKED_FILE);
-    let tmp = dir.join(".acked.tmp");
-    let mut file = File::create(&tmp).map_err(io(&tmp))?;
-    file.write_all(acked.to_string().as_bytes())
+    let file = OpenOptions::new()
+        .create(true)
+        .truncate(false)
+        .write(true)
+        .open(&path)
+        .map_err(io(&path))?;
+    file.write_all_at(format!("{acked:020}").as_bytes(), 0)
         .and_then(|()| file.sync_data())
-        .map_err(io(&tmp))?;
-    fs::rename(&tmp, &path).map_err(io(&path))?;
-    sync_dir(dir)
+        .map_err(io(&path))
 }
 
 /// Makes a rename or a new file in `dir` durable.

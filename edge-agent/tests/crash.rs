@@ -31,7 +31,9 @@ async fn sigkill_at_random_points_loses_nothing_and_lands_nothing_twice() {
             &dir.path().join("state"),
             &stub.url(),
             "[batch]\nmax_records = 400\nmax_age_ms = 100\n",
-            &format!("[[sources]]\ntype = \"file\"\npath = {input:?}\nstream = \"sensor_readings\"\n"),
+            &format!(
+                "[[sources]]\ntype = \"file\"\npath = {input:?}\nstream = \"sensor_readings\"\n"
+            ),
         ),
     )
     .unwrap();
@@ -62,7 +64,8 @@ async fn sigkill_at_random_points_loses_nothing_and_lands_nothing_twice() {
         };
         match status {
             Some(status) => {
-                let log = std::fs::read_to_string(dir.path().join(format!("agent-{runs}.log"))).unwrap();
+                let log =
+                    std::fs::read_to_string(dir.path().join(format!("agent-{runs}.log"))).unwrap();
                 assert!(status.success(), "agent failed: {status}\n{log}");
                 break;
             }
@@ -73,7 +76,10 @@ async fn sigkill_at_random_points_loses_nothing_and_lands_nothing_twice() {
             }
         }
     }
-    assert!(kills >= 3, "only {kills} kills: the run was too short to test anything");
+    assert!(
+        kills >= 3,
+        "only {kills} kills: the run was too short to test anything"
+    );
     let recorded = stub.recorded.lock().unwrap();
     eprintln!(
         "{kills} kills over {runs} runs; {} requests, {} replayed by Idempotency-Key",

@@ -17,7 +17,9 @@ fn batch(i: u32, len: usize) -> Batch {
     Batch {
         id: BatchId([i as u8; 32]),
         encoding: BodyEncoding::Ndjson,
-        body: (0..len).map(|j| (j as u32 ^ i.wrapping_mul(31)) as u8).collect(),
+        body: (0..len)
+            .map(|j| (j as u32 ^ i.wrapping_mul(31)) as u8)
+            .collect(),
         records: i + 1,
         raw_bytes: len as u32 * 3,
         created_ms: 1_700_000_000_000 + u64::from(i),
@@ -57,7 +59,14 @@ fn batches_survive_a_restart_until_acknowledged() {
     let dir = tempfile::tempdir().unwrap();
     let (spool, _) = open(dir.path(), options(1 << 20, 300));
     for i in 0..5 {
-        assert_eq!(stored(spool.append(&batch(i, 100), Overflow::Block, &never()).unwrap()), u64::from(i));
+        assert_eq!(
+            stored(
+                spool
+                    .append(&batch(i, 100), Overflow::Block, &never())
+                    .unwrap()
+            ),
+            u64::from(i)
+        );
     }
     let (seq, first) = spool.first_pending().unwrap().unwrap();
     assert_eq!((seq, &first), (0, &batch(0, 100)));
@@ -66,12 +75,28 @@ fn batches_survive_a_restart_until_acknowledged() {
     let (spool, recovery) = open(dir.path(), options(1 << 20, 300));
     assert_eq!(recovery.pending_batches, 3);
     assert_eq!(recovery.pending_records, 3 + 4 + 5);
-    assert_eq!(drain(&spool), vec![batch(2, 100), batch(3, 100), batch(4, 100)]);
+    assert_eq!(
+        drain(&spool),
+        vec![batch(2, 100), batch(3, 100), batch(4, 100)]
+    );
     // Sequence numbers continue; acknowledged segments are gone from disk.
-    assert_eq!(stored(spool.append(&batch(9, 10), Overflow::Block, &never()).unwrap()), 5);
+    assert_eq!(
+        stored(
+            spool
+                .append(&batch(9, 10), Overflow::Block, &never())
+                .unwrap()
+        ),
+        5
+    );
     let segments = fs::read_dir(dir.path().join("s"))
         .unwrap()
-        .filter(|e| e.as_ref().unwrap().file_name().to_string_lossy().ends_with(".spool"))
+        .filter(|e| {
+            e.as_ref()
+                .unwrap()
+                .file_name()
+                .to_string_lossy()
+                .ends_with(".spool")
+        })
         .count();
     assert_eq!(segments, 1);
 }
@@ -83,10 +108,16 @@ fn overflow_policies() {
     let opts = options(3 * 1070, 1000);
     let (spool, _) = open(dir.path(), opts.clone());
     for i in 0..3 {
-        stored(spool.append(&batch(i, 1000), Overflow::Block, &never()).unwrap());
+        stored(
+            spool
+                .append(&batch(i, 1000), Overflow::Block, &never())
+                .unwrap(),
+        );
     }
     assert_eq!(
-        spool.append(&batch(3, 1000), Overflow::DropNewest, &never()).unwrap(),
+        spool
+            .append(&batch(3, 1000), Overflow::DropNewest, &never())
+            .unwrap(),
         Appended::Dropped
     );
     let stopping = AtomicBool::new(true);
@@ -94,18 +125,34 @@ fn overflow_policies() {
         spool.append(&batch(3, 1000), Overflow::Block, &stopping),
         Err(SpoolError::Cancelled)
     ));
-    assert_eq!(stored(spool.append(&batch(3, 1000), Overflow::DropOldest, &never()).unwrap()), 3);
+    assert_eq!(
+        stored(
+            spool
+                .append(&batch(3, 1000), Overflow::DropOldest, &never())
+                .unwrap()
+        ),
+        3
+    );
     assert_eq!(spool.pending(), (3, 2 + 3 + 4));
-    assert_eq!(drain(&spool), vec![batch(1, 1000), batch(2, 1000), batch(3, 1000)]);
+    assert_eq!(
+        drain(&spool),
+        vec![batch(1, 1000), batch(2, 1000), batch(3, 1000)]
+    );
     // A batch bigger than the whole spool is dropped whatever the policy.
     assert_eq!(
-        spool.append(&batch(4, 4000), Overflow::Block, &never()).unwrap(),
+        spool
+            .append(&batch(4, 4000), Overflow::Block, &never())
+            .unwrap(),
         Appended::Dropped
     );
     // Blocked appends go through once an acknowledgement frees space.
     let spool = Arc::new(spool);
     for i in 5..8 {
-        stored(spool.append(&batch(i, 1000), Overflow::Block, &never()).unwrap());
+        stored(
+            spool
+                .append(&batch(i, 1000), Overflow::Block, &never())
+                .unwrap(),
+        );
     }
     let acker = {
         let spool = spool.clone();
@@ -115,7 +162,11 @@ fn overflow_policies() {
             spool.ack(seq).unwrap();
         })
     };
-    stored(spool.append(&batch(8, 1000), Overflow::Block, &never()).unwrap());
+    stored(
+        spool
+            .append(&batch(8, 1000), Overflow::Block, &never())
+            .unwrap(),
+    );
     acker.join().unwrap();
 }
 
@@ -127,9 +178,20 @@ fn interval_fsync_hides_entries_until_synced() {
     opts.fsync_interval = Duration::from_secs(3600);
     let (spool, _) = open(dir.path(), opts);
     // The first append syncs (the interval has passed since opening? no: an hour has not).
-    let a = spool.append(&batch(0, 10), Overflow::Block, &never()).unwrap();
-    assert_eq!(a, Appended::Stored { seq: 0, durable: false });
-    assert!(spool.first_pending().unwrap().is_none(), "not durable, not sent");
+    let a = spool
+        .append(&batch(0, 10), Overflow::Block, &never())
+        .unwrap();
+    assert_eq!(
+        a,
+        Appended::Stored {
+            seq: 0,
+            durable: false
+        }
+    );
+    assert!(
+        spool.first_pending().unwrap().is_none(),
+        "not durable, not sent"
+    );
     assert_eq!(spool.sync(false).unwrap(), 0);
     assert_eq!(spool.sync(true).unwrap(), 1);
     assert_eq!(spool.first_pending().unwrap().unwrap().1, batch(0, 10));

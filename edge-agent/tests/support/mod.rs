@@ -97,7 +97,13 @@ impl Stub {
     }
 
     pub fn landed_total(&self) -> usize {
-        self.recorded.lock().unwrap().landed.values().map(|&n| n as usize).sum()
+        self.recorded
+            .lock()
+            .unwrap()
+            .landed
+            .values()
+            .map(|&n| n as usize)
+            .sum()
     }
 }
 
@@ -115,11 +121,21 @@ async fn ingest(
         return (StatusCode::SERVICE_UNAVAILABLE, "try later").into_response();
     }
     if roll < faults.unavailable + faults.too_many {
-        return (StatusCode::TOO_MANY_REQUESTS, [("retry-after", "1")], "slow down").into_response();
+        return (
+            StatusCode::TOO_MANY_REQUESTS,
+            [("retry-after", "1")],
+            "slow down",
+        )
+            .into_response();
     }
     let slow = roll < faults.unavailable + faults.too_many + faults.slow;
     let def = shared.streams.get(&stream).unwrap().clone();
-    let content_type = headers.get("content-type").unwrap().to_str().unwrap().to_owned();
+    let content_type = headers
+        .get("content-type")
+        .unwrap()
+        .to_str()
+        .unwrap()
+        .to_owned();
     let key = headers
         .get("idempotency-key")
         .expect("the agent always sends an Idempotency-Key")
@@ -160,7 +176,10 @@ fn record(
     *r.content_types.entry(content_type).or_default() += 1;
     let body_hash = blake3::hash(ndjson);
     if let Some(previous) = r.keys.get(&key) {
-        assert_eq!(*previous, body_hash, "Idempotency-Key {key} reused for another batch");
+        assert_eq!(
+            *previous, body_hash,
+            "Idempotency-Key {key} reused for another batch"
+        );
         r.replays += 1;
         return axum::Json(IngestResponse {
             accepted: records.len(),
@@ -172,7 +191,11 @@ fn record(
         && ndjson.windows(device.len()).any(|w| w == device.as_bytes())
     {
         r.refused += 1;
-        return (StatusCode::BAD_REQUEST, axum::Json(serde_json::json!({"error": "refused", "message": "test refusal"}))).into_response();
+        return (
+            StatusCode::BAD_REQUEST,
+            axum::Json(serde_json::json!({"error": "refused", "message": "test refusal"})),
+        )
+            .into_response();
     }
     r.keys.insert(key, body_hash);
     for h in records {
@@ -187,8 +210,16 @@ fn record(
 
 /// Sensor readings as NDJSON lines: `n` distinct ones over `devices` devices, with every
 /// `dup_every`-th line repeating an earlier one. Returns the lines and the distinct hashes.
-pub fn readings(n: usize, devices: usize, dup_every: usize, seed: u64) -> (Vec<String>, Vec<ContentHash>) {
-    let def = schemas::example_streams().get("sensor_readings").unwrap().clone();
+pub fn readings(
+    n: usize,
+    devices: usize,
+    dup_every: usize,
+    seed: u64,
+) -> (Vec<String>, Vec<ContentHash>) {
+    let def = schemas::example_streams()
+        .get("sensor_readings")
+        .unwrap()
+        .clone();
     let mut lines = Vec::new();
     let mut hashes = Vec::new();
     for i in 0..n {
@@ -214,10 +245,23 @@ pub fn readings(n: usize, devices: usize, dup_every: usize, seed: u64) -> (Vec<S
 /// Asserts that every hash landed exactly once and nothing else landed.
 pub fn assert_exactly_once(landed: &HashMap<ContentHash, u32>, expected: &[ContentHash]) {
     let twice: Vec<_> = landed.iter().filter(|(_, n)| **n > 1).collect();
-    assert!(twice.is_empty(), "{} records landed more than once", twice.len());
+    assert!(
+        twice.is_empty(),
+        "{} records landed more than once",
+        twice.len()
+    );
     let missing = expected.iter().filter(|h| !landed.contains_key(h)).count();
-    assert_eq!(missing, 0, "{missing} of {} records never landed", expected.len());
-    assert_eq!(landed.len(), expected.len(), "records landed that were never sent");
+    assert_eq!(
+        missing,
+        0,
+        "{missing} of {} records never landed",
+        expected.len()
+    );
+    assert_eq!(
+        landed.len(),
+        expected.len(),
+        "records landed that were never sent"
+    );
 }
 
 /// A config for the agent: `sources` and `extra` are TOML fragments.
