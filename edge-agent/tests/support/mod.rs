@@ -208,6 +208,15 @@ fn record(
     .into_response()
 }
 
+/// A variable exported by `scripts/test.sh`; a test that needs a service fails loudly without.
+pub fn service_env(name: &str) -> String {
+    std::env::var(name).unwrap_or_else(|_| {
+        panic!(
+            "{name} is not set: run the suite with scripts/test.sh, which starts the test services"
+        )
+    })
+}
+
 /// Sensor readings as NDJSON lines: `n` distinct ones over `devices` devices, with every
 /// `dup_every`-th line repeating an earlier one. Returns the lines and the distinct hashes.
 pub fn readings(

@@ -1,0 +1,177 @@
+//! The Kafka output against a real Kafka-protocol broker (tansu), and a spool on a disk that
+//! fills up.
+
+mod support;
+
+use std::collections::HashMap;
+use std::process::{Command, Stdio};
+use std::time::{Duration, Instant};
+
+use rdkafka::ClientConfig;
+use rdkafka::admin::{AdminClient, AdminOptions, NewTopic, TopicReplication};
+use rdkafka::client::DefaultClientContext;
+use rdkafka::consumer::{BaseConsumer, Consumer};
+use rdkafka::message::{Headers, Message};
+use support::{Faults, Stub, assert_exactly_once, config, readings, service_env};
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn kafka_output_writes_the_gateway_wire_format() {
+    let kafka = service_env("EDGE_INGEST_KAFKA");
+    let prefix = format!("agent{}.", rand::random::<u32>());
+    let topic = format!("{prefix}sensor_readings");
+    let admin: AdminClient<DefaultClientContext> = ClientConfig::new()
+        .set("bootstrap.servers", &kafka)
+        .create()
+        .unwrap();
+    for r in admin
+        .create_topics(
+            &[NewTopic::new(&topic, 3, TopicReplication::Fixed(1))],
+            &AdminOptions::new(),
+        )
+        .await
+        .unwrap()
+    {
+        r.unwrap();
+    }
+    let dir = tempfile::tempdir().unwrap();
+    let (lines, expected) = readings(3_000, 9, 4, 2);
+    let file = dir.path().join("r.ndjson");
+    std::fs::write(&file, lines.join("\n")).unwrap();
+    let cfg = format!(
+        "streams_dir = {streams:?}\nstate_dir = {state:?}\n[kafka]\nbrokers = \"{kafka}\"\ntopic_prefix = \"{prefix}\"\n[batch]\nmax_records = 500\nencoding = \"parquet\"\n[[sources]]\ntype = \"file\"\npath = {file:?}\nstream = \"sensor_readings\"\n",
+        streams = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("../streams"),
+        state = dir.path().join("state"),
+    );
+    let stats = edge_agent::run(
+        edge_agent::AgentConfig::parse(&cfg).unwrap(),
+        schemas::example_streams(),
+        tokio_util::sync::CancellationToken::new(),
+    )
+    .await
+    .unwrap()
+    .total();
+    assert_eq!(stats.delivery.accepted as usize, expected.len());
+    assert!(stats.pipeline.duplicates > 0);
+
+    let consumer: BaseConsumer = ClientConfig::new()
+        .set("bootstrap.servers", &kafka)
+        .set("group.id", format!("check-{prefix}"))
+        .set("auto.offset.reset", "earliest")
+        .set("enable.auto.commit", "false")
+        .create()
+        .unwrap();
+    consumer.subscribe(&[&topic]).unwrap();
+    let def = schemas::example_streams()
+        .get("sensor_readings")
+        .unwrap()
+        .clone();
+    let mut landed = HashMap::new();
+    let deadline = Instant::now() + Duration::from_secs(60);
+    while landed.values().sum::<u32>() < expected.len() as u32 {
+        assert!(Instant::now() < deadline, "only {} messages", landed.len());
+        let Some(m) = consumer.poll(Duration::from_millis(200)) else {
+            continue;
+        };
+        let m = m.unwrap();
+        let valid = schemas::check_bytes(&def, m.payload().unwrap()).unwrap();
+        assert_eq!(
+            m.key().unwrap(),
+            valid.record.partition_key(&def).as_bytes()
+        );
+        let headers: HashMap<&str, &[u8]> = m
+            .headers()
+            .unwrap()
+            .iter()
+            .map(|h| (h.key, h.value.unwrap()))
+            .collect();
+        assert_eq!(headers["content-hash"], valid.hash.to_hex().as_bytes());
+        assert_eq!(headers["schema-version"], b"1");
+        assert!(schemas::wire::parse_decimal_header(headers["ingest-ts"]).is_some());
+        *landed.entry(valid.hash).or_insert(0) += 1;
+    }
+    assert_exactly_once(&landed, &expected);
+}
+
+/// Runs `script` as root of a private mount namespace (an unprivileged user namespace where the
+/// kernel allows it), so a small tmpfs can stand in for a full disk.
+fn in_mount_namespace(script: &str) -> Command {
+    let mut c = Command::new("unshare");
+    c.args(["--user", "--map-root-user", "--mount", "sh", "-c", script]);
+    c
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_full_disk_blocks_the_agent_without_losing_anything() {
+    let probe = in_mount_namespace("mount -t tmpfs -o size=64k tmpfs /mnt").status();
+    assert!(
+        probe.is_ok_and(|s| s.success()),
+        "this test needs `unshare` and user namespaces (or root) to mount a small tmpfs"
+    );
+    // The gateway is down while the agent fills its 1 MiB disk, then comes back.
+    let stub = Stub::start(Faults {
+        unavailable: 100,
+        ..Faults::default()
+    })
+    .await;
+    let dir = tempfile::tempdir().unwrap();
+    let state = dir.path().join("state");
+    std::fs::create_dir(&state).unwrap();
+    // Random values: batches that do not compress to nothing.
+    let (lines, expected) = readings(100_000, 1000, 0, 11);
+    let file = dir.path().join("r.ndjson");
+    std::fs::write(&file, lines.join("\n")).unwrap();
+    let cfg = dir.path().join("agent.toml");
+    std::fs::write(
+        &cfg,
+        config(
+            &state,
+            &stub.url(),
+            "[batch]\nmax_records = 1000\nzstd_level = 1\n[spool]\nmax_mb = 64\nsegment_mb = 1\n",
+            &format!(
+                "[[sources]]\ntype = \"file\"\npath = {file:?}\nstream = \"sensor_readings\"\n"
+            ),
+        ),
+    )
+    .unwrap();
+    let log = dir.path().join("agent.log");
+    let mut agent = in_mount_namespace(&format!(
+        "mount -t tmpfs -o size=1m tmpfs {state:?} && exec {bin:?} run --config {cfg:?}",
+        bin = env!("CARGO_BIN_EXE_edge-agent"),
+    ))
+    .env("RUST_LOG", "edge_agent=info")
+    .stdout(Stdio::null())
+    .stderr(std::fs::File::create(&log).unwrap())
+    .spawn()
+    .unwrap();
+    let deadline = Instant::now() + Duration::from_secs(60);
+    while !std::fs::read_to_string(&log).unwrap().contains("disk full") {
+        assert!(
+            Instant::now() < deadline,
+            "the disk never filled up:\n{}",
+            std::fs::read_to_string(&log).unwrap()
+        );
+        assert!(
+            agent.try_wait().unwrap().is_none(),
+            "the agent stopped:\n{}",
+            std::fs::read_to_string(&log).unwrap()
+        );
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    tokio::time::sleep(Duration::from_secs(1)).await;
+    assert!(
+        agent.try_wait().unwrap().is_none(),
+        "a full disk must not stop the agent"
+    );
+    stub.set_faults(Faults::default());
+    let deadline = Instant::now() + Duration::from_secs(120);
+    let status = loop {
+        if let Some(status) = agent.try_wait().unwrap() {
+            break status;
+        }
+        assert!(Instant::now() < deadline, "the agent never finished");
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    };
+    let log = std::fs::read_to_string(&log).unwrap();
+    assert!(status.success(), "{log}");
+    assert_exactly_once(&stub.landed(), &expected);
+}

@@ -1,0 +1,375 @@
+//! Sources against real files, a real mosquitto broker and real HTTP clients; delivery to a
+//! recording gateway.
+
+mod support;
+
+use std::io::Write;
+use std::path::Path;
+use std::time::{Duration, Instant};
+
+use edge_agent::{AgentConfig, AgentStats};
+use support::{Faults, Stub, assert_exactly_once, config, readings};
+use tokio::task::JoinHandle;
+use tokio_util::sync::CancellationToken;
+
+fn start(cfg: &str) -> (JoinHandle<anyhow::Result<AgentStats>>, CancellationToken) {
+    let config = AgentConfig::parse(cfg).unwrap();
+    let shutdown = CancellationToken::new();
+    let task = tokio::spawn(edge_agent::run(
+        config,
+        schemas::example_streams(),
+        shutdown.clone(),
+    ));
+    (task, shutdown)
+}
+
+async fn wait_landed(stub: &Stub, n: usize) {
+    let deadline = Instant::now() + Duration::from_secs(60);
+    while stub.landed_total() < n {
+        assert!(
+            Instant::now() < deadline,
+            "only {} of {n} records landed",
+            stub.landed_total()
+        );
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+}
+
+fn append(path: &Path, lines: &[String]) {
+    let mut f = std::fs::OpenOptions::new()
+        .create(true)
+        .append(true)
+        .open(path)
+        .unwrap();
+    for l in lines {
+        writeln!(f, "{l}").unwrap();
+    }
+}
+
+fn free_port() -> u16 {
+    std::net::TcpListener::bind("127.0.0.1:0")
+        .unwrap()
+        .local_addr()
+        .unwrap()
+        .port()
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn tailing_survives_rotation_truncation_and_restarts() {
+    let stub = Stub::start(Faults::default()).await;
+    let dir = tempfile::tempdir().unwrap();
+    let logs = dir.path().join("logs");
+    std::fs::create_dir(&logs).unwrap();
+    let live = logs.join("readings.ndjson");
+    let (lines, expected) = readings(700, 7, 0, 3);
+    let cfg = config(
+        &dir.path().join("state"),
+        &stub.url(),
+        "[batch]\nmax_age_ms = 50\n",
+        &format!(
+            "[[sources]]\ntype = \"file\"\npath = {logs:?}\nsuffix = \".ndjson\"\nstream = \"sensor_readings\"\nfollow = true\npoll_ms = 50\n"
+        ),
+    );
+    append(&live, &lines[..100]);
+    let (agent, shutdown) = start(&cfg);
+    wait_landed(&stub, 100).await;
+    // Rotation by rename: the writer adds lines to the renamed file before it reopens, and the
+    // new file under the old name starts empty. `.ndjson.1` does not match the suffix: the agent
+    // finishes the renamed file through the handle it holds.
+    append(&live, &lines[100..200]);
+    std::fs::rename(&live, logs.join("readings.ndjson.1")).unwrap();
+    append(&logs.join("readings.ndjson.1"), &lines[200..250]);
+    append(&live, &lines[250..350]);
+    wait_landed(&stub, 350).await;
+    // copytruncate: the file is cut to zero and written again from the start.
+    std::fs::OpenOptions::new()
+        .write(true)
+        .open(&live)
+        .unwrap()
+        .set_len(0)
+        .unwrap();
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    append(&live, &lines[350..450]);
+    wait_landed(&stub, 450).await;
+    shutdown.cancel();
+    let first = agent.await.unwrap().unwrap().total();
+    assert_eq!(first.pipeline.read, 450);
+    // Lines written while the agent is down, then a restart: it resumes at the saved position.
+    append(&live, &lines[450..600]);
+    let (agent, shutdown) = start(&cfg);
+    wait_landed(&stub, 600).await;
+    // A second file appears in the directory.
+    append(&logs.join("other.ndjson"), &lines[600..]);
+    wait_landed(&stub, 700).await;
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    shutdown.cancel();
+    let second = agent.await.unwrap().unwrap().total();
+    assert_eq!(
+        second.pipeline.read, 250,
+        "only new lines were read after the restart"
+    );
+    assert_eq!(second.pipeline.duplicates, 0);
+    assert_exactly_once(&stub.landed(), &expected);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn csv_files_are_typed_by_the_stream() {
+    let stub = Stub::start(Faults::default()).await;
+    let dir = tempfile::tempdir().unwrap();
+    let file = dir.path().join("readings.csv");
+    std::fs::write(
+        &file,
+        "device_id,sensor,ts,value,unit,quality\n\
+         d1,temp,2024-05-01T12:00:00Z,21.5,degC,192\n\
+         d1,temp,1714564801000,21.75,,\n\
+         \"d,2\",rpm,2024-05-01T12:00:02.5Z,1500,rpm,0\n\
+         d3,temp,2024-05-01T12:00:03Z,not-a-number,degC,192\n",
+    )
+    .unwrap();
+    let cfg = config(
+        &dir.path().join("state"),
+        &stub.url(),
+        "",
+        &format!(
+            "[[sources]]\ntype = \"file\"\npath = {file:?}\nformat = \"csv\"\nstream = \"sensor_readings\"\n"
+        ),
+    );
+    let (agent, _shutdown) = start(&cfg);
+    let stats = agent.await.unwrap().unwrap().total();
+    assert_eq!((stats.pipeline.read, stats.pipeline.invalid), (4, 1));
+    let def = schemas::example_streams()
+        .get("sensor_readings")
+        .unwrap()
+        .clone();
+    let expected: Vec<_> = [
+        r#"{"device_id":"d1","sensor":"temp","ts":"2024-05-01T12:00:00Z","value":21.5,"unit":"degC","quality":192}"#,
+        r#"{"device_id":"d1","sensor":"temp","ts":1714564801000,"value":21.75}"#,
+        r#"{"device_id":"d,2","sensor":"rpm","ts":"2024-05-01T12:00:02.5Z","value":1500,"unit":"rpm","quality":0}"#,
+    ]
+    .iter()
+    .map(|l| schemas::check_bytes(&def, l.as_bytes()).unwrap().hash)
+    .collect();
+    assert_exactly_once(&stub.landed(), &expected);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn refused_batches_are_kept_aside_and_the_rest_goes_on() {
+    let stub = Stub::start(Faults {
+        refuse_device: Some("dev-3\""),
+        ..Faults::default()
+    })
+    .await;
+    let dir = tempfile::tempdir().unwrap();
+    // One device per batch: batches of dev-3 are refused, the others land.
+    let (lines, _) = readings(600, 6, 0, 0);
+    let mut by_device = lines.clone();
+    by_device.sort_by_key(|l| l[..20].to_owned());
+    let file = dir.path().join("r.ndjson");
+    append(&file, &by_device);
+    let cfg = config(
+        &dir.path().join("state"),
+        &stub.url(),
+        "[batch]\nmax_records = 100\n",
+        &format!("[[sources]]\ntype = \"file\"\npath = {file:?}\nstream = \"sensor_readings\"\n"),
+    );
+    let (agent, _shutdown) = start(&cfg);
+    let stats = agent.await.unwrap().unwrap().total();
+    assert_eq!(stats.delivery.rejected_batches, 1);
+    assert_eq!(stub.landed_total(), 500);
+    let kept: Vec<_> = std::fs::read_dir(dir.path().join("state/rejected"))
+        .unwrap()
+        .map(|e| e.unwrap().file_name().to_string_lossy().into_owned())
+        .collect();
+    assert_eq!(kept.len(), 2, "{kept:?}");
+    let note = kept.iter().find(|k| k.ends_with(".json")).unwrap();
+    let note: serde_json::Value = serde_json::from_slice(
+        &std::fs::read(dir.path().join("state/rejected").join(note)).unwrap(),
+    )
+    .unwrap();
+    assert_eq!(note["status"], 400);
+    assert_eq!(note["records"], 100);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn local_http_port_answers_once_records_are_spooled() {
+    let stub = Stub::start(Faults::default()).await;
+    let dir = tempfile::tempdir().unwrap();
+    let port = free_port();
+    let cfg = config(
+        &dir.path().join("state"),
+        &stub.url(),
+        "",
+        &format!(
+            "[[sources]]\ntype = \"http\"\nlisten = \"127.0.0.1:{port}\"\ntoken = \"local\"\nmax_body_bytes = 100000\n"
+        ),
+    );
+    let (agent, shutdown) = start(&cfg);
+    let url = format!("http://127.0.0.1:{port}/v1/streams/sensor_readings/records");
+    let client = reqwest::Client::new();
+    let post = |body: Vec<u8>, ct: &str, ce: &str, token: &str| {
+        client
+            .post(&url)
+            .bearer_auth(token)
+            .header("content-type", ct)
+            .header("content-encoding", ce)
+            .body(body)
+            .send()
+    };
+    let deadline = Instant::now() + Duration::from_secs(20);
+    while reqwest::get(format!("http://127.0.0.1:{port}/"))
+        .await
+        .is_err()
+    {
+        assert!(Instant::now() < deadline, "the local port never opened");
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    let (lines, expected) = readings(50, 5, 0, 9);
+    let mut body = lines[..40].join("\n");
+    body.push_str("\n{\"device_id\": 1}\n");
+    body.push_str(&lines[0]);
+    let r = post(
+        zstd::encode_all(body.as_bytes(), 3).unwrap(),
+        "application/x-ndjson",
+        "zstd",
+        "local",
+    )
+    .await
+    .unwrap();
+    assert_eq!(r.status(), 200);
+    let answer: serde_json::Value = serde_json::from_slice(&r.bytes().await.unwrap()).unwrap();
+    assert_eq!(answer["accepted"], 40);
+    assert_eq!(answer["duplicates"], 1);
+    assert_eq!(answer["rejected"][0]["index"], 40);
+    // A pretty-printed JSON array body.
+    let array: Vec<serde_json::Value> = lines[40..]
+        .iter()
+        .map(|l| serde_json::from_str(l).unwrap())
+        .collect();
+    let r = post(
+        serde_json::to_vec_pretty(&array).unwrap(),
+        "application/json",
+        "identity",
+        "local",
+    )
+    .await
+    .unwrap();
+    assert_eq!(r.status(), 200);
+    let answer: serde_json::Value = serde_json::from_slice(&r.bytes().await.unwrap()).unwrap();
+    assert_eq!(answer["accepted"], 10);
+    // Refusals.
+    assert_eq!(
+        post(b"{}".to_vec(), "application/x-ndjson", "identity", "wrong")
+            .await
+            .unwrap()
+            .status(),
+        401
+    );
+    let bomb = zstd::encode_all(&vec![b' '; 10_000_000][..], 19).unwrap();
+    assert_eq!(
+        post(bomb, "application/x-ndjson", "zstd", "local")
+            .await
+            .unwrap()
+            .status(),
+        413
+    );
+    assert_eq!(
+        post(b"x".to_vec(), "text/plain", "identity", "local")
+            .await
+            .unwrap()
+            .status(),
+        415
+    );
+    let unknown = client
+        .post(format!("http://127.0.0.1:{port}/v1/streams/nope/records"))
+        .bearer_auth("local")
+        .header("content-type", "application/x-ndjson")
+        .body("{}")
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(unknown.status(), 404);
+    wait_landed(&stub, 50).await;
+    shutdown.cancel();
+    agent.await.unwrap().unwrap();
+    assert_exactly_once(&stub.landed(), &expected);
+}
+
+const TOPIC: &str = "plant/line1/readings";
+
+/// Publishes NDJSON messages with QoS 1 and waits for every PUBACK.
+async fn publish(broker: &str, messages: Vec<String>) {
+    let (host, port) = broker.rsplit_once(':').unwrap();
+    let id = format!("pub-{}", rand::random::<u32>());
+    let mut options = rumqttc::MqttOptions::new(id, host, port.parse().unwrap());
+    options.set_keep_alive(Duration::from_secs(5));
+    let (client, mut events) = rumqttc::AsyncClient::new(options, 64);
+    let n = messages.len();
+    let sender = tokio::spawn(async move {
+        for m in messages {
+            client
+                .publish(TOPIC, rumqttc::QoS::AtLeastOnce, false, m)
+                .await
+                .unwrap();
+        }
+        client
+    });
+    let mut acked = 0;
+    while acked < n {
+        if let rumqttc::Event::Incoming(rumqttc::Packet::PubAck(_)) = events.poll().await.unwrap() {
+            acked += 1;
+        }
+    }
+    let _ = sender.await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn mqtt_messages_land_once_including_those_sent_while_the_agent_was_down() {
+    let broker = support::service_env("EDGE_INGEST_MQTT");
+    let stub = Stub::start(Faults::default()).await;
+    let dir = tempfile::tempdir().unwrap();
+    let client_id = format!("agent-{}", rand::random::<u32>());
+    let cfg = config(
+        &dir.path().join("state"),
+        &stub.url(),
+        "[batch]\nmax_age_ms = 5000\n",
+        &format!(
+            "[[sources]]\ntype = \"mqtt\"\nurl = \"mqtt://{broker}\"\ntopics = [\"plant/+/readings\"]\nstream = \"sensor_readings\"\nclient_id = \"{client_id}\"\nqos = 1\n"
+        ),
+    );
+    let (lines, expected) = readings(600, 6, 0, 5);
+    // Messages of 1 to 3 records.
+    let messages: Vec<String> = lines.chunks(2).map(|c| c.join("\n")).collect();
+    let (agent, shutdown) = start(&cfg);
+    // The session must exist before anything is published to it.
+    let deadline = Instant::now() + Duration::from_secs(20);
+    loop {
+        publish(&broker, messages[..1].to_vec()).await;
+        tokio::time::sleep(Duration::from_millis(300)).await;
+        if stub.landed_total() > 0 {
+            break;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "the agent never received anything"
+        );
+    }
+    // 150 messages: far more than mosquitto's 20 unacknowledged messages in flight, with a
+    // batch age of 5 s. Only closing batches at max_unacked keeps this moving.
+    let started = Instant::now();
+    publish(&broker, messages[1..150].to_vec()).await;
+    wait_landed(&stub, 300).await;
+    assert!(
+        started.elapsed() < Duration::from_secs(20),
+        "stalled on unacknowledged messages"
+    );
+    shutdown.cancel();
+    agent.await.unwrap().unwrap();
+    // Published while the agent is away: the broker keeps them in the persistent session.
+    publish(&broker, messages[150..].to_vec()).await;
+    let (agent, shutdown) = start(&cfg);
+    wait_landed(&stub, 600).await;
+    tokio::time::sleep(Duration::from_millis(500)).await;
+    shutdown.cancel();
+    agent.await.unwrap().unwrap();
+    assert_exactly_once(&stub.landed(), &expected);
+}
