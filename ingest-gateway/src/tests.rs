@@ -82,6 +82,27 @@ async fn bad_requests_get_exact_statuses_and_json_errors() {
         max_records: 3,
         ..LimitsConfig::default()
     };
+    let sensor = schemas::example_streams()
+        .get("sensor_readings")
+        .unwrap()
+        .clone();
+    let vehicle = schemas::example_streams()
+        .get("vehicle_telemetry")
+        .unwrap()
+        .clone();
+    let record = schemas::check_bytes(&sensor, &line).unwrap().record;
+    // 40,000 equal rows: a few KiB of Parquet, megabytes of records.
+    let parquet_bomb =
+        schemas::columnar::encode_parquet(&sensor, &vec![record; 40_000], 3).unwrap();
+    assert!(parquet_bomb.len() < 64 << 10, "under the body limit: the decoded size trips");
+    let vehicle_record = schemas::check_bytes(
+        &vehicle,
+        br#"{"vehicle_id":"v","recorded_at":1,"lat":1.0,"lon":2.0}"#,
+    )
+    .unwrap()
+    .record;
+    let other_stream = schemas::columnar::encode_parquet(&vehicle, &[vehicle_record], 3).unwrap();
+    const PARQUET: &str = "application/vnd.apache.parquet";
     let mut bad_key = post(PATH, Some(TOKEN), NDJSON, None, line.clone());
     bad_key
         .headers_mut()
@@ -188,6 +209,30 @@ async fn bad_requests_get_exact_statuses_and_json_errors() {
             post(PATH, Some(TOKEN), "application/json", None, line.clone()),
             StatusCode::BAD_REQUEST,
             "bad_request",
+        ),
+        (
+            "not Parquet",
+            post(
+                PATH,
+                Some(TOKEN),
+                PARQUET,
+                None,
+                b"PAR1garbagePAR1".to_vec(),
+            ),
+            StatusCode::BAD_REQUEST,
+            "bad_request",
+        ),
+        (
+            "Parquet of another stream",
+            post(PATH, Some(TOKEN), PARQUET, None, other_stream),
+            StatusCode::BAD_REQUEST,
+            "bad_request",
+        ),
+        (
+            "Parquet bomb",
+            post(PATH, Some(TOKEN), PARQUET, None, parquet_bomb),
+            StatusCode::PAYLOAD_TOO_LARGE,
+            "payload_too_large",
         ),
         (
             "too many records",
