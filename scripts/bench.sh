@@ -1,10 +1,14 @@
 #!/usr/bin/env bash
 # Benchmarks that need the test services: starts them (installing once, cached), runs the
-# benchmark in release mode and stops them. Usage: scripts/bench.sh gateway|sink [options]
+# benchmark in release mode and stops them. Usage: scripts/bench.sh gateway|sink|agent [options]
+# (agent needs no services).
 set -euo pipefail
 cd "$(dirname "${BASH_SOURCE[0]}")/.."
 which=${1:-gateway}
 shift || true
+if [ "$which" = agent ]; then
+  exec cargo run --release -p loadtest -- bench-agent "$@"
+fi
 scripts/services.sh install
 STATE="$(mktemp -d "${TMPDIR:-/tmp}/edge-ingest-bench.XXXXXX")"
 trap 'scripts/services.sh stop "$STATE"; rm -rf "$STATE"' EXIT
@@ -14,5 +18,5 @@ source "$STATE/env"
 case "$which" in
   gateway) cargo run --release -p loadtest -- bench-gateway --brokers "$EDGE_INGEST_KAFKA" "$@" ;;
   sink) cargo run --release -p loadtest -- bench-sink --brokers "$EDGE_INGEST_KAFKA" "$@" ;;
-  *) echo "unknown benchmark: $which (gateway, sink)" >&2; exit 2 ;;
+  *) echo "unknown benchmark: $which (gateway, sink, agent)" >&2; exit 2 ;;
 esac

@@ -94,7 +94,10 @@ async fn bad_requests_get_exact_statuses_and_json_errors() {
     // 40,000 equal rows: a few KiB of Parquet, megabytes of records.
     let parquet_bomb =
         schemas::columnar::encode_parquet(&sensor, &vec![record; 40_000], 3).unwrap();
-    assert!(parquet_bomb.len() < 64 << 10, "under the body limit: the decoded size trips");
+    assert!(
+        parquet_bomb.len() < 64 << 10,
+        "under the body limit: the decoded size trips"
+    );
     let vehicle_record = schemas::check_bytes(
         &vehicle,
         br#"{"vehicle_id":"v","recorded_at":1,"lat":1.0,"lon":2.0}"#,

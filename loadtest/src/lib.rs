@@ -1,5 +1,6 @@
 //! Simulated device fleets, the end-to-end verifier and the one-command demo.
 
+pub mod bench_agent;
 pub mod bench_gateway;
 pub mod bench_sink;
 pub mod demo;

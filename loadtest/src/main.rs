@@ -99,6 +99,27 @@ enum Command {
         #[arg(long)]
         landing: PathBuf,
     },
+    /// Benchmarks the agent's pipeline (read, parse, dedupe, batch, compress, spool) against
+    /// `zstd -3 -T1` and `gzip -6` of the same generated file, in one run. Prints a table and
+    /// writes JSON (build with --release). Needs no services.
+    BenchAgent {
+        /// Readings to generate (a fifth of them re-sent).
+        #[arg(long, default_value_t = 1_500_000)]
+        records: usize,
+        /// Directory for the input file and the JSON report.
+        #[arg(long, default_value = "target/bench")]
+        out: PathBuf,
+    },
+    /// The agent side of bench-agent (a child process, so that its peak RSS is its own).
+    #[command(hide = true)]
+    AgentWorker {
+        #[arg(long)]
+        input: PathBuf,
+        #[arg(long)]
+        state: PathBuf,
+        #[arg(long)]
+        encoding: String,
+    },
     /// Writes generated sensor readings as NDJSON to stdout or a file.
     Generate {
         #[command(flatten)]
@@ -211,6 +232,29 @@ async fn main() -> anyhow::Result<()> {
             })
             .await?;
             println!("{report}");
+            Ok(())
+        }
+        Command::BenchAgent { records, out } => {
+            let report = tokio::task::spawn_blocking(move || {
+                loadtest::bench_agent::run(loadtest::bench_agent::AgentBenchOptions {
+                    records,
+                    out,
+                })
+            })
+            .await??;
+            println!("{report}");
+            Ok(())
+        }
+        Command::AgentWorker {
+            input,
+            state,
+            encoding,
+        } => {
+            let run = tokio::task::spawn_blocking(move || {
+                loadtest::bench_agent::agent_worker(&input, &state, &encoding)
+            })
+            .await??;
+            println!("{}", serde_json::to_string(&run)?);
             Ok(())
         }
         Command::SinkWorker {

@@ -1,0 +1,255 @@
+//! Agent benchmark, all in one run on the same generated file (sensor readings, a fifth of them
+//! re-sent): the agent's pipeline (read, parse, validate, dedupe with a 1,000,000-entry window,
+//! batch, compress, spool; a child process so its peak RSS is its own) with NDJSON and with
+//! Parquet batch bodies, against `zstd -3 -T1` and `gzip -6` of the whole file.
+
+use std::io::{BufReader, Read};
+use std::path::{Path, PathBuf};
+use std::process::{Command, Stdio};
+use std::sync::Arc;
+use std::sync::atomic::AtomicBool;
+use std::time::Instant;
+
+use anyhow::{Context, bail};
+use edge_agent::batch::BodyEncoding;
+use edge_agent::config::{BatchConfig, DedupeConfig, SpoolConfig, StreamSettings};
+use edge_agent::pipeline::{Chunk, Pipeline};
+use edge_agent::source::{Feed, feed_lines, verbatim};
+use edge_agent::spool::{Spool, Usage};
+use serde::{Deserialize, Serialize};
+
+use crate::bench_gateway::{Measure, Throughput};
+use crate::bench_sink::peak_rss_bytes;
+use crate::fleet::{FleetSpec, sensor_readings, to_ndjson};
+
+#[derive(Debug, Clone)]
+pub struct AgentBenchOptions {
+    pub records: usize,
+    pub out: PathBuf,
+}
+
+/// What the agent child process reports.
+#[derive(Debug, Serialize, Deserialize)]
+pub struct AgentRun {
+    pub encoding: String,
+    pub throughput: Throughput,
+    pub peak_rss_bytes: u64,
+    pub read: u64,
+    pub duplicates: u64,
+    pub batches: u64,
+    pub wire_bytes: u64,
+    pub dedupe_window: usize,
+}
+
+#[derive(Debug, Serialize)]
+pub struct Tool {
+    pub name: String,
+    pub seconds: f64,
+    pub mb_per_s: f64,
+    pub output_bytes: u64,
+}
+
+#[derive(Debug, Serialize)]
+pub struct AgentBenchReport {
+    pub records: usize,
+    pub raw_bytes: u64,
+    pub zstd: Tool,
+    pub gzip: Tool,
+    pub agent_ndjson: AgentRun,
+    pub agent_parquet: AgentRun,
+    /// Agent MB per CPU-second over `zstd -3 -T1` MB/s (NDJSON and Parquet bodies).
+    pub ratio_ndjson_zstd: f64,
+    pub ratio_parquet_zstd: f64,
+    /// Wire bytes over `gzip -6` of the whole file.
+    pub wire_ndjson_gzip: f64,
+    pub wire_parquet_gzip: f64,
+}
+
+/// Runs a compression CLI over the file; single-threaded, so wall time is its CPU time.
+fn tool(name: &str, args: &[&str], input: &Path, raw: u64) -> anyhow::Result<Tool> {
+    let started = Instant::now();
+    let mut child = Command::new(name)
+        .args(args)
+        .arg(input)
+        .stdout(Stdio::piped())
+        .spawn()
+        .with_context(|| format!("cannot run {name}"))?;
+    let mut out = child.stdout.take().context("no stdout")?;
+    let mut buf = vec![0u8; 1 << 20];
+    let mut total = 0u64;
+    loop {
+        let n = out.read(&mut buf)?;
+        if n == 0 {
+            break;
+        }
+        total += n as u64;
+    }
+    if !child.wait()?.success() {
+        bail!("{name} failed");
+    }
+    let seconds = started.elapsed().as_secs_f64();
+    Ok(Tool {
+        name: format!("{name} {}", args.join(" ")),
+        seconds,
+        mb_per_s: raw as f64 / 1e6 / seconds,
+        output_bytes: total,
+    })
+}
+
+pub fn run(opts: AgentBenchOptions) -> anyhow::Result<AgentBenchReport> {
+    std::fs::create_dir_all(&opts.out)?;
+    let input = opts.out.join("agent-input.ndjson");
+    let spec = FleetSpec {
+        records: opts.records,
+        devices: 200,
+        ..FleetSpec::default()
+    };
+    std::fs::write(&input, to_ndjson(&sensor_readings(&spec)))?;
+    let raw = std::fs::metadata(&input)?.len();
+    let zstd = tool("zstd", &["-3", "-T1", "-q", "-c"], &input, raw)?;
+    let gzip = tool("gzip", &["-6", "-c"], &input, raw)?;
+    let worker = |encoding: &str| -> anyhow::Result<AgentRun> {
+        let state = opts.out.join(format!("agent-state-{encoding}"));
+        let _ = std::fs::remove_dir_all(&state);
+        let output = Command::new(std::env::current_exe()?)
+            .args(["agent-worker", "--encoding", encoding, "--input"])
+            .arg(&input)
+            .arg("--state")
+            .arg(&state)
+            .output()?;
+        if !output.status.success() {
+            bail!(
+                "agent worker failed: {}",
+                String::from_utf8_lossy(&output.stderr)
+            );
+        }
+        let _ = std::fs::remove_dir_all(&state);
+        Ok(serde_json::from_slice(&output.stdout)?)
+    };
+    let agent_ndjson = worker("ndjson")?;
+    let agent_parquet = worker("parquet")?;
+    let report = AgentBenchReport {
+        records: opts.records,
+        raw_bytes: raw,
+        ratio_ndjson_zstd: agent_ndjson.throughput.mb_per_cpu_s / zstd.mb_per_s,
+        ratio_parquet_zstd: agent_parquet.throughput.mb_per_cpu_s / zstd.mb_per_s,
+        wire_ndjson_gzip: agent_ndjson.wire_bytes as f64 / gzip.output_bytes as f64,
+        wire_parquet_gzip: agent_parquet.wire_bytes as f64 / gzip.output_bytes as f64,
+        zstd,
+        gzip,
+        agent_ndjson,
+        agent_parquet,
+    };
+    let _ = std::fs::remove_file(&input);
+    crate::bench_gateway::write_report(&opts.out.join("agent.json"), &report)?;
+    Ok(report)
+}
+
+/// The agent's pipeline over a file, with no output: read, parse, validate, dedupe, batch,
+/// compress and spool (fsync per batch, as by default).
+pub fn agent_worker(input: &Path, state: &Path, encoding: &str) -> anyhow::Result<AgentRun> {
+    let encoding = match encoding {
+        "ndjson" => BodyEncoding::Ndjson,
+        "parquet" => BodyEncoding::Parquet,
+        other => bail!("unknown encoding {other}"),
+    };
+    let def = schemas::example_streams()
+        .get("sensor_readings")
+        .context("sensor_readings")?
+        .clone();
+    std::fs::create_dir_all(state)?;
+    let spool_config = SpoolConfig {
+        max_mb: 4096,
+        ..SpoolConfig::default()
+    };
+    let (spool, _) = Spool::open(
+        &state.join("spool"),
+        &def.name,
+        spool_config.options(),
+        Arc::new(Usage::default()),
+    )?;
+    let dedupe = DedupeConfig::default();
+    let batch = BatchConfig {
+        encoding,
+        ..BatchConfig::default()
+    };
+    let pipeline = Pipeline::new(
+        def.clone(),
+        &StreamSettings::default(),
+        batch,
+        &dedupe,
+        Arc::new(spool),
+        state,
+    )?;
+    let measure = Measure::start();
+    let raw = std::fs::metadata(input)?.len();
+    let (tx, rx) = std::sync::mpsc::sync_channel::<Chunk>(16);
+    let file = std::fs::File::open(input)?;
+    let reader = std::thread::spawn(move || -> std::io::Result<u64> {
+        let mut reader = BufReader::with_capacity(256 * 1024, file);
+        feed_lines(&mut reader, &Feed::new(tx), 0, true, |_| None, verbatim)
+    });
+    let stats = pipeline.run(rx, &AtomicBool::new(false))?;
+    reader
+        .join()
+        .map_err(|_| anyhow::anyhow!("reader panicked"))??;
+    let throughput = measure.done(stats.read as usize, raw as usize);
+    Ok(AgentRun {
+        encoding: format!("{encoding:?}").to_lowercase(),
+        throughput,
+        peak_rss_bytes: peak_rss_bytes(),
+        read: stats.read,
+        duplicates: stats.duplicates,
+        batches: stats.batches,
+        wire_bytes: stats.encoded_bytes,
+        dedupe_window: dedupe.window_records,
+    })
+}
+
+impl std::fmt::Display for AgentBenchReport {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        writeln!(
+            f,
+            "agent benchmark: {} readings (a fifth re-sent), {:.1} MB NDJSON",
+            self.records,
+            self.raw_bytes as f64 / 1e6
+        )?;
+        writeln!(
+            f,
+            "{:<28} {:>12} {:>14} {:>12} {:>12}",
+            "path", "MB/cpu-s", "wire bytes", "wire/raw", "peak RSS"
+        )?;
+        for t in [&self.zstd, &self.gzip] {
+            writeln!(
+                f,
+                "{:<28} {:>12.1} {:>14} {:>12.3} {:>12}",
+                t.name,
+                t.mb_per_s,
+                t.output_bytes,
+                t.output_bytes as f64 / self.raw_bytes as f64,
+                "-"
+            )?;
+        }
+        for a in [&self.agent_ndjson, &self.agent_parquet] {
+            writeln!(
+                f,
+                "{:<28} {:>12.1} {:>14} {:>12.3} {:>9.1} MiB",
+                format!("agent ({} bodies)", a.encoding),
+                a.throughput.mb_per_cpu_s,
+                a.wire_bytes,
+                a.wire_bytes as f64 / self.raw_bytes as f64,
+                a.peak_rss_bytes as f64 / (1 << 20) as f64
+            )?;
+        }
+        writeln!(
+            f,
+            "agent/zstd -3 throughput: {:.2} (ndjson), {:.2} (parquet); target ≥ 0.5",
+            self.ratio_ndjson_zstd, self.ratio_parquet_zstd
+        )?;
+        write!(
+            f,
+            "wire bytes / gzip -6: {:.3} (ndjson), {:.3} (parquet); target ≤ 0.5",
+            self.wire_ndjson_gzip, self.wire_parquet_gzip
+        )
+    }
+}
