@@ -13,7 +13,7 @@
 //! it reaches twice that.
 
 use std::fs::{self, File, OpenOptions};
-use std::io::Write;
+use std::io::{Read, Seek, SeekFrom, Write};
 use std::path::{Path, PathBuf};
 
 use hashbrown::HashTable;
@@ -144,36 +144,41 @@ pub struct DigestLog {
 }
 
 impl DigestLog {
-    /// Opens the log and loads its valid tail into `window`.
+    /// Opens the log and loads its valid tail into `window`, reading in small chunks (the log of
+    /// a million-entry window is 20 MB, twice that before compaction).
     pub fn open(
         path: &Path,
         window: &mut DigestWindow,
         now_secs: u32,
     ) -> std::io::Result<DigestLog> {
-        let data = match fs::read(path) {
-            Ok(d) => d,
-            Err(e) if e.kind() == std::io::ErrorKind::NotFound => Vec::new(),
-            Err(e) => return Err(e),
-        };
-        let whole = data.len() / ENTRY * ENTRY;
+        let file = OpenOptions::new()
+            .create(true)
+            .read(true)
+            .append(true)
+            .open(path)?;
+        let len = file.metadata()?.len();
+        let whole = len / ENTRY as u64 * ENTRY as u64;
+        if whole < len {
+            // A torn last entry.
+            file.set_len(whole)?;
+        }
         let keep = window.capacity;
-        let start = whole.saturating_sub(keep * ENTRY);
-        for entry in data[start..whole].chunks_exact(ENTRY) {
+        let start = whole.saturating_sub((keep * ENTRY) as u64);
+        let mut reader = std::io::BufReader::with_capacity(ENTRY * 3276, &file);
+        reader.seek(SeekFrom::Start(start))?;
+        let mut entry = [0u8; ENTRY];
+        for _ in 0..(whole - start) / ENTRY as u64 {
+            reader.read_exact(&mut entry)?;
             let d = u128::from_le_bytes(entry[..16].try_into().expect("16 bytes"));
             let t = u32::from_le_bytes(entry[16..].try_into().expect("4 bytes"));
             if !window.expired(t, now_secs) {
                 window.insert(d, t);
             }
         }
-        let file = OpenOptions::new().create(true).append(true).open(path)?;
-        if whole < data.len() {
-            // A torn last entry.
-            file.set_len(whole as u64)?;
-        }
         Ok(DigestLog {
             path: path.to_owned(),
             file,
-            entries: (whole / ENTRY) as u64,
+            entries: whole / ENTRY as u64,
             keep,
             buf: Vec::new(),
         })
@@ -210,19 +215,23 @@ impl DigestLog {
     }
 
     fn compact(&mut self) -> std::io::Result<()> {
-        let data = fs::read(&self.path)?;
-        let whole = data.len() / ENTRY * ENTRY;
-        let start = whole.saturating_sub(self.keep * ENTRY);
+        let whole = self.entries * ENTRY as u64;
+        let start = whole.saturating_sub((self.keep * ENTRY) as u64);
         let tmp = self.path.with_extension("digests.tmp");
         let mut out = File::create(&tmp)?;
-        out.write_all(&data[start..whole])?;
+        let mut from = File::open(&self.path)?;
+        from.seek(SeekFrom::Start(start))?;
+        std::io::copy(&mut from.take(whole - start), &mut out)?;
         out.sync_data()?;
         fs::rename(&tmp, &self.path)?;
         if let Some(dir) = self.path.parent() {
             File::open(dir)?.sync_all()?;
         }
-        self.file = OpenOptions::new().append(true).open(&self.path)?;
-        self.entries = ((whole - start) / ENTRY) as u64;
+        self.file = OpenOptions::new()
+            .read(true)
+            .append(true)
+            .open(&self.path)?;
+        self.entries = (whole - start) / ENTRY as u64;
         Ok(())
     }
 }
