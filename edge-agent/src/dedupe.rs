@@ -48,14 +48,16 @@ fn hash_of(d: Digest) -> u64 {
 
 impl DigestWindow {
     pub fn new(capacity: usize, max_age_secs: u32) -> DigestWindow {
+        // Reserved once: growing by doubling would hold the old and the new copy at once (the
+        // peak), and over-allocate up to twice the window. Untouched pages cost no memory.
         DigestWindow {
             capacity,
             max_age_secs,
-            digests: Vec::new(),
-            times: Vec::new(),
+            digests: Vec::with_capacity(capacity),
+            times: Vec::with_capacity(capacity),
             head: 0,
             len: 0,
-            index: HashTable::new(),
+            index: HashTable::with_capacity(capacity),
         }
     }
 
@@ -93,7 +95,7 @@ impl DigestWindow {
         }
         let slot = if self.digests.len() < self.capacity {
             // Grow the ring lazily, so a big window costs memory only once it is used.
-            debug_assert_eq!(self.head, 0);
+            debug_assert_eq!(self.head + self.len, self.digests.len());
             self.digests.push(d);
             self.times.push(now_secs);
             self.digests.len() - 1
@@ -118,12 +120,10 @@ impl DigestWindow {
         }
         self.head = (self.head + 1) % self.capacity;
         self.len -= 1;
-        if self.len == 0 {
+        if self.len == 0 && self.digests.len() < self.capacity {
             self.head = 0;
-            if self.digests.len() < self.capacity {
-                self.digests.clear();
-                self.times.clear();
-            }
+            self.digests.clear();
+            self.times.clear();
         }
     }
 

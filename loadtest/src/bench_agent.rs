@@ -147,7 +147,12 @@ pub fn run(opts: AgentBenchOptions) -> anyhow::Result<AgentBenchReport> {
 
 /// The agent's pipeline over a file, with no output: read, parse, validate, dedupe, batch,
 /// compress and spool (fsync per batch, as by default).
-pub fn agent_worker(input: &Path, state: &Path, encoding: &str) -> anyhow::Result<AgentRun> {
+pub fn agent_worker(
+    input: &Path,
+    state: &Path,
+    encoding: &str,
+    dedupe_window: usize,
+) -> anyhow::Result<AgentRun> {
     let encoding = match encoding {
         "ndjson" => BodyEncoding::Ndjson,
         "parquet" => BodyEncoding::Parquet,
@@ -168,7 +173,10 @@ pub fn agent_worker(input: &Path, state: &Path, encoding: &str) -> anyhow::Resul
         spool_config.options(),
         Arc::new(Usage::default()),
     )?;
-    let dedupe = DedupeConfig::default();
+    let dedupe = DedupeConfig {
+        window_records: dedupe_window,
+        ..DedupeConfig::default()
+    };
     let batch = BatchConfig {
         encoding,
         ..BatchConfig::default()

@@ -119,6 +119,9 @@ enum Command {
         state: PathBuf,
         #[arg(long)]
         encoding: String,
+        /// Dedupe window in records.
+        #[arg(long, default_value_t = 1_000_000)]
+        dedupe_window: usize,
     },
     /// Writes generated sensor readings as NDJSON to stdout or a file.
     Generate {
@@ -249,9 +252,10 @@ async fn main() -> anyhow::Result<()> {
             input,
             state,
             encoding,
+            dedupe_window,
         } => {
             let run = tokio::task::spawn_blocking(move || {
-                loadtest::bench_agent::agent_worker(&input, &state, &encoding)
+                loadtest::bench_agent::agent_worker(&input, &state, &encoding, dedupe_window)
             })
             .await??;
             println!("{}", serde_json::to_string(&run)?);
