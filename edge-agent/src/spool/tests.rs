@@ -177,7 +177,7 @@ fn interval_fsync_hides_entries_until_synced() {
     opts.fsync = FsyncPolicy::Interval;
     opts.fsync_interval = Duration::from_secs(3600);
     let (spool, _) = open(dir.path(), opts);
-    // The first append syncs (the interval has passed since opening? no: an hour has not).
+    // An hour-long interval: the append is written but not yet synced.
     let a = spool
         .append(&batch(0, 10), Overflow::Block, &never())
         .unwrap();
