@@ -266,15 +266,6 @@ impl SourceConfig {
             SourceConfig::Http { .. } => None,
         }
     }
-
-    /// Whether the source runs until shutdown rather than to the end of its input.
-    pub fn runs_forever(&self) -> bool {
-        match self {
-            SourceConfig::File { follow, .. } => *follow,
-            SourceConfig::Stdin { .. } => false,
-            SourceConfig::Mqtt { .. } | SourceConfig::Http { .. } => true,
-        }
-    }
 }
 
 impl AgentConfig {

@@ -78,8 +78,18 @@ impl Delivery {
                         .increment(response.rejected.len() as u64);
                 }
                 Err(SendError::Rejected { status, body }) => {
-                    let kept =
-                        keep_rejected(&self.rejected_dir, &self.def.name, &batch, status, &body);
+                    let kept = {
+                        let (dir, stream, batch, body) = (
+                            self.rejected_dir.clone(),
+                            self.def.name.clone(),
+                            batch.clone(),
+                            body.clone(),
+                        );
+                        tokio::task::spawn_blocking(move || {
+                            keep_rejected(&dir, &stream, &batch, status, &body)
+                        })
+                        .await?
+                    };
                     tracing::error!(stream = %self.def.name, batch = %batch.id, status, answer = %body, kept = ?kept, "batch refused for good; kept aside, not retried");
                     stats.rejected_batches += 1;
                     metrics::counter!(m::BATCHES_REJECTED, &labels).increment(1);

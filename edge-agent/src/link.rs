@@ -163,11 +163,6 @@ impl Link {
             }
         }
     }
-
-    /// Tells waiters that the line changed (a new, possibly more urgent, waiter).
-    pub fn nudge(&self) {
-        self.turn.notify_waiters();
-    }
 }
 
 #[cfg(test)]
@@ -191,7 +186,6 @@ mod tests {
             }));
             tokio::task::yield_now().await;
         }
-        link.nudge();
         let start = Instant::now();
         for t in tasks {
             t.await.unwrap();

@@ -11,7 +11,7 @@
 //! them. A batch retried after a failure may put some records into Kafka twice; they carry the
 //! same content hash and the sink drops them.
 
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
@@ -67,41 +67,62 @@ impl Output {
         batch: &Batch,
         shutdown: &CancellationToken,
     ) -> Result<IngestResponse, SendError> {
-        let started = Instant::now();
-        let mut attempt = 0u32;
-        loop {
-            let failure = match self {
-                Output::Http(h) => h.attempt(&def.name, batch).await,
-                Output::Kafka(k) => k.attempt(def, batch).await,
-            };
-            let (reason, retry_after) = match failure {
-                Ok(response) => {
-                    let labels = [("stream", def.name.clone())];
-                    metrics::histogram!(m::SEND_DURATION, &labels)
-                        .record(started.elapsed().as_secs_f64());
-                    return Ok(response);
-                }
-                Err(Attempt::Final(e)) => return Err(e),
-                Err(Attempt::Retry {
-                    reason,
-                    retry_after,
-                }) => (reason, retry_after),
-            };
-            metrics::counter!(m::SEND_ERRORS, "stream" => def.name.clone(), "reason" => reason.kind).increment(1);
-            let wait = retry_after.unwrap_or_else(|| backoff(attempt, self.max_backoff()));
-            tracing::warn!(stream = %def.name, batch = %batch.id, attempt, error = %reason.text, ?wait, "batch not delivered, retrying");
-            attempt = attempt.saturating_add(1);
-            tokio::select! {
-                _ = tokio::time::sleep(wait) => {}
-                _ = shutdown.cancelled() => return Err(SendError::Cancelled),
+        match self {
+            Output::Http(h) => {
+                retrying(&def.name, batch, shutdown, h.max_backoff, || {
+                    h.attempt(&def.name, batch)
+                })
+                .await
+            }
+            Output::Kafka(k) => {
+                // Decoded once per batch, on the blocking pool, not once per attempt.
+                let messages = KafkaOutput::prepare(def.clone(), batch.clone()).await?;
+                retrying(&def.name, batch, shutdown, KAFKA_MAX_BACKOFF, || {
+                    k.attempt(&def.name, &messages)
+                })
+                .await
             }
         }
     }
+}
 
-    fn max_backoff(&self) -> Duration {
-        match self {
-            Output::Http(h) => h.max_backoff,
-            Output::Kafka(_) => Duration::from_secs(30),
+const KAFKA_MAX_BACKOFF: Duration = Duration::from_secs(30);
+
+/// Runs `attempt` until it succeeds or fails for good, backing off between attempts.
+async fn retrying<F, Fut>(
+    stream: &str,
+    batch: &Batch,
+    shutdown: &CancellationToken,
+    max_backoff: Duration,
+    mut attempt: F,
+) -> Result<IngestResponse, SendError>
+where
+    F: FnMut() -> Fut,
+    Fut: Future<Output = Result<IngestResponse, Attempt>>,
+{
+    let started = Instant::now();
+    let mut attempts = 0u32;
+    loop {
+        let (reason, retry_after) = match attempt().await {
+            Ok(response) => {
+                metrics::histogram!(m::SEND_DURATION, "stream" => stream.to_owned())
+                    .record(started.elapsed().as_secs_f64());
+                return Ok(response);
+            }
+            Err(Attempt::Final(e)) => return Err(e),
+            Err(Attempt::Retry {
+                reason,
+                retry_after,
+            }) => (reason, retry_after),
+        };
+        metrics::counter!(m::SEND_ERRORS, "stream" => stream.to_owned(), "reason" => reason.kind)
+            .increment(1);
+        let wait = retry_after.unwrap_or_else(|| backoff(attempts, max_backoff));
+        tracing::warn!(stream, batch = %batch.id, attempt = attempts, error = %reason.text, ?wait, "batch not delivered, retrying");
+        attempts = attempts.saturating_add(1);
+        tokio::select! {
+            _ = tokio::time::sleep(wait) => {}
+            _ = shutdown.cancelled() => return Err(SendError::Cancelled),
         }
     }
 }
@@ -229,25 +250,41 @@ impl KafkaOutput {
         })
     }
 
-    async fn attempt(&self, def: &StreamDef, batch: &Batch) -> Result<IngestResponse, Attempt> {
-        let records = batch.records(def).map_err(|e| {
-            Attempt::Final(SendError::Rejected {
-                status: 0,
-                body: e.to_string(),
+    /// The batch's records as Kafka messages: decompress, decode, validate and encode, on the
+    /// blocking pool.
+    async fn prepare(def: Arc<StreamDef>, batch: Batch) -> Result<Vec<Message>, SendError> {
+        let prepared = tokio::task::spawn_blocking(move || {
+            batch.records(&def).map(|records| {
+                records
+                    .iter()
+                    .map(|r| Message {
+                        key: r.record.partition_key(&def),
+                        value: encode_value(&def, &r.record),
+                        hash: r.hash,
+                        schema_version: def.version,
+                    })
+                    .collect()
             })
-        })?;
-        let topic = topic_name(&self.topic_prefix, &def.name);
+        })
+        .await
+        .map_err(|e| SendError::Config(format!("batch decoding failed: {e}")))?;
+        prepared.map_err(|e| SendError::Rejected {
+            status: 0,
+            body: e.to_string(),
+        })
+    }
+
+    async fn attempt(&self, stream: &str, messages: &[Message]) -> Result<IngestResponse, Attempt> {
+        let topic = topic_name(&self.topic_prefix, stream);
         let ingest_ts = plumbing::kafka::ingest_ts_now();
-        let mut pending = Vec::with_capacity(records.len());
-        for r in &records {
-            let key = r.record.partition_key(def);
-            let value = encode_value(def, &r.record);
-            let headers = plumbing::kafka::record_headers(&r.hash, def.version, &ingest_ts);
-            let message = FutureRecord::to(&topic)
-                .key(&key)
-                .payload(&value)
+        let mut pending = Vec::with_capacity(messages.len());
+        for m in messages {
+            let headers = plumbing::kafka::record_headers(&m.hash, m.schema_version, &ingest_ts);
+            let record = FutureRecord::to(&topic)
+                .key(&m.key)
+                .payload(&m.value)
                 .headers(headers);
-            match self.producer.send_result(message) {
+            match self.producer.send_result(record) {
                 Ok(delivery) => pending.push(delivery),
                 Err((e, _)) => return Err(retry("kafka", e.to_string())),
             }
@@ -260,10 +297,18 @@ impl KafkaOutput {
             }
         }
         Ok(IngestResponse {
-            accepted: records.len(),
+            accepted: messages.len(),
             ..IngestResponse::default()
         })
     }
+}
+
+/// A record ready for Kafka.
+struct Message {
+    key: String,
+    value: Vec<u8>,
+    hash: schemas::ContentHash,
+    schema_version: u32,
 }
 
 /// 250 ms doubling up to `max`, with ±50 % jitter.
@@ -277,7 +322,7 @@ fn backoff(attempt: u32, max: Duration) -> Duration {
 
 /// Keeps a refused batch aside: its body and a JSON note with the answer.
 pub fn keep_rejected(
-    dir: &PathBuf,
+    dir: &Path,
     stream: &str,
     batch: &Batch,
     status: u16,

@@ -314,8 +314,9 @@ impl Pipeline {
             self.discarded(kind, true, n);
         }
         if open.count == 0 {
+            let now = now_secs();
             for d in &open.digests {
-                self.log.push(*d, now_secs());
+                self.log.push(*d, now);
             }
             self.flush_log(false);
             self.waiting.push_back((None, open.done));

@@ -139,7 +139,7 @@ struct Segment {
     first_seq: u64,
     path: PathBuf,
     bytes: u64,
-    /// Entries of this segment that are not yet acknowledged: (seq, offset, payload len, records).
+    /// Sequence number of the segment's last entry; none while it is empty.
     last_seq: Option<u64>,
 }
 
@@ -172,6 +172,9 @@ struct Inner {
 pub struct Spool {
     stream: String,
     dir: PathBuf,
+    /// Holds the first sequence number not acknowledged, overwritten in place.
+    acked_file: File,
+    acked_path: PathBuf,
     options: SpoolOptions,
     usage: Arc<Usage>,
     inner: Mutex<Inner>,
@@ -191,7 +194,14 @@ impl Spool {
         fs::create_dir_all(&dir).map_err(io(&dir))?;
         let acked = read_acked(&dir)?;
         // Created now, while there is space: later acknowledgements only overwrite it.
-        write_acked(&dir, acked)?;
+        let acked_path = dir.join(ACKED_FILE);
+        let acked_file = OpenOptions::new()
+            .create(true)
+            .truncate(false)
+            .write(true)
+            .open(&acked_path)
+            .map_err(io(&acked_path))?;
+        write_acked(&acked_file, &acked_path, acked)?;
         let mut names: Vec<(u64, PathBuf)> = Vec::new();
         for entry in fs::read_dir(&dir).map_err(io(&dir))? {
             let path = entry.map_err(io(&dir))?.path();
@@ -241,6 +251,8 @@ impl Spool {
         let spool = Spool {
             stream: stream.to_owned(),
             dir,
+            acked_file,
+            acked_path,
             options,
             usage,
             inner: Mutex::new(Inner {
@@ -482,38 +494,53 @@ impl Spool {
     /// quarantined and skipped.
     pub fn first_pending(&self) -> Result<Option<(u64, Batch)>, SpoolError> {
         loop {
-            let inner = self.lock();
-            let Some(loc) = inner.pending.front().copied() else {
-                return Ok(None);
+            let loc = {
+                let inner = self.lock();
+                match inner.pending.front() {
+                    Some(loc) if loc.seq < inner.durable => *loc,
+                    _ => return Ok(None),
+                }
             };
-            if loc.seq >= inner.durable {
-                return Ok(None);
+            // Its segment was dropped meanwhile (`drop_oldest`): look at the new front.
+            let Some((segment, entry)) = self.read_entry(&loc)? else {
+                continue;
+            };
+            if let Some((_, batch)) = check_entry(&entry).and_then(decode_payload) {
+                return Ok(Some((loc.seq, batch)));
             }
-            let segment = inner
-                .segments
-                .iter()
-                .find(|s| s.first_seq == loc.segment)
-                .map(|s| s.path.clone())
-                .expect("pending entries belong to a live segment");
-            let mut payload = vec![0u8; HEADER + loc.len as usize];
-            let read = File::open(&segment).and_then(|mut f| {
-                f.seek(SeekFrom::Start(loc.offset))?;
-                f.read_exact(&mut payload)
-            });
-            read.map_err(io(&segment))?;
-            if let Some(batch) = check_entry(&payload).and_then(decode_payload) {
-                return Ok(Some((loc.seq, batch.1)));
-            }
-            drop(inner);
             tracing::error!(stream = %self.stream, seq = loc.seq, "spooled batch damaged on disk; quarantined");
             quarantine(
                 &self.dir,
                 &segment,
                 loc.offset,
-                &payload,
+                &entry,
                 &mut Recovery::default(),
             )?;
             self.ack(loc.seq)?;
+        }
+    }
+
+    /// The bytes of a pending entry and its segment's path, read without holding the lock (an
+    /// append need not wait for a megabyte read). None when the segment is gone by then.
+    fn read_entry(&self, loc: &Loc) -> Result<Option<(PathBuf, Vec<u8>)>, SpoolError> {
+        let path = self
+            .lock()
+            .segments
+            .iter()
+            .find(|s| s.first_seq == loc.segment)
+            .map(|s| s.path.clone());
+        let Some(path) = path else {
+            return Ok(None);
+        };
+        let mut entry = vec![0u8; HEADER + loc.len as usize];
+        let read = File::open(&path).and_then(|mut f| {
+            f.seek(SeekFrom::Start(loc.offset))?;
+            f.read_exact(&mut entry)
+        });
+        match read {
+            Ok(()) => Ok(Some((path, entry))),
+            Err(e) if e.kind() == std::io::ErrorKind::NotFound => Ok(None),
+            Err(e) => Err(io(&path)(e)),
         }
     }
 
@@ -537,7 +564,7 @@ impl Spool {
             return Ok(());
         }
         inner.acked = seq + 1;
-        write_acked(&self.dir, inner.acked)?;
+        write_acked(&self.acked_file, &self.acked_path, inner.acked)?;
         while inner.pending.front().is_some_and(|l| l.seq <= seq) {
             inner.pending.pop_front();
         }
@@ -567,30 +594,12 @@ impl Spool {
 
     /// Every pending entry, oldest first, durable or not (for rebuilding the dedupe window).
     pub fn pending_batches(&self) -> Result<Vec<Batch>, SpoolError> {
-        let (locs, paths): (Vec<Loc>, Vec<(u64, PathBuf)>) = {
-            let inner = self.lock();
-            (
-                inner.pending.iter().copied().collect(),
-                inner
-                    .segments
-                    .iter()
-                    .map(|s| (s.first_seq, s.path.clone()))
-                    .collect(),
-            )
-        };
+        let locs: Vec<Loc> = self.lock().pending.iter().copied().collect();
         let mut out = Vec::with_capacity(locs.len());
         for loc in locs {
-            let Some((_, path)) = paths.iter().find(|(f, _)| *f == loc.segment) else {
-                continue;
-            };
-            let mut entry = vec![0u8; HEADER + loc.len as usize];
-            File::open(path)
-                .and_then(|mut f| {
-                    f.seek(SeekFrom::Start(loc.offset))?;
-                    f.read_exact(&mut entry)
-                })
-                .map_err(io(path))?;
-            if let Some((_, batch)) = check_entry(&entry).and_then(decode_payload) {
+            if let Some((_, entry)) = self.read_entry(&loc)?
+                && let Some((_, batch)) = check_entry(&entry).and_then(decode_payload)
+            {
                 out.push(batch);
             }
         }
@@ -773,18 +782,11 @@ fn read_acked(dir: &Path) -> Result<u64, SpoolError> {
 /// (which refuses new files and blocks) can never stop acknowledgements. A single 20-byte write
 /// within one sector is not torn in practice; an unreadable file only means re-sending (and the
 /// receiver dropping) batches.
-fn write_acked(dir: &Path, acked: u64) -> Result<(), SpoolError> {
+fn write_acked(file: &File, path: &Path, acked: u64) -> Result<(), SpoolError> {
     use std::os::unix::fs::FileExt;
-    let path = dir.join(ACKED_FILE);
-    let file = OpenOptions::new()
-        .create(true)
-        .truncate(false)
-        .write(true)
-        .open(&path)
-        .map_err(io(&path))?;
     file.write_all_at(format!("{acked:020}").as_bytes(), 0)
         .and_then(|()| file.sync_data())
-        .map_err(io(&path))
+        .map_err(io(path))
 }
 
 /// Makes a rename or a new file in `dir` durable.

@@ -1,6 +1,5 @@
 //! The HTTP API: `POST /v1/streams/{stream}/records`.
 
-use std::io::Read;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
@@ -10,6 +9,7 @@ use axum::extract::rejection::PathRejection;
 use axum::extract::{Path, State};
 use axum::http::{HeaderMap, HeaderValue, StatusCode, header};
 use axum::response::{IntoResponse, Response};
+use plumbing::body::DecompressError;
 use schemas::DecodeError;
 use schemas::api::{ErrorBody, IngestResponse, RejectedRecord};
 use schemas::columnar::parquet_to_ndjson;
@@ -120,26 +120,11 @@ impl IntoResponse for ApiError {
     }
 }
 
-/// How the body is compressed.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum Encoding {
-    Identity,
-    Zstd,
-    Gzip,
-}
+pub use plumbing::body::Encoding;
 
 fn content_encoding(headers: &HeaderMap) -> Result<Encoding, ApiError> {
-    let Some(value) = headers.get(header::CONTENT_ENCODING) else {
-        return Ok(Encoding::Identity);
-    };
-    match value.to_str().map(|v| v.trim().to_ascii_lowercase()) {
-        Ok(v) if v.is_empty() || v == "identity" => Ok(Encoding::Identity),
-        Ok(v) if v == "zstd" => Ok(Encoding::Zstd),
-        Ok(v) if v == "gzip" || v == "x-gzip" => Ok(Encoding::Gzip),
-        _ => Err(ApiError::unsupported(
-            "Content-Encoding must be zstd, gzip or identity",
-        )),
-    }
+    Encoding::from_header(headers.get(header::CONTENT_ENCODING))
+        .ok_or_else(|| ApiError::unsupported("Content-Encoding must be zstd, gzip or identity"))
 }
 
 fn body_format(headers: &HeaderMap) -> Result<BodyFormat, ApiError> {
@@ -171,56 +156,19 @@ thread_local! {
     };
 }
 
-/// Decompresses `body` into `out`, stopping as soon as the output passes `limit` (a bomb never
-/// grows past it).
+/// Decompresses `body` into the scratch buffer, stopping as soon as the output passes `limit` (a
+/// bomb never grows past it).
 fn decompress_into(
     encoding: Encoding,
     body: &[u8],
     limit: usize,
     scratch: &mut Scratch,
 ) -> Result<(), ApiError> {
-    let too_large = || decompressed_too_large(limit);
-    let out = &mut scratch.plain;
-    out.clear();
-    let reader: Box<dyn Read + '_> = match encoding {
-        // `check_body` reads identity bodies in place; here they are copied like any other.
-        Encoding::Identity => Box::new(body),
-        Encoding::Zstd => {
-            // A single frame that states its size (what zstd tools and libraries write) is
-            // decoded in one call into a buffer of exactly that size; a frame that grows past
-            // its stated size fails there. Anything else takes the streaming path.
-            let stated = zstd::zstd_safe::get_frame_content_size(body).ok().flatten();
-            if let Some(size) = stated.and_then(|s| usize::try_from(s).ok()) {
-                if size > limit {
-                    return Err(too_large());
-                }
-                if scratch.zstd.is_none() {
-                    scratch.zstd = zstd::bulk::Decompressor::new().ok();
-                }
-                if let Some(dctx) = scratch.zstd.as_mut() {
-                    out.reserve(size);
-                    if dctx.decompress_to_buffer(body, out).is_ok() && out.len() == size {
-                        return Ok(());
-                    }
-                    out.clear();
-                }
-            }
-            Box::new(
-                zstd::stream::read::Decoder::with_buffer(body)
-                    .map_err(|e| ApiError::bad_request(format!("invalid zstd body: {e}")))?,
-            )
-        }
-        Encoding::Gzip => Box::new(flate2::read::MultiGzDecoder::new(body)),
-    };
-    out.reserve(body.len().saturating_mul(4).min(limit));
-    reader
-        .take(limit as u64 + 1)
-        .read_to_end(out)
-        .map_err(|e| ApiError::bad_request(format!("cannot decompress body: {e}")))?;
-    if out.len() > limit {
-        return Err(too_large());
-    }
-    Ok(())
+    plumbing::body::decompress_into(encoding, body, limit, &mut scratch.zstd, &mut scratch.plain)
+        .map_err(|e| match e {
+            DecompressError::TooLarge(limit) => decompressed_too_large(limit),
+            DecompressError::Invalid(message) => ApiError::bad_request(message),
+        })
 }
 
 fn decompressed_too_large(limit: usize) -> ApiError {

@@ -1,6 +1,7 @@
 //! Runtime plumbing shared by the binaries: config loading, the stream directory, metrics and
 //! health endpoints, tracing and shutdown. Kept small on purpose.
 
+pub mod body;
 pub mod config;
 pub mod kafka;
 pub mod telemetry;

@@ -169,6 +169,10 @@ pub fn run(
     let mut open: HashMap<FileId, Tailed> = HashMap::new();
     loop {
         for path in listing(spec)? {
+            // A stat, not an open, for the files already being read.
+            if fs::metadata(&path).is_ok_and(|m| open.contains_key(&file_id(&m))) {
+                continue;
+            }
             let Ok(file) = File::open(&path) else {
                 continue;
             };

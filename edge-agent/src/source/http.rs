@@ -3,7 +3,6 @@
 //! answer (accepted, duplicates, rejected by index) comes once the records are durable in the
 //! agent's spool; from there the agent delivers them.
 
-use std::io::Read;
 use std::net::SocketAddr;
 use std::sync::Arc;
 
@@ -13,6 +12,7 @@ use axum::extract::{DefaultBodyLimit, Path, State};
 use axum::http::{HeaderMap, StatusCode, header};
 use axum::response::{IntoResponse, Response};
 use axum::routing::post;
+use plumbing::body::{DecompressError, Encoding, decompress_into};
 use schemas::api::{ErrorBody, IngestResponse};
 use schemas::decode::{BodyFormat, split_body};
 use schemas::{DecodeError, Streams};
@@ -141,15 +141,23 @@ async fn ingest(
                 "Content-Type must be application/x-ndjson, application/json or application/vnd.apache.parquet",
             )
         })?;
-    let encoding = headers
-        .get(header::CONTENT_ENCODING)
-        .and_then(|v| v.to_str().ok())
-        .unwrap_or("identity")
-        .trim()
-        .to_ascii_lowercase();
+    let encoding =
+        Encoding::from_header(headers.get(header::CONTENT_ENCODING)).ok_or_else(|| {
+            error(
+                StatusCode::UNSUPPORTED_MEDIA_TYPE,
+                "unsupported_encoding",
+                "Content-Encoding must be zstd, gzip or identity",
+            )
+        })?;
     let (def, limit) = (def.clone(), local.max_body_bytes);
     let ndjson = tokio::task::spawn_blocking(move || -> Result<Vec<u8>, Refusal> {
-        let plain = decompress(&encoding, &body, limit)?;
+        let mut plain = Vec::new();
+        decompress_into(encoding, &body, limit, &mut None, &mut plain).map_err(|e| match e {
+            DecompressError::TooLarge(_) => {
+                error(StatusCode::PAYLOAD_TOO_LARGE, "too_large", e.to_string())
+            }
+            DecompressError::Invalid(m) => error(StatusCode::BAD_REQUEST, "bad_encoding", m),
+        })?;
         to_ndjson(&def, format, plain, limit)
     })
     .await
@@ -175,41 +183,6 @@ async fn ingest(
         duplicates: outcome.duplicates,
         rejected: outcome.rejected,
     }))
-}
-
-fn decompress(encoding: &str, body: &[u8], limit: usize) -> Result<Vec<u8>, Refusal> {
-    let too_large = || {
-        error(
-            StatusCode::PAYLOAD_TOO_LARGE,
-            "too_large",
-            format!("decompressed body is larger than {limit} bytes"),
-        )
-    };
-    let mut out = Vec::new();
-    let read = match encoding {
-        "" | "identity" => return Ok(body.to_vec()),
-        "zstd" => zstd::stream::read::Decoder::new(body)
-            .and_then(|d| d.take(limit as u64 + 1).read_to_end(&mut out)),
-        "gzip" | "x-gzip" => flate2::read::GzDecoder::new(body)
-            .take(limit as u64 + 1)
-            .read_to_end(&mut out),
-        _ => {
-            return Err(error(
-                StatusCode::UNSUPPORTED_MEDIA_TYPE,
-                "unsupported_encoding",
-                "Content-Encoding must be zstd, gzip or identity",
-            ));
-        }
-    };
-    match read {
-        Ok(_) if out.len() > limit => Err(too_large()),
-        Ok(_) => Ok(out),
-        Err(e) => Err(error(
-            StatusCode::BAD_REQUEST,
-            "bad_encoding",
-            format!("cannot decompress the body: {e}"),
-        )),
-    }
 }
 
 /// The body as NDJSON lines, whatever its format.
