@@ -11,6 +11,7 @@ use bytes::Bytes;
 use ingest_gateway::GatewayConfig;
 use ingest_gateway::api::{Encoding, check_body};
 use ingest_gateway::config::LimitsConfig;
+use plumbing::body::decompress_into;
 use rdkafka::ClientConfig;
 use rdkafka::message::{Header, OwnedHeaders};
 use rdkafka::producer::{FutureProducer, FutureRecord};
@@ -182,8 +183,10 @@ impl Workload {
     /// Decompress + decode + validate + hash alone (what the per-core target names), on
     /// this thread, `rounds` times over the batches.
     pub fn validate_path(&self, rounds: usize) -> anyhow::Result<Throughput> {
+        let (mut dctx, mut plain) = (None, Vec::new());
         self.time_per_batch("validation", rounds, |body| {
-            let plain = zstd::bulk::decompress(body, 64 << 20)?;
+            let limit = LimitsConfig::default().max_decompressed_bytes;
+            decompress_into(Encoding::Zstd, body, limit, &mut dctx, &mut plain)?;
             Ok(schemas::decode::ndjson_lines(&plain)
                 .filter(|line| schemas::check_bytes(&self.def, line).is_ok())
                 .count())

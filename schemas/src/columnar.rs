@@ -185,7 +185,7 @@ fn value_at(array: &dyn Array, ty: &FieldType, row: usize) -> Value {
         return Value::Null;
     }
     match ty {
-        FieldType::String => Value::Str(array.as_string::<i32>().value(row).to_owned()),
+        FieldType::String => Value::Str(array.as_string::<i32>().value(row).into()),
         FieldType::Bool => Value::Bool(array.as_boolean().value(row)),
         FieldType::Int64 => Value::Int(array.as_primitive::<Int64Type>().value(row)),
         FieldType::Float64 => Value::Float(array.as_primitive::<Float64Type>().value(row)),
@@ -206,12 +206,7 @@ fn value_at(array: &dyn Array, ty: &FieldType, row: usize) -> Value {
             let values = entries.column(1);
             Value::Map(
                 (0..entries.len())
-                    .map(|i| {
-                        (
-                            keys.value(i).to_owned(),
-                            value_at(values.as_ref(), inner, i),
-                        )
-                    })
+                    .map(|i| (keys.value(i).into(), value_at(values.as_ref(), inner, i)))
                     .collect(),
             )
         }

@@ -1,10 +1,15 @@
-//! The canonical content hash: BLAKE3 over a canonical encoding of a record's hashed fields.
+//! The canonical content hash: keyed BLAKE3 over a canonical encoding of a record's hashed fields.
 //!
 //! The encoding works on validated, normalized values, so JSON key order, number formatting
 //! (`1`, `1.0`, `1e0` in a float64 field) and timestamp notation (RFC 3339 or epoch ms/us for
-//! the same instant) do not change the hash. Encoding, for each hashed field in name order:
-//! the field name (u32 LE length + UTF-8), then the value: a tag byte and a fixed-width
-//! little-endian payload; strings and collections carry a u64 LE length first.
+//! the same instant) do not change the hash. Encoding (version 2), for each hashed field in name
+//! order whose value is not null: the field name (LEB128 length + UTF-8), then the value: a tag
+//! byte and a fixed-width little-endian payload; strings carry a LEB128 byte length first,
+//! lists and maps a LEB128 count (map entries: key as a string without tag, then the value).
+//! Null fields are left out, so adding a nullable field to a stream keeps the hashes of the
+//! records that do not set it. The BLAKE3 key is derived from [`KEY_CONTEXT`] (domain
+//! separation without spending input bytes: a typical sensor reading is two 64-byte blocks,
+//! where version 1, with a text prefix and fixed-width lengths, took three).
 
 use std::fmt;
 use std::str::FromStr;
@@ -12,8 +17,14 @@ use std::str::FromStr;
 use crate::stream::StreamDef;
 use crate::value::{Record, Value};
 
-/// Domain separation: a future change of the encoding gets a new prefix.
-const DOMAIN: &[u8] = b"edge-ingest/record/v1\0";
+/// The context string of the hash key: a future change of the encoding gets a new context.
+pub const KEY_CONTEXT: &str = "edge-ingest record content hash v2";
+
+fn key() -> &'static [u8; 32] {
+    static KEY: std::sync::LazyLock<[u8; 32]> =
+        std::sync::LazyLock::new(|| blake3::derive_key(KEY_CONTEXT, b""));
+    &KEY
+}
 
 /// The 32-byte BLAKE3 content hash of a record.
 #[derive(Clone, Copy, PartialEq, Eq, PartialOrd, Ord)]
@@ -74,14 +85,14 @@ pub fn content_hash(def: &StreamDef, record: &Record) -> ContentHash {
     BUF.with(|buf| {
         let mut buf = buf.borrow_mut();
         buf.clear();
-        buf.extend_from_slice(DOMAIN);
         for &i in &def.hash_fields {
-            let name = def.fields[i].name.as_bytes();
-            buf.extend_from_slice(&(name.len() as u32).to_le_bytes());
-            buf.extend_from_slice(name);
-            encode(&mut buf, &record.values[i]);
+            let value = &record.values[i];
+            if !matches!(value, Value::Null) {
+                encode_bytes(&mut buf, def.fields[i].name.as_bytes());
+                encode(&mut buf, value);
+            }
         }
-        ContentHash(*blake3::hash(&buf).as_bytes())
+        ContentHash(*blake3::keyed_hash(key(), &buf).as_bytes())
     })
 }
 
@@ -108,14 +119,14 @@ fn encode(out: &mut Vec<u8>, value: &Value) {
         }
         Value::List(items) => {
             out.push(6);
-            out.extend_from_slice(&(items.len() as u64).to_le_bytes());
+            leb128(out, items.len());
             for item in items {
                 encode(out, item);
             }
         }
         Value::Map(entries) => {
             out.push(7);
-            out.extend_from_slice(&(entries.len() as u64).to_le_bytes());
+            leb128(out, entries.len());
             for (k, v) in entries {
                 encode_bytes(out, k.as_bytes());
                 encode(out, v);
@@ -125,6 +136,33 @@ fn encode(out: &mut Vec<u8>, value: &Value) {
 }
 
 fn encode_bytes(out: &mut Vec<u8>, bytes: &[u8]) {
-    out.extend_from_slice(&(bytes.len() as u64).to_le_bytes());
+    leb128(out, bytes.len());
     out.extend_from_slice(bytes);
+}
+
+/// Unsigned LEB128: seven bits per byte, low groups first, the high bit set on all but the last.
+fn leb128(out: &mut Vec<u8>, mut n: usize) {
+    while n >= 0x80 {
+        out.push((n as u8) | 0x80);
+        n >>= 7;
+    }
+    out.push(n as u8);
+}
+
+#[cfg(test)]
+mod tests {
+    #[test]
+    fn leb128_groups_seven_bits_low_first() {
+        for (n, want) in [
+            (0usize, vec![0u8]),
+            (127, vec![0x7f]),
+            (128, vec![0x80, 0x01]),
+            (300, vec![0xac, 0x02]),
+            (16_384, vec![0x80, 0x80, 0x01]),
+        ] {
+            let mut out = Vec::new();
+            super::leb128(&mut out, n);
+            assert_eq!(out, want, "{n}");
+        }
+    }
 }

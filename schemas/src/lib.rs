@@ -14,6 +14,7 @@ pub mod columnar;
 pub mod decode;
 pub mod error;
 pub mod hash;
+mod scan;
 pub mod stream;
 pub mod typed;
 pub mod value;

@@ -305,7 +305,7 @@ fn hash_ignores_key_order_number_format_and_timestamp_notation() {
 #[test]
 fn hash_is_stable_across_releases() {
     // Changing the canonical encoding changes every hash in every landing zone: this value
-    // must only change together with the domain prefix.
+    // must only change together with the key context.
     let def = sensor();
     let r = check(&def, reading()).unwrap();
     assert_eq!(
@@ -315,18 +315,53 @@ fn hash_is_stable_across_releases() {
     );
 }
 
-/// The expected hash of `reading()`, computed by hand from the documented encoding.
+#[test]
+fn adding_a_nullable_field_keeps_hashes() {
+    let def = sensor();
+    let text = include_str!("../../streams/sensor_readings.toml");
+    let extended = format!(
+        "{}\n[[fields]]\nname = \"firmware\"\ntype = \"string\"\n",
+        text.replace("hash_fields = [", "hash_fields = [\"firmware\", ")
+    );
+    let extended = StreamDef::from_toml(&extended).unwrap();
+    assert!(extended.hash_fields.len() > def.hash_fields.len());
+    let old = check(&def, reading()).unwrap().hash;
+    assert_eq!(check(&extended, reading()).unwrap().hash, old);
+    let mut set = reading();
+    set["firmware"] = json!("1.2");
+    assert_ne!(check(&extended, set).unwrap().hash, old);
+}
+
+#[test]
+fn long_strings_hash_by_their_whole_length() {
+    // Lengths of 128 bytes and more take two LEB128 bytes; a string and its extension, and a
+    // string moved between two fields, must not collide.
+    let def = sensor();
+    let with = |device: &str, sensor: &str| {
+        let mut r = reading();
+        r["device_id"] = json!(device);
+        r["sensor"] = json!(sensor);
+        check(&def, r).unwrap().hash
+    };
+    let long = "d".repeat(300);
+    assert_ne!(with(&long, "s"), with(&long[..299], "s"));
+    assert_ne!(with(&long, "s"), with(&long[..128], "s"));
+    assert_ne!(with("ab", "c"), with("a", "bc"));
+    assert_eq!(with(&long, "s"), with(&long, "s"));
+}
+
+/// The expected hash of `reading()`, computed by hand from the documented encoding (version 2:
+/// keyed BLAKE3, null fields left out, LEB128 lengths).
 fn blake3_reference() -> String {
-    let mut h = blake3::Hasher::new();
-    h.update(b"edge-ingest/record/v1\0");
+    let key = blake3::derive_key("edge-ingest record content hash v2", b"");
+    let mut h = blake3::Hasher::new_keyed(&key);
     let mut field = |name: &str, payload: &[u8]| {
-        h.update(&(name.len() as u32).to_le_bytes());
+        h.update(&[name.len() as u8]);
         h.update(name.as_bytes());
         h.update(payload);
     };
     let s = |tag: u8, text: &str| {
-        let mut v = vec![tag];
-        v.extend((text.len() as u64).to_le_bytes());
+        let mut v = vec![tag, text.len() as u8];
         v.extend(text.as_bytes());
         v
     };

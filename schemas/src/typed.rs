@@ -13,10 +13,21 @@ use serde_json::Value as Json;
 
 use crate::error::RecordError;
 use crate::stream::{FieldType, StreamDef, printable};
-use crate::value::{Record, Value, describe, expected, timestamp_from_int, timestamp_from_str};
+use crate::value::{
+    Record, Str, Value, describe, expected, timestamp_from_int, timestamp_from_str,
+};
 
-/// Parses and validates one JSON record (an NDJSON line or an array element).
+/// Parses and validates one JSON record (an NDJSON line or an array element): by the scanner
+/// ([`crate::scan`]) when the record has its common shape, otherwise by serde_json.
 pub fn decode_record(def: &StreamDef, bytes: &[u8]) -> Result<Record, RecordError> {
+    match crate::scan::decode(def, bytes) {
+        Some(record) => Ok(record),
+        None => decode_record_serde(def, bytes),
+    }
+}
+
+/// The serde path of [`decode_record`]: any input, with the precise error.
+pub(crate) fn decode_record_serde(def: &StreamDef, bytes: &[u8]) -> Result<Record, RecordError> {
     let failure = RefCell::new(None);
     let mut de = serde_json::Deserializer::from_slice(bytes);
     let result = RecordSeed {
@@ -240,7 +251,7 @@ impl<'de> Visitor<'de> for FieldSeed<'_> {
 
     fn visit_str<E: de::Error>(self, v: &str) -> Result<Value, E> {
         match self.ty {
-            FieldType::String => Ok(Value::Str(v.to_owned())),
+            FieldType::String => Ok(Value::Str(v.into())),
             FieldType::Timestamp => timestamp_from_str(v)
                 .map(Value::Timestamp)
                 .ok_or_else(|| self.mismatch(&Json::String(v.to_owned()))),
@@ -250,7 +261,7 @@ impl<'de> Visitor<'de> for FieldSeed<'_> {
 
     fn visit_string<E: de::Error>(self, v: String) -> Result<Value, E> {
         match self.ty {
-            FieldType::String => Ok(Value::Str(v)),
+            FieldType::String => Ok(Value::Str(v.into())),
             _ => self.visit_str(&v),
         }
     }
@@ -280,7 +291,7 @@ impl<'de> Visitor<'de> for FieldSeed<'_> {
             let json = Json::deserialize(MapAccessDeserializer::new(map))?;
             return Err(self.mismatch(&json));
         };
-        let mut entries: Vec<(String, Value)> = Vec::new();
+        let mut entries: Vec<(Str, Value)> = Vec::new();
         while let Some(key) = map.next_key::<String>()? {
             let value = map.next_value_seed(FieldSeed {
                 ty: inner,
@@ -290,7 +301,7 @@ impl<'de> Visitor<'de> for FieldSeed<'_> {
             // A repeated key keeps its last value, as a parsed JSON object would.
             match entries.iter_mut().find(|(k, _)| *k == key) {
                 Some(slot) => slot.1 = value,
-                None => entries.push((key, value)),
+                None => entries.push((key.into(), value)),
             }
         }
         entries.sort_by(|a, b| a.0.cmp(&b.0));

@@ -4,6 +4,9 @@ use chrono::{DateTime, SecondsFormat, Utc};
 use serde_json::{Map, Number, Value as Json};
 
 use crate::error::RecordError;
+
+/// The string type of values and map keys.
+pub type Str = compact_str::CompactString;
 use crate::stream::{FieldType, StreamDef, printable};
 
 /// A validated value, normalized so that equal data has one representation.
@@ -13,12 +16,13 @@ pub enum Value {
     Bool(bool),
     Int(i64),
     Float(f64),
-    Str(String),
+    /// Strings of up to 24 bytes are stored inline, without an allocation.
+    Str(Str),
     /// Microseconds since the Unix epoch, UTC.
     Timestamp(i64),
     List(Vec<Value>),
     /// Entries sorted by key, keys unique.
-    Map(Vec<(String, Value)>),
+    Map(Vec<(Str, Value)>),
 }
 
 /// A record validated against a stream: one value per field, in the stream's field order.
@@ -39,7 +43,7 @@ impl Record {
     /// The partition key as bytes (a string, or an int64 in decimal).
     pub fn partition_key(&self, def: &StreamDef) -> String {
         match &self.values[def.partition_key] {
-            Value::Str(s) => s.clone(),
+            Value::Str(s) => s.to_string(),
             Value::Int(i) => i.to_string(),
             _ => String::new(),
         }
@@ -102,7 +106,7 @@ fn convert(ty: &FieldType, json: Json, path: &str) -> Result<Value, RecordError>
     };
     match (ty, json) {
         (_, Json::Null) => Ok(Value::Null),
-        (FieldType::String, Json::String(s)) => Ok(Value::Str(s)),
+        (FieldType::String, Json::String(s)) => Ok(Value::Str(s.into())),
         (FieldType::Bool, Json::Bool(b)) => Ok(Value::Bool(b)),
         (FieldType::Int64, Json::Number(n)) => int_from_number(&n)
             .map(Value::Int)
@@ -125,10 +129,10 @@ fn convert(ty: &FieldType, json: Json, path: &str) -> Result<Value, RecordError>
         (FieldType::Map(inner), Json::Object(obj)) => {
             // Keys of a JSON object are unique after parsing; sort them so that key order
             // never matters (serde_json may be built with `preserve_order`).
-            let mut entries = Vec::with_capacity(obj.len());
+            let mut entries: Vec<(Str, Value)> = Vec::with_capacity(obj.len());
             for (k, v) in obj {
                 let value = convert(inner, v, &format!("{path}.{}", printable(&k)))?;
-                entries.push((k, value));
+                entries.push((k.into(), value));
             }
             entries.sort_by(|a, b| a.0.cmp(&b.0));
             Ok(Value::Map(entries))
@@ -149,16 +153,22 @@ fn parse_timestamp(json: &Json) -> Option<i64> {
 pub(crate) fn int_from_number(n: &Number) -> Option<i64> {
     match n.as_i64() {
         Some(i) => Some(i),
-        None => {
-            let f = n.as_f64()?;
-            (f.fract() == 0.0 && f.abs() <= MAX_EXACT_F64_INT).then_some(f as i64)
-        }
+        None => int_from_f64(n.as_f64()?),
     }
+}
+
+/// An int64 from a number written as a float: integral and within ±2^53.
+pub(crate) fn int_from_f64(f: f64) -> Option<i64> {
+    (f.fract() == 0.0 && f.abs() <= MAX_EXACT_F64_INT).then_some(f as i64)
 }
 
 /// A float64 from a JSON number; -0.0 becomes 0.0 so that equal values hash equally.
 pub(crate) fn float_from_number(n: &Number) -> Option<f64> {
-    let f = n.as_f64()?;
+    float_from_f64(n.as_f64()?)
+}
+
+/// A finite float64, -0.0 made 0.0.
+pub(crate) fn float_from_f64(f: f64) -> Option<f64> {
     f.is_finite().then_some(if f == 0.0 { 0.0 } else { f })
 }
 
@@ -263,8 +273,12 @@ fn civil_from_days(days: i64) -> (i64, u32, u32) {
 
 /// A timestamp from an integral number of epoch milliseconds or microseconds.
 pub(crate) fn timestamp_from_int(n: &Number) -> Option<i64> {
-    let i = int_from_number(n)?;
-    in_range(if i.abs() < EPOCH_MS_LIMIT {
+    timestamp_from_i64(int_from_number(n)?)
+}
+
+/// A timestamp from epoch milliseconds (|i| < 10^14) or microseconds.
+pub(crate) fn timestamp_from_i64(i: i64) -> Option<i64> {
+    in_range(if i.unsigned_abs() < EPOCH_MS_LIMIT.unsigned_abs() {
         i * 1000
     } else {
         i

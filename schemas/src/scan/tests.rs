@@ -1,0 +1,241 @@
+//! The scanner against the serde path: whatever the scanner accepts, the serde path accepts
+//! with the same record; and the scanner does accept the common shape (otherwise the first
+//! property would hold trivially).
+
+use proptest::prelude::*;
+use serde_json::json;
+
+use crate::StreamDef;
+use crate::typed::decode_record_serde;
+
+fn sensor() -> std::sync::Arc<StreamDef> {
+    crate::example_streams()
+        .get("sensor_readings")
+        .unwrap()
+        .clone()
+}
+
+/// Decodes `text` both ways; fails if the scanner accepted what the serde path decodes
+/// differently or rejects. Returns whether the scanner accepted.
+fn agree(def: &StreamDef, text: &[u8]) -> Result<bool, TestCaseError> {
+    let fast = super::decode(def, text);
+    if let Some(record) = &fast {
+        let slow = decode_record_serde(def, text);
+        prop_assert_eq!(
+            Ok(record.clone()),
+            slow,
+            "{}",
+            String::from_utf8_lossy(text)
+        );
+    }
+    Ok(fast.is_some())
+}
+
+/// JSON texts and near-JSON texts for one value, of every kind the fields meet.
+fn arb_value_text() -> impl Strategy<Value = String> {
+    let pool = [
+        "\"dev-1\"",
+        "\"\"",
+        "\"a\\\"b\"",
+        "\"\\u00e9\"",
+        "\"é°\"",
+        "\"\u{1}\"",
+        "\"tab\there\"",
+        "\"2024-05-01T12:00:00Z\"",
+        "\"2024-05-01T12:00:00.123456789Z\"",
+        "\"2024-02-30T00:00:00Z\"",
+        "\"2024-05-01t12:00:00z\"",
+        "\"2016-12-31T23:59:60Z\"",
+        "\"2024-05-01T12:00:00+02:00\"",
+        "0",
+        "-0",
+        "01",
+        "-01",
+        "1.",
+        "1.5",
+        "-1e3",
+        "1E+2",
+        "2e-1",
+        ".5",
+        "+1",
+        "1.7e12",
+        "-",
+        "1e",
+        "9223372036854775807",
+        "9223372036854775808",
+        "-9223372036854775808",
+        "-9223372036854775809",
+        "18446744073709551616",
+        "1e400",
+        "-1e400",
+        "4.9e-324",
+        "123456789012345678901234567890",
+        "0.1e-5",
+        "1767225600000",
+        "1767225600000000",
+        "99999999999999",
+        "100000000000000",
+        "253402300799999999",
+        "253402300800000000",
+        "9007199254740993",
+        "9007199254740993.0",
+        "true",
+        "false",
+        "null",
+        "nul",
+        "nulll",
+        "tru",
+        "[]",
+        "[1, \"a\", null]",
+        "[1,]",
+        "[\"x\",\"y\"]",
+        "[[1]]",
+        "{}",
+        "{\"a\":\"b\"}",
+        "{\"a\":\"b\",\"a\":\"c\"}",
+        "{\"b\":\"1\", \"a\":\"2\"}",
+        "{\"a\":1}",
+        "{\"a\":{\"b\":1}}",
+        "{\"a\":null}",
+        "{\"a\":\"b\",}",
+        "{\"a\" \"b\"}",
+    ];
+    prop_oneof![
+        prop::sample::select(pool.to_vec()).prop_map(str::to_owned),
+        // Numbers by a looser grammar than JSON's: leading zeros, bare dots and exponents.
+        "-?[0-9]{1,3}(\\.[0-9]{0,2})?([eE][+-]?[0-9]{0,3})?",
+        // Strings with escapes, quotes, control characters and multi-byte characters.
+        "\"[a-z\\\\\"\u{1}\u{7f}é]{0,4}\"",
+    ]
+}
+
+fn arb_ws() -> impl Strategy<Value = &'static str> {
+    prop::sample::select(vec!["", "", "", " ", "\n\t", "\r\n", "\u{a0}"])
+}
+
+/// Objects of the stream's required members (most of the time) followed by members of the
+/// stream's keys and a few others with values of any kind (a repeated key overrides), joined by
+/// any whitespace, sometimes with a trailing byte.
+fn arb_object_text() -> impl Strategy<Value = String> {
+    let key = prop::sample::select(vec![
+        "device_id",
+        "sensor",
+        "ts",
+        "value",
+        "unit",
+        "quality",
+        "tags",
+        "extra",
+        "Ts",
+        "device\\u005fid",
+    ]);
+    let member = (
+        arb_ws(),
+        key,
+        arb_ws(),
+        arb_ws(),
+        arb_value_text(),
+        arb_ws(),
+    );
+    (
+        prop::bool::weighted(0.8),
+        prop::collection::vec(member, 0..3),
+        arb_ws(),
+        prop::sample::select(vec!["", "", "", "x", ",", "}", "{}"]),
+    )
+        .prop_map(|(required, members, ws, tail)| {
+            let mut parts: Vec<String> = Vec::new();
+            if required {
+                parts.push(r#""device_id":"d","sensor":"s","ts":0,"value":1"#.into());
+            }
+            parts.extend(
+                members
+                    .into_iter()
+                    .map(|(a, k, b, c, v, d)| format!("{a}\"{k}\"{b}:{c}{v}{d}")),
+            );
+            format!("{ws}{{{}}}{ws}{tail}", parts.join(","))
+        })
+}
+
+/// A valid reading in the common shape (no escapes needed), written by serde_json.
+fn arb_plain_reading() -> impl Strategy<Value = String> {
+    (
+        "[a-z0-9-]{1,12}",
+        "[a-zé]{1,8}",
+        0i64..4_000_000_000_000_000,
+        any::<f64>().prop_filter("finite", |v| v.is_finite()),
+        prop::option::of("[a-zA-Z°/]{0,4}"),
+        prop::option::of(any::<i64>()),
+        prop::collection::btree_map("[a-z]{1,5}", "[ -!#-\\[\\]-~]{0,6}", 0..4),
+        any::<bool>(),
+    )
+        .prop_map(
+            |(device, sensor, ts, value, unit, quality, tags, rfc3339)| {
+                let ts = if rfc3339 {
+                    json!(crate::value::format_timestamp(ts))
+                } else {
+                    json!(ts)
+                };
+                json!({"device_id": device, "sensor": sensor, "ts": ts, "value": value,
+                   "unit": unit, "quality": quality, "tags": tags})
+                .to_string()
+            },
+        )
+}
+
+proptest! {
+    #![proptest_config(ProptestConfig::with_cases(2048))]
+
+    #[test]
+    fn scanner_agrees_with_serde_on_any_object(text in arb_object_text()) {
+        agree(&sensor(), text.as_bytes())?;
+    }
+
+    #[test]
+    fn scanner_takes_the_common_shape(text in arb_plain_reading()) {
+        prop_assert!(agree(&sensor(), text.as_bytes())?, "scanner declined {}", text);
+    }
+
+    #[test]
+    fn scanner_agrees_with_serde_on_damaged_records(
+        text in arb_plain_reading(),
+        at in any::<prop::sample::Index>(),
+        byte in any::<u8>(),
+        how in 0u8..3,
+    ) {
+        let mut bytes = text.into_bytes();
+        let i = at.index(bytes.len());
+        match how {
+            0 => bytes[i] = byte,
+            1 => { bytes.remove(i); }
+            _ => bytes.insert(i, byte),
+        }
+        agree(&sensor(), &bytes)?;
+    }
+
+    #[test]
+    fn scanner_never_panics(body in prop::collection::vec(any::<u8>(), 0..256)) {
+        let _ = super::decode(&sensor(), &body);
+    }
+}
+
+#[test]
+fn scanner_declines_what_only_serde_can_word() {
+    let def = sensor();
+    for text in [
+        r#"{"device_id":"d","sensor":"s","ts":0,"value":1,"extra":1}"#,
+        r#"{"device_id":"d","sensor":"s","ts":0}"#,
+        r#"{"device_id":"d","sensor":"s","ts":0,"value":"1"}"#,
+        r#"{"device_id":"d\n","sensor":"s","ts":0,"value":1}"#,
+        r#"{"device_id":"d","sensor":"s","ts":0,"value":1} x"#,
+        r#"{"device_id":"d","sensor":"s","ts":0,"value":01}"#,
+        r#"{"device_id":"d","sensor":"s","ts":0,"value":1,"quality":1.5}"#,
+    ] {
+        assert!(super::decode(&def, text.as_bytes()).is_none(), "{text}");
+    }
+    // What it takes, and its numbers.
+    let text = r#" { "device_id" : "d", "sensor":"s","ts":1767225600000, "value":-0,
+                    "quality":1e2, "tags":{"b":"1","a":"2","b":"3"} } "#;
+    let record = super::decode(&def, text.as_bytes()).unwrap();
+    assert_eq!(Ok(record), decode_record_serde(&def, text.as_bytes()));
+}
