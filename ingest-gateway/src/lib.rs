@@ -95,7 +95,7 @@ pub async fn start(
     if config.kafka.create_topics {
         produce::ensure_topics(&config.kafka, &streams).await?;
     }
-    let producer = Producer::new(&config.kafka)?;
+    let producer = Producer::new(&config.kafka, config.limits.max_inflight_bytes)?;
     let state = Arc::new(AppState::new(
         streams,
         auth,

@@ -95,8 +95,11 @@ pub fn client_config(brokers: &str) -> ClientConfig {
 }
 
 impl Producer {
-    pub fn new(config: &KafkaConfig) -> Result<Producer, KafkaError> {
+    pub fn new(config: &KafkaConfig, max_inflight_bytes: usize) -> Result<Producer, KafkaError> {
         let mut c = plumbing::kafka::producer_config(&config.brokers, config.produce_timeout_ms);
+        // The in-flight budget is the limit: librdkafka's queue holds at least as much.
+        let kib = (max_inflight_bytes / 1024).clamp(1 << 20, i32::MAX as usize);
+        c.set("queue.buffering.max.kbytes", kib.to_string());
         for (k, v) in &config.producer {
             c.set(k, v);
         }

@@ -31,11 +31,12 @@ fn app_with(auth: &AuthConfig, limits: LimitsConfig) -> axum::Router {
         brokers: "127.0.0.1:1".into(),
         ..KafkaConfig::default()
     };
+    let producer = Producer::new(&kafka, limits.max_inflight_bytes).unwrap();
     let state = Arc::new(AppState::new(
         schemas::example_streams(),
         Auth::from_config(auth).unwrap(),
         limits,
-        Producer::new(&kafka).unwrap(),
+        producer,
         &Default::default(),
     ));
     crate::router(state, plumbing::Health::default())

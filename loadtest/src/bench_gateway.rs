@@ -12,7 +12,6 @@ use ingest_gateway::GatewayConfig;
 use ingest_gateway::api::{Encoding, check_body};
 use ingest_gateway::config::LimitsConfig;
 use plumbing::body::decompress_into;
-use rdkafka::ClientConfig;
 use rdkafka::message::{Header, OwnedHeaders};
 use rdkafka::producer::{FutureProducer, FutureRecord};
 use schemas::decode::BodyFormat;
@@ -28,6 +27,8 @@ pub struct BenchOptions {
     pub records: usize,
     pub concurrency: usize,
     pub batch_bytes: usize,
+    /// Rounds of (direct, gateway), alternated so that both paths see the same machine noise.
+    pub rounds: usize,
     pub out: std::path::PathBuf,
 }
 
@@ -62,9 +63,13 @@ pub struct BenchReport {
     pub raw_bytes: usize,
     pub batches: usize,
     pub decode_validate_hash: Throughput,
+    /// The median round of each path (by records/s).
     pub direct_librdkafka: Throughput,
     pub gateway: Throughput,
+    /// Median gateway records/s over median direct records/s.
     pub ratio_gateway_direct: f64,
+    /// Gateway / direct of each round.
+    pub round_ratios: Vec<f64>,
     pub half_peak_batches_per_s: f64,
     pub latency_p50_ms: f64,
     pub latency_p99_ms: f64,
@@ -279,13 +284,8 @@ pub async fn run(opts: BenchOptions) -> anyhow::Result<BenchReport> {
     kafka.topic_prefix = format!("bench{id}direct.");
     ingest_gateway::produce::ensure_topics(&kafka, &streams).await?;
     let topic = format!("{}sensor_readings", kafka.topic_prefix);
-    let producer: FutureProducer = ClientConfig::new()
-        .set("bootstrap.servers", &opts.brokers)
-        .set("enable.idempotence", "true")
-        .set("acks", "all")
-        .set("compression.type", "zstd")
-        .set("linger.ms", "5")
-        .create()?;
+    let producer: FutureProducer =
+        plumbing::kafka::producer_config(&opts.brokers, kafka.produce_timeout_ms).create()?;
     let prepared: Vec<(String, Vec<u8>, String)> = raw
         .iter()
         .flat_map(|(_, b)| {
@@ -300,35 +300,7 @@ pub async fn run(opts: BenchOptions) -> anyhow::Result<BenchReport> {
             Ok((v.record.partition_key(&def), line, v.hash.to_hex()))
         })
         .collect::<anyhow::Result<_>>()?;
-    let m = Measure::start();
-    let mut pending = Vec::with_capacity(prepared.len());
-    let ts = "0".to_owned();
-    for (key, value, hash) in &prepared {
-        let headers = OwnedHeaders::new_with_capacity(3)
-            .insert(Header {
-                key: HEADER_CONTENT_HASH,
-                value: Some(hash),
-            })
-            .insert(Header {
-                key: HEADER_SCHEMA_VERSION,
-                value: Some("1"),
-            })
-            .insert(Header {
-                key: HEADER_INGEST_TS,
-                value: Some(&ts),
-            });
-        let record = FutureRecord::to(&topic)
-            .key(key)
-            .payload(value)
-            .headers(headers);
-        pending.push(send_queued(&producer, record).await);
-    }
-    for f in pending {
-        f.await?.map_err(|(e, _)| e)?;
-    }
-    let direct = m.done(total, raw_bytes);
-
-    // 3. Through the gateway: concurrent clients posting the compressed batches.
+    // 3. The gateway, with concurrent clients posting the compressed batches.
     kafka.topic_prefix = format!("bench{id}gw.");
     let mut config = GatewayConfig {
         listen: ([127, 0, 0, 1], 0).into(),
@@ -340,27 +312,32 @@ pub async fn run(opts: BenchOptions) -> anyhow::Result<BenchReport> {
     let gateway = ingest_gateway::start(config, streams.clone(), shutdown.clone()).await?;
     let url = format!("http://{}/v1/streams/sensor_readings/records", gateway.addr);
     let client = reqwest::Client::new();
-    let queue = Arc::new(std::sync::Mutex::new(compressed.clone()));
-    let m = Measure::start();
-    let mut workers = Vec::new();
-    for _ in 0..opts.concurrency {
-        let (queue, client, url) = (queue.clone(), client.clone(), url.clone());
-        workers.push(tokio::spawn(async move {
-            let mut latencies = Vec::new();
-            loop {
-                let next = queue.lock().map_err(|_| anyhow::anyhow!("poisoned"))?.pop();
-                let Some((_, body)) = next else { break };
-                let started = Instant::now();
-                post(&client, &url, body).await?;
-                latencies.push(started.elapsed());
-            }
-            anyhow::Ok(latencies)
-        }));
+
+    let (mut directs, mut gateways, mut round_ratios) = (Vec::new(), Vec::new(), Vec::new());
+    for round in 0..opts.rounds.max(1) {
+        let direct = produce_direct(&producer, &topic, &prepared, total, raw_bytes).await?;
+        let gw = post_all(
+            &client,
+            &url,
+            compressed,
+            opts.concurrency,
+            total,
+            raw_bytes,
+        )
+        .await?;
+        let ratio = gw.records_per_s / direct.records_per_s;
+        eprintln!(
+            "round {}: direct {:.0} records/s, gateway {:.0} records/s, ratio {ratio:.2}",
+            round + 1,
+            direct.records_per_s,
+            gw.records_per_s
+        );
+        round_ratios.push(ratio);
+        directs.push(direct);
+        gateways.push(gw);
     }
-    for w in workers {
-        w.await??;
-    }
-    let gw = m.done(total, raw_bytes);
+    let direct = median(directs);
+    let gw = median(gateways);
 
     // 4. Latency at half of the peak request rate.
     let half_rate = compressed.len() as f64 / gw.seconds / 2.0;
@@ -390,6 +367,7 @@ pub async fn run(opts: BenchOptions) -> anyhow::Result<BenchReport> {
         raw_bytes,
         batches: compressed.len(),
         ratio_gateway_direct: gw.records_per_s / direct.records_per_s,
+        round_ratios,
         decode_validate_hash: decode_t,
         direct_librdkafka: direct,
         gateway: gw,
@@ -399,6 +377,80 @@ pub async fn run(opts: BenchOptions) -> anyhow::Result<BenchReport> {
     };
     write_report(&opts.out, &report)?;
     Ok(report)
+}
+
+/// The round of median records/s.
+fn median(mut rounds: Vec<Throughput>) -> Throughput {
+    rounds.sort_by(|a, b| a.records_per_s.total_cmp(&b.records_per_s));
+    let mid = rounds.len() / 2;
+    rounds.swap_remove(mid)
+}
+
+/// Sends every prepared record (key, value, hash hex) straight to Kafka and waits for all
+/// acknowledgements.
+async fn produce_direct(
+    producer: &FutureProducer,
+    topic: &str,
+    prepared: &[(String, Vec<u8>, String)],
+    total: usize,
+    raw_bytes: usize,
+) -> anyhow::Result<Throughput> {
+    let m = Measure::start();
+    let mut pending = Vec::with_capacity(prepared.len());
+    let ts = "0".to_owned();
+    for (key, value, hash) in prepared {
+        let headers = OwnedHeaders::new_with_capacity(3)
+            .insert(Header {
+                key: HEADER_CONTENT_HASH,
+                value: Some(hash),
+            })
+            .insert(Header {
+                key: HEADER_SCHEMA_VERSION,
+                value: Some("1"),
+            })
+            .insert(Header {
+                key: HEADER_INGEST_TS,
+                value: Some(&ts),
+            });
+        let record = FutureRecord::to(topic)
+            .key(key)
+            .payload(value)
+            .headers(headers);
+        pending.push(send_queued(producer, record).await);
+    }
+    for f in pending {
+        f.await?.map_err(|(e, _)| e)?;
+    }
+    Ok(m.done(total, raw_bytes))
+}
+
+/// Posts every batch to the gateway from `concurrency` clients.
+async fn post_all(
+    client: &reqwest::Client,
+    url: &str,
+    compressed: &[(usize, Bytes)],
+    concurrency: usize,
+    total: usize,
+    raw_bytes: usize,
+) -> anyhow::Result<Throughput> {
+    let queue = Arc::new(std::sync::Mutex::new(compressed.to_vec()));
+    let m = Measure::start();
+    let mut workers = Vec::new();
+    for _ in 0..concurrency {
+        let (queue, client, url) = (queue.clone(), client.clone(), url.to_owned());
+        workers.push(tokio::spawn(async move {
+            loop {
+                let next = queue.lock().map_err(|_| anyhow::anyhow!("poisoned"))?.pop();
+                let Some((_, body)) = next else { break };
+                post(&client, &url, body).await?;
+            }
+            anyhow::Ok(())
+        }));
+    }
+    for w in workers {
+        w.await??;
+    }
+    Ok(m.done(total, raw_bytes))
 }
 
 async fn post(client: &reqwest::Client, url: &str, body: Bytes) -> anyhow::Result<()> {

@@ -48,6 +48,9 @@ enum Command {
         /// Uncompressed NDJSON bytes per batch.
         #[arg(long, default_value_t = 1 << 20)]
         batch_bytes: usize,
+        /// Rounds of (direct, gateway), alternated; the report gives the median of each.
+        #[arg(long, default_value_t = 3)]
+        rounds: usize,
         /// Where the JSON report goes.
         #[arg(long, default_value = "target/bench/gateway.json")]
         out: PathBuf,
@@ -189,6 +192,7 @@ async fn main() -> anyhow::Result<()> {
             records,
             concurrency,
             batch_bytes,
+            rounds,
             out,
         } => {
             let report = loadtest::bench_gateway::run(loadtest::bench_gateway::BenchOptions {
@@ -196,6 +200,7 @@ async fn main() -> anyhow::Result<()> {
                 records,
                 concurrency: concurrency.max(1),
                 batch_bytes,
+                rounds,
                 out,
             })
             .await?;

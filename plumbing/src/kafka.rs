@@ -14,6 +14,10 @@ pub fn producer_config(brokers: &str, message_timeout_ms: u64) -> ClientConfig {
         .set("acks", "all")
         .set("compression.type", "zstd")
         .set("linger.ms", "5")
+        // Callers bound what they queue by bytes (the gateway's in-flight budget, the agent's
+        // one batch per stream); librdkafka's default cap of 100,000 messages would refuse a
+        // burst of small records long before that.
+        .set("queue.buffering.max.messages", "10000000")
         .set("message.timeout.ms", message_timeout_ms.to_string());
     c
 }
