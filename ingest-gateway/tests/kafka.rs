@@ -273,6 +273,37 @@ async fn acks_headers_duplicates_and_dead_letters() {
     g.stop().await;
 }
 
+/// librdkafka refuses messages past `queue.buffering.max.messages` (100,000 by default) with
+/// QueueFull; the gateway's own limit is its in-flight byte budget, so a burst of small records
+/// under that budget must be accepted whole.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn bursts_past_librdkafkas_default_message_count_are_accepted() {
+    let brokers = env("EDGE_INGEST_KAFKA");
+    let g = start(&brokers, |_| {}).await;
+    let client = reqwest::Client::new();
+    let (requests, per_request) = (4, 60_000);
+    let bodies: Vec<Vec<u8>> = (0..requests)
+        .map(|r| {
+            ndjson(
+                &(r * per_request..(r + 1) * per_request)
+                    .map(reading)
+                    .collect::<Vec<_>>(),
+            )
+        })
+        .collect();
+    let url = g.url("sensor_readings");
+    let answers = futures::future::join_all(
+        bodies
+            .into_iter()
+            .map(|body| post(&client, &url, body, None)),
+    )
+    .await;
+    for res in answers {
+        assert_eq!(res.status(), 200, "{}", res.text().await.unwrap());
+    }
+    g.stop().await;
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn idempotency_key_replays_the_first_answer_without_producing() {
     let brokers = env("EDGE_INGEST_KAFKA");
