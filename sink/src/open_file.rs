@@ -4,7 +4,7 @@
 //! target Parquet size (not at a guess from the JSON size).
 
 use std::path::Path;
-use std::sync::{Mutex, MutexGuard, PoisonError};
+use std::sync::{Mutex, PoisonError};
 
 use arrow::array::{Array, Int64Array, RecordBatch, TimestampMicrosecondArray};
 use parquet::arrow::ArrowWriter;
@@ -59,6 +59,9 @@ pub struct OpenFile {
     /// batch: it changes only when a batch is written, and reading it from the writer takes a
     /// lock per column.
     encoded_estimate: usize,
+    /// The writer's memory (the row group in progress) after the last batch, for the same
+    /// reason: the budget is checked every few records, summing over every open file.
+    writer_memory: usize,
 }
 
 impl OpenFile {
@@ -86,6 +89,7 @@ impl OpenFile {
             targets,
             ratio,
             encoded_estimate: 0,
+            writer_memory: 0,
         })
     }
 
@@ -133,7 +137,10 @@ impl OpenFile {
         if writer.in_progress_size() >= row_group_bytes {
             writer.flush()?;
         }
-        self.encoded_estimate = writer.bytes_written() + writer.in_progress_size();
+        (self.encoded_estimate, self.writer_memory) = (
+            writer.bytes_written() + writer.in_progress_size(),
+            writer.memory_size(),
+        );
         Ok(())
     }
 
@@ -143,16 +150,13 @@ impl OpenFile {
             .unwrap_or_else(PoisonError::into_inner)
     }
 
-    fn writer(&self) -> MutexGuard<'_, ArrowWriter<Staged>> {
-        self.writer.lock().unwrap_or_else(PoisonError::into_inner)
-    }
-
     /// Writes the row group in progress to the staged file (to free memory).
     pub fn spill(&mut self, def: &StreamDef) -> Result<(), ParquetError> {
         self.encode_pending(def)?;
         let writer = self.writer_mut();
         writer.flush()?;
-        self.encoded_estimate = writer.bytes_written();
+        (self.encoded_estimate, self.writer_memory) =
+            (writer.bytes_written(), writer.memory_size());
         Ok(())
     }
 
@@ -163,7 +167,7 @@ impl OpenFile {
 
     /// Memory the file holds: pending rows and the row group in progress.
     pub fn memory(&self) -> usize {
-        self.pending_bytes + self.writer().memory_size()
+        self.pending_bytes + self.writer_memory
     }
 
     /// The writer's estimate of the file size: row groups written, the one in progress, and
