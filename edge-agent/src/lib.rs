@@ -45,8 +45,9 @@ use crate::source::{Feed, Feeds, feed_lines, verbatim};
 use crate::spool::{Recovery, Spool, Usage};
 
 /// Chunks queued between the sources and a stream's pipeline (each at most 256 KiB from line
-/// sources; MQTT messages and HTTP bodies are single chunks).
-const QUEUED_CHUNKS: usize = 16;
+/// sources; MQTT messages and HTTP bodies are single chunks). Reading is much faster than the
+/// pipeline, so a few keep it busy; each more is memory.
+pub const QUEUED_CHUNKS: usize = 4;
 
 /// What happened to one stream during a run.
 #[derive(Debug, Default, Clone, PartialEq, Eq)]

@@ -191,7 +191,7 @@ pub fn agent_worker(
     )?;
     let measure = Measure::start();
     let raw = std::fs::metadata(input)?.len();
-    let (tx, rx) = std::sync::mpsc::sync_channel::<Chunk>(16);
+    let (tx, rx) = std::sync::mpsc::sync_channel::<Chunk>(edge_agent::QUEUED_CHUNKS);
     let file = std::fs::File::open(input)?;
     let reader = std::thread::spawn(move || -> std::io::Result<u64> {
         let mut reader = BufReader::with_capacity(256 * 1024, file);

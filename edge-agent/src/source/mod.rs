@@ -65,7 +65,10 @@ pub fn feed_lines<R: Read>(
     mut done: impl FnMut(u64) -> Option<Done>,
     mut transform: impl FnMut(&[u8], &mut Vec<u8>),
 ) -> std::io::Result<u64> {
-    let mut chunk = Vec::new();
+    // Sized for a full chunk and the line that closes it, so that a chunk does not double its
+    // buffer to 512 KiB just past the limit (queued chunks are most of the agent's memory).
+    let capacity = CHUNK_BYTES + CHUNK_BYTES / 8;
+    let mut chunk = Vec::with_capacity(capacity);
     let mut line = Vec::new();
     let mut pending = 0u64;
     loop {
@@ -88,7 +91,7 @@ pub fn feed_lines<R: Read>(
         if pending > 0 && (chunk.len() >= CHUNK_BYTES || drained) {
             consumed += pending;
             pending = 0;
-            let data = std::mem::take(&mut chunk);
+            let data = std::mem::replace(&mut chunk, Vec::with_capacity(capacity));
             if feed
                 .send_blocking(Chunk::new(data, done(consumed)))
                 .is_err()
