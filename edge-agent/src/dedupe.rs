@@ -112,6 +112,18 @@ impl DigestWindow {
         true
     }
 
+    /// Takes `d` out of the window (its records were not stored after all, so a re-send must
+    /// not count as a duplicate). Its ring slot stays until evicted, matching no table entry.
+    pub fn forget(&mut self, d: Digest) {
+        let digests = &self.digests;
+        if let Ok(entry) = self
+            .index
+            .find_entry(hash_of(d), |&s| digests[s as usize] == d)
+        {
+            entry.remove();
+        }
+    }
+
     fn evict_oldest(&mut self) {
         let slot = self.head;
         let d = self.digests[slot];

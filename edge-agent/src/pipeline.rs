@@ -102,6 +102,8 @@ pub struct Pipeline {
     waiting: Waiting,
     durable: u64,
     filtered_out: Vec<Record>,
+    /// The spool dropped a batch while the current chunk was read.
+    dropped_in_chunk: bool,
     invalid_logged: u64,
     log_errors: u64,
     pub stats: PipelineStats,
@@ -162,6 +164,7 @@ impl Pipeline {
             waiting: VecDeque::new(),
             durable: 0,
             filtered_out: Vec::new(),
+            dropped_in_chunk: false,
             invalid_logged: 0,
             log_errors: 0,
             stats: PipelineStats::default(),
@@ -215,6 +218,7 @@ impl Pipeline {
     pub fn push_chunk(&mut self, chunk: Chunk, cancel: &AtomicBool) -> Result<(), PipelineError> {
         let now = now_secs();
         let mut outcome = ChunkOutcome::default();
+        self.dropped_in_chunk = false;
         let (mut read, mut invalid, mut duplicates) = (0u64, 0u64, 0u64);
         for (index, line) in ndjson_lines(&chunk.data).enumerate() {
             read += 1;
@@ -260,6 +264,9 @@ impl Pipeline {
         metrics::counter!(m::RECEIVED_BYTES, &labels).increment(chunk.data.len() as u64);
         self.discarded("invalid", false, invalid);
         self.discarded("duplicate", true, duplicates);
+        // A batch that closed while this chunk was read holds some of its records but not its
+        // callback (that waits on the batch of the chunk's last record).
+        outcome.spool_dropped = self.dropped_in_chunk;
         if let Some(done) = chunk.done {
             self.open.done.push((done, outcome));
         }
@@ -360,7 +367,12 @@ impl Pipeline {
                 self.waiting.push_back((Some(seq), done));
             }
             Appended::Dropped => {
+                // Not stored: a re-send of these records is not a duplicate.
+                for d in &open.digests {
+                    self.window.forget(*d);
+                }
                 self.stats.spool_dropped += u64::from(batch.records);
+                self.dropped_in_chunk = true;
                 for (_, outcome) in &mut done {
                     outcome.spool_dropped = true;
                 }

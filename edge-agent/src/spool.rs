@@ -490,6 +490,11 @@ impl Spool {
         Ok(true)
     }
 
+    /// Bytes on disk of the spools that share this one's size limit.
+    pub fn bytes(&self) -> u64 {
+        self.usage.bytes()
+    }
+
     /// The oldest durable entry not yet acknowledged, read from disk. A damaged entry is
     /// quarantined and skipped.
     pub fn first_pending(&self) -> Result<Option<(u64, Batch)>, SpoolError> {

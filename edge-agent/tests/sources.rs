@@ -294,6 +294,106 @@ async fn local_http_port_answers_once_records_are_spooled() {
     assert_exactly_once(&stub.landed(), &expected);
 }
 
+/// With the gateway down and a 1 MiB spool under `drop_newest`, the local port answers 503
+/// `spool_full` once records are dropped, and a retry of the same body is not taken for
+/// duplicates (it is dropped again, and answered 503 again). The admin port's `/metrics` counts
+/// the dropped records.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn local_http_port_answers_503_when_a_full_spool_drops_records() {
+    let stub = Stub::start(Faults {
+        unavailable: 100,
+        ..Faults::default()
+    })
+    .await;
+    let dir = tempfile::tempdir().unwrap();
+    let (port, admin) = (free_port(), free_port());
+    let cfg = format!(
+        "admin_listen = \"127.0.0.1:{admin}\"\n{}",
+        config(
+            &dir.path().join("state"),
+            &stub.url(),
+            "[spool]\nmax_mb = 1\n[batch]\nmax_age_ms = 100\n\
+             [streams.sensor_readings]\noverflow = \"drop_newest\"\n",
+            &format!(
+                "[[sources]]\ntype = \"http\"\nlisten = \"127.0.0.1:{port}\"\nmax_body_bytes = 4000000\n"
+            ),
+        )
+    );
+    let (agent, shutdown) = start(&cfg);
+    let url = format!("http://127.0.0.1:{port}/v1/streams/sensor_readings/records");
+    let deadline = Instant::now() + Duration::from_secs(20);
+    while reqwest::get(format!("http://127.0.0.1:{port}/"))
+        .await
+        .is_err()
+    {
+        assert!(Instant::now() < deadline, "the local port never opened");
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    let client = reqwest::Client::new();
+    let post = |body: String| {
+        client
+            .post(&url)
+            .header("content-type", "application/x-ndjson")
+            .body(body)
+            .send()
+    };
+    // Records that hardly compress (128 random bytes as hex in a tag), 2,000 per request: about
+    // 0.3 MiB of spool per request.
+    let body = |request: usize| -> String {
+        (0..2000)
+            .map(|i| {
+                let n = request * 2000 + i;
+                let mut noise = String::new();
+                for k in 0..4u64 {
+                    noise.push_str(&blake3::hash(&(n as u64 * 4 + k).to_le_bytes()).to_hex());
+                }
+                format!(
+                    r#"{{"device_id":"d{}","sensor":"s","ts":{},"value":{n},"tags":{{"noise":"{noise}"}}}}"#,
+                    n % 7,
+                    1_767_225_600_000u64 + n as u64
+                ) + "\n"
+            })
+            .collect()
+    };
+    let mut refused = None;
+    for request in 0..10 {
+        let res = post(body(request)).await.unwrap();
+        match res.status().as_u16() {
+            200 => continue,
+            503 => {
+                assert!(res.headers().contains_key("retry-after"));
+                let answer: serde_json::Value =
+                    serde_json::from_slice(&res.bytes().await.unwrap()).unwrap();
+                assert_eq!(answer["error"], "spool_full", "{answer}");
+                refused = Some(request);
+                break;
+            }
+            other => panic!("unexpected {other}: {}", res.text().await.unwrap()),
+        }
+    }
+    let refused = refused.expect("the 1 MiB spool never filled");
+    assert!(refused >= 1, "the first request fits the spool");
+    // The same body again: its records are not duplicates, and still do not fit.
+    let again = post(body(refused)).await.unwrap();
+    assert_eq!(again.status(), 503, "{}", again.text().await.unwrap());
+    let metrics = reqwest::get(format!("http://127.0.0.1:{admin}/metrics"))
+        .await
+        .unwrap()
+        .text()
+        .await
+        .unwrap();
+    let dropped: f64 = metrics
+        .lines()
+        .find(|l| l.starts_with("edge_agent_spool_dropped_records_total{"))
+        .and_then(|l| l.rsplit(' ').next())
+        .and_then(|v| v.parse().ok())
+        .unwrap_or_else(|| panic!("no dropped-records counter in:\n{metrics}"));
+    assert!(dropped >= 4000.0, "dropped {dropped}");
+    assert!(metrics.contains("edge_agent_records_received_total{"));
+    shutdown.cancel();
+    agent.await.unwrap().unwrap();
+}
+
 const TOPIC: &str = "plant/line1/readings";
 
 /// Publishes NDJSON messages with QoS 1 and waits for every PUBACK.

@@ -20,8 +20,24 @@ fn line(i: usize) -> String {
 }
 
 fn pipeline(dir: &Path, encoding: BodyEncoding, max_records: usize) -> (Pipeline, Arc<Spool>) {
+    pipeline_with(
+        dir,
+        encoding,
+        max_records,
+        1 << 24,
+        &StreamSettings::default(),
+    )
+}
+
+fn pipeline_with(
+    dir: &Path,
+    encoding: BodyEncoding,
+    max_records: usize,
+    max_bytes: u64,
+    settings: &StreamSettings,
+) -> (Pipeline, Arc<Spool>) {
     let options = SpoolOptions {
-        max_bytes: 1 << 24,
+        max_bytes,
         segment_bytes: 1 << 20,
         fsync: FsyncPolicy::Batch,
         fsync_interval: Duration::from_secs(1),
@@ -41,7 +57,7 @@ fn pipeline(dir: &Path, encoding: BodyEncoding, max_records: usize) -> (Pipeline
     };
     let p = Pipeline::new(
         def(),
-        &StreamSettings::default(),
+        settings,
         batch,
         &DedupeConfig::default(),
         spool.clone(),
@@ -143,4 +159,58 @@ fn a_restart_drops_what_was_spooled_even_without_the_dedupe_log() {
         p.stats.duplicates, 5,
         "lines 5..10 were logged by the second run"
     );
+}
+
+#[test]
+fn records_dropped_by_a_full_spool_are_not_duplicates_when_sent_again() {
+    let never = AtomicBool::new(false);
+    let lines: Vec<String> = (0..8).map(line).collect();
+    // The spool's size with one batch of 4 records, and with two.
+    let (one, two) = {
+        let dir = tempfile::tempdir().unwrap();
+        let (mut p, spool) = pipeline(dir.path(), BodyEncoding::Ndjson, 4);
+        p.push_chunk(Chunk::new(lines[..4].join("\n").into_bytes(), None), &never)
+            .unwrap();
+        let one = spool.bytes();
+        p.push_chunk(Chunk::new(lines[4..].join("\n").into_bytes(), None), &never)
+            .unwrap();
+        (one, spool.bytes())
+    };
+    assert!(two > one && one > 0);
+    let dir = tempfile::tempdir().unwrap();
+    let settings = StreamSettings {
+        overflow: Overflow::DropNewest,
+        ..StreamSettings::default()
+    };
+    // Room for one batch, not two.
+    let (mut p, spool) = pipeline_with(
+        dir.path(),
+        BodyEncoding::Ndjson,
+        4,
+        one + (two - one) / 2,
+        &settings,
+    );
+    let log = Arc::new(Mutex::new(Vec::new()));
+    p.push_chunk(chunk(&lines[..4], &log, 0), &never).unwrap();
+    p.push_chunk(chunk(&lines[4..], &log, 1), &never).unwrap();
+    {
+        let log = log.lock().unwrap();
+        assert_eq!(log.len(), 2);
+        assert!(!log[0].1.spool_dropped);
+        assert!(
+            log[1].1.spool_dropped,
+            "the second batch found the spool full"
+        );
+    }
+    assert_eq!(p.stats.spool_dropped, 4);
+    // The first batch is delivered; the client sends the dropped records again.
+    let (seq, _) = spool.first_pending().unwrap().unwrap();
+    spool.ack(seq).unwrap();
+    p.push_chunk(chunk(&lines[4..], &log, 2), &never).unwrap();
+    let log = log.lock().unwrap();
+    assert_eq!(log.len(), 3);
+    assert_eq!((log[2].1.accepted, log[2].1.duplicates), (4, 0));
+    assert!(!log[2].1.spool_dropped);
+    let (_, batch) = spool.first_pending().unwrap().unwrap();
+    assert_eq!(batch.records, 4, "the re-sent records are in the spool");
 }

@@ -178,6 +178,16 @@ async fn ingest(
         .map_err(|_| stopping())?;
     // No answer: the agent stopped before the records were durable; nothing was acknowledged.
     let outcome = rx.await.map_err(|_| stopping())?;
+    if outcome.spool_dropped {
+        // The stream's `drop_newest` policy dropped (some of) these records. Their digests left
+        // the dedupe window, so the client's retry stores them; records that were stored count
+        // as duplicates then.
+        return Err(error(
+            StatusCode::SERVICE_UNAVAILABLE,
+            "spool_full",
+            "the spool is full and this stream drops new records; retry later",
+        ));
+    }
     Ok(axum::Json(IngestResponse {
         accepted: outcome.accepted,
         duplicates: outcome.duplicates,
