@@ -13,12 +13,12 @@ pub mod parquet_file;
 pub mod partition;
 pub mod store;
 
-use std::collections::HashMap;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
 use anyhow::Context as _;
+use futures::FutureExt as _;
 use rdkafka::consumer::{
     BaseConsumer, CommitMode, Consumer, ConsumerContext, Rebalance, StreamConsumer,
 };
@@ -61,6 +61,21 @@ pub struct Sink {
 }
 
 type PartKey = (String, i32);
+
+/// A borrowed [`PartKey`] for lookups: hashes like the owned key, so finding a message's
+/// partition allocates nothing (it ran for every message).
+#[derive(Hash)]
+struct PartRef<'a>(&'a str, i32);
+
+impl hashbrown::Equivalent<PartKey> for PartRef<'_> {
+    fn equivalent(&self, key: &PartKey) -> bool {
+        key.0 == self.0 && key.1 == self.1
+    }
+}
+
+fn part_ref(msg: &OwnedMessage) -> PartRef<'_> {
+    PartRef(msg.topic(), msg.partition())
+}
 
 /// Hour folders searched for recent landing files when a partition's dedupe window is warmed.
 pub const WARM_HOURS: i64 = 24;
@@ -149,7 +164,7 @@ pub async fn start(
         store,
         streams,
         config,
-        parts: HashMap::new(),
+        parts: hashbrown::HashMap::new(),
         stats: stats.clone(),
         shutdown,
         staging,
@@ -167,7 +182,7 @@ struct Worker {
     store: ObjectStore,
     streams: Streams,
     config: SinkConfig,
-    parts: HashMap<PartKey, PartitionState>,
+    parts: hashbrown::HashMap<PartKey, PartitionState>,
     stats: Arc<SinkStats>,
     shutdown: CancellationToken,
     /// Where open files are staged.
@@ -180,6 +195,8 @@ struct Worker {
 /// Messages between two checks of the memory budget (a check visits every open file; the
 /// budget can be passed by at most this many records).
 const BUDGET_CHECK_EVERY: u64 = 16;
+/// Messages handled per wake-up of the consumer loop at most.
+const DRAIN_MAX: usize = 1024;
 
 /// How often abandoned multipart uploads and staged files are looked for.
 const SWEEP_INTERVAL: Duration = Duration::from_secs(3600);
@@ -223,25 +240,22 @@ impl Worker {
                     }
                 }
                 msg = consumer.recv() => {
-                    // Detached: the message outlives awaits below (a borrowed one is not Send).
-                    let msg = match msg {
-                        Ok(msg) => msg.detach(),
-                        Err(e) => {
-                            tracing::warn!(error = %e, "consumer error");
-                            continue;
+                    // Then whatever else is ready, without a trip through `select!` (and its
+                    // waker registrations) per message; the timers and shutdown are checked
+                    // between rounds.
+                    let mut next = Some(msg);
+                    let mut taken = 0;
+                    while let Some(msg) = next.take() {
+                        match msg {
+                            // Detached: the message outlives awaits below (a borrowed one is not
+                            // Send).
+                            Ok(msg) => self.on_message(msg.detach()).await?,
+                            Err(e) => tracing::warn!(error = %e, "consumer error"),
                         }
-                    };
-                    self.drop_revoked();
-                    self.open_partition(&msg).await;
-                    if let Some(key) = self.rotates_before(&msg) {
-                        self.flush(&key, FlushReason::Hour).await?;
-                    }
-                    if let Some((key, reason)) = self.handle(&msg)? {
-                        self.flush(&key, reason).await?;
-                    }
-                    self.received += 1;
-                    if self.received.is_multiple_of(BUDGET_CHECK_EVERY) {
-                        self.enforce_budget()?;
+                        taken += 1;
+                        if taken < DRAIN_MAX {
+                            next = consumer.recv().now_or_never();
+                        }
                     }
                 }
             }
@@ -251,6 +265,22 @@ impl Worker {
             self.flush(&key, FlushReason::Shutdown).await?;
         }
         tracing::info!("sink stopped");
+        Ok(())
+    }
+
+    async fn on_message(&mut self, msg: OwnedMessage) -> anyhow::Result<()> {
+        self.drop_revoked();
+        self.open_partition(&msg).await;
+        if let Some(key) = self.rotates_before(&msg) {
+            self.flush(&key, FlushReason::Hour).await?;
+        }
+        if let Some((key, reason)) = self.handle(&msg)? {
+            self.flush(&key, reason).await?;
+        }
+        self.received += 1;
+        if self.received.is_multiple_of(BUDGET_CHECK_EVERY) {
+            self.enforce_budget()?;
+        }
         Ok(())
     }
 
@@ -317,10 +347,10 @@ impl Worker {
     /// dedupe window warmed from the partition's recent landing files, so that duplicates that
     /// straddle a restart or a rebalance are dropped too.
     async fn open_partition(&mut self, msg: &OwnedMessage) {
-        let key = (msg.topic().to_owned(), msg.partition());
-        if self.parts.contains_key(&key) {
+        if self.parts.contains_key(&part_ref(msg)) {
             return;
         }
+        let key = (msg.topic().to_owned(), msg.partition());
         let Some(def) = stream_of_topic(&self.config.kafka.topic_prefix, msg.topic())
             .and_then(|s| self.streams.get(s))
             .cloned()
@@ -393,9 +423,9 @@ impl Worker {
     /// The partition whose open file must close before `msg` joins it: its first record was
     /// ingested in another hour.
     fn rotates_before(&self, msg: &OwnedMessage) -> Option<PartKey> {
-        let key = (msg.topic().to_owned(), msg.partition());
-        let part = self.parts.get(&key)?;
-        part.crosses_hour(ingest_ts(msg)).then_some(key)
+        let part = self.parts.get(&part_ref(msg))?;
+        part.crosses_hour(ingest_ts(msg))
+            .then(|| (msg.topic().to_owned(), msg.partition()))
     }
 
     fn targets(&self) -> FileTargets {
@@ -415,10 +445,9 @@ impl Worker {
         else {
             return Ok(None);
         };
-        let key = (topic.to_owned(), msg.partition());
         let targets = self.targets();
         // `open_partition` created the state (with its warmed window) before this call.
-        let Some(part) = self.parts.get_mut(&key) else {
+        let Some(part) = self.parts.get_mut(&part_ref(msg)) else {
             return Ok(None);
         };
         self.stats.records_received.fetch_add(1, Ordering::Relaxed);
@@ -467,9 +496,9 @@ impl Worker {
         let full = file.is_full();
         part.consumed(offset, ingest_ts);
         Ok(if part.rows() >= self.config.rotation.max_records {
-            Some((key, FlushReason::Records))
+            Some((part.key(), FlushReason::Records))
         } else if full {
-            Some((key, FlushReason::Bytes))
+            Some((part.key(), FlushReason::Bytes))
         } else {
             None
         })

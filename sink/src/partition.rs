@@ -65,6 +65,11 @@ impl FlushReason {
 }
 
 impl PartitionState {
+    /// The key of this partition in the worker's map.
+    pub fn key(&self) -> (String, i32) {
+        (self.topic.clone(), self.partition)
+    }
+
     pub fn new(def: Arc<StreamDef>, topic: String, partition: i32, window: usize) -> Self {
         let received =
             metrics::counter!(crate::metrics::RECORDS_RECEIVED, "stream" => def.name.clone());
