@@ -46,6 +46,18 @@ fn append(path: &Path, lines: &[String]) {
     }
 }
 
+/// Waits until the agent's local HTTP port answers.
+async fn wait_for_port(port: u16) {
+    let deadline = Instant::now() + Duration::from_secs(20);
+    while reqwest::get(format!("http://127.0.0.1:{port}/"))
+        .await
+        .is_err()
+    {
+        assert!(Instant::now() < deadline, "the local port never opened");
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+}
+
 fn free_port() -> u16 {
     std::net::TcpListener::bind("127.0.0.1:0")
         .unwrap()
@@ -215,14 +227,7 @@ async fn local_http_port_answers_once_records_are_spooled() {
             .body(body)
             .send()
     };
-    let deadline = Instant::now() + Duration::from_secs(20);
-    while reqwest::get(format!("http://127.0.0.1:{port}/"))
-        .await
-        .is_err()
-    {
-        assert!(Instant::now() < deadline, "the local port never opened");
-        tokio::time::sleep(Duration::from_millis(50)).await;
-    }
+    wait_for_port(port).await;
     let (lines, expected) = readings(50, 5, 0, 9);
     let mut body = lines[..40].join("\n");
     body.push_str("\n{\"device_id\": 1}\n");
@@ -321,14 +326,7 @@ async fn local_http_port_answers_503_when_a_full_spool_drops_records() {
     );
     let (agent, shutdown) = start(&cfg);
     let url = format!("http://127.0.0.1:{port}/v1/streams/sensor_readings/records");
-    let deadline = Instant::now() + Duration::from_secs(20);
-    while reqwest::get(format!("http://127.0.0.1:{port}/"))
-        .await
-        .is_err()
-    {
-        assert!(Instant::now() < deadline, "the local port never opened");
-        tokio::time::sleep(Duration::from_millis(50)).await;
-    }
+    wait_for_port(port).await;
     let client = reqwest::Client::new();
     let post = |body: String| {
         client
