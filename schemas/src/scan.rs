@@ -1,6 +1,7 @@
 //! A hand-written scanner for the common shape of a record: one JSON object of known keys whose
-//! strings carry no escapes. It decodes such a record straight into a typed [`Record`] about three
-//! times faster than serde_json's visitor path, and gives up (`None`) on anything else: escapes,
+//! strings carry no escapes. It decodes such a record straight into a typed [`Record`] (with
+//! hashing, the decode path went from about 130 to about 200 MB/s per core when it replaced
+//! serde_json's visitor path there), and gives up (`None`) on anything else: escapes,
 //! unknown keys, wrong types, missing fields, numbers it does not parse itself, malformed JSON.
 //! The caller then runs the serde path ([`crate::typed`]), which decides and words the error, so
 //! the scanner never has to: it only accepts what that path accepts, with the same result (a
