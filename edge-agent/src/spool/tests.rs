@@ -224,8 +224,9 @@ proptest! {
         let last = segment_files(dir.path()).pop().unwrap();
         let bytes = fs::read(&last).unwrap();
         let last_len = HEADER + META + sizes[sizes.len() - 1];
-        // Cut somewhere inside the last entry (not at its very end).
-        let keep = bytes.len() - 1 - (cut % last_len);
+        // Cut somewhere inside the last entry: at least its first byte stays and its last byte
+        // goes (a cut at its very start would be a clean end, with nothing torn).
+        let keep = bytes.len() - 1 - (cut % (last_len - 1));
         fs::write(&last, &bytes[..keep]).unwrap();
         let (spool, recovery) = open(dir.path(), opts);
         prop_assert!(recovery.torn_bytes > 0);
