@@ -392,6 +392,62 @@ async fn local_http_port_answers_503_when_a_full_spool_drops_records() {
     agent.await.unwrap().unwrap();
 }
 
+/// A stream's bandwidth cap holds end to end: records that hardly compress, in batches of 100,
+/// reach the gateway no faster than the cap allows (a bucket of one second's bytes, which a
+/// batch may overdraw once).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_streams_bandwidth_cap_paces_delivery() {
+    const CAP: u64 = 15_000;
+    let stub = Stub::start(Faults::default()).await;
+    let dir = tempfile::tempdir().unwrap();
+    let input = dir.path().join("in.ndjson");
+    let lines: Vec<String> = (0..1200u64)
+        .map(|n| {
+            let mut noise = String::new();
+            for k in 0..2u64 {
+                noise.push_str(&blake3::hash(&(n * 2 + k).to_le_bytes()).to_hex());
+            }
+            format!(
+                r#"{{"device_id":"d{}","sensor":"s","ts":{},"value":{n},"tags":{{"noise":"{noise}"}}}}"#,
+                n % 7,
+                1_767_225_600_000u64 + n
+            )
+        })
+        .collect();
+    append(&input, &lines);
+    let cfg = config(
+        &dir.path().join("state"),
+        &stub.url(),
+        &format!(
+            "[batch]\nmax_records = 100\n[streams.sensor_readings]\nmax_bytes_per_sec = {CAP}\n"
+        ),
+        &format!("[[sources]]\ntype = \"file\"\npath = {input:?}\nstream = \"sensor_readings\"\n"),
+    );
+    let started = Instant::now();
+    let (agent, shutdown) = start(&cfg);
+    wait_landed(&stub, lines.len()).await;
+    let elapsed = started.elapsed().as_secs_f64();
+    let (bytes, requests) = {
+        let r = stub.recorded.lock().unwrap();
+        (r.body_bytes, r.requests)
+    };
+    shutdown.cancel();
+    agent.await.unwrap().unwrap();
+    assert_eq!(requests, 12, "one request per batch of 100");
+    // The bucket starts full (one second's bytes) and the last batch may overdraw it, so at
+    // least the bytes beyond those take a second per CAP.
+    let largest = bytes / 12 * 2;
+    let floor = bytes.saturating_sub(CAP + largest) as f64 / CAP as f64;
+    assert!(
+        floor >= 2.0,
+        "the test sends too little to see the cap ({bytes} bytes)"
+    );
+    assert!(
+        elapsed >= floor,
+        "{bytes} bytes in {elapsed:.2} s under a {CAP} B/s cap (at least {floor:.2} s)"
+    );
+}
+
 const TOPIC: &str = "plant/line1/readings";
 
 /// Publishes NDJSON messages with QoS 1 and waits for every PUBACK.

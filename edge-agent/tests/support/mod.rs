@@ -43,6 +43,8 @@ pub struct Recorded {
     pub requests: u32,
     pub refused: u32,
     pub content_types: HashMap<String, u32>,
+    /// Bytes of every request body, as sent on the wire.
+    pub body_bytes: u64,
 }
 
 pub struct Stub {
@@ -116,7 +118,11 @@ async fn ingest(
     let faults = *shared.faults.lock().unwrap();
     shared.counter.fetch_add(1, Ordering::Relaxed);
     let roll = rand::rng().random_range(0..100);
-    shared.recorded.lock().unwrap().requests += 1;
+    {
+        let mut recorded = shared.recorded.lock().unwrap();
+        recorded.requests += 1;
+        recorded.body_bytes += body.len() as u64;
+    }
     if roll < faults.unavailable {
         return (StatusCode::SERVICE_UNAVAILABLE, "try later").into_response();
     }
