@@ -12,10 +12,10 @@ use ingest_gateway::GatewayConfig;
 use ingest_gateway::api::{Encoding, check_body};
 use ingest_gateway::config::LimitsConfig;
 use plumbing::body::decompress_into;
-use rdkafka::message::{Header, OwnedHeaders};
 use rdkafka::producer::{FutureProducer, FutureRecord};
+use schemas::ContentHash;
 use schemas::decode::BodyFormat;
-use schemas::wire::{HEADER_CONTENT_HASH, HEADER_INGEST_TS, HEADER_SCHEMA_VERSION, encode_value};
+use schemas::wire::encode_value;
 use serde::Serialize;
 use tokio_util::sync::CancellationToken;
 
@@ -287,7 +287,7 @@ pub async fn run(opts: BenchOptions) -> anyhow::Result<BenchReport> {
     let topic = format!("{}sensor_readings", kafka.topic_prefix);
     let producer: FutureProducer =
         plumbing::kafka::producer_config(&opts.brokers, kafka.produce_timeout_ms).create()?;
-    let prepared: Vec<(String, Vec<u8>, String)> = raw
+    let prepared: Vec<(String, Vec<u8>, ContentHash)> = raw
         .iter()
         .flat_map(|(_, b)| {
             b.split(|c| *c == b'\n')
@@ -298,7 +298,7 @@ pub async fn run(opts: BenchOptions) -> anyhow::Result<BenchReport> {
         .map(|line| {
             let v = schemas::check(&def, serde_json::from_slice(&line).unwrap_or_default())
                 .map_err(anyhow::Error::from)?;
-            Ok((v.record.partition_key(&def), line, v.hash.to_hex()))
+            Ok((v.record.partition_key(&def), line, v.hash))
         })
         .collect::<anyhow::Result<_>>()?;
     // 3. The gateway, with concurrent clients posting the compressed batches.
@@ -387,32 +387,20 @@ fn median(mut rounds: Vec<Throughput>) -> Throughput {
     rounds.swap_remove(mid)
 }
 
-/// Sends every prepared record (key, value, hash hex) straight to Kafka and waits for all
+/// Sends every prepared record (key, value, content hash) straight to Kafka and waits for all
 /// acknowledgements.
 async fn produce_direct(
     producer: &FutureProducer,
     topic: &str,
-    prepared: &[(String, Vec<u8>, String)],
+    prepared: &[(String, Vec<u8>, ContentHash)],
     total: usize,
     raw_bytes: usize,
 ) -> anyhow::Result<Throughput> {
     let m = Measure::start();
     let mut pending = Vec::with_capacity(prepared.len());
-    let ts = "0".to_owned();
     for (key, value, hash) in prepared {
-        let headers = OwnedHeaders::new_with_capacity(3)
-            .insert(Header {
-                key: HEADER_CONTENT_HASH,
-                value: Some(hash),
-            })
-            .insert(Header {
-                key: HEADER_SCHEMA_VERSION,
-                value: Some("1"),
-            })
-            .insert(Header {
-                key: HEADER_INGEST_TS,
-                value: Some(&ts),
-            });
+        // The headers the gateway writes, built the same way.
+        let headers = plumbing::kafka::record_headers(hash, 1, "0");
         let record = FutureRecord::to(topic)
             .key(key)
             .payload(value)

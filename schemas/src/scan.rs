@@ -26,27 +26,11 @@ pub(crate) fn decode(def: &StreamDef, bytes: &[u8]) -> Option<Record> {
     s.eat(b'{')?;
     let mut values = Vec::with_capacity(def.fields.len());
     values.resize_with(def.fields.len(), || Value::Null);
-    s.ws();
-    if s.peek()? == b'}' {
-        s.i += 1;
-    } else {
-        loop {
-            s.ws();
-            let key = s.string()?;
-            let i = def.fields.iter().position(|f| f.name == key)?;
-            s.ws();
-            s.eat(b':')?;
-            s.ws();
-            // A repeated key keeps its last value, as on the serde path.
-            s.value(&def.fields[i].ty, &mut values[i])?;
-            s.ws();
-            match s.next()? {
-                b',' => {}
-                b'}' => break,
-                _ => return None,
-            }
-        }
-    }
+    s.members(|s, key| {
+        let i = def.fields.iter().position(|f| f.name == key)?;
+        // A repeated key keeps its last value, as on the serde path.
+        s.value(&def.fields[i].ty, &mut values[i])
+    })?;
     s.ws();
     if s.i != bytes.len() {
         return None;
@@ -115,6 +99,30 @@ impl<'a> Scanner<'a> {
             .unwrap_or(rest.len());
         self.i += n;
         n
+    }
+
+    /// The members of an object whose `{` was just read, through its `}`: `member` reads the
+    /// value of each key.
+    fn members(&mut self, mut member: impl FnMut(&mut Self, &'a str) -> Option<()>) -> Option<()> {
+        self.ws();
+        if self.peek()? == b'}' {
+            self.i += 1;
+            return Some(());
+        }
+        loop {
+            self.ws();
+            let key = self.string()?;
+            self.ws();
+            self.eat(b':')?;
+            self.ws();
+            member(self, key)?;
+            self.ws();
+            match self.next()? {
+                b',' => {}
+                b'}' => return Some(()),
+                _ => return None,
+            }
+        }
     }
 
     /// A number by the JSON grammar: its text and whether it is an integer (no fraction, no
@@ -189,32 +197,16 @@ impl<'a> Scanner<'a> {
             (b'{', FieldType::Map(inner)) => {
                 self.i += 1;
                 let mut entries: Vec<(Str, Value)> = Vec::new();
-                self.ws();
-                if self.peek()? == b'}' {
-                    self.i += 1;
-                    *slot = Value::Map(entries);
-                    return Some(());
-                }
-                loop {
-                    self.ws();
-                    let key = self.string()?;
-                    self.ws();
-                    self.eat(b':')?;
-                    self.ws();
+                self.members(|s, key| {
                     let mut value = Value::Null;
-                    self.value(inner, &mut value)?;
+                    s.value(inner, &mut value)?;
                     // A repeated key keeps its last value.
                     match entries.iter_mut().find(|(k, _)| k == key) {
                         Some(slot) => slot.1 = value,
                         None => entries.push((key.into(), value)),
                     }
-                    self.ws();
-                    match self.next()? {
-                        b',' => {}
-                        b'}' => break,
-                        _ => return None,
-                    }
-                }
+                    Some(())
+                })?;
                 entries.sort_by(|a, b| a.0.cmp(&b.0));
                 Value::Map(entries)
             }

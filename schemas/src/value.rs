@@ -4,10 +4,10 @@ use chrono::{DateTime, SecondsFormat, Utc};
 use serde_json::{Map, Number, Value as Json};
 
 use crate::error::RecordError;
+use crate::stream::{FieldType, StreamDef, printable};
 
 /// The string type of values and map keys.
 pub type Str = compact_str::CompactString;
-use crate::stream::{FieldType, StreamDef, printable};
 
 /// A validated value, normalized so that equal data has one representation.
 #[derive(Debug, Clone, PartialEq)]

@@ -424,8 +424,7 @@ impl Worker {
     /// ingested in another hour.
     fn rotates_before(&self, msg: &OwnedMessage) -> Option<PartKey> {
         let part = self.parts.get(&part_ref(msg))?;
-        part.crosses_hour(ingest_ts(msg))
-            .then(|| (msg.topic().to_owned(), msg.partition()))
+        part.crosses_hour(ingest_ts(msg)).then(|| part.key())
     }
 
     fn targets(&self) -> FileTargets {
