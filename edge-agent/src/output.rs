@@ -15,13 +15,13 @@ use std::path::{Path, PathBuf};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
+use plumbing::kafka::{DeliveryGroup, GroupProducer, Messages};
 use rand::Rng;
-use rdkafka::producer::{FutureProducer, FutureRecord};
 use reqwest::StatusCode;
 use reqwest::header::{CONTENT_ENCODING, CONTENT_TYPE, RETRY_AFTER};
 use schemas::StreamDef;
 use schemas::api::IngestResponse;
-use schemas::wire::{encode_value, topic_name};
+use schemas::wire::topic_name;
 use thiserror::Error;
 use tokio_util::sync::CancellationToken;
 
@@ -232,7 +232,7 @@ impl HttpOutput {
 }
 
 pub struct KafkaOutput {
-    producer: FutureProducer,
+    producer: GroupProducer,
     topic_prefix: String,
 }
 
@@ -243,8 +243,7 @@ impl KafkaOutput {
             config.set(k, v);
         }
         Ok(KafkaOutput {
-            producer: config
-                .create()
+            producer: plumbing::kafka::group_producer(&config)
                 .map_err(|e| SendError::Config(e.to_string()))?,
             topic_prefix: target.topic_prefix.clone(),
         })
@@ -252,18 +251,14 @@ impl KafkaOutput {
 
     /// The batch's records as Kafka messages: decompress, decode, validate and encode, on the
     /// blocking pool.
-    async fn prepare(def: Arc<StreamDef>, batch: Batch) -> Result<Vec<Message>, SendError> {
+    async fn prepare(def: Arc<StreamDef>, batch: Batch) -> Result<Messages, SendError> {
         let prepared = tokio::task::spawn_blocking(move || {
             batch.records(&def).map(|records| {
-                records
-                    .iter()
-                    .map(|r| Message {
-                        key: r.record.partition_key(&def),
-                        value: encode_value(&def, &r.record),
-                        hash: r.hash,
-                        schema_version: def.version,
-                    })
-                    .collect()
+                let mut messages = Messages::new(&def, records.len(), batch.raw_bytes as usize);
+                for r in &records {
+                    messages.push(&def, r, None);
+                }
+                messages
             })
         })
         .await
@@ -274,41 +269,21 @@ impl KafkaOutput {
         })
     }
 
-    async fn attempt(&self, stream: &str, messages: &[Message]) -> Result<IngestResponse, Attempt> {
+    async fn attempt(&self, stream: &str, messages: &Messages) -> Result<IngestResponse, Attempt> {
         let topic = topic_name(&self.topic_prefix, stream);
         let ingest_ts = plumbing::kafka::ingest_ts_now();
-        let mut pending = Vec::with_capacity(messages.len());
-        for m in messages {
-            let headers = plumbing::kafka::record_headers(&m.hash, m.schema_version, &ingest_ts);
-            let record = FutureRecord::to(&topic)
-                .key(&m.key)
-                .payload(&m.value)
-                .headers(headers);
-            match self.producer.send_result(record) {
-                Ok(delivery) => pending.push(delivery),
-                Err((e, _)) => return Err(retry("kafka", e.to_string())),
-            }
-        }
-        for delivery in pending {
-            match delivery.await {
-                Ok(Ok(_)) => {}
-                Ok(Err((e, _))) => return Err(retry("kafka", e.to_string())),
-                Err(_) => return Err(retry("kafka", "delivery cancelled")),
-            }
+        let mut group = DeliveryGroup::new();
+        let sent = messages.send(&self.producer, &mut group, &topic, &ingest_ts);
+        // What was handed over is awaited even when the rest was refused.
+        let settled = group.settled().await;
+        if let Err(e) = sent.and(settled) {
+            return Err(retry("kafka", e.to_string()));
         }
         Ok(IngestResponse {
             accepted: messages.len(),
             ..IngestResponse::default()
         })
     }
-}
-
-/// A record ready for Kafka.
-struct Message {
-    key: String,
-    value: Vec<u8>,
-    hash: schemas::ContentHash,
-    schema_version: u32,
 }
 
 /// 250 ms doubling up to `max`, with ±50 % jitter.

@@ -10,6 +10,7 @@ use axum::extract::{Path, State};
 use axum::http::{HeaderMap, HeaderValue, StatusCode, header};
 use axum::response::{IntoResponse, Response};
 use plumbing::body::DecompressError;
+use plumbing::kafka::Messages;
 use schemas::DecodeError;
 use schemas::api::{ErrorBody, IngestResponse, RejectedRecord};
 use schemas::columnar::parquet_to_ndjson;
@@ -22,7 +23,7 @@ use crate::auth::Auth;
 use crate::config::{IdempotencyConfig, LimitsConfig};
 use crate::idempotency::{self, Begin, IdempotencyCache};
 use crate::metrics as m;
-use crate::produce::{DeadLetter, Prepared, Producer};
+use crate::produce::{DeadLetter, Producer};
 
 /// Shared state of the handlers.
 pub struct AppState {
@@ -177,7 +178,7 @@ fn decompressed_too_large(limit: usize) -> ApiError {
 
 /// What decoding and validating one request produced.
 pub struct Checked {
-    pub prepared: Vec<Prepared>,
+    pub prepared: Messages,
     pub dead_letters: Vec<DeadLetter>,
     pub response: IngestResponse,
     pub decompressed_bytes: usize,
@@ -241,7 +242,7 @@ fn check_plain(
     }
     let mut response = IngestResponse::default();
     let mut seen = HashSetOfHashes::with_capacity_and_hasher(records.len(), Default::default());
-    let mut prepared = Vec::with_capacity(records.len());
+    let mut prepared = Messages::new(def, records.len(), plain.len());
     let mut dead_letters = Vec::new();
     for (index, raw) in records.into_iter().enumerate() {
         let checked = if raw.len() > limits.max_line_bytes {
@@ -251,12 +252,14 @@ fn check_plain(
                 limits.max_line_bytes
             )))
         } else {
-            schemas::check_bytes(def, raw)
+            schemas::check_bytes_verbatim(def, raw)
         };
         match checked {
-            Ok(valid) => {
+            Ok((valid, verbatim)) => {
                 if seen.insert(valid.hash) {
-                    prepared.push(Prepared::new(def, &valid));
+                    // The client's own text is the value when it is a plain object of the
+                    // stream's keys; re-encoding it would only cost time.
+                    prepared.push(def, &valid, verbatim.then_some(raw));
                 } else {
                     response.duplicates += 1;
                 }
@@ -430,7 +433,7 @@ pub async fn ingest(
         metrics::counter!(m::REJECTED, "stream" => stream.clone(), "reason" => d.code())
             .increment(1);
     }
-    let produced_bytes: usize = prepared.iter().map(Prepared::value_len).sum();
+    let produced_bytes = prepared.value_bytes();
     let started = Instant::now();
     response.accepted = prepared.len();
     let produced = state.producer.produce(&def.name, prepared, dead_letters);
@@ -503,5 +506,43 @@ mod tests {
         assert_eq!(out, [a, b].concat());
         let e = decompress(Encoding::Zstd, body, 10_000).unwrap_err();
         assert_eq!(e.status, StatusCode::PAYLOAD_TOO_LARGE);
+    }
+
+    #[test]
+    fn values_are_the_clients_text_when_it_is_a_plain_object() {
+        let def = schemas::example_streams()
+            .get("sensor_readings")
+            .unwrap()
+            .clone();
+        let body = concat!(
+            " {\"value\":2.50, \"ts\":1, \"sensor\":\"s\",\"device_id\":\"d1\"} \r\n",
+            "{\"device_id\":\"d\\u0032\",\"sensor\":\"s\",\"ts\":1,\"value\":1}\n",
+            "{\"device_id\":\"d3\",\"sensor\":\"s\",\"ts\":1,\"value\":1,\"value\":2}\n",
+        );
+        let checked = check_plain(
+            &def,
+            BodyFormat::Ndjson,
+            body.as_bytes(),
+            &LimitsConfig::default(),
+        )
+        .unwrap();
+        let values: Vec<(&str, &[u8])> = checked.prepared.iter().collect();
+        let canonical = |line: &str| {
+            let valid = schemas::check_bytes(&def, line.as_bytes()).unwrap();
+            schemas::wire::encode_value(&def, &valid.record)
+        };
+        let lines: Vec<&str> = body.lines().collect();
+        // Key order, spacing and number spelling are the client's; only the ends are trimmed.
+        assert_eq!(values[0], ("d1", lines[0].trim().as_bytes()));
+        // An escape or a repeated key: encoded canonically, so every reader agrees.
+        assert_eq!(values[1].0, "d2");
+        assert_eq!(values[1].1, canonical(lines[1]));
+        assert_eq!(values[2].1, canonical(lines[2]));
+        assert!(
+            std::str::from_utf8(values[2].1)
+                .unwrap()
+                .contains("\"value\":2")
+        );
+        assert_eq!(checked.prepared.len(), 3);
     }
 }

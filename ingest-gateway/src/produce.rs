@@ -1,44 +1,21 @@
 //! The Kafka producer: idempotent, acks=all, zstd; a request is answered only after every
 //! accepted record was acknowledged.
 
-use std::sync::RwLock;
+use std::sync::{Arc, RwLock};
 use std::time::Duration;
 
+use plumbing::kafka::{DeliveryGroup, GroupProducer, Messages};
 use rdkafka::ClientConfig;
 use rdkafka::admin::{AdminClient, AdminOptions, NewTopic, TopicReplication};
 use rdkafka::client::DefaultClientContext;
 use rdkafka::error::{KafkaError, RDKafkaErrorCode};
 use rdkafka::message::{Header, OwnedHeaders};
-use rdkafka::producer::{FutureProducer, FutureRecord, Producer as _};
-use schemas::wire::{HEADER_INGEST_TS, encode_value, topic_name};
-use schemas::{ContentHash, StreamDef, Streams, ValidRecord};
+use rdkafka::producer::Producer as _;
+use schemas::Streams;
+use schemas::wire::{HEADER_INGEST_TS, topic_name};
 
 use crate::api::ApiError;
 use crate::config::KafkaConfig;
-
-/// A record encoded for Kafka, ready to send.
-pub struct Prepared {
-    key: String,
-    value: Vec<u8>,
-    hash: ContentHash,
-    schema_version: u32,
-}
-
-impl Prepared {
-    /// Bytes of the Kafka message value.
-    pub fn value_len(&self) -> usize {
-        self.value.len()
-    }
-
-    pub fn new(def: &StreamDef, valid: &ValidRecord) -> Prepared {
-        Prepared {
-            key: valid.record.partition_key(def),
-            value: encode_value(def, &valid.record),
-            hash: valid.hash,
-            schema_version: def.version,
-        }
-    }
-}
 
 /// A rejected record bound for the dead-letter topic.
 pub struct DeadLetter {
@@ -81,7 +58,7 @@ pub const DLQ_HEADER_TRUNCATED: &str = "truncated";
 pub struct Producer {
     /// Replaced when librdkafka reports a fatal error (e.g. a fenced idempotent producer after
     /// an outage): such an instance can never produce again.
-    inner: RwLock<FutureProducer>,
+    inner: RwLock<Arc<GroupProducer>>,
     config: ClientConfig,
     topic_prefix: String,
     dead_letter_topic: String,
@@ -104,7 +81,7 @@ impl Producer {
             c.set(k, v);
         }
         Ok(Producer {
-            inner: RwLock::new(c.create()?),
+            inner: RwLock::new(Arc::new(plumbing::kafka::group_producer(&c)?)),
             config: c,
             topic_prefix: config.topic_prefix.clone(),
             dead_letter_topic: config.dead_letter_topic.clone(),
@@ -116,7 +93,7 @@ impl Producer {
     pub async fn produce(
         &self,
         stream: &str,
-        records: Vec<Prepared>,
+        records: Messages,
         dead_letters: Vec<DeadLetter>,
     ) -> Result<(), ApiError> {
         let producer = self.current();
@@ -125,22 +102,21 @@ impl Producer {
             .await
         {
             Ok(()) => Ok(()),
-            Err(SendFailure::Kafka(e)) => {
+            Err(e) => {
                 self.replace_if_broken(&producer, &e);
                 Err(kafka_unavailable(&e))
             }
-            Err(SendFailure::Cancelled) => Err(ApiError::unavailable("producer shut down", 1)),
         }
     }
 
-    fn current(&self) -> FutureProducer {
+    fn current(&self) -> Arc<GroupProducer> {
         self.inner.read().unwrap_or_else(|e| e.into_inner()).clone()
     }
 
     /// Creates a new producer instance when `failed` (still the current one) can never produce
     /// again: librdkafka reports a fatal error, or the broker fenced its idempotent producer id
     /// (seen after outages, when the epoch bump is refused).
-    fn replace_if_broken(&self, failed: &FutureProducer, error: &KafkaError) {
+    fn replace_if_broken(&self, failed: &GroupProducer, error: &KafkaError) {
         let fenced = matches!(
             error.rdkafka_error_code(),
             Some(
@@ -162,10 +138,10 @@ impl Producer {
         if !std::ptr::eq(inner.client().native_ptr(), failed.client().native_ptr()) {
             return; // another request replaced it already
         }
-        match self.config.create::<FutureProducer>() {
+        match plumbing::kafka::group_producer(&self.config) {
             Ok(fresh) => {
                 tracing::error!(%code, reason, "producer cannot produce any more; replaced it with a new instance");
-                *inner = fresh;
+                *inner = Arc::new(fresh);
                 ::metrics::counter!(crate::metrics::PRODUCER_REPLACED).increment(1);
             }
             Err(e) => tracing::error!(error = %e, "cannot replace the failed producer"),
@@ -174,25 +150,16 @@ impl Producer {
 
     async fn send_all(
         &self,
-        producer: &FutureProducer,
+        producer: &GroupProducer,
         stream: &str,
-        records: Vec<Prepared>,
+        records: Messages,
         dead_letters: Vec<DeadLetter>,
-    ) -> Result<(), SendFailure> {
+    ) -> Result<(), KafkaError> {
         let topic = topic_name(&self.topic_prefix, stream);
         let ingest_ts = plumbing::kafka::ingest_ts_now();
-        let mut pending = Vec::with_capacity(records.len());
-        for r in &records {
-            let headers = plumbing::kafka::record_headers(&r.hash, r.schema_version, &ingest_ts);
-            let record = FutureRecord::to(&topic)
-                .key(&r.key)
-                .payload(&r.value)
-                .headers(headers);
-            match producer.send_result(record) {
-                Ok(delivery) => pending.push(delivery),
-                Err((e, _)) => return Err(SendFailure::Kafka(e)),
-            }
-        }
+        let mut group = DeliveryGroup::new();
+        records.send(producer, &mut group, &topic, &ingest_ts)?;
+        drop(records);
         for d in &dead_letters {
             let headers = OwnedHeaders::new_with_capacity(6)
                 .insert(Header {
@@ -219,23 +186,9 @@ impl Producer {
                     key: HEADER_INGEST_TS,
                     value: Some(&ingest_ts),
                 });
-            let record = FutureRecord::to(&self.dead_letter_topic)
-                .key(stream)
-                .payload(&d.raw)
-                .headers(headers);
-            match producer.send_result(record) {
-                Ok(delivery) => pending.push(delivery),
-                Err((e, _)) => return Err(SendFailure::Kafka(e)),
-            }
+            group.send(producer, &self.dead_letter_topic, stream, &d.raw, headers)?;
         }
-        for delivery in pending {
-            match delivery.await {
-                Ok(Ok(_)) => {}
-                Ok(Err((e, _))) => return Err(SendFailure::Kafka(e)),
-                Err(_) => return Err(SendFailure::Cancelled),
-            }
-        }
-        Ok(())
+        group.settled().await.map(drop)
     }
 
     /// Whether the cluster answers a metadata request.
@@ -256,11 +209,6 @@ impl Producer {
         let p = self.current();
         let _ = tokio::task::spawn_blocking(move || p.flush(timeout)).await;
     }
-}
-
-enum SendFailure {
-    Kafka(KafkaError),
-    Cancelled,
 }
 
 fn kafka_unavailable(e: &KafkaError) -> ApiError {

@@ -55,7 +55,8 @@ enum Command {
         #[arg(long, default_value = "target/bench/gateway.json")]
         out: PathBuf,
     },
-    /// Measures the gateway's decode + validate + hash + encode path alone on one core, without
+    /// Measures the gateway's request check (decompress, decode, validate, hash, lay out the Kafka
+    /// messages) alone on one core, without
     /// a broker (build with --release; also the target for a profiler).
     BenchDecode {
         /// Records per round (about 160 bytes each as NDJSON).
@@ -215,7 +216,7 @@ async fn main() -> anyhow::Result<()> {
             let work = loadtest::bench_gateway::Workload::generate(records, batch_bytes)?;
             for (name, t) in [
                 ("decode+validate+hash", work.validate_path(rounds)?),
-                ("+ Kafka encoding (gateway)", work.decode_path(rounds)?),
+                ("gateway check (+ messages)", work.decode_path(rounds)?),
             ] {
                 println!(
                     "{name:<28} {:>9.0} records/cpu-s {:>7.1} MB/cpu-s ({} records, {:.2} s)",

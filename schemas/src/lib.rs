@@ -24,7 +24,7 @@ pub mod wire;
 pub use error::{DecodeError, RecordError, SchemaError};
 pub use hash::{ContentHash, content_hash};
 pub use stream::{FieldDef, FieldType, StreamDef, Streams, validate_stream_name};
-pub use value::{Record, Value, validate};
+pub use value::{Record, Str, Value, validate};
 
 /// A record that passed validation, with its content hash.
 #[derive(Debug, Clone, PartialEq)]
@@ -39,6 +39,23 @@ pub fn check_bytes(def: &StreamDef, raw: &[u8]) -> Result<ValidRecord, RecordErr
     let record = typed::decode_record(def, raw)?;
     let hash = content_hash(def, &record);
     Ok(ValidRecord { record, hash })
+}
+
+/// [`check_bytes`], and whether `raw` itself (without surrounding whitespace) may stand as the
+/// record's Kafka value: it is one JSON object of the stream's keys, each once, without escapes,
+/// so any reader decodes it to the same record as the canonical encoding
+/// ([`wire::encode_value`]). The gateway then forwards the client's bytes instead of
+/// re-encoding them.
+pub fn check_bytes_verbatim(
+    def: &StreamDef,
+    raw: &[u8],
+) -> Result<(ValidRecord, bool), RecordError> {
+    let (record, verbatim) = match scan::decode_verbatim(def, raw) {
+        Some(scanned) => scanned,
+        None => (typed::decode_record_serde(def, raw)?, false),
+    };
+    let hash = content_hash(def, &record);
+    Ok((ValidRecord { record, hash }, verbatim))
 }
 
 /// Validates a JSON record and computes its content hash.

@@ -14,6 +14,12 @@ use crate::value::{
 
 /// Decodes `bytes` when it is a record of the common shape; `None` sends it to the serde path.
 pub(crate) fn decode(def: &StreamDef, bytes: &[u8]) -> Option<Record> {
+    decode_verbatim(def, bytes).map(|(record, _)| record)
+}
+
+/// [`decode`], and whether every key appeared once (then `bytes` is a plain JSON object of the
+/// record: known keys, each once, no escapes).
+pub(crate) fn decode_verbatim(def: &StreamDef, bytes: &[u8]) -> Option<(Record, bool)> {
     // One UTF-8 check of the whole line (JSON text outside strings is ASCII anyway) instead of
     // one per string; strings are then sliced out of `text` at quote positions.
     let text = std::str::from_utf8(bytes).ok()?;
@@ -26,8 +32,13 @@ pub(crate) fn decode(def: &StreamDef, bytes: &[u8]) -> Option<Record> {
     s.eat(b'{')?;
     let mut values = Vec::with_capacity(def.fields.len());
     values.resize_with(def.fields.len(), || Value::Null);
+    // Keys seen, one bit per field; streams of more than 64 fields never count as verbatim.
+    let (mut seen, mut once) = (0u64, def.fields.len() <= 64);
     s.members(|s, key| {
         let i = def.fields.iter().position(|f| f.name == key)?;
+        let bit = 1u64 << (i % 64);
+        once &= seen & bit == 0;
+        seen |= bit;
         // A repeated key keeps its last value, as on the serde path.
         s.value(&def.fields[i].ty, &mut values[i])
     })?;
@@ -40,7 +51,7 @@ pub(crate) fn decode(def: &StreamDef, bytes: &[u8]) -> Option<Record> {
         .iter()
         .zip(&values)
         .all(|(f, v)| !f.required || !matches!(v, Value::Null));
-    complete.then_some(Record { values })
+    complete.then_some((Record { values }, once))
 }
 
 struct Scanner<'a> {

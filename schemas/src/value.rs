@@ -41,11 +41,11 @@ impl Record {
     }
 
     /// The partition key as bytes (a string, or an int64 in decimal).
-    pub fn partition_key(&self, def: &StreamDef) -> String {
+    pub fn partition_key(&self, def: &StreamDef) -> Str {
         match &self.values[def.partition_key] {
-            Value::Str(s) => s.to_string(),
-            Value::Int(i) => i.to_string(),
-            _ => String::new(),
+            Value::Str(s) => s.clone(),
+            Value::Int(i) => Str::from(itoa::Buffer::new().format(*i)),
+            _ => Str::default(),
         }
     }
 }

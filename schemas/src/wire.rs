@@ -33,6 +33,12 @@ pub fn stream_of_topic<'a>(prefix: &str, topic: &'a str) -> Option<&'a str> {
 /// order, nulls omitted. Written directly, without building a JSON tree (a hot path).
 pub fn encode_value(def: &StreamDef, record: &Record) -> Vec<u8> {
     let mut out = Vec::with_capacity(256);
+    encode_value_into(def, record, &mut out);
+    out
+}
+
+/// [`encode_value`], appended to `out`.
+pub fn encode_value_into(def: &StreamDef, record: &Record, out: &mut Vec<u8>) {
     out.push(b'{');
     let mut first = true;
     for (i, value) in record.values.iter().enumerate() {
@@ -44,10 +50,9 @@ pub fn encode_value(def: &StreamDef, record: &Record) -> Vec<u8> {
         }
         first = false;
         out.extend_from_slice(def.json_key(i));
-        write_value(&mut out, value);
+        write_value(out, value);
     }
     out.push(b'}');
-    out
 }
 
 fn write_str(out: &mut Vec<u8>, s: &str) {

@@ -18,8 +18,14 @@ fn sensor() -> std::sync::Arc<StreamDef> {
 /// Decodes `text` both ways; fails if the scanner accepted what the serde path decodes
 /// differently or rejects. Returns whether the scanner accepted.
 fn agree(def: &StreamDef, text: &[u8]) -> Result<bool, TestCaseError> {
-    let fast = super::decode(def, text);
-    if let Some(record) = &fast {
+    let fast = super::decode_verbatim(def, text);
+    if let Some((record, verbatim)) = &fast {
+        if *verbatim {
+            // Every key once: the object's members (counted outside strings, which carry no
+            // escapes here) are as many as the distinct keys serde_json keeps.
+            let json: serde_json::Value = serde_json::from_slice(text).unwrap();
+            prop_assert_eq!(top_level_members(text), json.as_object().unwrap().len());
+        }
         let slow = decode_record_serde(def, text);
         prop_assert_eq!(
             Ok(record.clone()),
@@ -29,6 +35,22 @@ fn agree(def: &StreamDef, text: &[u8]) -> Result<bool, TestCaseError> {
         );
     }
     Ok(fast.is_some())
+}
+
+/// The members of the outer object of `text`, a JSON text whose strings carry no escapes.
+fn top_level_members(text: &[u8]) -> usize {
+    let (mut depth, mut in_string, mut members) = (0, false, 0);
+    for &c in text {
+        match c {
+            b'"' => in_string = !in_string,
+            _ if in_string => {}
+            b'{' | b'[' => depth += 1,
+            b'}' | b']' => depth -= 1,
+            b':' if depth == 1 => members += 1,
+            _ => {}
+        }
+    }
+    members
 }
 
 /// JSON texts and near-JSON texts for one value, of every kind the fields meet.
@@ -238,4 +260,24 @@ fn scanner_declines_what_only_serde_can_word() {
                     "quality":1e2, "tags":{"b":"1","a":"2","b":"3"} } "#;
     let record = super::decode(&def, text.as_bytes()).unwrap();
     assert_eq!(Ok(record), decode_record_serde(&def, text.as_bytes()));
+}
+
+#[test]
+fn verbatim_means_each_key_once_and_no_escapes() {
+    let def = sensor();
+    let plain = br#" {"device_id":"d","sensor":"s","ts":0,"value":1.5,"tags":{"a":"1","a":"2"}}"#;
+    let (_, verbatim) = crate::check_bytes_verbatim(&def, plain).unwrap();
+    assert!(
+        verbatim,
+        "repeated keys inside a map are the value's business"
+    );
+    for text in [
+        r#"{"device_id":"d","sensor":"s","ts":0,"value":1,"value":2}"#,
+        r#"{"device_id":"d\u0041","sensor":"s","ts":0,"value":1}"#,
+    ] {
+        let (valid, verbatim) = crate::check_bytes_verbatim(&def, text.as_bytes()).unwrap();
+        assert!(!verbatim, "{text}");
+        assert_eq!(Ok(valid), crate::check_bytes(&def, text.as_bytes()));
+    }
+    assert!(crate::check_bytes_verbatim(&def, b"{}").is_err());
 }
