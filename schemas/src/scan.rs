@@ -34,8 +34,14 @@ pub(crate) fn decode_verbatim(def: &StreamDef, bytes: &[u8]) -> Option<(Record, 
     values.resize_with(def.fields.len(), || Value::Null);
     // Keys seen, one bit per field; streams of more than 64 fields never count as verbatim.
     let (mut seen, mut once) = (0u64, def.fields.len() <= 64);
+    // Writers mostly keep the schema's order: the field after the last one is tried first.
+    let mut next = 0;
     s.members(|s, key| {
-        let i = def.fields.iter().position(|f| f.name == key)?;
+        let i = match def.fields.get(next) {
+            Some(f) if f.name == key => next,
+            _ => def.fields.iter().position(|f| f.name == key)?,
+        };
+        next = i + 1;
         let bit = 1u64 << (i % 64);
         once &= seen & bit == 0;
         seen |= bit;
