@@ -22,7 +22,7 @@ use futures::FutureExt as _;
 use rdkafka::consumer::{
     BaseConsumer, CommitMode, Consumer, ConsumerContext, Rebalance, StreamConsumer,
 };
-use rdkafka::message::{Headers, Message, OwnedMessage};
+use rdkafka::message::{BorrowedMessage, Headers, Message, OwnedMessage};
 use rdkafka::{ClientConfig, ClientContext, Offset, TopicPartitionList};
 use schemas::arrow::RowMeta;
 use schemas::window::HashWindow;
@@ -73,7 +73,7 @@ impl hashbrown::Equivalent<PartKey> for PartRef<'_> {
     }
 }
 
-fn part_ref(msg: &OwnedMessage) -> PartRef<'_> {
+fn part_ref<M: Message>(msg: &M) -> PartRef<'_> {
     PartRef(msg.topic(), msg.partition())
 }
 
@@ -170,6 +170,7 @@ pub async fn start(
         staging,
         last_sweep: None,
         received: 0,
+        round_start: Instant::now(),
     };
     Ok(Sink {
         task: tokio::spawn(worker.run()),
@@ -190,6 +191,8 @@ struct Worker {
     last_sweep: Option<Instant>,
     /// Messages received, for spacing the budget checks.
     received: u64,
+    /// When the current round of ready messages began: their partitions' idle clock.
+    round_start: Instant,
 }
 
 /// Messages between two checks of the memory budget (a check visits every open file; the
@@ -202,12 +205,20 @@ const DRAIN_MAX: usize = 1024;
 const SWEEP_INTERVAL: Duration = Duration::from_secs(3600);
 
 /// Ingest time of a message: the gateway's `ingest-ts` header, else the Kafka timestamp, else now.
-fn ingest_ts(msg: &OwnedMessage) -> i64 {
+fn ingest_ts<M: Message>(msg: &M) -> i64 {
     msg.headers()
         .and_then(|h| h.iter().find(|h| h.key == HEADER_INGEST_TS))
         .and_then(|h| h.value.and_then(parse_decimal_header))
         .or_else(|| msg.timestamp().to_millis().map(|ms| ms * 1000))
         .unwrap_or_else(now_micros)
+}
+
+/// What remains to do for a message after [`Worker::on_borrowed`].
+enum Next {
+    Done,
+    Flush(PartKey, FlushReason),
+    /// Needs an await first (a new partition, an hour boundary).
+    Slow(OwnedMessage),
 }
 
 fn now_micros() -> i64 {
@@ -245,11 +256,20 @@ impl Worker {
                     // between rounds.
                     let mut next = Some(msg);
                     let mut taken = 0;
+                    self.round_start = Instant::now();
                     while let Some(msg) = next.take() {
                         match msg {
-                            // Detached: the message outlives awaits below (a borrowed one is not
-                            // Send).
-                            Ok(msg) => self.on_message(msg.detach()).await?,
+                            Ok(msg) => match self.on_borrowed(msg)? {
+                                Next::Done => {}
+                                Next::Flush(key, reason) => {
+                                    self.flush(&key, reason).await?;
+                                    self.round_start = Instant::now();
+                                }
+                                Next::Slow(msg) => {
+                                    self.on_message(msg).await?;
+                                    self.round_start = Instant::now();
+                                }
+                            },
                             Err(e) => tracing::warn!(error = %e, "consumer error"),
                         }
                         taken += 1;
@@ -268,15 +288,34 @@ impl Worker {
         Ok(())
     }
 
-    async fn on_message(&mut self, msg: OwnedMessage) -> anyhow::Result<()> {
+    /// The common case without an await: the message's partition is open and stays in its
+    /// hour, so the message is handled while librdkafka still owns it (no copy of payload, key
+    /// and headers). Otherwise it is detached for [`Worker::on_message`], since a borrowed
+    /// message cannot be held across an await.
+    fn on_borrowed(&mut self, msg: BorrowedMessage<'_>) -> anyhow::Result<Next> {
         self.drop_revoked();
+        if !self.parts.contains_key(&part_ref(&msg)) || self.rotates_before(&msg).is_some() {
+            return Ok(Next::Slow(msg.detach()));
+        }
+        let flush = self.handle(&msg)?;
+        drop(msg);
+        self.count_received()?;
+        Ok(flush.map_or(Next::Done, |(key, reason)| Next::Flush(key, reason)))
+    }
+
+    async fn on_message(&mut self, msg: OwnedMessage) -> anyhow::Result<()> {
         self.open_partition(&msg).await;
         if let Some(key) = self.rotates_before(&msg) {
             self.flush(&key, FlushReason::Hour).await?;
         }
+        self.round_start = Instant::now();
         if let Some((key, reason)) = self.handle(&msg)? {
             self.flush(&key, reason).await?;
         }
+        self.count_received()
+    }
+
+    fn count_received(&mut self) -> anyhow::Result<()> {
         self.received += 1;
         if self.received.is_multiple_of(BUDGET_CHECK_EVERY) {
             self.enforce_budget()?;
@@ -422,7 +461,7 @@ impl Worker {
 
     /// The partition whose open file must close before `msg` joins it: its first record was
     /// ingested in another hour.
-    fn rotates_before(&self, msg: &OwnedMessage) -> Option<PartKey> {
+    fn rotates_before<M: Message>(&self, msg: &M) -> Option<PartKey> {
         let part = self.parts.get(&part_ref(msg))?;
         part.crosses_hour(ingest_ts(msg)).then(|| part.key())
     }
@@ -436,19 +475,17 @@ impl Worker {
 
     /// Adds one message to its partition; returns the partition to flush, if one must be.
     /// Fails only when the staged file cannot be written (nothing is committed then).
-    fn handle(&mut self, msg: &OwnedMessage) -> anyhow::Result<Option<(PartKey, FlushReason)>> {
+    fn handle<M: Message>(&mut self, msg: &M) -> anyhow::Result<Option<(PartKey, FlushReason)>> {
         let topic = msg.topic();
-        let Some(def) = stream_of_topic(&self.config.kafka.topic_prefix, topic)
-            .and_then(|s| self.streams.get(s))
-            .cloned()
-        else {
-            return Ok(None);
-        };
         let targets = self.targets();
-        // `open_partition` created the state (with its warmed window) before this call.
+        // `open_partition` created the state (with its warmed window and its stream) before
+        // this call.
         let Some(part) = self.parts.get_mut(&part_ref(msg)) else {
             return Ok(None);
         };
+        let def = part.def.clone();
+        // The idle timer's clock, read once per round of ready messages.
+        part.last_append = self.round_start;
         self.stats.records_received.fetch_add(1, Ordering::Relaxed);
         let offset = msg.offset();
         let payload = msg.payload().unwrap_or_default();

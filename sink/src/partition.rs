@@ -102,7 +102,6 @@ impl PartitionState {
         self.range_start
             .get_or_insert(RangeStart { offset, ingest_ts });
         self.next_offset = Some(offset + 1);
-        self.last_append = Instant::now();
     }
 
     /// Rows in the open file.
