@@ -8,7 +8,7 @@ use std::path::Path;
 use std::time::{Duration, Instant};
 
 use edge_agent::{AgentConfig, AgentStats};
-use support::{Faults, Stub, assert_exactly_once, config, readings};
+use support::{Faults, Stub, assert_exactly_once, config, config_with_root, readings};
 use tokio::task::JoinHandle;
 use tokio_util::sync::CancellationToken;
 
@@ -44,6 +44,29 @@ fn append(path: &Path, lines: &[String]) {
     for l in lines {
         writeln!(f, "{l}").unwrap();
     }
+}
+
+/// Distinct records of `stream` (sensor_readings or vehicle_telemetry) that hardly compress:
+/// each carries 128 hex digits of BLAKE3 output.
+fn noisy_lines(stream: &str, n: u64) -> Vec<String> {
+    (0..n)
+        .map(|n| {
+            let noise: String = (0..2u64)
+                .map(|k| blake3::hash(&(n * 2 + k).to_le_bytes()).to_hex().to_string())
+                .collect();
+            let ts = 1_767_225_600_000u64 + n;
+            match stream {
+                "sensor_readings" => format!(
+                    r#"{{"device_id":"d{}","sensor":"s","ts":{ts},"value":{n},"tags":{{"noise":"{noise}"}}}}"#,
+                    n % 7
+                ),
+                _ => format!(
+                    r#"{{"vehicle_id":"v{}","recorded_at":{ts},"lat":1,"lon":2,"fault_codes":["{noise}"]}}"#,
+                    n % 7
+                ),
+            }
+        })
+        .collect()
 }
 
 /// Waits until the agent's local HTTP port answers.
@@ -401,19 +424,7 @@ async fn a_streams_bandwidth_cap_paces_delivery() {
     let stub = Stub::start(Faults::default()).await;
     let dir = tempfile::tempdir().unwrap();
     let input = dir.path().join("in.ndjson");
-    let lines: Vec<String> = (0..1200u64)
-        .map(|n| {
-            let mut noise = String::new();
-            for k in 0..2u64 {
-                noise.push_str(&blake3::hash(&(n * 2 + k).to_le_bytes()).to_hex());
-            }
-            format!(
-                r#"{{"device_id":"d{}","sensor":"s","ts":{},"value":{n},"tags":{{"noise":"{noise}"}}}}"#,
-                n % 7,
-                1_767_225_600_000u64 + n
-            )
-        })
-        .collect();
+    let lines = noisy_lines("sensor_readings", 1200);
     append(&input, &lines);
     let cfg = config(
         &dir.path().join("state"),
@@ -446,6 +457,70 @@ async fn a_streams_bandwidth_cap_paces_delivery() {
         elapsed >= floor,
         "{bytes} bytes in {elapsed:.2} s under a {CAP} B/s cap (at least {floor:.2} s)"
     );
+}
+
+/// The global cap holds end to end over two streams, and under it the stream with the higher
+/// priority goes first: while its batches wait, the other stream's do not go.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_global_cap_paces_all_streams_and_serves_the_higher_priority_first() {
+    const CAP: u64 = 12_000;
+    const BATCHES: usize = 8;
+    let stub = Stub::start(Faults::default()).await;
+    let dir = tempfile::tempdir().unwrap();
+    let (low, high) = (
+        dir.path().join("low.ndjson"),
+        dir.path().join("high.ndjson"),
+    );
+    let low_lines = noisy_lines("sensor_readings", 50 * BATCHES as u64);
+    let high_lines = noisy_lines("vehicle_telemetry", 50 * BATCHES as u64);
+    append(&low, &low_lines);
+    append(&high, &high_lines);
+    let cfg = config_with_root(
+        &dir.path().join("state"),
+        &stub.url(),
+        &format!("max_bytes_per_sec = {CAP}"),
+        "[batch]\nmax_records = 50\n\
+         [streams.sensor_readings]\npriority = 0\n\
+         [streams.vehicle_telemetry]\npriority = 10\n",
+        &format!(
+            "[[sources]]\ntype = \"file\"\npath = {low:?}\nstream = \"sensor_readings\"\n\
+             [[sources]]\ntype = \"file\"\npath = {high:?}\nstream = \"vehicle_telemetry\"\n"
+        ),
+    );
+    let started = Instant::now();
+    let (agent, shutdown) = start(&cfg);
+    wait_landed(&stub, low_lines.len() + high_lines.len()).await;
+    let elapsed = started.elapsed().as_secs_f64();
+    let (bytes, arrivals) = {
+        let r = stub.recorded.lock().unwrap();
+        (r.body_bytes, r.arrivals.clone())
+    };
+    shutdown.cancel();
+    agent.await.unwrap().unwrap();
+    assert_eq!(arrivals.len(), 2 * BATCHES, "one request per batch of 50");
+    // As for a stream's cap: one second's bytes to start with, one overdraw at the end.
+    let largest = bytes / (2 * BATCHES as u64) * 2;
+    let floor = bytes.saturating_sub(CAP + largest) as f64 / CAP as f64;
+    assert!(
+        floor >= 2.0,
+        "the test sends too little to see the cap ({bytes} bytes)"
+    );
+    assert!(
+        elapsed >= floor,
+        "{bytes} bytes in {elapsed:.2} s under a {CAP} B/s global cap (at least {floor:.2} s)"
+    );
+    // Whatever the first send was, the high-priority stream then goes whenever it waits: at
+    // most the batch of the low one that held the line when it arrived goes in between. In
+    // arrival order (tickets) the two would alternate.
+    let last_high = arrivals
+        .iter()
+        .rposition(|s| s == "vehicle_telemetry")
+        .unwrap();
+    let low_before = arrivals[..last_high]
+        .iter()
+        .filter(|s| *s == "sensor_readings")
+        .count();
+    assert!(low_before <= 2, "arrival order {arrivals:?}");
 }
 
 const TOPIC: &str = "plant/line1/readings";

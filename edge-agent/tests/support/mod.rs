@@ -45,6 +45,8 @@ pub struct Recorded {
     pub content_types: HashMap<String, u32>,
     /// Bytes of every request body, as sent on the wire.
     pub body_bytes: u64,
+    /// The stream of every accepted request, in the order they arrived.
+    pub arrivals: Vec<String>,
 }
 
 pub struct Stub {
@@ -161,7 +163,15 @@ async fn ingest(
     let records: Vec<ContentHash> = schemas::decode::ndjson_lines(&ndjson)
         .map(|l| schemas::check_bytes(&def, l).unwrap().hash)
         .collect();
-    let answer = record(&shared, &faults, content_type, key, &ndjson, &records);
+    let answer = record(
+        &shared,
+        &faults,
+        &stream,
+        content_type,
+        key,
+        &ndjson,
+        &records,
+    );
     if slow {
         // Processed, but the answer comes after the agent gave up waiting (an answer lost on
         // the way): the agent's retry must be a replay.
@@ -173,6 +183,7 @@ async fn ingest(
 fn record(
     shared: &Shared,
     faults: &Faults,
+    stream: &str,
     content_type: String,
     key: String,
     ndjson: &[u8],
@@ -204,6 +215,7 @@ fn record(
             .into_response();
     }
     r.keys.insert(key, body_hash);
+    r.arrivals.push(stream.to_owned());
     for h in records {
         *r.landed.entry(*h).or_default() += 1;
     }
@@ -281,8 +293,20 @@ pub fn assert_exactly_once(landed: &HashMap<ContentHash, u32>, expected: &[Conte
 
 /// A config for the agent: `sources` and `extra` are TOML fragments.
 pub fn config(state: &std::path::Path, gateway: &str, extra: &str, sources: &str) -> String {
+    config_with_root(state, gateway, "", extra, sources)
+}
+
+/// [`config`] with top-level keys (`root`), which TOML takes only before the first table.
+pub fn config_with_root(
+    state: &std::path::Path,
+    gateway: &str,
+    root: &str,
+    extra: &str,
+    sources: &str,
+) -> String {
     format!(
         r#"
+{root}
 streams_dir = {streams:?}
 state_dir = {state:?}
 [gateway]
