@@ -445,17 +445,22 @@ async fn a_streams_bandwidth_cap_paces_delivery() {
     shutdown.cancel();
     agent.await.unwrap().unwrap();
     assert_eq!(requests, 12, "one request per batch of 100");
-    // The bucket starts full (one second's bytes) and the last batch may overdraw it, so at
-    // least the bytes beyond those take a second per CAP.
-    let largest = bytes / 12 * 2;
-    let floor = bytes.saturating_sub(CAP + largest) as f64 / CAP as f64;
+    assert_paced(bytes, requests as u64, elapsed, CAP);
+}
+
+/// `bytes` in `requests` batches took at least the time a `cap` of bytes per second allows. The
+/// bucket starts full (one second's bytes) and the last batch may overdraw it, so at least the
+/// bytes beyond those take a second per `cap`.
+fn assert_paced(bytes: u64, requests: u64, elapsed: f64, cap: u64) {
+    let largest = bytes / requests * 2;
+    let floor = bytes.saturating_sub(cap + largest) as f64 / cap as f64;
     assert!(
         floor >= 2.0,
         "the test sends too little to see the cap ({bytes} bytes)"
     );
     assert!(
         elapsed >= floor,
-        "{bytes} bytes in {elapsed:.2} s under a {CAP} B/s cap (at least {floor:.2} s)"
+        "{bytes} bytes in {elapsed:.2} s under a {cap} B/s cap (at least {floor:.2} s)"
     );
 }
 
@@ -498,17 +503,7 @@ async fn the_global_cap_paces_all_streams_and_serves_the_higher_priority_first()
     shutdown.cancel();
     agent.await.unwrap().unwrap();
     assert_eq!(arrivals.len(), 2 * BATCHES, "one request per batch of 50");
-    // As for a stream's cap: one second's bytes to start with, one overdraw at the end.
-    let largest = bytes / (2 * BATCHES as u64) * 2;
-    let floor = bytes.saturating_sub(CAP + largest) as f64 / CAP as f64;
-    assert!(
-        floor >= 2.0,
-        "the test sends too little to see the cap ({bytes} bytes)"
-    );
-    assert!(
-        elapsed >= floor,
-        "{bytes} bytes in {elapsed:.2} s under a {CAP} B/s global cap (at least {floor:.2} s)"
-    );
+    assert_paced(bytes, arrivals.len() as u64, elapsed, CAP);
     // Whatever the first send was, the high-priority stream then goes whenever it waits: at
     // most the batch of the low one that held the line when it arrived goes in between. In
     // arrival order (tickets) the two would alternate.
