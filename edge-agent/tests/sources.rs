@@ -129,8 +129,12 @@ async fn tailing_survives_rotation_truncation_and_restarts() {
     shutdown.cancel();
     let first = agent.await.unwrap().unwrap().total();
     assert_eq!(first.pipeline.read, 450);
-    // Lines written while the agent is down, then a restart: it resumes at the saved position.
-    append(&live, &lines[450..600]);
+    // Lines written while the agent is down, then a rotation while it is still down, then a
+    // restart: it finds the renamed file by its inode and resumes it at the saved position,
+    // and reads the new file under the old name from the start.
+    append(&live, &lines[450..520]);
+    std::fs::rename(&live, logs.join("readings.ndjson.2")).unwrap();
+    append(&live, &lines[520..600]);
     let (agent, shutdown) = start(&cfg);
     wait_landed(&stub, 600).await;
     // A second file appears in the directory.

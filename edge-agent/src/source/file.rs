@@ -3,7 +3,8 @@
 //!
 //! A file is identified by (device, inode), not by name, so a file renamed by log rotation keeps
 //! its position and is read to its end while the new file under the old name starts at zero. A
-//! file that shrinks below its position was truncated and is read again from the start. Positions
+//! file that shrinks below its position was truncated and is read again from the start. A file
+//! renamed while the agent was down is found again by inode in its directory. Positions
 //! are saved (write, fsync, rename) to `positions.json` in the state directory, and a position
 //! only moves past lines whose records are durable in the spool: after a crash, reading resumes
 //! at the first line not yet spooled, and the dedupe window drops whatever was spooled already.
@@ -60,6 +61,22 @@ impl Positions {
             path,
             map: Mutex::new((map, false)),
         })
+    }
+
+    /// Every saved position: the file's id, the path it was read under, the offset.
+    fn entries(&self) -> Vec<(FileId, PathBuf, u64)> {
+        let map = self.map.lock().unwrap_or_else(|e| e.into_inner());
+        map.0
+            .iter()
+            .filter_map(|(k, p)| {
+                let (dev, ino) = k.split_once(':')?;
+                Some((
+                    (dev.parse().ok()?, ino.parse().ok()?),
+                    p.path.clone(),
+                    p.offset,
+                ))
+            })
+            .collect()
     }
 
     fn get(&self, id: FileId) -> Option<u64> {
@@ -120,6 +137,48 @@ struct Tailed {
     offset: u64,
     /// CSV: the header line's field names.
     header: Option<Vec<String>>,
+    /// Renamed away by rotation while the agent was down: done once read to its end.
+    rotated: bool,
+}
+
+/// Files of `spec` that were renamed away while the agent was down, with unread lines: a saved
+/// position whose path now holds another file is looked up by (device, inode) in that path's
+/// directory, whatever the new name (`.1`, a date suffix).
+fn rotated_while_down(spec: &FileSpec, positions: &Positions) -> Vec<(FileId, Tailed)> {
+    let mut found = Vec::new();
+    for (id, path, offset) in positions.entries() {
+        let ours = path == spec.path || path.parent() == Some(spec.path.as_path());
+        if !ours || fs::metadata(&path).is_ok_and(|m| file_id(&m) == id) {
+            continue;
+        }
+        let Some(dir) = path.parent() else { continue };
+        let Ok(entries) = fs::read_dir(dir) else {
+            continue;
+        };
+        for entry in entries.flatten() {
+            let Ok(meta) = entry.metadata() else { continue };
+            if !meta.is_file() || file_id(&meta) != id {
+                continue;
+            }
+            if meta.len() > offset
+                && let Ok(file) = File::open(entry.path())
+            {
+                tracing::info!(file = %entry.path().display(), was = %path.display(), offset, "reading the rest of a file rotated while the agent was down");
+                found.push((
+                    id,
+                    Tailed {
+                        file,
+                        path: entry.path(),
+                        offset,
+                        header: None,
+                        rotated: true,
+                    },
+                ));
+            }
+            break;
+        }
+    }
+    found
 }
 
 fn file_id(m: &fs::Metadata) -> FileId {
@@ -166,7 +225,8 @@ pub fn run(
     positions: &Arc<Positions>,
     shutdown: &CancellationToken,
 ) -> anyhow::Result<()> {
-    let mut open: HashMap<FileId, Tailed> = HashMap::new();
+    let mut open: HashMap<FileId, Tailed> =
+        rotated_while_down(spec, positions).into_iter().collect();
     loop {
         for path in listing(spec)? {
             // A stat, not an open, for the files already being read.
@@ -193,6 +253,7 @@ pub fn run(
                     path,
                     offset,
                     header: None,
+                    rotated: false,
                 },
             );
         }
@@ -209,9 +270,10 @@ pub fn run(
                 read_new(t, id, spec, def, feed, positions)?;
             }
             // A file that was renamed away or deleted, and is read to its end, is done.
-            let replaced = fs::metadata(&t.path)
-                .map(|m| file_id(&m) != id)
-                .unwrap_or(true);
+            let replaced = t.rotated
+                || fs::metadata(&t.path)
+                    .map(|m| file_id(&m) != id)
+                    .unwrap_or(true);
             let at_end = t.file.metadata()?.len() <= t.offset;
             if replaced && at_end {
                 finished.push(id);
