@@ -129,6 +129,10 @@ async fn tailing_survives_rotation_truncation_and_restarts() {
     shutdown.cancel();
     let first = agent.await.unwrap().unwrap().total();
     assert_eq!(first.pipeline.read, 450);
+    // The renamed file's position follows it to its new name (so that a crash while it was
+    // being finished would find it again).
+    let positions = std::fs::read_to_string(dir.path().join("state/positions.json")).unwrap();
+    assert!(positions.contains("readings.ndjson.1"), "{positions}");
     // Lines written while the agent is down, then a rotation while it is still down, then a
     // restart: it finds the renamed file by its inode and resumes it at the saved position,
     // and reads the new file under the old name from the start.

@@ -137,8 +137,19 @@ struct Tailed {
     offset: u64,
     /// CSV: the header line's field names.
     header: Option<Vec<String>>,
-    /// Renamed away by rotation while the agent was down: done once read to its end.
+    /// Renamed away by rotation (or deleted): done once read to its end.
     rotated: bool,
+}
+
+/// The file with `id` in `path`'s directory, whatever its name now (a rotated file).
+fn find_by_inode(path: &Path, id: FileId) -> Option<(PathBuf, fs::Metadata)> {
+    fs::read_dir(path.parent()?)
+        .ok()?
+        .flatten()
+        .find_map(|entry| {
+            let meta = entry.metadata().ok()?;
+            (meta.is_file() && file_id(&meta) == id).then(|| (entry.path(), meta))
+        })
 }
 
 /// Files of `spec` that were renamed away while the agent was down, with unread lines: a saved
@@ -151,31 +162,23 @@ fn rotated_while_down(spec: &FileSpec, positions: &Positions) -> Vec<(FileId, Ta
         if !ours || fs::metadata(&path).is_ok_and(|m| file_id(&m) == id) {
             continue;
         }
-        let Some(dir) = path.parent() else { continue };
-        let Ok(entries) = fs::read_dir(dir) else {
+        let Some((renamed, meta)) = find_by_inode(&path, id) else {
             continue;
         };
-        for entry in entries.flatten() {
-            let Ok(meta) = entry.metadata() else { continue };
-            if !meta.is_file() || file_id(&meta) != id {
-                continue;
-            }
-            if meta.len() > offset
-                && let Ok(file) = File::open(entry.path())
-            {
-                tracing::info!(file = %entry.path().display(), was = %path.display(), offset, "reading the rest of a file rotated while the agent was down");
-                found.push((
-                    id,
-                    Tailed {
-                        file,
-                        path: entry.path(),
-                        offset,
-                        header: None,
-                        rotated: true,
-                    },
-                ));
-            }
-            break;
+        if meta.len() > offset
+            && let Ok(file) = File::open(&renamed)
+        {
+            tracing::info!(file = %renamed.display(), was = %path.display(), offset, "reading the rest of a file rotated while the agent was down");
+            found.push((
+                id,
+                Tailed {
+                    file,
+                    path: renamed,
+                    offset,
+                    header: None,
+                    rotated: true,
+                },
+            ));
         }
     }
     found
@@ -260,6 +263,19 @@ pub fn run(
         let mut all_done = true;
         let mut finished = Vec::new();
         for (&id, t) in open.iter_mut() {
+            if !t.rotated
+                && fs::metadata(&t.path)
+                    .map(|m| file_id(&m) != id)
+                    .unwrap_or(true)
+            {
+                // Renamed away (rotation) or deleted. A renamed file is followed under its new
+                // name, so that its saved position still finds it after a crash; either way it
+                // is read to its end through the handle and then done.
+                if let Some((renamed, _)) = find_by_inode(&t.path, id) {
+                    t.path = renamed;
+                }
+                t.rotated = true;
+            }
             let size = t.file.metadata()?.len();
             if size < t.offset {
                 tracing::warn!(file = %t.path.display(), "file truncated; reading it from the start");
@@ -270,12 +286,8 @@ pub fn run(
                 read_new(t, id, spec, def, feed, positions)?;
             }
             // A file that was renamed away or deleted, and is read to its end, is done.
-            let replaced = t.rotated
-                || fs::metadata(&t.path)
-                    .map(|m| file_id(&m) != id)
-                    .unwrap_or(true);
             let at_end = t.file.metadata()?.len() <= t.offset;
-            if replaced && at_end {
+            if t.rotated && at_end {
                 finished.push(id);
             } else if !at_end {
                 all_done = false;
