@@ -159,6 +159,7 @@ impl Producer {
         let ingest_ts = plumbing::kafka::ingest_ts_now();
         let mut group = DeliveryGroup::new();
         records.send(producer, &mut group, &topic, &ingest_ts)?;
+        // librdkafka copied the values: their buffer need not live while the acks are awaited.
         drop(records);
         for d in &dead_letters {
             let headers = OwnedHeaders::new_with_capacity(6)

@@ -216,7 +216,7 @@ async fn main() -> anyhow::Result<()> {
             let work = loadtest::bench_gateway::Workload::generate(records, batch_bytes)?;
             for (name, t) in [
                 ("decode+validate+hash", work.validate_path(rounds)?),
-                ("gateway check (+ messages)", work.decode_path(rounds)?),
+                ("gateway check (+ messages)", work.gateway_check(rounds)?),
             ] {
                 println!(
                     "{name:<28} {:>9.0} records/cpu-s {:>7.1} MB/cpu-s ({} records, {:.2} s)",

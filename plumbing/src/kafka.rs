@@ -111,11 +111,16 @@ impl Messages {
 
     /// Each message's key and value.
     pub fn iter(&self) -> impl Iterator<Item = (&str, &[u8])> {
+        self.entries_with_values()
+            .map(|(e, value)| (e.key.as_str(), value))
+    }
+
+    fn entries_with_values(&self) -> impl Iterator<Item = (&Entry, &[u8])> {
         let starts = std::iter::once(0).chain(self.entries.iter().map(|e| e.end));
         self.entries
             .iter()
             .zip(starts)
-            .map(|(e, start)| (e.key.as_str(), &self.values[start..e.end]))
+            .map(|(e, start)| (e, &self.values[start..e.end]))
     }
 
     /// Hands every message to librdkafka in `group`, with the record headers
@@ -127,9 +132,9 @@ impl Messages {
         topic: &str,
         ingest_ts: &str,
     ) -> KafkaResult<()> {
-        for (entry, (key, value)) in self.entries.iter().zip(self.iter()) {
+        for (entry, value) in self.entries_with_values() {
             let headers = record_headers(&entry.hash, self.schema_version, ingest_ts);
-            group.send(producer, topic, key, value, headers)?;
+            group.send(producer, topic, entry.key.as_str(), value, headers)?;
         }
         Ok(())
     }

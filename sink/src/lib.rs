@@ -259,17 +259,23 @@ impl Worker {
                     self.round_start = Instant::now();
                     while let Some(msg) = next.take() {
                         match msg {
-                            Ok(msg) => match self.on_borrowed(msg)? {
-                                Next::Done => {}
-                                Next::Flush(key, reason) => {
-                                    self.flush(&key, reason).await?;
+                            Ok(msg) => {
+                                let waited = match self.on_borrowed(msg)? {
+                                    Next::Done => false,
+                                    Next::Flush(key, reason) => {
+                                        self.flush(&key, reason).await?;
+                                        true
+                                    }
+                                    Next::Slow(msg) => {
+                                        self.on_message(msg).await?;
+                                        true
+                                    }
+                                };
+                                if waited {
+                                    // The clock moved during the await.
                                     self.round_start = Instant::now();
                                 }
-                                Next::Slow(msg) => {
-                                    self.on_message(msg).await?;
-                                    self.round_start = Instant::now();
-                                }
-                            },
+                            }
                             Err(e) => tracing::warn!(error = %e, "consumer error"),
                         }
                         taken += 1;
@@ -298,7 +304,6 @@ impl Worker {
             return Ok(Next::Slow(msg.detach()));
         }
         let flush = self.handle(&msg)?;
-        drop(msg);
         self.count_received()?;
         Ok(flush.map_or(Next::Done, |(key, reason)| Next::Flush(key, reason)))
     }
