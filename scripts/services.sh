@@ -1,8 +1,8 @@
 #!/usr/bin/env bash
 # Test services on loopback: a Kafka-protocol broker (tansu), an S3 server (moto), an MQTT broker
-# (mosquitto, from Debian) and the Python tools of the test suite (pyarrow, boto3,
-# confluent-kafka). Installs once into a cache and
-# reuses it; every start picks free ports, so parallel runs do not collide.
+# (mosquitto, from Debian), Prometheus and docker-compose (from Debian, for the monitoring test)
+# and the Python tools of the test suite (pyarrow, boto3, confluent-kafka). Installs once into a
+# cache and reuses it; every start picks free ports, so parallel runs do not collide.
 #
 #   scripts/services.sh install          install what is missing (cached)
 #   scripts/services.sh start STATE_DIR  start the services; writes STATE_DIR/env (export lines)
@@ -37,13 +37,19 @@ install_python() {
   cp "$HERE/requirements-test.txt" "$stamp"
 }
 
-install_mosquitto() {
-  if command -v mosquitto >/dev/null 2>&1 || [ -x /usr/sbin/mosquitto ]; then return; fi
-  log "installing mosquitto (Debian package)"
+# Debian packages: mosquitto (MQTT broker), prometheus (server and promtool, for the
+# monitoring test) and docker-compose (only to validate docker-compose.yml).
+install_debian() {
+  local missing=()
+  command -v mosquitto >/dev/null 2>&1 || [ -x /usr/sbin/mosquitto ] || missing+=(mosquitto)
+  command -v prometheus >/dev/null 2>&1 || missing+=(prometheus)
+  command -v docker-compose >/dev/null 2>&1 || missing+=(docker-compose)
+  if [ ${#missing[@]} -eq 0 ]; then return; fi
+  log "installing ${missing[*]} (Debian packages)"
   local sudo=""
   if [ "$(id -u)" != 0 ]; then sudo=sudo; fi
-  $sudo apt-get install -y --no-install-recommends mosquitto >&2 \
-    || { $sudo apt-get update >&2 && $sudo apt-get install -y --no-install-recommends mosquitto >&2; }
+  $sudo apt-get install -y --no-install-recommends "${missing[@]}" >&2 \
+    || { $sudo apt-get update >&2 && $sudo apt-get install -y --no-install-recommends "${missing[@]}" >&2; }
 }
 
 mosquitto_bin() {
@@ -97,6 +103,9 @@ export EDGE_INGEST_S3=http://127.0.0.1:$sport
 export EDGE_INGEST_MQTT=127.0.0.1:$mport
 export EDGE_INGEST_PYTHON=$PY
 export EDGE_INGEST_TANSU=$TANSU
+export EDGE_INGEST_PROMETHEUS=$(command -v prometheus)
+export EDGE_INGEST_PROMTOOL=$(command -v promtool)
+export EDGE_INGEST_DOCKER_COMPOSE=$(command -v docker-compose)
 export AWS_ACCESS_KEY_ID=test
 export AWS_SECRET_ACCESS_KEY=test
 export AWS_REGION=us-east-1
@@ -116,7 +125,7 @@ stop() {
 }
 
 case "${1:-}" in
-  install) install_tansu; install_python; install_mosquitto ;;
+  install) install_tansu; install_python; install_debian ;;
   start) start "${2:?state dir}" ;;
   stop) stop "${2:?state dir}" ;;
   *) echo "usage: $0 install | start STATE_DIR | stop STATE_DIR" >&2; exit 2 ;;

@@ -161,6 +161,7 @@ pub async fn run(
         });
     }
     let usage = Arc::new(Usage::default());
+    metrics::register(config.spool.options().max_bytes);
     let output = Arc::new(Output::new(config.gateway.as_ref(), config.kafka.as_ref())?);
     let link = Arc::new(Link::new(config.max_bytes_per_sec));
     let mut feeds = Feeds::new();
@@ -171,6 +172,7 @@ pub async fn run(
             .expect("active streams are known")
             .clone();
         let settings = config.settings(&name);
+        metrics::register_stream(&name, settings.overflow.label());
         let (spool, recovery) =
             Spool::open(&spool_root, &name, config.spool.options(), usage.clone())?;
         if recovery != Recovery::default() {

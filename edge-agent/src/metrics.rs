@@ -30,3 +30,27 @@ pub const SEND_ERRORS: &str = "edge_agent_send_errors_total";
 pub const BATCHES_REJECTED: &str = "edge_agent_batches_rejected_total";
 /// Records the gateway rejected individually inside accepted batches.
 pub const RECORDS_REJECTED: &str = "edge_agent_records_rejected_total";
+/// The spool's size limit over all streams (`spool.max_mb`), for "spool filling up" alerts.
+pub const SPOOL_LIMIT_BYTES: &str = "edge_agent_spool_limit_bytes";
+
+/// Creates, at zero, the series that alerts and dashboards watch: Prometheus sees no increase in
+/// a counter whose first sample is already 1, so the first dropped record would go unnoticed.
+pub fn register(spool_limit_bytes: u64) {
+    metrics::gauge!(SPOOL_LIMIT_BYTES).set(spool_limit_bytes as f64);
+    metrics::counter!(SPOOL_TORN_TAILS).increment(0);
+    metrics::counter!(SPOOL_QUARANTINED).increment(0);
+}
+
+/// [`register`] for one stream, whose spool overflows by `policy`.
+pub fn register_stream(stream: &str, policy: &'static str) {
+    let labels = [("stream", stream.to_owned())];
+    for counter in [BATCHES_REJECTED, RECORDS_REJECTED, SPOOL_BLOCKED] {
+        metrics::counter!(counter, &labels).increment(0);
+    }
+    metrics::counter!(SPOOL_DROPPED_RECORDS, "stream" => stream.to_owned(), "policy" => policy)
+        .increment(0);
+    for (reason, intentional) in [("invalid", "false"), ("duplicate", "true")] {
+        metrics::counter!(DISCARDED, "stream" => stream.to_owned(), "reason" => reason, "intentional" => intentional)
+            .increment(0);
+    }
+}

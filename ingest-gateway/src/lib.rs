@@ -89,6 +89,7 @@ pub async fn start(
     shutdown: CancellationToken,
 ) -> anyhow::Result<Gateway> {
     let auth = Auth::from_config(&config.auth)?;
+    metrics::register(&streams);
     if config.auth.allow_anonymous {
         tracing::warn!("anonymous ingest is allowed (auth.allow_anonymous = true)");
     }

@@ -10,3 +10,18 @@ pub const REJECTED: &str = "gateway_rejected_records_total";
 pub const INFLIGHT_BYTES: &str = "gateway_inflight_bytes";
 pub const PRODUCER_REPLACED: &str = "gateway_producer_replaced_total";
 pub const PRODUCED_BYTES: &str = "gateway_produced_bytes_total";
+
+/// Creates, at zero, the series that alerts and dashboards watch: Prometheus sees no increase in
+/// a counter whose first sample is already 1, so the first rejected record of a stream would
+/// go unnoticed.
+/// Installs the Prometheus recorder first (once per process), so nothing registered is lost.
+pub fn register(streams: &schemas::Streams) {
+    plumbing::install_metrics();
+    ::metrics::counter!(PRODUCER_REPLACED).increment(0);
+    for def in streams.iter() {
+        for outcome in ["accepted", "duplicate", "rejected"] {
+            ::metrics::counter!(RECORDS, "stream" => def.name.clone(), "outcome" => outcome)
+                .increment(0);
+        }
+    }
+}

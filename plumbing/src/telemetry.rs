@@ -8,7 +8,7 @@ use axum::Router;
 use axum::extract::State;
 use axum::http::StatusCode;
 use axum::routing::get;
-use metrics_exporter_prometheus::{PrometheusBuilder, PrometheusHandle};
+use metrics_exporter_prometheus::{Matcher, PrometheusBuilder, PrometheusHandle};
 use tokio_util::sync::CancellationToken;
 
 /// Installs a `tracing` subscriber that logs to stderr, filtered by `RUST_LOG` (default `info`).
@@ -31,7 +31,7 @@ pub fn install_metrics() -> PrometheusHandle {
     static HANDLE: OnceLock<PrometheusHandle> = OnceLock::new();
     HANDLE
         .get_or_init(|| {
-            let recorder = PrometheusBuilder::new().build_recorder();
+            let recorder = prometheus_builder().build_recorder();
             let handle = recorder.handle();
             if metrics::set_global_recorder(recorder).is_err() {
                 tracing::warn!("a metrics recorder was already installed; /metrics may be empty");
@@ -39,6 +39,46 @@ pub fn install_metrics() -> PrometheusHandle {
             handle
         })
         .clone()
+}
+
+/// Durations, in seconds: from a millisecond request to a minute-long upload.
+const SECONDS_BUCKETS: &[f64] = &[
+    0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0,
+];
+
+/// Sizes, in bytes: from a 64 KiB file to 1 GiB, by powers of two.
+const BYTES_BUCKETS: &[f64] = &[
+    65536.0,
+    131072.0,
+    262144.0,
+    524288.0,
+    1048576.0,
+    2097152.0,
+    4194304.0,
+    8388608.0,
+    16777216.0,
+    33554432.0,
+    67108864.0,
+    134217728.0,
+    268435456.0,
+    536870912.0,
+    1073741824.0,
+];
+
+/// Histograms are exported with buckets (`_seconds` and `_bytes` names), not as summaries, so
+/// that dashboards can add them up across instances before taking a quantile.
+fn prometheus_builder() -> PrometheusBuilder {
+    let buckets = [
+        (Matcher::Suffix("_seconds".into()), SECONDS_BUCKETS),
+        (Matcher::Suffix("_bytes".into()), BYTES_BUCKETS),
+    ];
+    buckets
+        .into_iter()
+        .fold(PrometheusBuilder::new(), |builder, (matcher, values)| {
+            builder
+                .set_buckets_for_metric(matcher, values)
+                .expect("bucket lists are not empty")
+        })
 }
 
 /// Readiness of a component: set once its dependencies are reachable.

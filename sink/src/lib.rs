@@ -121,6 +121,7 @@ pub async fn start(
     streams: Streams,
     shutdown: CancellationToken,
 ) -> anyhow::Result<Sink> {
+    m::register(&streams);
     let store = ObjectStore::from_config(&config.store).await?;
     let staging = store.staging_dir(&config.upload.staging_dir);
     std::fs::create_dir_all(&staging)
@@ -505,6 +506,7 @@ impl Worker {
             Err(e) => {
                 tracing::warn!(topic, partition = msg.partition(), offset, reason = %e, "dead letter: undecodable or invalid record");
                 ::metrics::counter!(m::DISCARDED, "stream" => def.name.clone(), "reason" => e.code(), "intentional" => "false").increment(1);
+                ::metrics::counter!(m::DEAD_LETTERS, "stream" => def.name.clone()).increment(1);
                 self.stats.dead_letters.fetch_add(1, Ordering::Relaxed);
                 part.dead_letter(offset, ingest_ts, &e.to_string(), payload);
                 return Ok(None);

@@ -13,3 +13,23 @@ pub const CONSUMER_LAG: &str = "sink_consumer_lag_records";
 pub const BUFFERED_BYTES: &str = "sink_buffered_bytes";
 pub const SPILLED_ROW_GROUPS: &str = "sink_spilled_row_groups_total";
 pub const ABANDONED_UPLOADS: &str = "sink_abandoned_uploads_removed_total";
+/// Records that went to the dead-letter location (also counted in `DISCARDED` by reason).
+pub const DEAD_LETTERS: &str = "sink_dead_letter_records_total";
+
+/// Creates, at zero, the series that alerts and dashboards watch: Prometheus sees no increase in
+/// a counter whose first sample is already 1, so the first dead letter of a stream would go
+/// unnoticed.
+/// Installs the Prometheus recorder first (once per process), so nothing registered is lost.
+pub fn register(streams: &schemas::Streams) {
+    plumbing::install_metrics();
+    for retryable in ["true", "false"] {
+        ::metrics::counter!(STORE_ERRORS, "retryable" => retryable).increment(0);
+    }
+    ::metrics::counter!(SPILLED_ROW_GROUPS).increment(0);
+    ::metrics::counter!(ABANDONED_UPLOADS).increment(0);
+    for def in streams.iter() {
+        ::metrics::counter!(DEAD_LETTERS, "stream" => def.name.clone()).increment(0);
+        ::metrics::counter!(DISCARDED, "stream" => def.name.clone(), "reason" => "duplicate", "intentional" => "true")
+            .increment(0);
+    }
+}
