@@ -361,7 +361,7 @@ async fn the_dashboards_and_alerts_read_the_components_metrics() {
         addr = gateway.addr,
     ))
     .unwrap();
-    let stats = edge_agent::run(agent.clone(), streams.clone(), shutdown.child_token())
+    let stats = edge_agent::run(agent, streams.clone(), shutdown.child_token())
         .await
         .unwrap()
         .total();
