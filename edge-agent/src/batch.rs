@@ -90,8 +90,7 @@ impl Batch {
     /// The batch as uncompressed NDJSON, one canonical record per line.
     pub fn ndjson(&self, def: &schemas::StreamDef) -> Result<Vec<u8>, UnreadableBatch> {
         match self.encoding {
-            BodyEncoding::Ndjson => zstd::bulk::decompress(&self.body, self.raw_bytes as usize)
-                .map_err(|e| UnreadableBatch(e.to_string())),
+            BodyEncoding::Ndjson => self.decompress(def),
             BodyEncoding::Parquet => schemas::columnar::parquet_to_ndjson(
                 def,
                 bytes::Bytes::copy_from_slice(&self.body),
@@ -99,6 +98,37 @@ impl Batch {
             )
             .map_err(|e| UnreadableBatch(e.to_string())),
         }
+    }
+
+    /// An NDJSON batch's body decompressed, with the stream's dictionary it names if any.
+    fn decompress(&self, def: &schemas::StreamDef) -> Result<Vec<u8>, UnreadableBatch> {
+        let unreadable = |e: std::io::Error| UnreadableBatch(e.to_string());
+        let capacity = self.raw_bytes as usize;
+        match schemas::dictionary::frame_dictionary_id(&self.body) {
+            None => zstd::bulk::decompress(&self.body, capacity).map_err(unreadable),
+            Some(id) => {
+                let dictionary = def.dictionaries.get(id).ok_or_else(|| {
+                    UnreadableBatch(format!(
+                        "compressed with zstd dictionary {id}, which stream {} no longer has",
+                        def.name
+                    ))
+                })?;
+                zstd::bulk::Decompressor::with_prepared_dictionary(dictionary.decoder())
+                    .and_then(|mut d| d.decompress(&self.body, capacity))
+                    .map_err(unreadable)
+            }
+        }
+    }
+
+    /// The batch body without a dictionary: what is sent to a gateway that does not have the
+    /// stream's dictionary.
+    pub fn without_dictionary(
+        &self,
+        def: &schemas::StreamDef,
+        level: i32,
+    ) -> Result<Vec<u8>, UnreadableBatch> {
+        let ndjson = self.decompress(def)?;
+        zstd::bulk::compress(&ndjson, level).map_err(|e| UnreadableBatch(e.to_string()))
     }
 
     /// The batch's records, validated and hashed again.

@@ -96,6 +96,11 @@ pub struct BatchConfig {
     /// Body encoding: `ndjson` (zstd NDJSON) or `parquet` (columnar, about half the bytes).
     #[serde(default)]
     pub encoding: BodyEncoding,
+    /// Compress NDJSON batches with the stream's zstd dictionary (`<stream>.zdict` next to its
+    /// definition) when it has one. A gateway without it makes the agent resend the batch
+    /// without.
+    #[serde(default = "default_true")]
+    pub zstd_dictionary: bool,
 }
 
 impl Default for BatchConfig {
@@ -106,6 +111,7 @@ impl Default for BatchConfig {
             max_age_ms: default_max_age_ms(),
             zstd_level: default_zstd_level(),
             encoding: BodyEncoding::default(),
+            zstd_dictionary: true,
         }
     }
 }
@@ -348,6 +354,10 @@ fn default_topic_prefix() -> String {
 fn default_max_records() -> usize {
     50_000
 }
+fn default_true() -> bool {
+    true
+}
+
 fn default_max_bytes() -> usize {
     1 << 20
 }

@@ -58,7 +58,9 @@ impl Delivery {
                 }
                 continue;
             };
-            let wire = batch.body.len() as u64;
+            // The cap is taken for the spooled body; a body recompressed without a dictionary
+            // the gateway lacks is counted below at its own size.
+            let mut wire = batch.body.len() as u64;
             tokio::select! {
                 _ = async {
                     self.cap.acquire(wire).await;
@@ -67,7 +69,8 @@ impl Delivery {
                 _ = shutdown.cancelled() => return Ok(stats),
             }
             match self.output.send(&self.def, &batch, &shutdown).await {
-                Ok(response) => {
+                Ok((response, sent)) => {
+                    wire = sent;
                     for r in response.rejected.iter().take(10) {
                         tracing::warn!(stream = %self.def.name, batch = %batch.id, index = r.index, reason = %r.reason, "a record of a delivered batch was rejected");
                     }

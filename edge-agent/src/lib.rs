@@ -12,6 +12,7 @@ pub mod batch;
 pub mod config;
 pub mod dedupe;
 pub mod deliver;
+pub mod dictionary;
 pub mod filter;
 pub mod link;
 pub mod metrics;

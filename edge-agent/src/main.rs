@@ -37,6 +37,27 @@ enum Command {
         #[arg(long, short)]
         config: PathBuf,
     },
+    /// Trains a zstd dictionary on a stream's own records (an NDJSON file) and installs it as
+    /// <streams-dir>/<stream>.zdict, where agents compress small batches with it and gateways
+    /// decode them (deploy it to the gateways first). A dictionary already there is kept as
+    /// <stream>.<id>.zdict so that batches compressed with it still decode.
+    TrainDictionary {
+        /// Directory of stream definitions (the dictionary is written there).
+        #[arg(long, default_value = "streams")]
+        streams_dir: PathBuf,
+        /// The stream.
+        #[arg(long)]
+        stream: String,
+        /// NDJSON records of the stream to learn from (invalid lines are skipped).
+        #[arg(long)]
+        input: PathBuf,
+        /// Largest dictionary size in bytes.
+        #[arg(long, default_value_t = schemas::dictionary::DEFAULT_DICTIONARY_BYTES)]
+        max_bytes: usize,
+        /// Records to learn from, at most (the first ones of the input).
+        #[arg(long, default_value_t = 100_000)]
+        max_samples: usize,
+    },
     /// Prints the BLAKE3 hash of a token, for the gateway's auth.tokens.
     HashToken {
         /// The token.
@@ -58,6 +79,37 @@ async fn main() -> anyhow::Result<()> {
     match args.command {
         Command::HashToken { token } => {
             println!("{}", blake3::hash(token.as_bytes()).to_hex());
+            Ok(())
+        }
+        Command::TrainDictionary {
+            streams_dir,
+            stream,
+            input,
+            max_bytes,
+            max_samples,
+        } => {
+            let streams = plumbing::load_streams_dir(&streams_dir)?;
+            let def = streams.get(&stream).ok_or_else(|| {
+                anyhow::anyhow!("no stream {stream:?} in {}", streams_dir.display())
+            })?;
+            let ndjson = std::fs::read(&input)
+                .map_err(|e| anyhow::anyhow!("cannot read {}: {e}", input.display()))?;
+            let (dictionary, trained) =
+                edge_agent::dictionary::train_dictionary(def, &ndjson, max_bytes, max_samples)?;
+            let installed =
+                edge_agent::dictionary::install_dictionary(&streams_dir, &stream, &dictionary)?;
+            println!(
+                "trained dictionary {} ({} bytes) on {} records ({} bytes; {} invalid lines skipped); wrote {}",
+                dictionary.id(),
+                dictionary.bytes().len(),
+                trained.samples,
+                trained.sample_bytes,
+                trained.invalid,
+                installed.path.display()
+            );
+            if let Some(retired) = installed.retired {
+                println!("the previous dictionary is kept as {}", retired.display());
+            }
             Ok(())
         }
         Command::Check { config } => {

@@ -25,7 +25,7 @@ use schemas::wire::topic_name;
 use thiserror::Error;
 use tokio_util::sync::CancellationToken;
 
-use crate::batch::Batch;
+use crate::batch::{Batch, BodyEncoding};
 use crate::config::{GatewayTarget, KafkaTarget};
 use crate::metrics as m;
 
@@ -61,26 +61,35 @@ impl Output {
     }
 
     /// Delivers one batch, retrying until it is acknowledged, refused for good, or cancelled.
+    /// Returns the answer and the size of the body that was delivered (the spooled body, or
+    /// the one recompressed without a dictionary the gateway lacks).
     pub async fn send(
         &self,
         def: &Arc<StreamDef>,
         batch: &Batch,
         shutdown: &CancellationToken,
-    ) -> Result<IngestResponse, SendError> {
+    ) -> Result<(IngestResponse, u64), SendError> {
         match self {
             Output::Http(h) => {
-                retrying(&def.name, batch, shutdown, h.max_backoff, || {
-                    h.attempt(&def.name, batch)
+                // Set when the gateway does not have the stream's dictionary.
+                let plain_body = std::sync::Mutex::new(None);
+                let response = retrying(&def.name, batch, shutdown, h.max_backoff, || {
+                    h.attempt(def, batch, &plain_body)
                 })
-                .await
+                .await?;
+                let sent = lock(&plain_body)
+                    .as_ref()
+                    .map_or(batch.body.len(), Vec::len);
+                Ok((response, sent as u64))
             }
             Output::Kafka(k) => {
                 // Decoded once per batch, on the blocking pool, not once per attempt.
                 let messages = KafkaOutput::prepare(def.clone(), batch.clone()).await?;
-                retrying(&def.name, batch, shutdown, KAFKA_MAX_BACKOFF, || {
+                let response = retrying(&def.name, batch, shutdown, KAFKA_MAX_BACKOFF, || {
                     k.attempt(&def.name, &messages)
                 })
-                .await
+                .await?;
+                Ok((response, batch.body.len() as u64))
             }
         }
     }
@@ -150,11 +159,20 @@ fn retry(kind: &'static str, text: impl Into<String>) -> Attempt {
     }
 }
 
+/// The gateway's error code for a body compressed with a dictionary it does not have.
+const UNKNOWN_DICTIONARY: &str = "unknown_dictionary";
+/// zstd level of a batch resent without the dictionary (the gateway's answer is per batch, so
+/// this stays rare: deploy the dictionary to the gateways first).
+const DICTIONARY_FALLBACK_LEVEL: i32 = 3;
+
 pub struct HttpOutput {
     client: reqwest::Client,
     base: String,
     token: Option<String>,
     max_backoff: Duration,
+    /// Dictionaries the gateway said it does not have: batches compressed with them are sent
+    /// recompressed without, so each does not pay a refused upload first.
+    refused_dictionaries: std::sync::Mutex<std::collections::HashSet<u32>>,
 }
 
 impl HttpOutput {
@@ -168,18 +186,35 @@ impl HttpOutput {
             base: target.url.trim_end_matches('/').to_owned(),
             token: target.token.clone(),
             max_backoff: Duration::from_millis(target.max_backoff_ms.max(1)),
+            refused_dictionaries: Default::default(),
         })
     }
 
-    async fn attempt(&self, stream: &str, batch: &Batch) -> Result<IngestResponse, Attempt> {
-        let url = format!("{}/v1/streams/{stream}/records", self.base);
+    /// One attempt. `plain_body` replaces a body compressed with a zstd dictionary once the
+    /// gateway said it does not have that dictionary.
+    async fn attempt(
+        &self,
+        def: &StreamDef,
+        batch: &Batch,
+        plain_body: &std::sync::Mutex<Option<Vec<u8>>>,
+    ) -> Result<IngestResponse, Attempt> {
+        let url = format!("{}/v1/streams/{}/records", self.base, def.name);
+        let dictionary = schemas::dictionary::frame_dictionary_id(&batch.body)
+            .filter(|_| batch.encoding == BodyEncoding::Ndjson);
+        let refused = dictionary.is_some_and(|id| lock(&self.refused_dictionaries).contains(&id));
+        if refused && lock(plain_body).is_none() {
+            *lock(plain_body) = Some(self.without_dictionary(def, batch, None)?);
+        }
+        let body = lock(plain_body)
+            .clone()
+            .unwrap_or_else(|| batch.body.clone());
         let mut request = self
             .client
             .post(&url)
             .header(CONTENT_TYPE, batch.encoding.content_type())
             .header(CONTENT_ENCODING, batch.encoding.content_encoding())
             .header("Idempotency-Key", batch.id.to_string())
-            .body(batch.body.clone());
+            .body(body);
         if let Some(token) = &self.token {
             request = request.bearer_auth(token);
         }
@@ -205,6 +240,20 @@ impl HttpOutput {
             });
         }
         let text = String::from_utf8_lossy(&body).into_owned();
+        if let Some(id) = dictionary.filter(|_| {
+            status == StatusCode::UNPROCESSABLE_ENTITY && text.contains(UNKNOWN_DICTIONARY)
+        }) {
+            tracing::warn!(stream = %def.name, dictionary = id, "the gateway does not have the stream's zstd dictionary; sending batches without it until the agent restarts");
+            lock(&self.refused_dictionaries).insert(id);
+            *lock(plain_body) = Some(self.without_dictionary(def, batch, Some(&text))?);
+            return Err(Attempt::Retry {
+                reason: Reason {
+                    kind: UNKNOWN_DICTIONARY,
+                    text: format!("{status}: {text}; sending it without the dictionary"),
+                },
+                retry_after: Some(Duration::ZERO),
+            });
+        }
         let retryable = status.is_server_error()
             || matches!(
                 status,
@@ -229,6 +278,32 @@ impl HttpOutput {
             retry_after,
         })
     }
+}
+
+impl HttpOutput {
+    /// The batch recompressed without its dictionary; a batch that cannot be read back is
+    /// refused for good (`answer`: the gateway's answer that asked for this).
+    fn without_dictionary(
+        &self,
+        def: &StreamDef,
+        batch: &Batch,
+        answer: Option<&str>,
+    ) -> Result<Vec<u8>, Attempt> {
+        batch
+            .without_dictionary(def, DICTIONARY_FALLBACK_LEVEL)
+            .map_err(|e| {
+                Attempt::Final(SendError::Rejected {
+                    status: StatusCode::UNPROCESSABLE_ENTITY.as_u16(),
+                    body: format!("{} ({e})", answer.unwrap_or(UNKNOWN_DICTIONARY)),
+                })
+            })
+    }
+}
+
+fn lock<T>(mutex: &std::sync::Mutex<T>) -> std::sync::MutexGuard<'_, T> {
+    mutex
+        .lock()
+        .unwrap_or_else(std::sync::PoisonError::into_inner)
 }
 
 pub struct KafkaOutput {

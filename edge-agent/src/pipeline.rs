@@ -106,6 +106,8 @@ pub struct Pipeline {
     dropped_in_chunk: bool,
     invalid_logged: u64,
     log_errors: u64,
+    /// Compresses NDJSON batches, with the stream's dictionary when it has one.
+    zstd: zstd::bulk::Compressor<'static>,
     pub stats: PipelineStats,
 }
 
@@ -151,6 +153,13 @@ impl Pipeline {
             }
         }
         metrics::gauge!(m::DEDUPE_ENTRIES, "stream" => def.name.clone()).set(window.len() as f64);
+        let zstd = match def.dictionaries.current().filter(|_| batch.zstd_dictionary) {
+            Some(dictionary) => {
+                tracing::info!(stream = %def.name, dictionary = dictionary.id(), "compressing NDJSON batches with the stream's zstd dictionary");
+                zstd::bulk::Compressor::with_dictionary(batch.zstd_level, dictionary.bytes())
+            }
+            None => zstd::bulk::Compressor::new(batch.zstd_level),
+        }?;
         Ok(Pipeline {
             encoding: settings.encoding.unwrap_or(batch.encoding),
             overflow: settings.overflow,
@@ -167,6 +176,7 @@ impl Pipeline {
             dropped_in_chunk: false,
             invalid_logged: 0,
             log_errors: 0,
+            zstd,
             stats: PipelineStats::default(),
         })
     }
@@ -331,7 +341,9 @@ impl Pipeline {
             return Ok(());
         }
         let body = match self.encoding {
-            BodyEncoding::Ndjson => zstd::bulk::compress(&open.ndjson, self.batch.zstd_level)
+            BodyEncoding::Ndjson => self
+                .zstd
+                .compress(&open.ndjson)
                 .map_err(|e| PipelineError::Encode(e.to_string()))?,
             BodyEncoding::Parquet => {
                 schemas::columnar::encode_parquet(&self.def, &open.records, self.batch.zstd_level)

@@ -413,7 +413,10 @@ async fn local_http_port_answers_503_when_a_full_spool_drops_records() {
         .unwrap();
     let dropped: f64 = metrics
         .lines()
-        .find(|l| l.starts_with("edge_agent_spool_dropped_records_total{"))
+        // Other streams' series exist at zero (registered at start).
+        .find(|l| {
+            l.starts_with(r#"edge_agent_spool_dropped_records_total{stream="sensor_readings""#)
+        })
         .and_then(|l| l.rsplit(' ').next())
         .and_then(|v| v.parse().ok())
         .unwrap_or_else(|| panic!("no dropped-records counter in:\n{metrics}"));

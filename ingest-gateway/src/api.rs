@@ -160,17 +160,36 @@ thread_local! {
 /// Decompresses `body` into the scratch buffer, stopping as soon as the output passes `limit` (a
 /// bomb never grows past it).
 fn decompress_into(
+    def: &StreamDef,
     encoding: Encoding,
     body: &[u8],
     limit: usize,
     scratch: &mut Scratch,
 ) -> Result<(), ApiError> {
-    plumbing::body::decompress_into(encoding, body, limit, &mut scratch.zstd, &mut scratch.plain)
-        .map_err(|e| match e {
-            DecompressError::TooLarge(limit) => decompressed_too_large(limit),
-            DecompressError::Invalid(message) => ApiError::bad_request(message),
-        })
+    plumbing::body::decompress_into(
+        encoding,
+        body,
+        limit,
+        &mut scratch.zstd,
+        &def.dictionaries,
+        &mut scratch.plain,
+    )
+    .map_err(|e| match e {
+        DecompressError::TooLarge(limit) => decompressed_too_large(limit),
+        DecompressError::Invalid(message) => ApiError::bad_request(message),
+        e @ DecompressError::UnknownDictionary(_) => ApiError::new(
+            StatusCode::UNPROCESSABLE_ENTITY,
+            UNKNOWN_DICTIONARY,
+            format!(
+                "{e}; this gateway has {:?}: send the batch without a dictionary",
+                def.dictionaries.ids()
+            ),
+        ),
+    })
 }
+
+/// The error code of a body compressed with a zstd dictionary the gateway does not have.
+pub const UNKNOWN_DICTIONARY: &str = "unknown_dictionary";
 
 fn decompressed_too_large(limit: usize) -> ApiError {
     ApiError::too_large(format!("decompressed body is larger than {limit} bytes"))
@@ -200,8 +219,14 @@ pub fn check_body(
     }
     SCRATCH.with(|scratch| {
         let mut scratch = scratch.borrow_mut();
-        let checked = decompress_into(encoding, &body, limits.max_decompressed_bytes, &mut scratch)
-            .and_then(|()| check_plain(def, format, &scratch.plain, limits));
+        let checked = decompress_into(
+            def,
+            encoding,
+            &body,
+            limits.max_decompressed_bytes,
+            &mut scratch,
+        )
+        .and_then(|()| check_plain(def, format, &scratch.plain, limits));
         if scratch.plain.capacity() > SCRATCH_KEEP_BYTES {
             scratch.plain = Vec::new();
         }
@@ -467,11 +492,66 @@ mod tests {
     use super::*;
 
     fn decompress(encoding: Encoding, body: Vec<u8>, limit: usize) -> Result<Vec<u8>, ApiError> {
+        let streams = schemas::example_streams();
+        decompress_for(
+            streams.get("sensor_readings").unwrap(),
+            encoding,
+            body,
+            limit,
+        )
+    }
+
+    fn decompress_for(
+        def: &StreamDef,
+        encoding: Encoding,
+        body: Vec<u8>,
+        limit: usize,
+    ) -> Result<Vec<u8>, ApiError> {
         let mut scratch = Scratch {
             zstd: None,
             plain: Vec::new(),
         };
-        decompress_into(encoding, &body, limit, &mut scratch).map(|()| scratch.plain)
+        decompress_into(def, encoding, &body, limit, &mut scratch).map(|()| scratch.plain)
+    }
+
+    #[test]
+    fn bodies_compressed_with_the_streams_dictionary_decode_and_others_are_refused() {
+        let readings: Vec<String> = (0..1_200)
+            .map(|i| {
+                format!(
+                    r#"{{"device_id":"dev-{}","sensor":"temperature","ts":{},"value":{}.5}}"#,
+                    i % 40,
+                    1_767_225_600_000u64 + i,
+                    i % 70
+                )
+            })
+            .collect();
+        let samples: Vec<&[u8]> = readings.iter().map(String::as_bytes).collect();
+        let dictionary = schemas::dictionary::train(&samples, 4096).unwrap();
+        let bytes = dictionary.bytes().to_vec();
+        let mut streams = schemas::example_streams();
+        streams
+            .add_dictionary("sensor_readings", dictionary, true)
+            .unwrap();
+        let with = streams.get("sensor_readings").unwrap();
+        let plain = readings[1_100..].join("\n").into_bytes();
+        let mut compressor = zstd::bulk::Compressor::with_dictionary(3, &bytes).unwrap();
+        let body = compressor.compress(&plain).unwrap();
+        assert_eq!(
+            decompress_for(with, Encoding::Zstd, body.clone(), 1 << 20).unwrap(),
+            plain
+        );
+
+        // A gateway without that dictionary names the problem with its own code.
+        let e = decompress(Encoding::Zstd, body, 1 << 20).unwrap_err();
+        assert_eq!(e.status, StatusCode::UNPROCESSABLE_ENTITY);
+        assert_eq!(e.code, UNKNOWN_DICTIONARY);
+
+        // A bomb compressed with the dictionary stops at the limit too.
+        let bomb = compressor.compress(&vec![b'a'; 10 << 20]).unwrap();
+        assert!(bomb.len() < 4096);
+        let e = decompress_for(with, Encoding::Zstd, bomb, 1 << 20).unwrap_err();
+        assert_eq!(e.status, StatusCode::PAYLOAD_TOO_LARGE);
     }
 
     #[test]

@@ -193,7 +193,15 @@ impl Workload {
         let (mut dctx, mut plain) = (None, Vec::new());
         self.time_per_batch("validation", rounds, |body| {
             let limit = LimitsConfig::default().max_decompressed_bytes;
-            decompress_into(Encoding::Zstd, body, limit, &mut dctx, &mut plain)?;
+            let dictionaries = &self.def.dictionaries;
+            decompress_into(
+                Encoding::Zstd,
+                body,
+                limit,
+                &mut dctx,
+                dictionaries,
+                &mut plain,
+            )?;
             Ok(schemas::decode::ndjson_lines(&plain)
                 .filter(|line| schemas::check_bytes(&self.def, line).is_ok())
                 .count())

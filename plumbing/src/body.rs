@@ -3,6 +3,8 @@
 
 use std::io::Read;
 
+use schemas::dictionary::{Dictionaries, frame_dictionary_id};
+
 /// How a body is compressed (`Content-Encoding`).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Encoding {
@@ -32,22 +34,41 @@ pub enum DecompressError {
     TooLarge(usize),
     #[error("{0}")]
     Invalid(String),
+    /// The body is compressed with a zstd dictionary this stream does not have (not deployed
+    /// here yet, or never): the sender can send it without.
+    #[error("zstd dictionary {0} is not known for this stream")]
+    UnknownDictionary(u32),
 }
 
 /// Decompresses `body` into `out` (cleared first), stopping as soon as the output passes
 /// `limit`. `zstd` is a decompression context kept by the caller between bodies (created on first
-/// use).
+/// use). A zstd body compressed with a dictionary is decoded with the stream's dictionary of
+/// that id.
 pub fn decompress_into(
     encoding: Encoding,
     body: &[u8],
     limit: usize,
     zstd: &mut Option<zstd::bulk::Decompressor<'static>>,
+    dictionaries: &Dictionaries,
     out: &mut Vec<u8>,
 ) -> Result<(), DecompressError> {
     out.clear();
-    let reader: Box<dyn Read + '_> = match encoding {
-        Encoding::Identity => Box::new(body),
-        Encoding::Zstd => {
+    let dictionary_id = match encoding {
+        Encoding::Zstd => frame_dictionary_id(body),
+        Encoding::Identity | Encoding::Gzip => None,
+    };
+    let reader: Box<dyn Read + '_> = match (encoding, dictionary_id) {
+        (Encoding::Identity, _) => Box::new(body),
+        (Encoding::Zstd, Some(id)) => {
+            let dictionary = dictionaries
+                .get(id)
+                .ok_or(DecompressError::UnknownDictionary(id))?;
+            Box::new(
+                zstd::stream::read::Decoder::with_prepared_dictionary(body, dictionary.decoder())
+                    .map_err(|e| DecompressError::Invalid(format!("invalid zstd body: {e}")))?,
+            )
+        }
+        (Encoding::Zstd, None) => {
             // A single frame that states its size (what zstd tools and libraries write) is
             // decoded in one call into a buffer of exactly that size; a frame that grows past
             // its stated size fails there. Anything else takes the streaming path.
@@ -72,7 +93,7 @@ pub fn decompress_into(
                     .map_err(|e| DecompressError::Invalid(format!("invalid zstd body: {e}")))?,
             )
         }
-        Encoding::Gzip => Box::new(flate2::read::MultiGzDecoder::new(body)),
+        (Encoding::Gzip, _) => Box::new(flate2::read::MultiGzDecoder::new(body)),
     };
     out.reserve(body.len().saturating_mul(4).min(limit));
     reader

@@ -6,6 +6,7 @@ use anyhow::{Context, bail};
 use figment::Figment;
 use figment::providers::{Env, Format, Toml};
 use schemas::Streams;
+use schemas::dictionary::ZstdDictionary;
 use serde::de::DeserializeOwned;
 
 /// Loads a config: defaults, then the TOML file (if given), then environment variables that start
@@ -59,6 +60,34 @@ pub fn load_streams_dir(dir: &Path) -> anyhow::Result<Streams> {
         })?;
     if streams.is_empty() {
         bail!("no stream definitions (*.toml) in {}", dir.display());
+    }
+    load_dictionaries(dir, streams)
+}
+
+/// Adds the zstd dictionaries of `dir` to their streams: `<stream>.zdict` is the one agents
+/// compress with, `<stream>.<label>.zdict` are retired ones still decoded.
+fn load_dictionaries(dir: &Path, mut streams: Streams) -> anyhow::Result<Streams> {
+    let mut files: Vec<_> = std::fs::read_dir(dir)?
+        .filter_map(|e| e.ok().map(|e| e.path()))
+        .filter(|p| p.extension().is_some_and(|e| e == "zdict"))
+        .collect();
+    files.sort();
+    for path in files {
+        let name = path
+            .file_stem()
+            .and_then(|s| s.to_str())
+            .unwrap_or_default();
+        let (stream, current) = match name.split_once('.') {
+            Some((stream, _label)) => (stream, false),
+            None => (name, true),
+        };
+        let bytes =
+            std::fs::read(&path).with_context(|| format!("cannot read {}", path.display()))?;
+        let dictionary =
+            ZstdDictionary::new(bytes).map_err(|e| anyhow::anyhow!("{}: {e}", path.display()))?;
+        streams
+            .add_dictionary(stream, dictionary, current)
+            .map_err(|e| anyhow::anyhow!("{}: {e}", path.display()))?;
     }
     Ok(streams)
 }
@@ -119,5 +148,49 @@ mod tests {
         std::fs::write(dir.path().join("b.toml"), "oops").unwrap();
         let e = load_streams_dir(dir.path()).unwrap_err().to_string();
         assert!(e.contains("a.toml") && e.contains("b.toml"), "{e}");
+    }
+
+    fn dictionary(seed: u64) -> schemas::dictionary::ZstdDictionary {
+        let lines: Vec<String> = (seed..seed + 1_000)
+            .map(|i| {
+                format!(
+                    r#"{{"device_id":"d{}","ts":{i},"value":{}}}"#,
+                    i % 7,
+                    i % 13
+                )
+            })
+            .collect();
+        let samples: Vec<&[u8]> = lines.iter().map(|l| l.as_bytes()).collect();
+        schemas::dictionary::train(&samples, 2048).unwrap()
+    }
+
+    #[test]
+    fn streams_dir_loads_current_and_retired_dictionaries() {
+        let dir = tempfile::tempdir().unwrap();
+        for (name, text) in schemas::EXAMPLE_STREAMS {
+            std::fs::write(dir.path().join(format!("{name}.toml")), text).unwrap();
+        }
+        let (current, retired) = (dictionary(0), dictionary(50_000));
+        assert_ne!(current.id(), retired.id());
+        let write =
+            |name: &str, bytes: &[u8]| std::fs::write(dir.path().join(name), bytes).unwrap();
+        write("sensor_readings.zdict", current.bytes());
+        write("sensor_readings.2025.zdict", retired.bytes());
+        let streams = load_streams_dir(dir.path()).unwrap();
+        let dictionaries = &streams.get("sensor_readings").unwrap().dictionaries;
+        assert_eq!(dictionaries.current().unwrap().id(), current.id());
+        assert_eq!(dictionaries.ids().len(), 2);
+        assert!(dictionaries.get(retired.id()).is_some());
+        let other = &streams.get("vehicle_telemetry").unwrap().dictionaries;
+        assert!(other.current().is_none() && other.ids().is_empty());
+
+        // A dictionary of no stream, or a file that is not one, stops the load with its name.
+        write("nosuch.zdict", current.bytes());
+        let e = load_streams_dir(dir.path()).unwrap_err().to_string();
+        assert!(e.contains("nosuch.zdict") && e.contains("no stream"), "{e}");
+        std::fs::remove_file(dir.path().join("nosuch.zdict")).unwrap();
+        write("vehicle_telemetry.zdict", b"not a dictionary");
+        let e = load_streams_dir(dir.path()).unwrap_err().to_string();
+        assert!(e.contains("vehicle_telemetry.zdict"), "{e}");
     }
 }

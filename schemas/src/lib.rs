@@ -12,6 +12,7 @@ pub mod api;
 pub mod arrow;
 pub mod columnar;
 pub mod decode;
+pub mod dictionary;
 pub mod error;
 pub mod hash;
 mod scan;

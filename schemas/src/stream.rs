@@ -8,6 +8,7 @@ use std::sync::Arc;
 
 use serde::Deserialize;
 
+use crate::dictionary::{Dictionaries, ZstdDictionary};
 use crate::error::SchemaError;
 
 /// Longest stream or field name, in bytes.
@@ -140,6 +141,8 @@ pub struct StreamDef {
     index: HashMap<String, usize>,
     /// Each field's name as a JSON object key with its colon (`"name":`), for the encoder.
     json_keys: Vec<Box<[u8]>>,
+    /// zstd dictionaries of the stream's batches (deployed next to the definition).
+    pub dictionaries: Dictionaries,
 }
 
 impl StreamDef {
@@ -290,6 +293,7 @@ impl RawStream {
             hash_fields,
             index,
             json_keys,
+            dictionaries: Dictionaries::default(),
         })
     }
 }
@@ -348,5 +352,19 @@ impl Streams {
 
     pub fn is_empty(&self) -> bool {
         self.by_name.is_empty()
+    }
+
+    /// Adds a zstd dictionary to a stream ([`Dictionaries::add`]).
+    pub fn add_dictionary(
+        &mut self,
+        stream: &str,
+        dictionary: ZstdDictionary,
+        current: bool,
+    ) -> Result<(), String> {
+        let def = self
+            .by_name
+            .get_mut(stream)
+            .ok_or_else(|| format!("no stream '{}' is defined", printable(stream)))?;
+        Arc::make_mut(def).dictionaries.add(dictionary, current)
     }
 }

@@ -152,11 +152,24 @@ async fn ingest(
     let (def, limit) = (def.clone(), local.max_body_bytes);
     let ndjson = tokio::task::spawn_blocking(move || -> Result<Vec<u8>, Refusal> {
         let mut plain = Vec::new();
-        decompress_into(encoding, &body, limit, &mut None, &mut plain).map_err(|e| match e {
+        decompress_into(
+            encoding,
+            &body,
+            limit,
+            &mut None,
+            &def.dictionaries,
+            &mut plain,
+        )
+        .map_err(|e| match e {
             DecompressError::TooLarge(_) => {
                 error(StatusCode::PAYLOAD_TOO_LARGE, "too_large", e.to_string())
             }
             DecompressError::Invalid(m) => error(StatusCode::BAD_REQUEST, "bad_encoding", m),
+            DecompressError::UnknownDictionary(_) => error(
+                StatusCode::UNPROCESSABLE_ENTITY,
+                "unknown_dictionary",
+                e.to_string(),
+            ),
         })?;
         to_ndjson(&def, format, plain, limit)
     })
