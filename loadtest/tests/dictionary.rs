@@ -5,7 +5,6 @@
 
 mod common;
 
-use edge_agent::AgentConfig;
 use edge_agent::dictionary::{install_dictionary, train_dictionary};
 use ingest_gateway::GatewayConfig;
 use loadtest::demo::distinct_hashes;
@@ -34,28 +33,16 @@ async fn deliver(
         .await
         .unwrap();
     let dir = tempfile::tempdir().unwrap();
-    let file = dir.path().join("readings.ndjson");
-    std::fs::write(&file, ndjson).unwrap();
-    let agent = AgentConfig::parse(&format!(
-        r#"
-        state_dir = {state:?}
-        [gateway]
-        url = "http://{addr}"
-        [batch]
-        max_records = 3
-        [[sources]]
-        type = "file"
-        path = {file:?}
-        stream = "sensor_readings"
-        "#,
-        state = dir.path().join("agent"),
-        addr = gateway.addr,
-    ))
-    .unwrap();
-    let stats = edge_agent::run(agent, agent_streams.clone(), shutdown.clone())
-        .await
-        .unwrap()
-        .total();
+    let stats = common::run_file_agent(
+        dir.path(),
+        gateway.addr,
+        ndjson,
+        3,
+        None,
+        agent_streams,
+        shutdown.clone(),
+    )
+    .await;
     shutdown.cancel();
     gateway.task.await.unwrap().unwrap();
     stats.delivery

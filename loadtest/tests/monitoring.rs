@@ -341,30 +341,17 @@ async fn the_dashboards_and_alerts_read_the_components_metrics() {
         expected.len() < records.len(),
         "the fleet re-sends readings"
     );
-    let file = dir.path().join("readings.ndjson");
-    std::fs::write(&file, to_ndjson(&records)).unwrap();
     let agent_admin = format!("127.0.0.1:{}", common::free_port());
-    let agent = AgentConfig::parse(&format!(
-        r#"
-        state_dir = {state:?}
-        admin_listen = "{agent_admin}"
-        [gateway]
-        url = "http://{addr}"
-        [batch]
-        max_records = 500
-        [[sources]]
-        type = "file"
-        path = {file:?}
-        stream = "sensor_readings"
-        "#,
-        state = dir.path().join("agent"),
-        addr = gateway.addr,
-    ))
-    .unwrap();
-    let stats = edge_agent::run(agent, streams.clone(), shutdown.child_token())
-        .await
-        .unwrap()
-        .total();
+    let stats = common::run_file_agent(
+        dir.path(),
+        gateway.addr,
+        &to_ndjson(&records),
+        500,
+        Some(&agent_admin),
+        &streams,
+        shutdown.child_token(),
+    )
+    .await;
     assert_eq!(stats.delivery.accepted as usize, expected.len());
 
     // A record of the wrong type through the gateway, and an undecodable value produced

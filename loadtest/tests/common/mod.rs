@@ -244,3 +244,40 @@ pub async fn proxy(port: u16, target: u16) -> tokio_util::sync::CancellationToke
     });
     stop
 }
+
+/// Runs an agent that reads the NDJSON readings `ndjson` from a file in `dir` (stream
+/// `sensor_readings`) to its end and delivers them to the gateway at `gateway`, in batches of
+/// `max_records`; `admin_listen` serves its metrics. Returns its totals over all streams.
+pub async fn run_file_agent(
+    dir: &Path,
+    gateway: std::net::SocketAddr,
+    ndjson: &[u8],
+    max_records: usize,
+    admin_listen: Option<&str>,
+    streams: &schemas::Streams,
+    shutdown: tokio_util::sync::CancellationToken,
+) -> edge_agent::StreamStats {
+    let file = dir.join("readings.ndjson");
+    std::fs::write(&file, ndjson).unwrap();
+    let admin = admin_listen.map_or(String::new(), |a| format!("admin_listen = {a:?}"));
+    let agent = edge_agent::AgentConfig::parse(&format!(
+        r#"
+        state_dir = {state:?}
+        {admin}
+        [gateway]
+        url = "http://{gateway}"
+        [batch]
+        max_records = {max_records}
+        [[sources]]
+        type = "file"
+        path = {file:?}
+        stream = "sensor_readings"
+        "#,
+        state = dir.join("agent"),
+    ))
+    .unwrap();
+    edge_agent::run(agent, streams.clone(), shutdown)
+        .await
+        .unwrap()
+        .total()
+}
