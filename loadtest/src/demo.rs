@@ -3,7 +3,7 @@
 
 use std::collections::HashSet;
 use std::fmt;
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
 use std::sync::atomic::Ordering;
 use std::time::{Duration, Instant};
 
@@ -136,24 +136,14 @@ pub async fn run(options: DemoOptions) -> anyhow::Result<DemoSummary> {
     // The agent reads the fleet's readings from a file, as it would on an edge box.
     let agent_dir = options.landing.join(format!("{run_prefix}-agent"));
     std::fs::create_dir_all(&agent_dir)?;
-    let readings = agent_dir.join("readings.ndjson");
-    std::fs::write(&readings, to_ndjson(&records))?;
-    let agent_config = edge_agent::AgentConfig::parse(&format!(
-        r#"
-        state_dir = {state:?}
-        [gateway]
-        url = "http://{addr}"
-        token = "{DEMO_TOKEN}"
-        [batch]
-        max_records = 2000
-        [[sources]]
-        type = "file"
-        path = {readings:?}
-        stream = "{STREAM}"
-        "#,
-        state = agent_dir.join("state"),
-        addr = gateway.addr,
-    ))?;
+    let agent_config = file_agent(&FileAgent {
+        dir: &agent_dir,
+        ndjson: &to_ndjson(&records),
+        gateway: gateway.addr,
+        token: Some(DEMO_TOKEN),
+        max_records: 2000,
+        admin_listen: None,
+    })?;
     let agent = edge_agent::run(agent_config, streams.clone(), shutdown.clone()).await?;
     let deadline = Instant::now() + options.timeout;
     while sink.stats.records_written.load(Ordering::Relaxed) < expected.len() as u64 {
@@ -189,6 +179,47 @@ pub async fn run(options: DemoOptions) -> anyhow::Result<DemoSummary> {
 }
 
 /// The distinct content hashes of generated records.
+/// An agent that reads sensor readings from a file to its end and delivers them to a gateway.
+#[derive(Debug, Clone, Copy)]
+pub struct FileAgent<'a> {
+    /// Holds the readings file and the agent's state directory.
+    pub dir: &'a Path,
+    /// The readings, as NDJSON.
+    pub ndjson: &'a [u8],
+    pub gateway: std::net::SocketAddr,
+    pub token: Option<&'a str>,
+    pub max_records: usize,
+    pub admin_listen: Option<&'a str>,
+}
+
+/// Writes the readings file of `agent` and returns the agent's config.
+pub fn file_agent(agent: &FileAgent<'_>) -> anyhow::Result<edge_agent::AgentConfig> {
+    let file = agent.dir.join("readings.ndjson");
+    std::fs::write(&file, agent.ndjson)?;
+    let optional =
+        |key: &str, value: Option<&str>| value.map_or(String::new(), |v| format!("{key} = {v:?}"));
+    edge_agent::AgentConfig::parse(&format!(
+        r#"
+        state_dir = {state:?}
+        {admin}
+        [gateway]
+        url = "http://{gateway}"
+        {token}
+        [batch]
+        max_records = {max_records}
+        [[sources]]
+        type = "file"
+        path = {file:?}
+        stream = "{STREAM}"
+        "#,
+        state = agent.dir.join("state"),
+        admin = optional("admin_listen", agent.admin_listen),
+        gateway = agent.gateway,
+        token = optional("token", agent.token),
+        max_records = agent.max_records,
+    ))
+}
+
 pub fn distinct_hashes(
     streams: &Streams,
     records: &[serde_json::Value],

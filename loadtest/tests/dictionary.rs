@@ -7,7 +7,7 @@ mod common;
 
 use edge_agent::dictionary::{install_dictionary, train_dictionary};
 use ingest_gateway::GatewayConfig;
-use loadtest::demo::distinct_hashes;
+use loadtest::demo::{FileAgent, distinct_hashes, file_agent};
 use loadtest::fleet::{FleetSpec, sensor_readings, to_ndjson};
 use tokio_util::sync::CancellationToken;
 
@@ -33,16 +33,19 @@ async fn deliver(
         .await
         .unwrap();
     let dir = tempfile::tempdir().unwrap();
-    let stats = common::run_file_agent(
-        dir.path(),
-        gateway.addr,
+    let agent = file_agent(&FileAgent {
+        dir: dir.path(),
         ndjson,
-        3,
-        None,
-        agent_streams,
-        shutdown.clone(),
-    )
-    .await;
+        gateway: gateway.addr,
+        token: None,
+        max_records: 3,
+        admin_listen: None,
+    })
+    .unwrap();
+    let stats = edge_agent::run(agent, agent_streams.clone(), shutdown.clone())
+        .await
+        .unwrap()
+        .total();
     shutdown.cancel();
     gateway.task.await.unwrap().unwrap();
     stats.delivery

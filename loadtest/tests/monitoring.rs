@@ -15,7 +15,7 @@ use std::time::{Duration, Instant};
 
 use edge_agent::AgentConfig;
 use ingest_gateway::GatewayConfig;
-use loadtest::demo::distinct_hashes;
+use loadtest::demo::{FileAgent, distinct_hashes, file_agent};
 use loadtest::fleet::{FleetSpec, sensor_readings, to_ndjson};
 use rdkafka::ClientConfig;
 use rdkafka::producer::{FutureProducer, FutureRecord};
@@ -342,16 +342,19 @@ async fn the_dashboards_and_alerts_read_the_components_metrics() {
         "the fleet re-sends readings"
     );
     let agent_admin = format!("127.0.0.1:{}", common::free_port());
-    let stats = common::run_file_agent(
-        dir.path(),
-        gateway.addr,
-        &to_ndjson(&records),
-        500,
-        Some(&agent_admin),
-        &streams,
-        shutdown.child_token(),
-    )
-    .await;
+    let agent = file_agent(&FileAgent {
+        dir: dir.path(),
+        ndjson: &to_ndjson(&records),
+        gateway: gateway.addr,
+        token: None,
+        max_records: 500,
+        admin_listen: Some(&agent_admin),
+    })
+    .unwrap();
+    let stats = edge_agent::run(agent, streams.clone(), shutdown.child_token())
+        .await
+        .unwrap()
+        .total();
     assert_eq!(stats.delivery.accepted as usize, expected.len());
 
     // A record of the wrong type through the gateway, and an undecodable value produced
