@@ -25,7 +25,7 @@ use schemas::wire::topic_name;
 use thiserror::Error;
 use tokio_util::sync::CancellationToken;
 
-use crate::batch::{Batch, BodyEncoding};
+use crate::batch::Batch;
 use crate::config::{GatewayTarget, KafkaTarget};
 use crate::metrics as m;
 
@@ -194,16 +194,17 @@ impl HttpOutput {
     /// gateway said it does not have that dictionary.
     async fn attempt(
         &self,
-        def: &StreamDef,
+        def: &Arc<StreamDef>,
         batch: &Batch,
         plain_body: &std::sync::Mutex<Option<Vec<u8>>>,
     ) -> Result<IngestResponse, Attempt> {
         let url = format!("{}/v1/streams/{}/records", self.base, def.name);
-        let dictionary = schemas::dictionary::frame_dictionary_id(&batch.body)
-            .filter(|_| batch.encoding == BodyEncoding::Ndjson);
+        // Parquet bodies are not zstd frames: only NDJSON batches name a dictionary.
+        let dictionary = schemas::dictionary::frame_dictionary_id(&batch.body);
         let refused = dictionary.is_some_and(|id| lock(&self.refused_dictionaries).contains(&id));
         if refused && lock(plain_body).is_none() {
-            *lock(plain_body) = Some(self.without_dictionary(def, batch, None)?);
+            let plain = without_dictionary(def, batch, None).await?;
+            *lock(plain_body) = Some(plain);
         }
         let body = lock(plain_body)
             .clone()
@@ -245,7 +246,8 @@ impl HttpOutput {
         }) {
             tracing::warn!(stream = %def.name, dictionary = id, "the gateway does not have the stream's zstd dictionary; sending batches without it until the agent restarts");
             lock(&self.refused_dictionaries).insert(id);
-            *lock(plain_body) = Some(self.without_dictionary(def, batch, Some(&text))?);
+            let plain = without_dictionary(def, batch, Some(&text)).await?;
+            *lock(plain_body) = Some(plain);
             return Err(Attempt::Retry {
                 reason: Reason {
                     kind: UNKNOWN_DICTIONARY,
@@ -280,24 +282,28 @@ impl HttpOutput {
     }
 }
 
-impl HttpOutput {
-    /// The batch recompressed without its dictionary; a batch that cannot be read back is
-    /// refused for good (`answer`: the gateway's answer that asked for this).
-    fn without_dictionary(
-        &self,
-        def: &StreamDef,
-        batch: &Batch,
-        answer: Option<&str>,
-    ) -> Result<Vec<u8>, Attempt> {
+/// The batch recompressed without its dictionary, on the blocking pool (up to a MiB of zstd
+/// both ways); a batch that cannot be read back is refused for good (`answer`: the gateway's
+/// answer that asked for this).
+async fn without_dictionary(
+    def: &Arc<StreamDef>,
+    batch: &Batch,
+    answer: Option<&str>,
+) -> Result<Vec<u8>, Attempt> {
+    let (def, batch) = (def.clone(), batch.clone());
+    let recompressed = tokio::task::spawn_blocking(move || {
         batch
-            .without_dictionary(def, DICTIONARY_FALLBACK_LEVEL)
-            .map_err(|e| {
-                Attempt::Final(SendError::Rejected {
-                    status: StatusCode::UNPROCESSABLE_ENTITY.as_u16(),
-                    body: format!("{} ({e})", answer.unwrap_or(UNKNOWN_DICTIONARY)),
-                })
-            })
-    }
+            .without_dictionary(&def, DICTIONARY_FALLBACK_LEVEL)
+            .map_err(|e| e.to_string())
+    })
+    .await
+    .unwrap_or_else(|e| Err(e.to_string()));
+    recompressed.map_err(|e| {
+        Attempt::Final(SendError::Rejected {
+            status: StatusCode::UNPROCESSABLE_ENTITY.as_u16(),
+            body: format!("{} ({e})", answer.unwrap_or(UNKNOWN_DICTIONARY)),
+        })
+    })
 }
 
 fn lock<T>(mutex: &std::sync::Mutex<T>) -> std::sync::MutexGuard<'_, T> {

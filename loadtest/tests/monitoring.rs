@@ -156,7 +156,7 @@ fn alert_rules_pass_their_unit_tests() {
 }
 
 #[test]
-fn the_compose_file_is_valid_and_starts_every_component() {
+fn the_compose_file_is_valid_and_has_every_component() {
     let compose = common::service_env("EDGE_INGEST_DOCKER_COMPOSE");
     let out = Command::new(compose)
         .args(["config"])

@@ -67,7 +67,8 @@ pub fn load_streams_dir(dir: &Path) -> anyhow::Result<Streams> {
 /// Adds the zstd dictionaries of `dir` to their streams: `<stream>.zdict` is the one agents
 /// compress with, `<stream>.<label>.zdict` are retired ones still decoded.
 fn load_dictionaries(dir: &Path, mut streams: Streams) -> anyhow::Result<Streams> {
-    let mut files: Vec<_> = std::fs::read_dir(dir)?
+    let mut files: Vec<_> = std::fs::read_dir(dir)
+        .with_context(|| format!("cannot read stream directory {}", dir.display()))?
         .filter_map(|e| e.ok().map(|e| e.path()))
         .filter(|p| p.extension().is_some_and(|e| e == "zdict"))
         .collect();
