@@ -12,7 +12,7 @@ use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
 use schemas::api::RejectedRecord;
 use schemas::decode::ndjson_lines;
-use schemas::wire::encode_value;
+use schemas::wire::encode_value_into;
 use schemas::{Record, StreamDef};
 
 use crate::batch::{Batch, BatchId, BodyEncoding};
@@ -232,8 +232,8 @@ impl Pipeline {
         let (mut read, mut invalid, mut duplicates) = (0u64, 0u64, 0u64);
         for (index, line) in ndjson_lines(&chunk.data).enumerate() {
             read += 1;
-            let valid = match schemas::check_bytes(&self.def, line) {
-                Ok(v) => v,
+            let (valid, verbatim) = match schemas::check_bytes_verbatim(&self.def, line) {
+                Ok(checked) => checked,
                 Err(e) => {
                     invalid += 1;
                     self.invalid_logged += 1;
@@ -255,12 +255,14 @@ impl Pipeline {
             self.open.digests.push(d);
             outcome.accepted += 1;
             if self.filters.is_empty() {
-                self.add(valid.record, cancel)?;
+                // The line itself goes into the batch when it is a plain object of the stream's
+                // keys (as the gateway forwards it): re-encoding it would only cost time.
+                self.add(valid.record, verbatim.then_some(line), cancel)?;
             } else {
                 let mut out = std::mem::take(&mut self.filtered_out);
                 self.filters.apply(&self.def, valid.record, &mut out);
                 for record in out.drain(..) {
-                    self.add(record, cancel)?;
+                    self.add(record, None, cancel)?;
                 }
                 self.filtered_out = out;
             }
@@ -293,10 +295,18 @@ impl Pipeline {
         }
     }
 
-    fn add(&mut self, record: Record, cancel: &AtomicBool) -> Result<(), PipelineError> {
-        self.open
-            .ndjson
-            .extend_from_slice(&encode_value(&self.def, &record));
+    /// Adds a record to the open batch: `verbatim` is its JSON text when that may stand for it
+    /// ([`schemas::check_bytes_verbatim`]); otherwise it is encoded canonically.
+    fn add(
+        &mut self,
+        record: Record,
+        verbatim: Option<&[u8]>,
+        cancel: &AtomicBool,
+    ) -> Result<(), PipelineError> {
+        match verbatim {
+            Some(text) => self.open.ndjson.extend_from_slice(text.trim_ascii()),
+            None => encode_value_into(&self.def, &record, &mut self.open.ndjson),
+        }
         self.open.ndjson.push(b'\n');
         if self.encoding == BodyEncoding::Parquet {
             self.open.records.push(record);
@@ -318,7 +328,7 @@ impl Pipeline {
         let mut out = Vec::new();
         self.filters.flush(&self.def, all, &mut out);
         for record in out {
-            self.add(record, cancel)?;
+            self.add(record, None, cancel)?;
         }
         Ok(())
     }

@@ -25,6 +25,9 @@ use crate::fleet::{FleetSpec, sensor_readings, to_ndjson};
 #[derive(Debug, Clone)]
 pub struct AgentBenchOptions {
     pub records: usize,
+    /// Rounds of every path, in turn; each path's fastest round is reported (the others lost
+    /// time to the machine, not to the path).
+    pub rounds: usize,
     pub out: PathBuf,
 }
 
@@ -53,6 +56,9 @@ pub struct Tool {
 pub struct AgentBenchReport {
     pub records: usize,
     pub raw_bytes: u64,
+    pub rounds: usize,
+    /// Agent (NDJSON bodies) over `zstd -3` throughput of each round.
+    pub round_ratios_ndjson: Vec<f64>,
     pub zstd: Tool,
     pub gzip: Tool,
     pub agent_ndjson: AgentRun,
@@ -106,8 +112,6 @@ pub fn run(opts: AgentBenchOptions) -> anyhow::Result<AgentBenchReport> {
     };
     std::fs::write(&input, to_ndjson(&sensor_readings(&spec)))?;
     let raw = std::fs::metadata(&input)?.len();
-    let zstd = tool("zstd", &["-3", "-T1", "-q", "-c"], &input, raw)?;
-    let gzip = tool("gzip", &["-6", "-c"], &input, raw)?;
     let worker = |encoding: &str| -> anyhow::Result<AgentRun> {
         let state = opts.out.join(format!("agent-state-{encoding}"));
         let _ = std::fs::remove_dir_all(&state);
@@ -126,11 +130,38 @@ pub fn run(opts: AgentBenchOptions) -> anyhow::Result<AgentBenchReport> {
         let _ = std::fs::remove_dir_all(&state);
         Ok(serde_json::from_slice(&output.stdout)?)
     };
-    let agent_ndjson = worker("ndjson")?;
-    let agent_parquet = worker("parquet")?;
+    let mut best: Option<(Tool, Tool, AgentRun, AgentRun)> = None;
+    let mut round_ratios_ndjson = Vec::new();
+    for round in 0..opts.rounds.max(1) {
+        let zstd = tool("zstd", &["-3", "-T1", "-q", "-c"], &input, raw)?;
+        let gzip = tool("gzip", &["-6", "-c"], &input, raw)?;
+        let ndjson = worker("ndjson")?;
+        let parquet = worker("parquet")?;
+        let ratio = ndjson.throughput.mb_per_cpu_s / zstd.mb_per_s;
+        eprintln!(
+            "round {}: zstd -3 {:.0} MB/s, agent {:.0} (ndjson) and {:.0} (parquet) MB/cpu-s, ratio {ratio:.2} (ndjson)",
+            round + 1,
+            zstd.mb_per_s,
+            ndjson.throughput.mb_per_cpu_s,
+            parquet.throughput.mb_per_cpu_s,
+        );
+        round_ratios_ndjson.push(ratio);
+        best = Some(match best {
+            None => (zstd, gzip, ndjson, parquet),
+            Some((z, g, n, p)) => (
+                faster_tool(z, zstd),
+                faster_tool(g, gzip),
+                faster_run(n, ndjson),
+                faster_run(p, parquet),
+            ),
+        });
+    }
+    let (zstd, gzip, agent_ndjson, agent_parquet) = best.context("no rounds")?;
     let report = AgentBenchReport {
         records: opts.records,
         raw_bytes: raw,
+        rounds: opts.rounds.max(1),
+        round_ratios_ndjson,
         ratio_ndjson_zstd: agent_ndjson.throughput.mb_per_cpu_s / zstd.mb_per_s,
         ratio_parquet_zstd: agent_parquet.throughput.mb_per_cpu_s / zstd.mb_per_s,
         wire_ndjson_gzip: agent_ndjson.wire_bytes as f64 / gzip.output_bytes as f64,
@@ -143,6 +174,22 @@ pub fn run(opts: AgentBenchOptions) -> anyhow::Result<AgentBenchReport> {
     let _ = std::fs::remove_file(&input);
     crate::bench_gateway::write_report(&opts.out.join("agent.json"), &report)?;
     Ok(report)
+}
+
+fn faster_tool(a: Tool, b: Tool) -> Tool {
+    if b.mb_per_s > a.mb_per_s { b } else { a }
+}
+
+/// The faster of two agent runs; the peak RSS is the larger of the two.
+fn faster_run(a: AgentRun, b: AgentRun) -> AgentRun {
+    let rss = a.peak_rss_bytes.max(b.peak_rss_bytes);
+    let mut run = if b.throughput.mb_per_cpu_s > a.throughput.mb_per_cpu_s {
+        b
+    } else {
+        a
+    };
+    run.peak_rss_bytes = rss;
+    run
 }
 
 /// The agent's pipeline over a file, with no output: read, parse, validate, dedupe, batch,
@@ -218,9 +265,10 @@ impl std::fmt::Display for AgentBenchReport {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         writeln!(
             f,
-            "agent benchmark: {} readings (a fifth re-sent), {:.1} MB NDJSON",
+            "agent benchmark: {} readings (a fifth re-sent), {:.1} MB NDJSON, best of {} rounds",
             self.records,
-            self.raw_bytes as f64 / 1e6
+            self.raw_bytes as f64 / 1e6,
+            self.rounds
         )?;
         writeln!(
             f,

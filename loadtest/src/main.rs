@@ -110,6 +110,9 @@ enum Command {
         /// Readings to generate (a fifth of them re-sent).
         #[arg(long, default_value_t = 1_500_000)]
         records: usize,
+        /// Rounds of every path in turn; the table gives each path's fastest round.
+        #[arg(long, default_value_t = 3)]
+        rounds: usize,
         /// Directory for the input file and the JSON report.
         #[arg(long, default_value = "target/bench")]
         out: PathBuf,
@@ -243,10 +246,15 @@ async fn main() -> anyhow::Result<()> {
             println!("{report}");
             Ok(())
         }
-        Command::BenchAgent { records, out } => {
+        Command::BenchAgent {
+            records,
+            rounds,
+            out,
+        } => {
             let report = tokio::task::spawn_blocking(move || {
                 loadtest::bench_agent::run(loadtest::bench_agent::AgentBenchOptions {
                     records,
+                    rounds,
                     out,
                 })
             })

@@ -34,14 +34,8 @@ pub(crate) fn decode_verbatim(def: &StreamDef, bytes: &[u8]) -> Option<(Record, 
     values.resize_with(def.fields.len(), || Value::Null);
     // Keys seen, one bit per field; streams of more than 64 fields never count as verbatim.
     let (mut seen, mut once) = (0u64, def.fields.len() <= 64);
-    // Writers mostly keep the schema's order: the field after the last one is tried first.
-    let mut next = 0;
-    s.members(|s, key| {
-        let i = match def.fields.get(next) {
-            Some(f) if f.name == key => next,
-            _ => def.fields.iter().position(|f| f.name == key)?,
-        };
-        next = i + 1;
+    s.members(|s, start, len| {
+        let i = s.field(def, start, len)?;
         let bit = 1u64 << (i % 64);
         once &= seen & bit == 0;
         seen |= bit;
@@ -82,24 +76,33 @@ impl<'a> Scanner<'a> {
         (self.next()? == c).then_some(())
     }
 
-    /// Skips JSON whitespace.
+    /// Skips JSON whitespace (compact JSON has none: the first byte decides).
     fn ws(&mut self) {
-        let rest = &self.b[self.i..];
-        self.i += rest
-            .iter()
-            .position(|c| !matches!(c, b' ' | b'\n' | b'\r' | b'\t'))
-            .unwrap_or(rest.len());
+        while let Some(&c) = self.b.get(self.i) {
+            if !matches!(c, b' ' | b'\n' | b'\r' | b'\t') {
+                break;
+            }
+            self.i += 1;
+        }
+    }
+
+    /// A string without escapes or control characters: where its text starts in `b` and its
+    /// length.
+    fn raw_string(&mut self) -> Option<(usize, usize)> {
+        self.eat(b'"')?;
+        let start = self.i;
+        let end = string_end(self.b, start)?;
+        if self.b[end] != b'"' {
+            return None;
+        }
+        self.i = end + 1;
+        Some((start, end - start))
     }
 
     /// A string without escapes or control characters.
     fn string(&mut self) -> Option<&'a str> {
-        self.eat(b'"')?;
-        let start = self.i;
-        let len = self.b[start..]
-            .iter()
-            .position(|&c| c == b'"' || c == b'\\' || c < 0x20)?;
-        self.i = start + len;
-        self.eat(b'"')?;
+        let (start, len) = self.raw_string()?;
+        // `text` is valid UTF-8 and quotes are ASCII, so this never splits a character.
         self.text.get(start..start + len)
     }
 
@@ -119,8 +122,11 @@ impl<'a> Scanner<'a> {
     }
 
     /// The members of an object whose `{` was just read, through its `}`: `member` reads the
-    /// value of each key.
-    fn members(&mut self, mut member: impl FnMut(&mut Self, &'a str) -> Option<()>) -> Option<()> {
+    /// value of each key (given as where its text starts in `b` and its length).
+    fn members(
+        &mut self,
+        mut member: impl FnMut(&mut Self, usize, usize) -> Option<()>,
+    ) -> Option<()> {
         self.ws();
         if self.peek()? == b'}' {
             self.i += 1;
@@ -128,11 +134,11 @@ impl<'a> Scanner<'a> {
         }
         loop {
             self.ws();
-            let key = self.string()?;
+            let (start, len) = self.raw_string()?;
             self.ws();
             self.eat(b':')?;
             self.ws();
-            member(self, key)?;
+            member(self, start, len)?;
             self.ws();
             match self.next()? {
                 b',' => {}
@@ -142,39 +148,86 @@ impl<'a> Scanner<'a> {
         }
     }
 
-    /// A number by the JSON grammar: its text and whether it is an integer (no fraction, no
-    /// exponent).
-    fn number(&mut self) -> Option<(&'a str, bool)> {
+    /// A number by the JSON grammar, with its digits collected on the way.
+    fn number(&mut self) -> Option<Number<'a>> {
         let start = self.i;
-        if self.peek()? == b'-' {
+        let negative = self.peek()? == b'-';
+        if negative {
             self.i += 1;
         }
         let int_start = self.i;
-        match self.digits() {
+        let (mut mantissa, mut digits) = (0u64, 0usize);
+        match self.digits_into(&mut mantissa, &mut digits) {
             0 => return None,
             // No leading zeros.
             n if n > 1 && self.b[int_start] == b'0' => return None,
             _ => {}
         }
-        let mut integer = true;
+        let (mut exp10, mut integer) = (0i64, true);
         if self.peek() == Some(b'.') {
             self.i += 1;
-            if self.digits() == 0 {
-                return None;
+            match self.digits_into(&mut mantissa, &mut digits) {
+                0 => return None,
+                n => exp10 -= n as i64,
             }
             integer = false;
         }
         if let Some(b'e' | b'E') = self.peek() {
             self.i += 1;
+            let negative_exp = self.peek() == Some(b'-');
             if let Some(b'+' | b'-') = self.peek() {
                 self.i += 1;
             }
+            let exp_start = self.i;
             if self.digits() == 0 {
                 return None;
             }
+            // Saturated: anything this large leaves the fast path anyway.
+            let exp = self.b[exp_start..self.i]
+                .iter()
+                .fold(0i64, |e, c| (e * 10 + i64::from(c - b'0')).min(1 << 20));
+            exp10 += if negative_exp { -exp } else { exp };
             integer = false;
         }
-        Some((self.text.get(start..self.i)?, integer))
+        Some(Number {
+            text: self.text.get(start..self.i)?,
+            negative,
+            mantissa: (digits <= 19).then_some(mantissa),
+            exp10,
+            integer,
+        })
+    }
+
+    /// Reads decimal digits into `mantissa` (wrapping past 19 digits: `count` tells) and
+    /// returns how many there were.
+    fn digits_into(&mut self, mantissa: &mut u64, count: &mut usize) -> usize {
+        let start = self.i;
+        while let Some(&c) = self.b.get(self.i) {
+            let d = c.wrapping_sub(b'0');
+            if d > 9 {
+                break;
+            }
+            *mantissa = mantissa.wrapping_mul(10).wrapping_add(u64::from(d));
+            self.i += 1;
+        }
+        *count += self.i - start;
+        self.i - start
+    }
+
+    /// The field whose name is the key at `b[start..start + len]`: the name's length and first
+    /// word are compared first, which rules out every other field of a stream at once.
+    fn field(&self, def: &StreamDef, start: usize, len: usize) -> Option<usize> {
+        if def.fields.len() > 16 {
+            return def.field_index(self.text.get(start..start + len)?);
+        }
+        let key = &self.b[start..start + len];
+        let head = match self.b.get(start..start + 8) {
+            Some(word) => u64::from_le_bytes(word.try_into().ok()?) & head_mask(len),
+            None => key_head(key),
+        };
+        def.key_heads.iter().zip(&def.fields).position(|(&h, f)| {
+            h == head && f.name.len() == len && (len <= 8 || f.name.as_bytes()[8..] == key[8..])
+        })
     }
 
     /// A value of type `ty`, converted as [`crate::value::validate`] converts it, written into
@@ -187,8 +240,7 @@ impl<'a> Scanner<'a> {
             (b'"', FieldType::String) => Value::Str(self.string()?.into()),
             (b'"', FieldType::Timestamp) => Value::Timestamp(timestamp_from_str(self.string()?)?),
             (b'-' | b'0'..=b'9', FieldType::Int64 | FieldType::Float64 | FieldType::Timestamp) => {
-                let (text, integer) = self.number()?;
-                number(ty, text, integer)?
+                number(ty, &self.number()?)?
             }
             (b'[', FieldType::List(inner)) => {
                 self.i += 1;
@@ -214,7 +266,8 @@ impl<'a> Scanner<'a> {
             (b'{', FieldType::Map(inner)) => {
                 self.i += 1;
                 let mut entries: Vec<(Str, Value)> = Vec::new();
-                self.members(|s, key| {
+                self.members(|s, start, len| {
+                    let key = s.text.get(start..start + len)?;
                     let mut value = Value::Null;
                     s.value(inner, &mut value)?;
                     // A repeated key keeps its last value.
@@ -235,15 +288,104 @@ impl<'a> Scanner<'a> {
 
 /// A number of a numeric field. Integers beyond i64 and non-integers in integer fields are left
 /// to the serde path (which reads them as floats).
-fn number(ty: &FieldType, text: &str, integer: bool) -> Option<Value> {
+fn number(ty: &FieldType, n: &Number) -> Option<Value> {
     match ty {
-        FieldType::Int64 if integer => text.parse().ok().map(Value::Int),
-        FieldType::Int64 => int_from_f64(text.parse().ok()?).map(Value::Int),
-        FieldType::Float64 => float_from_f64(text.parse().ok()?).map(Value::Float),
-        FieldType::Timestamp if integer => {
-            timestamp_from_i64(text.parse().ok()?).map(Value::Timestamp)
-        }
+        FieldType::Int64 if n.integer => n.int().map(Value::Int),
+        FieldType::Int64 => int_from_f64(n.float()?).map(Value::Int),
+        FieldType::Float64 => float_from_f64(n.float()?).map(Value::Float),
+        FieldType::Timestamp if n.integer => timestamp_from_i64(n.int()?).map(Value::Timestamp),
         _ => None,
+    }
+}
+
+/// A JSON number as the scanner read it.
+struct Number<'a> {
+    text: &'a str,
+    negative: bool,
+    /// The digits of the integer and fraction parts as one integer, when there are at most 19.
+    mantissa: Option<u64>,
+    /// The power of ten that scales `mantissa` to the number's magnitude.
+    exp10: i64,
+    /// No fraction, no exponent.
+    integer: bool,
+}
+
+/// Powers of ten that an f64 holds exactly.
+const EXACT_POWERS_OF_TEN: [f64; 23] = [
+    1e0, 1e1, 1e2, 1e3, 1e4, 1e5, 1e6, 1e7, 1e8, 1e9, 1e10, 1e11, 1e12, 1e13, 1e14, 1e15, 1e16,
+    1e17, 1e18, 1e19, 1e20, 1e21, 1e22,
+];
+
+impl Number<'_> {
+    /// The number as the nearest f64, as `str::parse` gives it. When the digits and the power
+    /// of ten are both exact f64s, one multiplication or division rounds correctly to that
+    /// nearest value (Clinger's fast path); anything else goes to the general parser.
+    fn float(&self) -> Option<f64> {
+        match self.mantissa {
+            Some(m) if m <= 1 << 53 && self.exp10.unsigned_abs() <= 22 => {
+                let power = EXACT_POWERS_OF_TEN[self.exp10.unsigned_abs() as usize];
+                let magnitude = if self.exp10 < 0 {
+                    m as f64 / power
+                } else {
+                    m as f64 * power
+                };
+                Some(if self.negative { -magnitude } else { magnitude })
+            }
+            _ => self.text.parse().ok(),
+        }
+    }
+
+    /// The number, written as an integer, as an i64 (`None` beyond its range).
+    fn int(&self) -> Option<i64> {
+        match self.mantissa {
+            Some(m) if m <= i64::MAX as u64 => {
+                let m = m as i64;
+                Some(if self.negative { -m } else { m })
+            }
+            _ => self.text.parse().ok(),
+        }
+    }
+}
+
+/// Where the text of a string starting at `i` ends: the first `"`, `\` or control character,
+/// looked for 8 bytes at a time. `None` when the line ends first.
+fn string_end(b: &[u8], mut i: usize) -> Option<usize> {
+    const ONES: u64 = 0x0101_0101_0101_0101;
+    const HIGH: u64 = 0x8080_8080_8080_8080;
+    // The high bit of each zero byte of `x`. Borrows make false hits only above a true one, so
+    // the lowest hit is exact; the same holds for the control-character test below.
+    let zero_bytes = |x: u64| x.wrapping_sub(ONES) & !x & HIGH;
+    while let Some(word) = b.get(i..i + 8) {
+        let w = u64::from_le_bytes(word.try_into().ok()?);
+        let hits = zero_bytes(w ^ (ONES * u64::from(b'"')))
+            | zero_bytes(w ^ (ONES * u64::from(b'\\')))
+            | (w.wrapping_sub(ONES * 0x20) & !w & HIGH);
+        if hits != 0 {
+            return Some(i + (hits.trailing_zeros() / 8) as usize);
+        }
+        i += 8;
+    }
+    b[i..]
+        .iter()
+        .position(|&c| c == b'"' || c == b'\\' || c < 0x20)
+        .map(|n| i + n)
+}
+
+/// A field name's first 8 bytes as a little-endian word, zero-padded: the scanner's first test
+/// of a key against the name.
+pub(crate) fn key_head(name: &[u8]) -> u64 {
+    let mut head = [0u8; 8];
+    let n = name.len().min(8);
+    head[..n].copy_from_slice(&name[..n]);
+    u64::from_le_bytes(head)
+}
+
+/// The low `len` bytes of a word (all of it from 8 up).
+fn head_mask(len: usize) -> u64 {
+    if len >= 8 {
+        u64::MAX
+    } else {
+        (1u64 << (len * 8)) - 1
     }
 }
 

@@ -141,6 +141,9 @@ pub struct StreamDef {
     index: HashMap<String, usize>,
     /// Each field's name as a JSON object key with its colon (`"name":`), for the encoder.
     json_keys: Vec<Box<[u8]>>,
+    /// Each field name's first 8 bytes as a little-endian word (zero-padded), for the scanner's
+    /// key lookup ([`crate::scan`]).
+    pub(crate) key_heads: Vec<u64>,
     /// zstd dictionaries of the stream's batches (deployed next to the definition).
     pub dictionaries: Dictionaries,
 }
@@ -283,6 +286,10 @@ impl RawStream {
             .iter()
             .map(|f| format!("\"{}\":", f.name).into_bytes().into_boxed_slice())
             .collect();
+        let key_heads = fields
+            .iter()
+            .map(|f| crate::scan::key_head(f.name.as_bytes()))
+            .collect();
         Ok(StreamDef {
             name: self.name,
             version: self.version,
@@ -293,6 +300,7 @@ impl RawStream {
             hash_fields,
             index,
             json_keys,
+            key_heads,
             dictionaries: Dictionaries::default(),
         })
     }

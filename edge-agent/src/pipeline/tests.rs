@@ -214,3 +214,44 @@ fn records_dropped_by_a_full_spool_are_not_duplicates_when_sent_again() {
     let (_, batch) = spool.first_pending().unwrap().unwrap();
     assert_eq!(batch.records, 4, "the re-sent records are in the spool");
 }
+
+#[test]
+fn plain_lines_go_into_ndjson_batches_as_they_are_and_others_canonically() {
+    let dir = tempfile::tempdir().unwrap();
+    let (mut p, spool) = pipeline(dir.path(), BodyEncoding::Ndjson, 100);
+    let never = AtomicBool::new(false);
+    let log = Arc::new(Mutex::new(Vec::new()));
+    // Plain objects of the stream's keys (any order, spaces inside) stand for themselves; an
+    // escape or a repeated key makes the line one the receiver might read differently.
+    let plain = [
+        r#"{"value":1.5,"ts":1700000000000,"sensor":"s","device_id":"a"}"#,
+        r#"{ "device_id" : "b", "sensor":"s","ts":1700000000000,"value":2 }"#,
+    ];
+    let escaped = r#"{"device_id":"\u0063","sensor":"s","ts":1700000000000,"value":3}"#;
+    let repeated = r#"{"device_id":"d","sensor":"s","ts":1700000000000,"value":9,"value":4}"#;
+    let lines: Vec<String> = [plain[0], plain[1], escaped, repeated]
+        .iter()
+        .map(|l| format!("  {l}\r"))
+        .collect();
+    p.push_chunk(chunk(&lines, &log, 0), &never).unwrap();
+    p.close_batch(&never).unwrap();
+    let (_, batch) = spool.first_pending().unwrap().unwrap();
+    let body = zstd::bulk::decompress(&batch.body, 1 << 20).unwrap();
+    let got: Vec<&[u8]> = body
+        .split(|c| *c == b'\n')
+        .filter(|l| !l.is_empty())
+        .collect();
+    let canonical = |text: &str| {
+        let record = schemas::check_bytes(&def(), text.as_bytes())
+            .unwrap()
+            .record;
+        schemas::wire::encode_value(&def(), &record)
+    };
+    assert_eq!(got[0], plain[0].as_bytes());
+    assert_eq!(got[1], plain[1].as_bytes());
+    assert_eq!(got[2], &canonical(escaped)[..]);
+    assert_eq!(got[3], &canonical(repeated)[..]);
+    assert_eq!(got.len(), 4);
+    // The batch id is the hash of what is sent.
+    assert_eq!(batch.id.0, *blake3::hash(&body).as_bytes());
+}

@@ -236,6 +236,34 @@ proptest! {
     }
 
     #[test]
+    fn numbers_read_as_the_standard_parser_reads_them(
+        text in "-?(0|[1-9][0-9]{0,19})(\\.[0-9]{1,20})?([eE][+-]?[0-9]{1,3})?",
+    ) {
+        let mut s = super::Scanner { text: &text, b: text.as_bytes(), i: 0 };
+        let n = s.number().unwrap();
+        prop_assert_eq!(s.i, text.len());
+        let expected: f64 = text.parse().unwrap();
+        prop_assert_eq!(n.float().map(f64::to_bits), Some(expected.to_bits()), "{}", text);
+        if n.integer {
+            prop_assert_eq!(n.int(), text.parse::<i64>().ok(), "{}", text);
+        }
+    }
+
+    #[test]
+    fn string_ends_are_found_word_by_word(
+        text in "[a-z\"\\\\\u{1}\u{1f} é°\u{7f}]{0,40}",
+        from in 0usize..8,
+    ) {
+        let b = text.as_bytes();
+        let from = from.min(b.len());
+        let expected = b[from..]
+            .iter()
+            .position(|&c| c == b'"' || c == b'\\' || c < 0x20)
+            .map(|n| from + n);
+        prop_assert_eq!(super::string_end(b, from), expected);
+    }
+
+    #[test]
     fn scanner_never_panics(body in prop::collection::vec(any::<u8>(), 0..256)) {
         let _ = super::decode(&sensor(), &body);
     }
