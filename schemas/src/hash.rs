@@ -85,10 +85,10 @@ pub fn content_hash(def: &StreamDef, record: &Record) -> ContentHash {
     BUF.with(|buf| {
         let mut buf = buf.borrow_mut();
         buf.clear();
-        for &i in &def.hash_fields {
+        for (&i, name) in def.hash_fields.iter().zip(&def.hash_names) {
             let value = &record.values[i];
             if !matches!(value, Value::Null) {
-                encode_bytes(&mut buf, def.fields[i].name.as_bytes());
+                buf.extend_from_slice(name);
                 encode(&mut buf, value);
             }
         }
@@ -100,23 +100,14 @@ fn encode(out: &mut Vec<u8>, value: &Value) {
     match value {
         Value::Null => out.push(0),
         Value::Bool(b) => out.extend_from_slice(&[1, u8::from(*b)]),
-        Value::Int(i) => {
-            out.push(2);
-            out.extend_from_slice(&i.to_le_bytes());
-        }
-        Value::Float(f) => {
-            // Validation maps -0.0 to 0.0; JSON has no NaN.
-            out.push(3);
-            out.extend_from_slice(&f.to_bits().to_le_bytes());
-        }
+        Value::Int(i) => tagged(out, 2, i.to_le_bytes()),
+        // Validation maps -0.0 to 0.0; JSON has no NaN.
+        Value::Float(f) => tagged(out, 3, f.to_bits().to_le_bytes()),
         Value::Str(s) => {
             out.push(4);
             encode_bytes(out, s.as_bytes());
         }
-        Value::Timestamp(t) => {
-            out.push(5);
-            out.extend_from_slice(&t.to_le_bytes());
-        }
+        Value::Timestamp(t) => tagged(out, 5, t.to_le_bytes()),
         Value::List(items) => {
             out.push(6);
             leb128(out, items.len());
@@ -133,6 +124,20 @@ fn encode(out: &mut Vec<u8>, value: &Value) {
             }
         }
     }
+}
+
+/// A tag byte and an 8-byte payload, written at once.
+fn tagged(out: &mut Vec<u8>, tag: u8, payload: [u8; 8]) {
+    let mut bytes = [tag; 9];
+    bytes[1..].copy_from_slice(&payload);
+    out.extend_from_slice(&bytes);
+}
+
+/// A field name as the hash encodes it (LEB128 length + UTF-8), computed once per stream.
+pub(crate) fn encoded_name(name: &str) -> Box<[u8]> {
+    let mut out = Vec::with_capacity(name.len() + 2);
+    encode_bytes(&mut out, name.as_bytes());
+    out.into_boxed_slice()
 }
 
 fn encode_bytes(out: &mut Vec<u8>, bytes: &[u8]) {

@@ -138,6 +138,8 @@ pub struct StreamDef {
     pub partition_key: usize,
     /// Indices into `fields` of the hashed fields, ordered by field name.
     pub hash_fields: Vec<usize>,
+    /// The names of `hash_fields` as the content hash encodes them.
+    pub(crate) hash_names: Vec<Box<[u8]>>,
     index: HashMap<String, usize>,
     /// Each field's name as a JSON object key with its colon (`"name":`), for the encoder.
     json_keys: Vec<Box<[u8]>>,
@@ -286,6 +288,10 @@ impl RawStream {
             .iter()
             .map(|f| format!("\"{}\":", f.name).into_bytes().into_boxed_slice())
             .collect();
+        let hash_names = hash_fields
+            .iter()
+            .map(|&i| crate::hash::encoded_name(&fields[i].name))
+            .collect();
         let key_heads = fields
             .iter()
             .map(|f| crate::scan::key_head(f.name.as_bytes()))
@@ -298,6 +304,7 @@ impl RawStream {
             event_time,
             partition_key,
             hash_fields,
+            hash_names,
             index,
             json_keys,
             key_heads,
