@@ -157,14 +157,24 @@ impl StreamDef {
         raw.validate()
     }
 
-    /// The index of a field by name. Streams of a few fields are searched in order, which is
-    /// faster than hashing the name (the decoder calls this for every key of every record).
+    /// The index of a field by name (the decoders call this for every key of every record).
     pub fn field_index(&self, name: &str) -> Option<usize> {
-        if self.fields.len() <= 16 {
-            self.fields.iter().position(|f| f.name == name)
-        } else {
-            self.index.get(name).copied()
+        self.field_by_head(name.as_bytes(), crate::scan::key_head(name.as_bytes()))
+    }
+
+    /// [`StreamDef::field_index`] for a name whose first word ([`crate::scan::key_head`]) the
+    /// caller has already. Streams of a few fields are searched in order, comparing each name's
+    /// length and first word before its bytes, which is faster than hashing the name.
+    #[inline]
+    pub(crate) fn field_by_head(&self, name: &[u8], head: u64) -> Option<usize> {
+        if self.fields.len() > 16 {
+            let name = std::str::from_utf8(name).ok()?;
+            return self.index.get(name).copied();
         }
+        let tail = name.get(8..);
+        self.key_heads.iter().zip(&self.fields).position(|(&h, f)| {
+            h == head && f.name.len() == name.len() && f.name.as_bytes().get(8..) == tail
+        })
     }
 
     /// The field's name as JSON object key, colon included: `"name":`.
