@@ -337,7 +337,7 @@ impl KafkaOutput {
             batch.records(&def).map(|records| {
                 let mut messages = Messages::new(&def, records.len(), batch.raw_bytes as usize);
                 for r in &records {
-                    messages.push(&def, r, None);
+                    messages.push(&def, r);
                 }
                 messages
             })

@@ -13,7 +13,7 @@ use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 use schemas::api::RejectedRecord;
 use schemas::decode::ndjson_lines;
 use schemas::wire::encode_value_into;
-use schemas::{Record, StreamDef};
+use schemas::{Forward, Record, StreamDef, ValidRecord};
 
 use crate::batch::{Batch, BatchId, BodyEncoding};
 use crate::config::{BatchConfig, DedupeConfig, StreamSettings};
@@ -21,6 +21,14 @@ use crate::dedupe::{Digest, DigestLog, DigestWindow, digest};
 use crate::filter::FilterChain;
 use crate::metrics as m;
 use crate::spool::{Appended, Overflow, Spool, SpoolError};
+
+/// A line as the pipeline checked it.
+enum Checked {
+    /// Without filters, into NDJSON batches: no record is built when the line may stand for it.
+    Forward(Forward),
+    /// The record, and whether the line may stand for it.
+    Record(ValidRecord, bool),
+}
 
 /// Called once the chunk's records are durable or dropped on purpose.
 pub type Done = Box<dyn FnOnce(ChunkOutcome) + Send>;
@@ -230,9 +238,17 @@ impl Pipeline {
         let mut outcome = ChunkOutcome::default();
         self.dropped_in_chunk = false;
         let (mut read, mut invalid, mut duplicates) = (0u64, 0u64, 0u64);
+        // Without filters, NDJSON batches need no record of a line that may stand for itself.
+        let forward = self.filters.is_empty() && self.encoding == BodyEncoding::Ndjson;
         for (index, line) in ndjson_lines(&chunk.data).enumerate() {
             read += 1;
-            let (valid, verbatim) = match schemas::check_bytes_verbatim(&self.def, line) {
+            let checked = if forward {
+                schemas::check_bytes_forward(&self.def, line).map(Checked::Forward)
+            } else {
+                schemas::check_bytes_verbatim(&self.def, line)
+                    .map(|(valid, verbatim)| Checked::Record(valid, verbatim))
+            };
+            let checked = match checked {
                 Ok(checked) => checked,
                 Err(e) => {
                     invalid += 1;
@@ -247,24 +263,31 @@ impl Pipeline {
                     continue;
                 }
             };
-            let d = digest(&valid.hash);
+            let d = digest(match &checked {
+                Checked::Forward(f) => &f.hash,
+                Checked::Record(valid, _) => &valid.hash,
+            });
             if !self.window.insert(d, now) {
                 duplicates += 1;
                 continue;
             }
             self.open.digests.push(d);
             outcome.accepted += 1;
-            if self.filters.is_empty() {
+            match checked {
+                Checked::Forward(f) => self.add_forward(f.canonical.as_ref(), line, cancel)?,
                 // The line itself goes into the batch when it is a plain object of the stream's
                 // keys (as the gateway forwards it): re-encoding it would only cost time.
-                self.add(valid.record, verbatim.then_some(line), cancel)?;
-            } else {
-                let mut out = std::mem::take(&mut self.filtered_out);
-                self.filters.apply(&self.def, valid.record, &mut out);
-                for record in out.drain(..) {
-                    self.add(record, None, cancel)?;
+                Checked::Record(valid, verbatim) if self.filters.is_empty() => {
+                    self.add(valid.record, verbatim.then_some(line), cancel)?;
                 }
-                self.filtered_out = out;
+                Checked::Record(valid, _) => {
+                    let mut out = std::mem::take(&mut self.filtered_out);
+                    self.filters.apply(&self.def, valid.record, &mut out);
+                    for record in out.drain(..) {
+                        self.add(record, None, cancel)?;
+                    }
+                    self.filtered_out = out;
+                }
             }
         }
         outcome.duplicates = duplicates as usize;
@@ -311,6 +334,28 @@ impl Pipeline {
         if self.encoding == BodyEncoding::Parquet {
             self.open.records.push(record);
         }
+        self.added(cancel)
+    }
+
+    /// Adds a record to an open NDJSON batch: its text `line` when that may stand for it
+    /// (`canonical` is `None`, see [`schemas::check_bytes_forward`]), otherwise `canonical`
+    /// encoded.
+    fn add_forward(
+        &mut self,
+        canonical: Option<&Record>,
+        line: &[u8],
+        cancel: &AtomicBool,
+    ) -> Result<(), PipelineError> {
+        match canonical {
+            None => self.open.ndjson.extend_from_slice(line.trim_ascii()),
+            Some(record) => encode_value_into(&self.def, record, &mut self.open.ndjson),
+        }
+        self.open.ndjson.push(b'\n');
+        self.added(cancel)
+    }
+
+    /// Counts the record just added to the open batch, and closes the batch when full.
+    fn added(&mut self, cancel: &AtomicBool) -> Result<(), PipelineError> {
         self.open.count += 1;
         self.open.started.get_or_insert_with(Instant::now);
         if self.open.count as usize >= self.batch.max_records

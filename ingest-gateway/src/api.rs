@@ -277,14 +277,14 @@ fn check_plain(
                 limits.max_line_bytes
             )))
         } else {
-            schemas::check_bytes_verbatim(def, raw)
+            schemas::check_bytes_forward(def, raw)
         };
         match checked {
-            Ok((valid, verbatim)) => {
-                if seen.insert(valid.hash) {
+            Ok(record) => {
+                if seen.insert(record.hash) {
                     // The client's own text is the value when it is a plain object of the
                     // stream's keys; re-encoding it would only cost time.
-                    prepared.push(def, &valid, verbatim.then_some(raw));
+                    prepared.push_forward(def, &record, raw);
                 } else {
                     response.duplicates += 1;
                 }

@@ -300,8 +300,7 @@ pub async fn run(opts: BenchOptions) -> anyhow::Result<BenchReport> {
     let mut prepared = plumbing::kafka::Messages::new(&def, total, raw_bytes);
     for (_, batch) in raw {
         for line in batch.split(|c| *c == b'\n').filter(|l| !l.is_empty()) {
-            let (valid, _) = schemas::check_bytes_verbatim(&def, line)?;
-            prepared.push(&def, &valid, Some(line));
+            prepared.push_forward(&def, &schemas::check_bytes_forward(&def, line)?, line);
         }
     }
     // 3. The gateway, with concurrent clients posting the compressed batches.

@@ -11,7 +11,7 @@ use rdkafka::{ClientConfig, ClientContext};
 use schemas::wire::{
     HEADER_CONTENT_HASH, HEADER_INGEST_TS, HEADER_SCHEMA_VERSION, encode_value_into,
 };
-use schemas::{ContentHash, Str, StreamDef, ValidRecord};
+use schemas::{ContentHash, Forward, Str, StreamDef, ValidRecord};
 use tokio::sync::Notify;
 
 /// An idempotent producer: acks=all, zstd, a short linger, `message_timeout_ms` to give up.
@@ -82,16 +82,26 @@ impl Messages {
         }
     }
 
-    /// Adds a record. `verbatim` is its JSON text when that may stand as the value
-    /// ([`schemas::check_bytes_verbatim`]); otherwise the record is encoded canonically.
-    pub fn push(&mut self, def: &StreamDef, valid: &ValidRecord, verbatim: Option<&[u8]>) {
-        match verbatim {
-            Some(text) => self.values.extend_from_slice(text.trim_ascii()),
-            None => encode_value_into(def, &valid.record, &mut self.values),
+    /// Adds a record, encoded canonically.
+    pub fn push(&mut self, def: &StreamDef, valid: &ValidRecord) {
+        encode_value_into(def, &valid.record, &mut self.values);
+        self.entry(valid.record.partition_key(def), valid.hash);
+    }
+
+    /// Adds a checked record ([`schemas::check_bytes_forward`]) whose JSON text is `text`: the
+    /// text is the value when it may stand as one, otherwise the record is encoded canonically.
+    pub fn push_forward(&mut self, def: &StreamDef, record: &Forward, text: &[u8]) {
+        match &record.canonical {
+            None => self.values.extend_from_slice(text.trim_ascii()),
+            Some(canonical) => encode_value_into(def, canonical, &mut self.values),
         }
+        self.entry(record.key.clone(), record.hash);
+    }
+
+    fn entry(&mut self, key: Str, hash: ContentHash) {
         self.entries.push(Entry {
-            key: valid.record.partition_key(def),
-            hash: valid.hash,
+            key,
+            hash,
             end: self.values.len(),
         });
     }

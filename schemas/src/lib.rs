@@ -59,6 +59,37 @@ pub fn check_bytes_verbatim(
     Ok((ValidRecord { record, hash }, verbatim))
 }
 
+/// A record checked for forwarding (as a Kafka message, a line of an NDJSON batch).
+#[derive(Debug, Clone, PartialEq)]
+pub struct Forward {
+    pub hash: ContentHash,
+    /// The partition key ([`Record::partition_key`]).
+    pub key: Str,
+    /// `None` when the record's own text may stand as its value (as [`check_bytes_verbatim`]
+    /// decides); otherwise the record, to be encoded canonically ([`wire::encode_value`]).
+    pub canonical: Option<Record>,
+}
+
+/// [`check_bytes_verbatim`] for callers that forward records rather than look into them: a
+/// record whose text may stand as its value is hashed straight from that text, without
+/// building a [`Record`] (no strings copied, unhashed lists and maps only checked). Same
+/// rules, hashes and errors as [`check_bytes`].
+pub fn check_bytes_forward(def: &StreamDef, raw: &[u8]) -> Result<Forward, RecordError> {
+    if let Some((hash, key)) = scan::forwardable(def, raw) {
+        return Ok(Forward {
+            hash,
+            key,
+            canonical: None,
+        });
+    }
+    let (valid, verbatim) = check_bytes_verbatim(def, raw)?;
+    Ok(Forward {
+        hash: valid.hash,
+        key: valid.record.partition_key(def),
+        canonical: (!verbatim).then_some(valid.record),
+    })
+}
+
 /// Validates a JSON record and computes its content hash.
 pub fn check(def: &StreamDef, json: serde_json::Value) -> Result<ValidRecord, RecordError> {
     let record = validate(def, json)?;

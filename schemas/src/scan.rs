@@ -7,9 +7,13 @@
 //! the scanner never has to: it only accepts what that path accepts, with the same result (a
 //! property test holds the two equal on valid and invalid input).
 
+use smallvec::SmallVec;
+
+use crate::hash::{ContentHash, content_hash_with, encode_present, encode_scalar};
 use crate::stream::{FieldType, StreamDef};
 use crate::value::{
-    Record, Str, Value, float_from_f64, int_from_f64, timestamp_from_i64, timestamp_from_str,
+    Record, Scalar, Str, Value, float_from_f64, int_from_f64, partition_key, timestamp_from_i64,
+    timestamp_from_str,
 };
 
 /// Decodes `bytes` when it is a record of the common shape; `None` sends it to the serde path.
@@ -20,6 +24,123 @@ pub(crate) fn decode(def: &StreamDef, bytes: &[u8]) -> Option<Record> {
 /// [`decode`], and whether every key appeared once (then `bytes` is a plain JSON object of the
 /// record: known keys, each once, no escapes).
 pub(crate) fn decode_verbatim(def: &StreamDef, bytes: &[u8]) -> Option<(Record, bool)> {
+    let mut values = Vec::with_capacity(def.fields.len());
+    values.resize_with(def.fields.len(), || Value::Null);
+    let once = scan(def, bytes, Build::All, &mut values)?;
+    Some((Record { values }, once))
+}
+
+/// The content hash and partition key of a record of the common shape whose keys appear once
+/// each, so that its text may stand as its Kafka value; the record itself is never built (its
+/// strings stay in `bytes`, its unhashed lists and maps are only checked). `None` for anything
+/// else, which the caller decodes into a record instead.
+pub(crate) fn forwardable(def: &StreamDef, bytes: &[u8]) -> Option<(ContentHash, Str)> {
+    // One slot per field: streams of up to 16 fields need no allocation.
+    let mut slots: SmallVec<[Slot<'_>; 16]> = smallvec::smallvec![Slot::Null; def.fields.len()];
+    if !scan(def, bytes, Build::Hashed, &mut slots)? {
+        return None;
+    }
+    let hash = content_hash_with(def, |out, i| match &slots[i] {
+        Slot::Null => false,
+        Slot::Scalar(value) => {
+            encode_scalar(out, *value);
+            true
+        }
+        // `Build::Hashed` built every hashed list and map.
+        Slot::Nested(value) => value.as_ref().is_some_and(|v| encode_present(out, v)),
+    });
+    let key = partition_key(match &slots[def.partition_key] {
+        Slot::Scalar(value) => Some(*value),
+        _ => None,
+    });
+    Some((hash, key))
+}
+
+/// A field's value as the scanner read it.
+#[derive(Debug, Clone)]
+enum Slot<'a> {
+    Null,
+    /// Strings are slices of the record's text.
+    Scalar(Scalar<'a>),
+    /// A list or map; `None` when it was checked but not built.
+    Nested(Option<Value>),
+}
+
+impl<'a> From<Slot<'a>> for Value {
+    #[inline(always)]
+    fn from(slot: Slot<'a>) -> Value {
+        match slot {
+            Slot::Null | Slot::Nested(None) => Value::Null,
+            Slot::Scalar(value) => value.into(),
+            Slot::Nested(Some(value)) => value,
+        }
+    }
+}
+
+/// Where the scanner puts a field's value: a [`Value`] of a record, or a [`Slot`].
+trait Field<'a> {
+    fn null() -> Self;
+    fn is_null(&self) -> bool;
+    fn scalar(value: Scalar<'a>) -> Self;
+    /// A list or map: `None` when it was only checked.
+    fn nested(value: Option<Value>) -> Self;
+}
+
+impl<'a> Field<'a> for Value {
+    fn null() -> Self {
+        Value::Null
+    }
+
+    fn is_null(&self) -> bool {
+        matches!(self, Value::Null)
+    }
+
+    #[inline(always)]
+    fn scalar(value: Scalar<'a>) -> Self {
+        value.into()
+    }
+
+    fn nested(value: Option<Value>) -> Self {
+        value.unwrap_or(Value::Null)
+    }
+}
+
+impl<'a> Field<'a> for Slot<'a> {
+    fn null() -> Self {
+        Slot::Null
+    }
+
+    fn is_null(&self) -> bool {
+        matches!(self, Slot::Null)
+    }
+
+    #[inline(always)]
+    fn scalar(value: Scalar<'a>) -> Self {
+        Slot::Scalar(value)
+    }
+
+    fn nested(value: Option<Value>) -> Self {
+        Slot::Nested(value)
+    }
+}
+
+/// Which lists and maps the scanner builds as values (the others it only checks).
+#[derive(Clone, Copy)]
+enum Build {
+    All,
+    /// Those of hashed fields.
+    Hashed,
+}
+
+/// Scans a record of the common shape into `fields` (one per field of the stream, all null);
+/// returns whether every key appeared once, or `None` when the record is not of that shape or
+/// not valid.
+fn scan<'a, F: Field<'a>>(
+    def: &StreamDef,
+    bytes: &'a [u8],
+    build: Build,
+    fields: &mut [F],
+) -> Option<bool> {
     // One UTF-8 check of the whole line (JSON text outside strings is ASCII anyway) instead of
     // one per string; strings are then sliced out of `text` at quote positions.
     let text = std::str::from_utf8(bytes).ok()?;
@@ -30,8 +151,6 @@ pub(crate) fn decode_verbatim(def: &StreamDef, bytes: &[u8]) -> Option<(Record, 
     };
     s.ws();
     s.eat(b'{')?;
-    let mut values = Vec::with_capacity(def.fields.len());
-    values.resize_with(def.fields.len(), || Value::Null);
     // Keys seen, one bit per field; streams of more than 64 fields never count as verbatim.
     let (mut seen, mut once) = (0u64, def.fields.len() <= 64);
     s.members(|s, start, len| {
@@ -39,8 +158,12 @@ pub(crate) fn decode_verbatim(def: &StreamDef, bytes: &[u8]) -> Option<(Record, 
         let bit = 1u64 << (i % 64);
         once &= seen & bit == 0;
         seen |= bit;
+        let build = match build {
+            Build::All => true,
+            Build::Hashed => def.hashed[i],
+        };
         // A repeated key keeps its last value, as on the serde path.
-        s.value(&def.fields[i].ty, &mut values[i])
+        s.value(&def.fields[i].ty, build, &mut fields[i])
     })?;
     s.ws();
     if s.i != bytes.len() {
@@ -49,9 +172,9 @@ pub(crate) fn decode_verbatim(def: &StreamDef, bytes: &[u8]) -> Option<(Record, 
     let complete = def
         .fields
         .iter()
-        .zip(&values)
-        .all(|(f, v)| !f.required || !matches!(v, Value::Null));
-    complete.then_some((Record { values }, once))
+        .zip(fields.iter())
+        .all(|(f, v)| !f.required || !v.is_null());
+    complete.then_some(once)
 }
 
 struct Scanner<'a> {
@@ -100,6 +223,7 @@ impl<'a> Scanner<'a> {
     }
 
     /// A string without escapes or control characters.
+    #[inline(always)]
     fn string(&mut self) -> Option<&'a str> {
         let (start, len) = self.raw_string()?;
         // `text` is valid UTF-8 and quotes are ASCII, so this never splits a character.
@@ -121,34 +245,53 @@ impl<'a> Scanner<'a> {
         n
     }
 
+    /// The elements of an array whose `[` was just read, through its `]`: `element` reads each.
+    fn elements(&mut self, element: impl FnMut(&mut Self) -> Option<()>) -> Option<()> {
+        self.sequence(b']', element)
+    }
+
     /// The members of an object whose `{` was just read, through its `}`: `member` reads the
     /// value of each key (given as where its text starts in `b` and its length).
+    #[inline(always)]
     fn members(
         &mut self,
         mut member: impl FnMut(&mut Self, usize, usize) -> Option<()>,
     ) -> Option<()> {
+        self.sequence(b'}', |s| {
+            let (start, len) = s.raw_string()?;
+            s.ws();
+            s.eat(b':')?;
+            s.ws();
+            member(s, start, len)
+        })
+    }
+
+    /// Comma-separated items through the `close` byte (the opening one was just read).
+    #[inline(always)]
+    fn sequence(
+        &mut self,
+        close: u8,
+        mut item: impl FnMut(&mut Self) -> Option<()>,
+    ) -> Option<()> {
         self.ws();
-        if self.peek()? == b'}' {
+        if self.peek()? == close {
             self.i += 1;
             return Some(());
         }
         loop {
             self.ws();
-            let (start, len) = self.raw_string()?;
-            self.ws();
-            self.eat(b':')?;
-            self.ws();
-            member(self, start, len)?;
+            item(self)?;
             self.ws();
             match self.next()? {
                 b',' => {}
-                b'}' => return Some(()),
+                c if c == close => return Some(()),
                 _ => return None,
             }
         }
     }
 
     /// A number by the JSON grammar, with its digits collected on the way.
+    #[inline(always)]
     fn number(&mut self) -> Option<Number<'a>> {
         let start = self.i;
         let negative = self.peek()? == b'-';
@@ -216,6 +359,7 @@ impl<'a> Scanner<'a> {
 
     /// The field whose name is the key at `b[start..start + len]`. The key's first word is
     /// loaded straight from the line when 8 bytes are left there.
+    #[inline(always)]
     fn field(&self, def: &StreamDef, start: usize, len: usize) -> Option<usize> {
         let key = &self.b[start..start + len];
         let head = match self.b.get(start..start + 8) {
@@ -226,69 +370,73 @@ impl<'a> Scanner<'a> {
     }
 
     /// A value of type `ty`, converted as [`crate::value::validate`] converts it, written into
-    /// `slot` (in place: returning a `Value` costs a copy that the profile shows).
-    fn value(&mut self, ty: &FieldType, slot: &mut Value) -> Option<()> {
+    /// `slot` (in place: returning it costs a copy that the profile shows). A list or map is
+    /// built when `build` is set, and only checked otherwise.
+    fn value<F: Field<'a>>(&mut self, ty: &FieldType, build: bool, slot: &mut F) -> Option<()> {
         *slot = match (self.peek()?, ty) {
-            (b'n', _) => self.literal(b"null").map(|()| Value::Null)?,
-            (b't', FieldType::Bool) => self.literal(b"true").map(|()| Value::Bool(true))?,
-            (b'f', FieldType::Bool) => self.literal(b"false").map(|()| Value::Bool(false))?,
-            (b'"', FieldType::String) => Value::Str(self.string()?.into()),
-            (b'"', FieldType::Timestamp) => Value::Timestamp(timestamp_from_str(self.string()?)?),
-            (b'-' | b'0'..=b'9', FieldType::Int64 | FieldType::Float64 | FieldType::Timestamp) => {
-                number(ty, &self.number()?)?
-            }
+            (b'n', _) => self.literal(b"null").map(|()| F::null())?,
             (b'[', FieldType::List(inner)) => {
                 self.i += 1;
                 let mut items = Vec::new();
-                self.ws();
-                if self.peek()? == b']' {
-                    self.i += 1;
-                } else {
-                    loop {
-                        self.ws();
-                        items.push(Value::Null);
-                        self.value(inner, items.last_mut()?)?;
-                        self.ws();
-                        match self.next()? {
-                            b',' => {}
-                            b']' => break,
-                            _ => return None,
-                        }
+                self.elements(|s| {
+                    let mut item = Slot::Null;
+                    s.value(inner, build, &mut item)?;
+                    if build {
+                        items.push(item.into());
                     }
-                }
-                Value::List(items)
+                    Some(())
+                })?;
+                F::nested(build.then_some(Value::List(items)))
             }
             (b'{', FieldType::Map(inner)) => {
                 self.i += 1;
                 let mut entries: Vec<(Str, Value)> = Vec::new();
                 self.members(|s, start, len| {
-                    let key = s.text.get(start..start + len)?;
-                    let mut value = Value::Null;
-                    s.value(inner, &mut value)?;
-                    // A repeated key keeps its last value.
-                    match entries.iter_mut().find(|(k, _)| k == key) {
-                        Some(slot) => slot.1 = value,
-                        None => entries.push((key.into(), value)),
+                    let mut value = Slot::Null;
+                    s.value(inner, build, &mut value)?;
+                    if build {
+                        let key = s.text.get(start..start + len)?;
+                        let value = Value::from(value);
+                        // A repeated key keeps its last value.
+                        match entries.iter_mut().find(|(k, _)| k == key) {
+                            Some(slot) => slot.1 = value,
+                            None => entries.push((key.into(), value)),
+                        }
                     }
                     Some(())
                 })?;
                 entries.sort_by(|a, b| a.0.cmp(&b.0));
-                Value::Map(entries)
+                F::nested(build.then_some(Value::Map(entries)))
             }
-            _ => return None,
+            _ => F::scalar(self.scalar(ty)?),
         };
         Some(())
+    }
+
+    /// A non-null scalar of type `ty`.
+    #[inline(always)]
+    fn scalar(&mut self, ty: &FieldType) -> Option<Scalar<'a>> {
+        Some(match (self.peek()?, ty) {
+            (b't', FieldType::Bool) => self.literal(b"true").map(|()| Scalar::Bool(true))?,
+            (b'f', FieldType::Bool) => self.literal(b"false").map(|()| Scalar::Bool(false))?,
+            (b'"', FieldType::String) => Scalar::Str(self.string()?),
+            (b'"', FieldType::Timestamp) => Scalar::Timestamp(timestamp_from_str(self.string()?)?),
+            (b'-' | b'0'..=b'9', FieldType::Int64 | FieldType::Float64 | FieldType::Timestamp) => {
+                number(ty, &self.number()?)?
+            }
+            _ => return None,
+        })
     }
 }
 
 /// A number of a numeric field. Integers beyond i64 and non-integers in integer fields are left
 /// to the serde path (which reads them as floats).
-fn number(ty: &FieldType, n: &Number) -> Option<Value> {
+fn number<'a>(ty: &FieldType, n: &Number) -> Option<Scalar<'a>> {
     match ty {
-        FieldType::Int64 if n.integer => n.int().map(Value::Int),
-        FieldType::Int64 => int_from_f64(n.float()?).map(Value::Int),
-        FieldType::Float64 => float_from_f64(n.float()?).map(Value::Float),
-        FieldType::Timestamp if n.integer => timestamp_from_i64(n.int()?).map(Value::Timestamp),
+        FieldType::Int64 if n.integer => n.int().map(Scalar::Int),
+        FieldType::Int64 => int_from_f64(n.float()?).map(Scalar::Int),
+        FieldType::Float64 => float_from_f64(n.float()?).map(Scalar::Float),
+        FieldType::Timestamp if n.integer => timestamp_from_i64(n.int()?).map(Scalar::Timestamp),
         _ => None,
     }
 }

@@ -140,6 +140,8 @@ pub struct StreamDef {
     pub hash_fields: Vec<usize>,
     /// The names of `hash_fields` as the content hash encodes them.
     pub(crate) hash_names: Vec<Box<[u8]>>,
+    /// Whether each field is hashed (`hash_fields` as one flag per field).
+    pub(crate) hashed: Vec<bool>,
     index: HashMap<String, usize>,
     /// Each field's name as a JSON object key with its colon (`"name":`), for the encoder.
     json_keys: Vec<Box<[u8]>>,
@@ -302,6 +304,9 @@ impl RawStream {
             .iter()
             .map(|&i| crate::hash::encoded_name(&fields[i].name))
             .collect();
+        let hashed = (0..fields.len())
+            .map(|i| hash_fields.contains(&i))
+            .collect();
         let key_heads = fields
             .iter()
             .map(|f| crate::scan::key_head(f.name.as_bytes()))
@@ -315,6 +320,7 @@ impl RawStream {
             partition_key,
             hash_fields,
             hash_names,
+            hashed,
             index,
             json_keys,
             key_heads,

@@ -42,10 +42,55 @@ impl Record {
 
     /// The partition key as bytes (a string, or an int64 in decimal).
     pub fn partition_key(&self, def: &StreamDef) -> Str {
-        match &self.values[def.partition_key] {
-            Value::Str(s) => s.clone(),
-            Value::Int(i) => Str::from(itoa::Buffer::new().format(*i)),
-            _ => Str::default(),
+        partition_key(self.values[def.partition_key].as_scalar())
+    }
+}
+
+/// A partition key from the key field's value: a string, or an int64 in decimal.
+pub(crate) fn partition_key(value: Option<Scalar<'_>>) -> Str {
+    match value {
+        Some(Scalar::Str(s)) => Str::from(s),
+        Some(Scalar::Int(i)) => Str::from(itoa::Buffer::new().format(i)),
+        _ => Str::default(),
+    }
+}
+
+/// A scalar value borrowed from where it was read (a record's text) or stored (a [`Value`]):
+/// what the scanner produces before, or instead of, building a [`Record`].
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub(crate) enum Scalar<'a> {
+    Bool(bool),
+    Int(i64),
+    Float(f64),
+    Str(&'a str),
+    /// Microseconds since the Unix epoch, UTC.
+    Timestamp(i64),
+}
+
+impl Value {
+    /// The value as a scalar; `None` for null, lists and maps.
+    #[inline(always)]
+    pub(crate) fn as_scalar(&self) -> Option<Scalar<'_>> {
+        Some(match self {
+            Value::Bool(b) => Scalar::Bool(*b),
+            Value::Int(i) => Scalar::Int(*i),
+            Value::Float(f) => Scalar::Float(*f),
+            Value::Str(s) => Scalar::Str(s),
+            Value::Timestamp(t) => Scalar::Timestamp(*t),
+            Value::Null | Value::List(_) | Value::Map(_) => return None,
+        })
+    }
+}
+
+impl From<Scalar<'_>> for Value {
+    #[inline(always)]
+    fn from(s: Scalar<'_>) -> Value {
+        match s {
+            Scalar::Bool(b) => Value::Bool(b),
+            Scalar::Int(i) => Value::Int(i),
+            Scalar::Float(f) => Value::Float(f),
+            Scalar::Str(s) => Value::Str(s.into()),
+            Scalar::Timestamp(t) => Value::Timestamp(t),
         }
     }
 }

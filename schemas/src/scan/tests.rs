@@ -15,10 +15,40 @@ fn sensor() -> std::sync::Arc<StreamDef> {
         .clone()
 }
 
+/// The sensor stream with its `tags` map hashed too, so that forwarding must build a map.
+fn sensor_hashing_tags() -> StreamDef {
+    let toml = crate::EXAMPLE_STREAMS[0].1.replace(
+        r#"hash_fields = ["device_id", "sensor", "ts", "value", "unit", "quality"]"#,
+        r#"hash_fields = ["device_id", "sensor", "ts", "value", "unit", "quality", "tags"]"#,
+    );
+    let def = StreamDef::from_toml(&toml).unwrap();
+    assert!(def.hash_fields.len() == 7 && def.hashed.iter().all(|h| *h));
+    def
+}
+
 /// Decodes `text` both ways; fails if the scanner accepted what the serde path decodes
-/// differently or rejects. Returns whether the scanner accepted.
+/// differently or rejects, or if forwarding (no record built) disagrees with decoding. Returns
+/// whether the scanner accepted.
 fn agree(def: &StreamDef, text: &[u8]) -> Result<bool, TestCaseError> {
     let fast = super::decode_verbatim(def, text);
+    let shown = String::from_utf8_lossy(text);
+    match (&fast, super::forwardable(def, text)) {
+        (Some((record, true)), Some((hash, key))) => {
+            prop_assert_eq!(hash, crate::content_hash(def, record), "{}", shown);
+            prop_assert_eq!(key, record.partition_key(def), "{}", shown);
+        }
+        (Some((_, true)), None) => prop_assert!(false, "not forwardable: {}", shown),
+        (_, Some(_)) => prop_assert!(false, "forwardable, not verbatim: {}", shown),
+        (_, None) => {}
+    }
+    let forward = crate::check_bytes_forward(def, text);
+    let full = crate::check_bytes_verbatim(def, text);
+    prop_assert_eq!(
+        forward.map(|f| (f.hash, f.key, f.canonical.is_none())),
+        full.map(|(v, verbatim)| (v.hash, v.record.partition_key(def), verbatim)),
+        "{}",
+        shown
+    );
     if let Some((record, verbatim)) = &fast {
         if *verbatim {
             // Every key once: the object's members (counted outside strings, which carry no
@@ -211,11 +241,13 @@ proptest! {
     #[test]
     fn scanner_agrees_with_serde_on_any_object(text in arb_object_text()) {
         agree(&sensor(), text.as_bytes())?;
+        agree(&sensor_hashing_tags(), text.as_bytes())?;
     }
 
     #[test]
     fn scanner_takes_the_common_shape(text in arb_plain_reading()) {
         prop_assert!(agree(&sensor(), text.as_bytes())?, "scanner declined {}", text);
+        prop_assert!(agree(&sensor_hashing_tags(), text.as_bytes())?, "declined {}", text);
     }
 
     #[test]
@@ -233,6 +265,7 @@ proptest! {
             _ => bytes.insert(i, byte),
         }
         agree(&sensor(), &bytes)?;
+        agree(&sensor_hashing_tags(), &bytes)?;
     }
 
     #[test]
@@ -308,4 +341,36 @@ fn verbatim_means_each_key_once_and_no_escapes() {
         assert_eq!(Ok(valid), crate::check_bytes(&def, text.as_bytes()));
     }
     assert!(crate::check_bytes_verbatim(&def, b"{}").is_err());
+}
+
+#[test]
+fn forwarding_hashes_the_lists_and_maps_it_builds() {
+    let streams = crate::example_streams();
+    let vehicle = streams.get("vehicle_telemetry").unwrap();
+    let tags = sensor_hashing_tags();
+    for (def, text, other) in [
+        (
+            &**vehicle,
+            r#"{"vehicle_id":"v-1","recorded_at":"2026-01-01T00:00:00Z","lat":1.5,"lon":-2,
+                "ignition":true,"fault_codes":["P0001",null,"P0420"]}"#,
+            r#"{"vehicle_id":"v-1","recorded_at":"2026-01-01T00:00:00Z","lat":1.5,"lon":-2,
+                "ignition":true,"fault_codes":["P0001",null]}"#,
+        ),
+        (
+            &tags,
+            r#"{"device_id":"d","sensor":"s","ts":0,"value":1,"tags":{"b":"2","a":"1"}}"#,
+            r#"{"device_id":"d","sensor":"s","ts":0,"value":1,"tags":{"a":"1"}}"#,
+        ),
+    ] {
+        let forward = crate::check_bytes_forward(def, text.as_bytes()).unwrap();
+        let full = crate::check_bytes(def, text.as_bytes()).unwrap();
+        assert_eq!(forward.canonical, None, "{text}");
+        assert_eq!(forward.hash, full.hash, "{text}");
+        let changed = crate::check_bytes_forward(def, other.as_bytes()).unwrap();
+        assert_ne!(changed.hash, forward.hash, "the list or map is hashed: {other}");
+    }
+    // An unhashed map is checked even when it is not built.
+    let bad = r#"{"device_id":"d","sensor":"s","ts":0,"value":1,"tags":{"a":1}}"#;
+    assert!(super::forwardable(&sensor(), bad.as_bytes()).is_none());
+    assert!(crate::check_bytes_forward(&sensor(), bad.as_bytes()).is_err());
 }
