@@ -268,11 +268,7 @@ impl<'a> Scanner<'a> {
 
     /// Comma-separated items through the `close` byte (the opening one was just read).
     #[inline(always)]
-    fn sequence(
-        &mut self,
-        close: u8,
-        mut item: impl FnMut(&mut Self) -> Option<()>,
-    ) -> Option<()> {
+    fn sequence(&mut self, close: u8, mut item: impl FnMut(&mut Self) -> Option<()>) -> Option<()> {
         self.ws();
         if self.peek()? == close {
             self.i += 1;

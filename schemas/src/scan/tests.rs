@@ -367,7 +367,10 @@ fn forwarding_hashes_the_lists_and_maps_it_builds() {
         assert_eq!(forward.canonical, None, "{text}");
         assert_eq!(forward.hash, full.hash, "{text}");
         let changed = crate::check_bytes_forward(def, other.as_bytes()).unwrap();
-        assert_ne!(changed.hash, forward.hash, "the list or map is hashed: {other}");
+        assert_ne!(
+            changed.hash, forward.hash,
+            "the list or map is hashed: {other}"
+        );
     }
     // An unhashed map is checked even when it is not built.
     let bad = r#"{"device_id":"d","sensor":"s","ts":0,"value":1,"tags":{"a":1}}"#;
