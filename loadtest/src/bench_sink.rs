@@ -219,6 +219,7 @@ fn read_all(brokers: &str, topic: &str, partitions: i32, n: usize) -> anyhow::Re
 pub async fn sink_worker(
     brokers: &str,
     prefix: &str,
+    group_id: &str,
     records: usize,
     raw_bytes: usize,
     landing: &Path,
@@ -232,7 +233,7 @@ pub async fn sink_worker(
     config.rotation.idle_ms = 1_000;
     config.kafka.brokers = brokers.to_owned();
     config.kafka.topic_prefix = prefix.to_owned();
-    config.kafka.group_id = format!("{prefix}sink");
+    config.kafka.group_id = group_id.to_owned();
     let shutdown = tokio_util::sync::CancellationToken::new();
     let m = Measure::start();
     let sink = sink::start(config, schemas::example_streams(), shutdown.clone()).await?;
@@ -282,4 +283,66 @@ impl std::fmt::Display for SinkBenchReport {
             self.sink.files
         )
     }
+}
+
+/// The sink's work on a record without Kafka, on this thread: decode + validate + hash +
+/// dedupe (the default window) + Arrow + Parquet (zstd) into a staged file of one partition,
+/// `rounds` times over the records; the fastest round is the result. It runs the sink's own
+/// per-record code ([`sink::partition::PartitionState::append`]) and is what to compare with
+/// pyarrow's conversion of the same NDJSON, and the target for a profiler.
+pub fn sink_path(work: &Workload, rounds: usize) -> anyhow::Result<Throughput> {
+    let config = sink::SinkConfig::default();
+    let targets = sink::open_file::FileTargets {
+        file_bytes: config.rotation.max_bytes,
+        row_group_bytes: config.rotation.row_group_bytes,
+    };
+    let mut best: Option<Throughput> = None;
+    for _ in 0..rounds.max(1) {
+        let staging = tempfile::tempdir()?;
+        let mut part = sink::partition::PartitionState::new(
+            work.def.clone(),
+            "bench".into(),
+            0,
+            config.dedupe_window,
+        );
+        let m = Measure::start();
+        let (mut offset, mut rows) = (0, 0);
+        let lines = work
+            .raw
+            .iter()
+            .flat_map(|(_, b)| b.split(|c| *c == b'\n').filter(|l| !l.is_empty()));
+        for line in lines {
+            let appended = part.append(line, offset, 0, staging.path(), targets)?;
+            offset += 1;
+            match appended {
+                sink::partition::Appended::Row { full } => {
+                    rows += 1;
+                    if full {
+                        finish(&mut part, offset)?;
+                    }
+                }
+                other => bail!("record {offset}: {other:?}"),
+            }
+        }
+        finish(&mut part, offset)?;
+        let t = m.done(rows, work.raw_bytes);
+        if best.as_ref().is_none_or(|b| t.cpu_seconds < b.cpu_seconds) {
+            best = Some(t);
+        }
+    }
+    best.context("no rounds")
+}
+
+/// Closes the partition's open file (up to `next` offset), as a flush does.
+fn finish(part: &mut sink::partition::PartitionState, next: i64) -> anyhow::Result<()> {
+    let first = part.range_start.map_or(0, |r| r.offset);
+    if let Some(file) = part.file.take() {
+        let range = sink::parquet_file::OffsetRange {
+            first,
+            last: next - 1,
+        };
+        file.finish(&part.def, &part.topic, part.partition, range)?;
+    }
+    part.range_start = None;
+    Ok(())
 }

@@ -102,6 +102,10 @@ enum Command {
         raw_bytes: usize,
         #[arg(long)]
         landing: PathBuf,
+        /// Consumer group (default `<topic-prefix>sink`); another group reads the topic again,
+        /// for a profiler.
+        #[arg(long)]
+        group_id: Option<String>,
     },
     /// Benchmarks the agent's pipeline (read, parse, dedupe, batch, compress, spool) against
     /// `zstd -3 -T1` and `gzip -6` of the same generated file, in one run. Prints a table and
@@ -220,6 +224,10 @@ async fn main() -> anyhow::Result<()> {
             for (name, t) in [
                 ("decode+validate+hash", work.validate_path(rounds)?),
                 ("gateway check (+ messages)", work.gateway_check(rounds)?),
+                (
+                    "sink path (+ dedupe, Parquet)",
+                    loadtest::bench_sink::sink_path(&work, rounds)?,
+                ),
             ] {
                 println!(
                     "{name:<28} {:>9.0} records/cpu-s {:>7.1} MB/cpu-s ({} records, {:.2} s)",
@@ -281,10 +289,13 @@ async fn main() -> anyhow::Result<()> {
             records,
             raw_bytes,
             landing,
+            group_id,
         } => {
+            let group_id = group_id.unwrap_or_else(|| format!("{topic_prefix}sink"));
             let run = loadtest::bench_sink::sink_worker(
                 &brokers,
                 &topic_prefix,
+                &group_id,
                 records,
                 raw_bytes,
                 &landing,

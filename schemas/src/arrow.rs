@@ -8,17 +8,19 @@ use std::collections::HashMap;
 use std::sync::Arc;
 
 use arrow::array::{
-    ArrayRef, BooleanBuilder, FixedSizeBinaryBuilder, Float64Builder, Int32Builder, Int64Builder,
+    ArrayRef, BooleanBuilder, FixedSizeBinaryArray, Float64Builder, Int32Builder, Int64Builder,
     ListArray, MapArray, StringBuilder, StructArray, TimestampMicrosecondBuilder,
 };
-use arrow::buffer::{NullBuffer, OffsetBuffer};
+use arrow::buffer::{Buffer, NullBuffer, OffsetBuffer};
 use arrow::datatypes::{DataType, Field, FieldRef, Fields, Schema, SchemaRef, TimeUnit};
 use arrow::error::ArrowError;
 use arrow::record_batch::RecordBatch;
 
 use crate::hash::ContentHash;
+use crate::scan::Slot;
 use crate::stream::{FieldType, StreamDef};
-use crate::value::{Record, Value};
+use crate::value::{Record, Scalar, Value};
+use crate::{Row, RowFields};
 
 /// Ingest time of the record (the gateway's `ingest-ts`, else the Kafka timestamp).
 pub const COL_INGEST_TS: &str = "_ingest_ts";
@@ -112,84 +114,179 @@ pub fn record_batch(
     def: &StreamDef,
     rows: &[(Record, RowMeta)],
 ) -> Result<RecordBatch, ArrowError> {
-    let schema = arrow_schema(def);
-    let mut columns: Vec<ArrayRef> = Vec::with_capacity(schema.fields().len());
-    for (i, field) in def.fields.iter().enumerate() {
-        columns.push(build_array(
-            &field.ty,
-            rows.iter().map(|(r, _)| &r.values[i]),
-        )?);
+    let mut batch = BatchBuilder::new(def, rows.len());
+    for (record, meta) in rows {
+        batch.push_record(record.clone(), *meta);
     }
-    let mut ingest = TimestampMicrosecondBuilder::with_capacity(rows.len()).with_timezone("UTC");
-    let mut partition = Int32Builder::with_capacity(rows.len());
-    let mut offset = Int64Builder::with_capacity(rows.len());
-    let mut hash = FixedSizeBinaryBuilder::with_capacity(rows.len(), 32);
-    for (_, meta) in rows {
-        ingest.append_value(meta.ingest_ts);
-        partition.append_value(meta.partition);
-        offset.append_value(meta.offset);
-        hash.append_value(meta.hash.as_bytes())?;
+    batch.finish()
+}
+
+/// Builds `RecordBatch`es of a stream's landing schema a row at a time: each value goes
+/// straight into its column, so a scanned [`Row`] is never built as a [`Record`].
+pub struct BatchBuilder {
+    schema: SchemaRef,
+    columns: Vec<Column>,
+    ingest: TimestampMicrosecondBuilder,
+    partition: Int32Builder,
+    offset: Int64Builder,
+    /// The content hashes, 32 bytes each.
+    hashes: Vec<u8>,
+    rows: usize,
+}
+
+impl BatchBuilder {
+    /// A builder with room for `capacity` rows.
+    pub fn new(def: &StreamDef, capacity: usize) -> BatchBuilder {
+        BatchBuilder {
+            schema: arrow_schema(def),
+            columns: def
+                .fields
+                .iter()
+                .map(|f| Column::new(&f.ty, capacity))
+                .collect(),
+            ingest: TimestampMicrosecondBuilder::with_capacity(capacity).with_timezone("UTC"),
+            partition: Int32Builder::with_capacity(capacity),
+            offset: Int64Builder::with_capacity(capacity),
+            hashes: Vec::with_capacity(capacity * 32),
+            rows: 0,
+        }
     }
-    columns.push(Arc::new(ingest.finish()));
-    columns.push(Arc::new(partition.finish()));
-    columns.push(Arc::new(offset.finish()));
-    columns.push(Arc::new(hash.finish()));
-    RecordBatch::try_new(schema, columns)
+
+    /// Rows appended since the last batch.
+    pub fn len(&self) -> usize {
+        self.rows
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.rows == 0
+    }
+
+    /// Appends a checked row ([`crate::check_bytes_row`]) of this builder's stream.
+    #[inline]
+    pub fn push(&mut self, row: Row<'_>, meta: RowMeta) {
+        match row.fields {
+            RowFields::Scanned(slots) => {
+                for (column, slot) in self.columns.iter_mut().zip(slots) {
+                    match slot {
+                        Slot::Null => column.push_null(),
+                        Slot::Scalar(value) => column.push_scalar(Some(value)),
+                        Slot::Nested(value) => column.push_value(value.unwrap_or(Value::Null)),
+                    }
+                }
+                self.push_meta(meta);
+            }
+            RowFields::Record(record) => self.push_record(record, meta),
+        }
+    }
+
+    /// Appends a validated record of this builder's stream.
+    pub fn push_record(&mut self, record: Record, meta: RowMeta) {
+        for (column, value) in self.columns.iter_mut().zip(record.values) {
+            column.push_value(value);
+        }
+        self.push_meta(meta);
+    }
+
+    fn push_meta(&mut self, meta: RowMeta) {
+        self.ingest.append_value(meta.ingest_ts);
+        self.partition.append_value(meta.partition);
+        self.offset.append_value(meta.offset);
+        self.hashes.extend_from_slice(meta.hash.as_bytes());
+        self.rows += 1;
+    }
+
+    /// The rows appended since the last batch, as a batch; the builder is then empty.
+    pub fn finish(&mut self) -> Result<RecordBatch, ArrowError> {
+        let mut columns: Vec<ArrayRef> = Vec::with_capacity(self.columns.len() + 4);
+        for column in &mut self.columns {
+            columns.push(column.finish()?);
+        }
+        columns.push(Arc::new(self.ingest.finish()));
+        columns.push(Arc::new(self.partition.finish()));
+        columns.push(Arc::new(self.offset.finish()));
+        let hashes = Buffer::from_vec(std::mem::take(&mut self.hashes));
+        columns.push(Arc::new(FixedSizeBinaryArray::try_new(32, hashes, None)?));
+        self.rows = 0;
+        RecordBatch::try_new(self.schema.clone(), columns)
+    }
+}
+
+/// One Arrow column of a stream's field, built a value at a time.
+enum Column {
+    Str(StringBuilder),
+    Bool(BooleanBuilder),
+    Int(Int64Builder),
+    Float(Float64Builder),
+    Timestamp(TimestampMicrosecondBuilder),
+    /// A list or map column: its values are kept and built when the batch is finished.
+    Nested(FieldType, Vec<Value>),
+}
+
+impl Column {
+    fn new(ty: &FieldType, capacity: usize) -> Column {
+        match ty {
+            FieldType::String => Column::Str(StringBuilder::with_capacity(capacity, capacity * 16)),
+            FieldType::Bool => Column::Bool(BooleanBuilder::with_capacity(capacity)),
+            FieldType::Int64 => Column::Int(Int64Builder::with_capacity(capacity)),
+            FieldType::Float64 => Column::Float(Float64Builder::with_capacity(capacity)),
+            FieldType::Timestamp => Column::Timestamp(
+                TimestampMicrosecondBuilder::with_capacity(capacity).with_timezone("UTC"),
+            ),
+            nested => Column::Nested(nested.clone(), Vec::with_capacity(capacity)),
+        }
+    }
+
+    /// Appends a scalar; a value of another type (validation rules that out) is appended as a
+    /// null.
+    #[inline]
+    fn push_scalar(&mut self, value: Option<Scalar<'_>>) {
+        match (self, value) {
+            (Column::Str(b), Some(Scalar::Str(s))) => b.append_value(s),
+            (Column::Bool(b), Some(Scalar::Bool(v))) => b.append_value(v),
+            (Column::Int(b), Some(Scalar::Int(v))) => b.append_value(v),
+            (Column::Float(b), Some(Scalar::Float(v))) => b.append_value(v),
+            (Column::Timestamp(b), Some(Scalar::Timestamp(v))) => b.append_value(v),
+            (column, _) => column.push_null(),
+        }
+    }
+
+    fn push_null(&mut self) {
+        match self {
+            Column::Str(b) => b.append_null(),
+            Column::Bool(b) => b.append_null(),
+            Column::Int(b) => b.append_null(),
+            Column::Float(b) => b.append_null(),
+            Column::Timestamp(b) => b.append_null(),
+            Column::Nested(_, values) => values.push(Value::Null),
+        }
+    }
+
+    /// Appends a value, moved (a list or map is kept as it is).
+    fn push_value(&mut self, value: Value) {
+        match self {
+            Column::Nested(_, values) => values.push(value),
+            column => column.push_scalar(value.as_scalar()),
+        }
+    }
+
+    /// The values appended since the last call, as an array.
+    fn finish(&mut self) -> Result<ArrayRef, ArrowError> {
+        Ok(match self {
+            Column::Str(b) => Arc::new(b.finish()),
+            Column::Bool(b) => Arc::new(b.finish()),
+            Column::Int(b) => Arc::new(b.finish()),
+            Column::Float(b) => Arc::new(b.finish()),
+            Column::Timestamp(b) => Arc::new(b.finish()),
+            Column::Nested(ty, values) => build_array(ty, std::mem::take(values).iter())?,
+        })
+    }
 }
 
 pub(crate) fn build_array<'a>(
     ty: &FieldType,
     values: impl ExactSizeIterator<Item = &'a Value>,
 ) -> Result<ArrayRef, ArrowError> {
-    let n = values.len();
     Ok(match ty {
-        FieldType::String => {
-            let mut b = StringBuilder::with_capacity(n, n * 16);
-            for v in values {
-                match v {
-                    Value::Str(s) => b.append_value(s),
-                    _ => b.append_null(),
-                }
-            }
-            Arc::new(b.finish())
-        }
-        FieldType::Bool => {
-            let mut b = BooleanBuilder::with_capacity(n);
-            values.for_each(|v| {
-                b.append_option(matches!(v, Value::Bool(_)).then(|| v == &Value::Bool(true)))
-            });
-            Arc::new(b.finish())
-        }
-        FieldType::Int64 => {
-            let mut b = Int64Builder::with_capacity(n);
-            values.for_each(|v| {
-                b.append_option(match v {
-                    Value::Int(i) => Some(*i),
-                    _ => None,
-                })
-            });
-            Arc::new(b.finish())
-        }
-        FieldType::Float64 => {
-            let mut b = Float64Builder::with_capacity(n);
-            values.for_each(|v| {
-                b.append_option(match v {
-                    Value::Float(f) => Some(*f),
-                    _ => None,
-                })
-            });
-            Arc::new(b.finish())
-        }
-        FieldType::Timestamp => {
-            let mut b = TimestampMicrosecondBuilder::with_capacity(n).with_timezone("UTC");
-            values.for_each(|v| {
-                b.append_option(match v {
-                    Value::Timestamp(t) => Some(*t),
-                    _ => None,
-                })
-            });
-            Arc::new(b.finish())
-        }
         FieldType::List(inner) => {
             let (offsets, nulls, children) = flatten(values, |v| match v {
                 Value::List(items) => Some(items.iter().collect::<Vec<_>>()),
@@ -230,6 +327,13 @@ pub(crate) fn build_array<'a>(
                 nulls,
                 false,
             )?)
+        }
+        scalar => {
+            let mut column = Column::new(scalar, values.len());
+            for v in values {
+                column.push_scalar(v.as_scalar());
+            }
+            column.finish()?
         }
     })
 }

@@ -90,6 +90,42 @@ pub fn check_bytes_forward(def: &StreamDef, raw: &[u8]) -> Result<Forward, Recor
     })
 }
 
+/// A record checked for landing: its content hash and its field values, which
+/// [`arrow::BatchBuilder::push`] appends to Arrow columns.
+#[derive(Debug, Clone)]
+pub struct Row<'a> {
+    pub hash: ContentHash,
+    pub(crate) fields: RowFields<'a>,
+}
+
+// The scanned variant is the common case: boxing it would add an allocation per record, which
+// is what this type avoids.
+#[allow(clippy::large_enum_variant)]
+#[derive(Debug, Clone)]
+pub(crate) enum RowFields<'a> {
+    /// A record of the common shape, not built: its strings are slices of its text.
+    Scanned(scan::Slots<'a>),
+    Record(Record),
+}
+
+/// [`check_bytes`] for callers that only append records to Arrow columns (the sink): a record
+/// of the common shape is not built into a [`Record`] (no `Vec` of values, no string copied).
+/// Same rules, hashes and errors as [`check_bytes`].
+#[inline]
+pub fn check_bytes_row<'a>(def: &StreamDef, raw: &'a [u8]) -> Result<Row<'a>, RecordError> {
+    if let Some((slots, hash)) = scan::scanned(def, raw) {
+        return Ok(Row {
+            hash,
+            fields: RowFields::Scanned(slots),
+        });
+    }
+    let record = typed::decode_record_serde(def, raw)?;
+    Ok(Row {
+        hash: content_hash(def, &record),
+        fields: RowFields::Record(record),
+    })
+}
+
 /// Validates a JSON record and computes its content hash.
 pub fn check(def: &StreamDef, json: serde_json::Value) -> Result<ValidRecord, RecordError> {
     let record = validate(def, json)?;

@@ -35,20 +35,12 @@ pub(crate) fn decode_verbatim(def: &StreamDef, bytes: &[u8]) -> Option<(Record, 
 /// strings stay in `bytes`, its unhashed lists and maps are only checked). `None` for anything
 /// else, which the caller decodes into a record instead.
 pub(crate) fn forwardable(def: &StreamDef, bytes: &[u8]) -> Option<(ContentHash, Str)> {
-    // One slot per field: streams of up to 16 fields need no allocation.
-    let mut slots: SmallVec<[Slot<'_>; 16]> = smallvec::smallvec![Slot::Null; def.fields.len()];
-    if !scan(def, bytes, Build::Hashed, &mut slots)? {
+    let (slots, once) = scan_slots(def, bytes, Build::Hashed)?;
+    if !once {
         return None;
     }
-    let hash = content_hash_with(def, |out, i| match &slots[i] {
-        Slot::Null => false,
-        Slot::Scalar(value) => {
-            encode_scalar(out, *value);
-            true
-        }
-        // `Build::Hashed` built every hashed list and map.
-        Slot::Nested(value) => value.as_ref().is_some_and(|v| encode_present(out, v)),
-    });
+    // `Build::Hashed` built every hashed list and map.
+    let hash = slots_hash(def, &slots);
     let key = partition_key(match &slots[def.partition_key] {
         Slot::Scalar(value) => Some(*value),
         _ => None,
@@ -56,9 +48,43 @@ pub(crate) fn forwardable(def: &StreamDef, bytes: &[u8]) -> Option<(ContentHash,
     Some((hash, key))
 }
 
+/// The fields and content hash of a record of the common shape (keys may repeat: the last
+/// value counts), without building the record: strings stay slices of `bytes`. `None` for
+/// anything else, which the caller decodes into a record instead.
+#[inline(always)]
+pub(crate) fn scanned<'a>(def: &StreamDef, bytes: &'a [u8]) -> Option<(Slots<'a>, ContentHash)> {
+    let (slots, _) = scan_slots(def, bytes, Build::All)?;
+    let hash = slots_hash(def, &slots);
+    Some((slots, hash))
+}
+
+/// One slot per field: streams of up to 16 fields need no allocation.
+pub(crate) type Slots<'a> = SmallVec<[Slot<'a>; 16]>;
+
+/// [`scan`] into slots.
+#[inline(always)]
+fn scan_slots<'a>(def: &StreamDef, bytes: &'a [u8], build: Build) -> Option<(Slots<'a>, bool)> {
+    let mut slots = Slots::new();
+    slots.resize_with(def.fields.len(), || Slot::Null);
+    let once = scan(def, bytes, build, &mut slots)?;
+    Some((slots, once))
+}
+
+/// The content hash of scanned fields whose hashed lists and maps were built.
+fn slots_hash(def: &StreamDef, slots: &[Slot<'_>]) -> ContentHash {
+    content_hash_with(def, |out, i| match &slots[i] {
+        Slot::Null => false,
+        Slot::Scalar(value) => {
+            encode_scalar(out, *value);
+            true
+        }
+        Slot::Nested(value) => value.as_ref().is_some_and(|v| encode_present(out, v)),
+    })
+}
+
 /// A field's value as the scanner read it.
 #[derive(Debug, Clone)]
-enum Slot<'a> {
+pub(crate) enum Slot<'a> {
     Null,
     /// Strings are slices of the record's text.
     Scalar(Scalar<'a>),
@@ -368,6 +394,7 @@ impl<'a> Scanner<'a> {
     /// A value of type `ty`, converted as [`crate::value::validate`] converts it, written into
     /// `slot` (in place: returning it costs a copy that the profile shows). A list or map is
     /// built when `build` is set, and only checked otherwise.
+    #[inline(always)]
     fn value<F: Field<'a>>(&mut self, ty: &FieldType, build: bool, slot: &mut F) -> Option<()> {
         *slot = match (self.peek()?, ty) {
             (b'n', _) => self.literal(b"null").map(|()| F::null())?,
@@ -375,10 +402,9 @@ impl<'a> Scanner<'a> {
                 self.i += 1;
                 let mut items = Vec::new();
                 self.elements(|s| {
-                    let mut item = Slot::Null;
-                    s.value(inner, build, &mut item)?;
+                    let item = s.item(inner)?;
                     if build {
-                        items.push(item.into());
+                        items.push(item.map_or(Value::Null, Value::from));
                     }
                     Some(())
                 })?;
@@ -388,11 +414,10 @@ impl<'a> Scanner<'a> {
                 self.i += 1;
                 let mut entries: Vec<(Str, Value)> = Vec::new();
                 self.members(|s, start, len| {
-                    let mut value = Slot::Null;
-                    s.value(inner, build, &mut value)?;
+                    let value = s.item(inner)?;
                     if build {
                         let key = s.text.get(start..start + len)?;
-                        let value = Value::from(value);
+                        let value = value.map_or(Value::Null, Value::from);
                         // A repeated key keeps its last value.
                         match entries.iter_mut().find(|(k, _)| k == key) {
                             Some(slot) => slot.1 = value,
@@ -407,6 +432,15 @@ impl<'a> Scanner<'a> {
             _ => F::scalar(self.scalar(ty)?),
         };
         Some(())
+    }
+
+    /// An item of a list or map: null, or a scalar of type `inner` (lists and maps hold
+    /// scalars).
+    fn item(&mut self, inner: &FieldType) -> Option<Option<Scalar<'a>>> {
+        if self.peek()? == b'n' {
+            return self.literal(b"null").map(|()| None);
+        }
+        self.scalar(inner).map(Some)
     }
 
     /// A non-null scalar of type `ty`.

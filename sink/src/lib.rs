@@ -24,11 +24,8 @@ use rdkafka::consumer::{
 };
 use rdkafka::message::{BorrowedMessage, Headers, Message, OwnedMessage};
 use rdkafka::{ClientConfig, ClientContext, Offset, TopicPartitionList};
-use schemas::arrow::RowMeta;
 use schemas::window::HashWindow;
-use schemas::wire::{
-    HEADER_INGEST_TS, decode_value, parse_decimal_header, stream_of_topic, topic_name,
-};
+use schemas::wire::{HEADER_INGEST_TS, parse_decimal_header, stream_of_topic, topic_name};
 use schemas::{ContentHash, Streams};
 use tokio::task::JoinHandle;
 use tokio_util::sync::CancellationToken;
@@ -37,7 +34,7 @@ pub use config::SinkConfig;
 
 use crate::metrics as m;
 use crate::open_file::{FileTargets, OpenFile};
-use crate::partition::{FlushReason, PartitionState};
+use crate::partition::{Appended, FlushReason, PartitionState};
 use crate::store::{ObjectStore, PutOutcome, Staged, StoreError};
 
 /// Counters a caller (the demo, tests) can watch.
@@ -75,6 +72,27 @@ impl hashbrown::Equivalent<PartKey> for PartRef<'_> {
 
 fn part_ref<M: Message>(msg: &M) -> PartRef<'_> {
     PartRef(msg.topic(), msg.partition())
+}
+
+/// What the worker reads of a message, read once: each accessor of a librdkafka message is a
+/// call into it (the topic name is checked as UTF-8 each time, the headers are searched), and
+/// they ran several times per message.
+struct Fields<'a> {
+    part: PartRef<'a>,
+    offset: i64,
+    ingest_ts: i64,
+    payload: &'a [u8],
+}
+
+impl<'a> Fields<'a> {
+    fn of<M: Message>(msg: &'a M) -> Fields<'a> {
+        Fields {
+            part: part_ref(msg),
+            offset: msg.offset(),
+            ingest_ts: ingest_ts(msg),
+            payload: msg.payload().unwrap_or_default(),
+        }
+    }
 }
 
 /// Hour folders searched for recent landing files when a partition's dedupe window is warmed.
@@ -301,21 +319,23 @@ impl Worker {
     /// message cannot be held across an await.
     fn on_borrowed(&mut self, msg: BorrowedMessage<'_>) -> anyhow::Result<Next> {
         self.drop_revoked();
-        if !self.parts.contains_key(&part_ref(&msg)) || self.rotates_before(&msg).is_some() {
+        let fields = Fields::of(&msg);
+        if !self.parts.contains_key(&fields.part) || self.rotates_before(&fields).is_some() {
             return Ok(Next::Slow(msg.detach()));
         }
-        let flush = self.handle(&msg)?;
+        let flush = self.handle(&fields)?;
         self.count_received()?;
         Ok(flush.map_or(Next::Done, |(key, reason)| Next::Flush(key, reason)))
     }
 
     async fn on_message(&mut self, msg: OwnedMessage) -> anyhow::Result<()> {
         self.open_partition(&msg).await;
-        if let Some(key) = self.rotates_before(&msg) {
+        let fields = Fields::of(&msg);
+        if let Some(key) = self.rotates_before(&fields) {
             self.flush(&key, FlushReason::Hour).await?;
         }
         self.round_start = Instant::now();
-        if let Some((key, reason)) = self.handle(&msg)? {
+        if let Some((key, reason)) = self.handle(&fields)? {
             self.flush(&key, reason).await?;
         }
         self.count_received()
@@ -340,7 +360,7 @@ impl Worker {
         if let Some(part) = self.parts.values_mut().max_by_key(|p| p.memory())
             && let Some(file) = part.file.as_mut()
         {
-            file.spill(&part.def)
+            file.spill()
                 .context("cannot write a row group to the staged file")?;
             ::metrics::counter!(m::SPILLED_ROW_GROUPS).increment(1);
             self.stats
@@ -467,9 +487,9 @@ impl Worker {
 
     /// The partition whose open file must close before `msg` joins it: its first record was
     /// ingested in another hour.
-    fn rotates_before<M: Message>(&self, msg: &M) -> Option<PartKey> {
-        let part = self.parts.get(&part_ref(msg))?;
-        part.crosses_hour(ingest_ts(msg)).then(|| part.key())
+    fn rotates_before(&self, msg: &Fields<'_>) -> Option<PartKey> {
+        let part = self.parts.get(&msg.part)?;
+        part.crosses_hour(msg.ingest_ts).then(|| part.key())
     }
 
     fn targets(&self) -> FileTargets {
@@ -481,63 +501,43 @@ impl Worker {
 
     /// Adds one message to its partition; returns the partition to flush, if one must be.
     /// Fails only when the staged file cannot be written (nothing is committed then).
-    fn handle<M: Message>(&mut self, msg: &M) -> anyhow::Result<Option<(PartKey, FlushReason)>> {
-        let topic = msg.topic();
+    fn handle(&mut self, msg: &Fields<'_>) -> anyhow::Result<Option<(PartKey, FlushReason)>> {
         let targets = self.targets();
         // `open_partition` created the state (with its warmed window and its stream) before
         // this call.
-        let Some(part) = self.parts.get_mut(&part_ref(msg)) else {
+        let Some(part) = self.parts.get_mut(&msg.part) else {
             return Ok(None);
         };
-        let def = part.def.clone();
         // The idle timer's clock, read once per round of ready messages.
         part.last_append = self.round_start;
         self.stats.records_received.fetch_add(1, Ordering::Relaxed);
-        let offset = msg.offset();
-        let payload = msg.payload().unwrap_or_default();
+        let Fields {
+            offset, payload, ..
+        } = *msg;
         part.received.increment(1);
         if part.next_offset.is_some_and(|next| offset < next) {
             // Already durable in an adopted object.
             return Ok(None);
         }
-        let ingest_ts = ingest_ts(msg);
-        let record = match decode_value(&def, payload) {
-            Ok(r) => r,
-            Err(e) => {
-                tracing::warn!(topic, partition = msg.partition(), offset, reason = %e, "dead letter: undecodable or invalid record");
-                ::metrics::counter!(m::DISCARDED, "stream" => def.name.clone(), "reason" => e.code(), "intentional" => "false").increment(1);
-                ::metrics::counter!(m::DEAD_LETTERS, "stream" => def.name.clone()).increment(1);
+        let full = match part.append(payload, offset, msg.ingest_ts, &self.staging, targets)? {
+            Appended::Row { full } => full,
+            Appended::Duplicate => {
+                ::metrics::counter!(m::DISCARDED, "stream" => part.def.name.clone(), "reason" => "duplicate", "intentional" => "true").increment(1);
+                self.stats
+                    .duplicates_dropped
+                    .fetch_add(1, Ordering::Relaxed);
+                return Ok(None);
+            }
+            Appended::DeadLetter(e) => {
+                let PartRef(topic, partition) = msg.part;
+                tracing::warn!(topic, partition, offset, reason = %e, "dead letter: undecodable or invalid record");
+                ::metrics::counter!(m::DISCARDED, "stream" => part.def.name.clone(), "reason" => e.code(), "intentional" => "false").increment(1);
+                ::metrics::counter!(m::DEAD_LETTERS, "stream" => part.def.name.clone())
+                    .increment(1);
                 self.stats.dead_letters.fetch_add(1, Ordering::Relaxed);
-                part.dead_letter(offset, ingest_ts, &e.to_string(), payload);
                 return Ok(None);
             }
         };
-        let hash = schemas::content_hash(&def, &record);
-        if !part.window.insert(hash) {
-            ::metrics::counter!(m::DISCARDED, "stream" => def.name.clone(), "reason" => "duplicate", "intentional" => "true").increment(1);
-            self.stats
-                .duplicates_dropped
-                .fetch_add(1, Ordering::Relaxed);
-            part.consumed(offset, ingest_ts);
-            return Ok(None);
-        }
-        let meta = RowMeta {
-            ingest_ts,
-            partition: msg.partition(),
-            offset,
-            hash,
-        };
-        let file = match &mut part.file {
-            Some(file) => file,
-            None => part.file.insert(
-                OpenFile::create(&def, &self.staging, targets, part.size_ratio)
-                    .context("cannot create a staged file")?,
-            ),
-        };
-        file.push(&def, record, meta, payload.len())
-            .context("cannot write to the staged file")?;
-        let full = file.is_full();
-        part.consumed(offset, ingest_ts);
         Ok(if part.rows() >= self.config.rotation.max_records {
             Some((part.key(), FlushReason::Records))
         } else if full {

@@ -10,9 +10,8 @@ use arrow::array::{Array, Int64Array, RecordBatch, TimestampMicrosecondArray};
 use parquet::arrow::ArrowWriter;
 use parquet::arrow::arrow_reader::ParquetRecordBatchReaderBuilder;
 use parquet::errors::ParquetError;
-use schemas::StreamDef;
-use schemas::arrow::{COL_INGEST_TS, COL_OFFSET, RowMeta, record_batch};
-use schemas::value::Record;
+use schemas::arrow::{BatchBuilder, COL_INGEST_TS, COL_OFFSET, RowMeta};
+use schemas::{Row, StreamDef};
 
 use crate::parquet_file::{OffsetRange, file_metadata, writer_properties};
 use crate::store::Staged;
@@ -47,7 +46,8 @@ pub struct OpenFile {
     /// it is reached through `&mut self` and never contended.
     writer: Mutex<ArrowWriter<Staged>>,
     event_time_column: String,
-    pending: Vec<(Record, RowMeta)>,
+    /// Rows not yet encoded, in Arrow builders.
+    pending: BatchBuilder,
     /// Kafka value bytes of the pending rows (their memory is of that order).
     pending_bytes: usize,
     rows: usize,
@@ -81,7 +81,7 @@ impl OpenFile {
         Ok(OpenFile {
             writer: Mutex::new(writer),
             event_time_column: def.event_time_field().name.clone(),
-            pending: Vec::with_capacity(BATCH_ROWS),
+            pending: BatchBuilder::new(def, BATCH_ROWS),
             pending_bytes: 0,
             rows: 0,
             min_event_time: i64::MAX,
@@ -94,27 +94,20 @@ impl OpenFile {
     }
 
     /// Adds a row; encodes the pending rows once there are enough for a batch.
-    pub fn push(
-        &mut self,
-        def: &StreamDef,
-        record: Record,
-        meta: RowMeta,
-        bytes: usize,
-    ) -> Result<(), ParquetError> {
-        self.pending.push((record, meta));
+    pub fn push(&mut self, row: Row<'_>, meta: RowMeta, bytes: usize) -> Result<(), ParquetError> {
+        self.pending.push(row, meta);
         self.pending_bytes += bytes;
         if self.pending.len() >= BATCH_ROWS {
-            self.encode_pending(def)?;
+            self.encode_pending()?;
         }
         Ok(())
     }
 
-    fn encode_pending(&mut self, def: &StreamDef) -> Result<(), ParquetError> {
+    fn encode_pending(&mut self) -> Result<(), ParquetError> {
         if self.pending.is_empty() {
             return Ok(());
         }
-        let batch = record_batch(def, &self.pending)?;
-        self.pending.clear();
+        let batch = self.pending.finish()?;
         self.pending_bytes = 0;
         self.write_batch(&batch)
     }
@@ -151,8 +144,8 @@ impl OpenFile {
     }
 
     /// Writes the row group in progress to the staged file (to free memory).
-    pub fn spill(&mut self, def: &StreamDef) -> Result<(), ParquetError> {
-        self.encode_pending(def)?;
+    pub fn spill(&mut self) -> Result<(), ParquetError> {
+        self.encode_pending()?;
         let writer = self.writer_mut();
         writer.flush()?;
         (self.encoded_estimate, self.writer_memory) =
@@ -197,7 +190,7 @@ impl OpenFile {
         range: OffsetRange,
     ) -> Result<Finished, ParquetError> {
         let estimate = self.raw_estimate();
-        self.encode_pending(def)?;
+        self.encode_pending()?;
         let metadata = file_metadata(
             def,
             topic,

@@ -1,13 +1,16 @@
 //! The state of one assigned partition: buffered rows of the open file, the dedupe window and
 //! the position up to which everything is accounted for (durable or intentionally dropped).
 
+use std::path::Path;
 use std::sync::Arc;
 use std::time::Instant;
 
-use schemas::StreamDef;
+use anyhow::Context as _;
+use schemas::arrow::RowMeta;
 use schemas::window::HashWindow;
+use schemas::{RecordError, StreamDef};
 
-use crate::open_file::{OpenFile, SizeRatio};
+use crate::open_file::{FileTargets, OpenFile, SizeRatio};
 
 const HOUR_MICROS: i64 = 3_600_000_000;
 
@@ -64,7 +67,62 @@ impl FlushReason {
     }
 }
 
+/// What became of a record taken from the partition.
+#[derive(Debug)]
+pub enum Appended {
+    /// A row of the open file; `full` when the file reached its target size.
+    Row { full: bool },
+    /// Its content hash is in the window: dropped.
+    Duplicate,
+    /// Undecodable or invalid: kept for the dead-letter object.
+    DeadLetter(RecordError),
+}
+
 impl PartitionState {
+    /// Takes the record at `offset` (its Kafka value `payload`): a row of the open file (created
+    /// in `staging` when there is none), a dropped duplicate or a dead letter. Either way the
+    /// offset is consumed.
+    pub fn append(
+        &mut self,
+        payload: &[u8],
+        offset: i64,
+        ingest_ts: i64,
+        staging: &Path,
+        targets: FileTargets,
+    ) -> anyhow::Result<Appended> {
+        let def = &self.def;
+        let row = match schemas::check_bytes_row(def, payload) {
+            Ok(row) => row,
+            Err(e) => {
+                self.dead_letter(offset, ingest_ts, &e.to_string(), payload);
+                return Ok(Appended::DeadLetter(e));
+            }
+        };
+        let hash = row.hash;
+        if !self.window.insert(hash) {
+            self.consumed(offset, ingest_ts);
+            return Ok(Appended::Duplicate);
+        }
+        let meta = RowMeta {
+            ingest_ts,
+            partition: self.partition,
+            offset,
+            hash,
+        };
+        let file = match &mut self.file {
+            Some(file) => file,
+            None => self.file.insert(
+                OpenFile::create(def, staging, targets, self.size_ratio)
+                    .context("cannot create a staged file")?,
+            ),
+        };
+        file.push(row, meta, payload.len())
+            .context("cannot write to the staged file")?;
+        let full = file.is_full();
+        self.consumed(offset, ingest_ts);
+        Ok(Appended::Row { full })
+    }
+
     /// The key of this partition in the worker's map.
     pub fn key(&self) -> (String, i32) {
         (self.topic.clone(), self.partition)

@@ -6,6 +6,7 @@ use proptest::prelude::*;
 use serde_json::json;
 
 use crate::StreamDef;
+use crate::arrow::{BatchBuilder, RowMeta, record_batch};
 use crate::typed::decode_record_serde;
 
 fn sensor() -> std::sync::Arc<StreamDef> {
@@ -49,6 +50,7 @@ fn agree(def: &StreamDef, text: &[u8]) -> Result<bool, TestCaseError> {
         "{}",
         shown
     );
+    prop_assert!(rows_agree(def, text)?, "{}", shown);
     if let Some((record, verbatim)) = &fast {
         if *verbatim {
             // Every key once: the object's members (counted outside strings, which carry no
@@ -65,6 +67,33 @@ fn agree(def: &StreamDef, text: &[u8]) -> Result<bool, TestCaseError> {
         );
     }
     Ok(fast.is_some())
+}
+
+/// Whether a row checked for landing (no record built) has the hash and error of
+/// [`crate::check_bytes`] and lands as the same Arrow row as its record.
+fn rows_agree(def: &StreamDef, text: &[u8]) -> Result<bool, TestCaseError> {
+    let meta = |hash| RowMeta {
+        ingest_ts: 1,
+        partition: 2,
+        offset: 3,
+        hash,
+    };
+    Ok(
+        match (
+            crate::check_bytes_row(def, text),
+            crate::check_bytes(def, text),
+        ) {
+            (Ok(row), Ok(valid)) => {
+                prop_assert_eq!(row.hash, valid.hash);
+                let mut built = BatchBuilder::new(def, 1);
+                built.push(row, meta(valid.hash));
+                let expected = record_batch(def, &[(valid.record, meta(valid.hash))]).unwrap();
+                built.finish().unwrap() == expected
+            }
+            (Err(a), Err(b)) => a == b,
+            _ => false,
+        },
+    )
 }
 
 /// The members of the outer object of `text`, a JSON text whose strings carry no escapes.
@@ -376,4 +405,98 @@ fn forwarding_hashes_the_lists_and_maps_it_builds() {
     let bad = r#"{"device_id":"d","sensor":"s","ts":0,"value":1,"tags":{"a":1}}"#;
     assert!(super::forwardable(&sensor(), bad.as_bytes()).is_none());
     assert!(crate::check_bytes_forward(&sensor(), bad.as_bytes()).is_err());
+}
+
+#[test]
+fn rows_land_as_their_records() {
+    let streams = crate::example_streams();
+    let vehicle = streams.get("vehicle_telemetry").unwrap();
+    let sensor = sensor();
+    for (def, text, scanned) in [
+        (
+            &**vehicle,
+            r#"{"vehicle_id":"v-1","recorded_at":"2026-01-01T00:00:00Z","lat":1.5,"lon":-2,
+                "ignition":true,"fault_codes":["P0001",null,"P0420"]}"#,
+            true,
+        ),
+        (
+            &**vehicle,
+            r#"{"vehicle_id":"v-2","recorded_at":"2026-01-01T00:00:00Z","lat":1.5,"lon":-2}"#,
+            true,
+        ),
+        (
+            &*sensor,
+            r#"{"device_id":"d","sensor":"s","ts":0,"value":1,"tags":{"b":"2","a":"1"}}"#,
+            true,
+        ),
+        // A repeated key: the last value counts, on both paths.
+        (
+            &*sensor,
+            r#"{"device_id":"d","sensor":"s","ts":0,"value":1,"value":2.5,"quality":null}"#,
+            true,
+        ),
+        // An escape: the serde path builds the record.
+        (
+            &*sensor,
+            r#"{"device_id":"d\u00e9","sensor":"s","ts":0,"value":1,"unit":"\"C\""}"#,
+            false,
+        ),
+        // Invalid: the same error.
+        (&*sensor, r#"{"device_id":"d","sensor":"s","ts":0}"#, false),
+        (
+            &*sensor,
+            r#"{"device_id":"d","sensor":"s","ts":0,"value":"x"}"#,
+            false,
+        ),
+    ] {
+        assert!(rows_agree(def, text.as_bytes()).unwrap(), "{text}");
+        let row = crate::check_bytes_row(def, text.as_bytes());
+        let was_scanned = matches!(
+            row,
+            Ok(crate::Row {
+                fields: crate::RowFields::Scanned(_),
+                ..
+            })
+        );
+        assert_eq!(was_scanned, scanned, "{text}");
+    }
+}
+
+#[test]
+fn a_builder_makes_one_batch_per_finish() {
+    let def = sensor();
+    let mut builder = BatchBuilder::new(&def, 2);
+    let lines = [
+        r#"{"device_id":"a","sensor":"s","ts":1,"value":1,"tags":{"x":"1"}}"#,
+        r#"{"device_id":"b\n","sensor":"s","ts":2,"value":2}"#,
+        r#"{"device_id":"c","sensor":"s","ts":3,"value":3,"unit":"u"}"#,
+    ];
+    let mut records = Vec::new();
+    for (i, line) in lines.iter().enumerate() {
+        let row = crate::check_bytes_row(&def, line.as_bytes()).unwrap();
+        let meta = RowMeta {
+            ingest_ts: 10,
+            partition: 0,
+            offset: i as i64,
+            hash: row.hash,
+        };
+        records.push((
+            crate::check_bytes(&def, line.as_bytes()).unwrap().record,
+            meta,
+        ));
+        builder.push(row, meta);
+        if i == 0 {
+            assert_eq!(
+                builder.finish().unwrap(),
+                record_batch(&def, &records).unwrap()
+            );
+            records.clear();
+        }
+    }
+    assert_eq!(builder.len(), 2);
+    assert_eq!(
+        builder.finish().unwrap(),
+        record_batch(&def, &records).unwrap()
+    );
+    assert!(builder.is_empty());
 }
