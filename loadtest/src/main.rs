@@ -82,6 +82,9 @@ enum Command {
         /// Partitions of the benchmark topic, all assigned to the one sink.
         #[arg(long, default_value_t = 64)]
         partitions: i32,
+        /// Rounds of every path in turn; each path's fastest round is reported.
+        #[arg(long, default_value_t = 3)]
+        rounds: usize,
         /// Python with pyarrow (the test venv's).
         #[arg(long, env = "EDGE_INGEST_PYTHON", default_value = "python3")]
         python: PathBuf,
@@ -240,6 +243,7 @@ async fn main() -> anyhow::Result<()> {
             brokers,
             records,
             partitions,
+            rounds,
             python,
             out,
         } => {
@@ -247,6 +251,7 @@ async fn main() -> anyhow::Result<()> {
                 brokers,
                 records,
                 partitions,
+                rounds,
                 python,
                 out,
             })
