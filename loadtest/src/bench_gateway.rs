@@ -29,6 +29,10 @@ pub struct BenchOptions {
     pub batch_bytes: usize,
     /// Rounds of (direct, gateway), alternated so that both paths see the same machine noise.
     pub rounds: usize,
+    /// Rounds run first and not counted: a freshly started broker was slower in the first
+    /// rounds (the direct client, which runs first in a round, at half its later speed), so
+    /// they favoured the gateway.
+    pub warmup_rounds: usize,
     pub out: std::path::PathBuf,
 }
 
@@ -70,8 +74,12 @@ pub struct BenchReport {
     pub gateway: Throughput,
     /// Median gateway records/s over median direct records/s.
     pub ratio_gateway_direct: f64,
-    /// Gateway / direct of each round.
+    /// Gateway / direct of each counted round.
     pub round_ratios: Vec<f64>,
+    /// The median of `round_ratios`: each round pairs the two paths close in time, so this
+    /// follows the machine's drift less than the ratio of medians.
+    pub median_round_ratio: f64,
+    pub warmup_rounds: usize,
     pub half_peak_batches_per_s: f64,
     pub latency_p50_ms: f64,
     pub latency_p99_ms: f64,
@@ -317,7 +325,7 @@ pub async fn run(opts: BenchOptions) -> anyhow::Result<BenchReport> {
     let client = reqwest::Client::new();
 
     let (mut directs, mut gateways, mut round_ratios) = (Vec::new(), Vec::new(), Vec::new());
-    for round in 0..opts.rounds.max(1) {
+    for round in 0..opts.warmup_rounds + opts.rounds.max(1) {
         let direct = produce_direct(&producer, &topic, &prepared, total, raw_bytes).await?;
         let gw = post_all(
             &client,
@@ -329,12 +337,21 @@ pub async fn run(opts: BenchOptions) -> anyhow::Result<BenchReport> {
         )
         .await?;
         let ratio = gw.records_per_s / direct.records_per_s;
+        let warmup = round < opts.warmup_rounds;
         eprintln!(
-            "round {}: direct {:.0} records/s, gateway {:.0} records/s, ratio {ratio:.2}",
+            "round {}{}: direct {:.0} records/s, gateway {:.0} records/s, ratio {ratio:.2}",
             round + 1,
+            if warmup {
+                " (warm-up, not counted)"
+            } else {
+                ""
+            },
             direct.records_per_s,
             gw.records_per_s
         );
+        if warmup {
+            continue;
+        }
         round_ratios.push(ratio);
         directs.push(direct);
         gateways.push(gw);
@@ -370,7 +387,9 @@ pub async fn run(opts: BenchOptions) -> anyhow::Result<BenchReport> {
         raw_bytes,
         batches: compressed.len(),
         ratio_gateway_direct: gw.records_per_s / direct.records_per_s,
+        median_round_ratio: median_of(&round_ratios),
         round_ratios,
+        warmup_rounds: opts.warmup_rounds,
         gateway_check: check_t,
         direct_librdkafka: direct,
         gateway: gw,
@@ -380,6 +399,13 @@ pub async fn run(opts: BenchOptions) -> anyhow::Result<BenchReport> {
     };
     write_report(&opts.out, &report)?;
     Ok(report)
+}
+
+/// The median of some numbers (the upper one of an even count, as [`median`]).
+fn median_of(values: &[f64]) -> f64 {
+    let mut sorted = values.to_vec();
+    sorted.sort_by(f64::total_cmp);
+    sorted.get(sorted.len() / 2).copied().unwrap_or(f64::NAN)
 }
 
 /// The round of median records/s.
@@ -480,10 +506,19 @@ impl std::fmt::Display for BenchReport {
                 ("gateway (HTTP→Kafka)", &self.gateway),
             ],
         )?;
+        let rounds: Vec<String> = self
+            .round_ratios
+            .iter()
+            .map(|r| format!("{r:.2}"))
+            .collect();
         writeln!(
             f,
-            "ratio gateway/direct (records/s): {:.2}",
-            self.ratio_gateway_direct
+            "ratio gateway/direct (records/s): {:.2} for the median rounds; median of the \
+             round ratios {:.2} (by round: {}; {} warm-up round(s) not counted)",
+            self.ratio_gateway_direct,
+            self.median_round_ratio,
+            rounds.join(", "),
+            self.warmup_rounds
         )?;
         write!(
             f,

@@ -51,6 +51,9 @@ enum Command {
         /// Rounds of (direct, gateway), alternated; the report gives the median of each.
         #[arg(long, default_value_t = 3)]
         rounds: usize,
+        /// Rounds of both run first and not counted (a fresh broker warms up).
+        #[arg(long, default_value_t = 1)]
+        warmup_rounds: usize,
         /// Where the JSON report goes.
         #[arg(long, default_value = "target/bench/gateway.json")]
         out: PathBuf,
@@ -204,6 +207,7 @@ async fn main() -> anyhow::Result<()> {
             concurrency,
             batch_bytes,
             rounds,
+            warmup_rounds,
             out,
         } => {
             let report = loadtest::bench_gateway::run(loadtest::bench_gateway::BenchOptions {
@@ -212,6 +216,7 @@ async fn main() -> anyhow::Result<()> {
                 concurrency: concurrency.max(1),
                 batch_bytes,
                 rounds,
+                warmup_rounds,
                 out,
             })
             .await?;
