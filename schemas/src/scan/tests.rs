@@ -372,6 +372,10 @@ fn verbatim_means_each_key_once_and_no_escapes() {
     assert!(crate::check_bytes_verbatim(&def, b"{}").is_err());
 }
 
+/// A vehicle record with a list that holds a null.
+const VEHICLE_WITH_LIST: &str = r#"{"vehicle_id":"v-1","recorded_at":"2026-01-01T00:00:00Z",
+    "lat":1.5,"lon":-2,"ignition":true,"fault_codes":["P0001",null,"P0420"]}"#;
+
 #[test]
 fn forwarding_hashes_the_lists_and_maps_it_builds() {
     let streams = crate::example_streams();
@@ -380,8 +384,7 @@ fn forwarding_hashes_the_lists_and_maps_it_builds() {
     for (def, text, other) in [
         (
             &**vehicle,
-            r#"{"vehicle_id":"v-1","recorded_at":"2026-01-01T00:00:00Z","lat":1.5,"lon":-2,
-                "ignition":true,"fault_codes":["P0001",null,"P0420"]}"#,
+            VEHICLE_WITH_LIST,
             r#"{"vehicle_id":"v-1","recorded_at":"2026-01-01T00:00:00Z","lat":1.5,"lon":-2,
                 "ignition":true,"fault_codes":["P0001",null]}"#,
         ),
@@ -413,12 +416,7 @@ fn rows_land_as_their_records() {
     let vehicle = streams.get("vehicle_telemetry").unwrap();
     let sensor = sensor();
     for (def, text, scanned) in [
-        (
-            &**vehicle,
-            r#"{"vehicle_id":"v-1","recorded_at":"2026-01-01T00:00:00Z","lat":1.5,"lon":-2,
-                "ignition":true,"fault_codes":["P0001",null,"P0420"]}"#,
-            true,
-        ),
+        (&**vehicle, VEHICLE_WITH_LIST, true),
         (
             &**vehicle,
             r#"{"vehicle_id":"v-2","recorded_at":"2026-01-01T00:00:00Z","lat":1.5,"lon":-2}"#,
