@@ -68,7 +68,11 @@ def main():
             "rows": table.num_rows,
             "schema": {f.name: str(f.type) for f in table.schema},
             "nullable": {f.name: f.nullable for f in table.schema},
-            "compression": pf.metadata.row_group(0).column(0).compression if pf.metadata.num_row_groups else None,
+            # Codec and encodings of each column chunk of the first row group, by column path.
+            "columns": {
+                c.path_in_schema: {"compression": c.compression, "encodings": list(c.encodings)}
+                for c in (pf.metadata.row_group(0).column(i) for i in range(pf.metadata.num_columns))
+            } if pf.metadata.num_row_groups else {},
             "metadata": meta,
         })
         # Timestamps as epoch microseconds, independent of pyarrow's Python datetime handling.

@@ -155,7 +155,18 @@ pub fn assert_landed_exactly(sent: &[Value], landed: &Value) {
         assert_eq!(schema["_content_hash"], "fixed_size_binary[32]");
         assert_eq!(f["nullable"]["device_id"], false);
         assert_eq!(f["nullable"]["unit"], true);
-        assert_eq!(f["compression"], "ZSTD");
+        // Every column zstd; offsets as deltas.
+        for (column, chunk) in f["columns"].as_object().unwrap() {
+            assert_eq!(chunk["compression"], "ZSTD", "{column}: {f}");
+        }
+        let offset_encodings = &f["columns"]["_offset"]["encodings"];
+        assert!(
+            offset_encodings
+                .as_array()
+                .unwrap()
+                .contains(&"DELTA_BINARY_PACKED".into()),
+            "{offset_encodings}"
+        );
         let meta = &f["metadata"];
         for key in [
             "stream",
