@@ -132,8 +132,7 @@ pub async fn run(opts: SinkBenchOptions) -> anyhow::Result<SinkBenchReport> {
 
     // Every path once per round, in turn, so that they share the machine's moods; each path's
     // fastest round is reported (the slower ones lost time to the machine).
-    let (mut consumer, mut sink, mut pyarrow) = (None::<Throughput>, None::<SinkRun>, None);
-    let mut path: Option<Throughput> = None;
+    let (mut consumer, mut sink, mut pyarrow, mut path) = (None, None, None, None);
     let mut round_ratios = Vec::new();
     for round in 0..opts.rounds.max(1) {
         // 1. A librdkafka consumer that only reads.
@@ -150,9 +149,6 @@ pub async fn run(opts: SinkBenchOptions) -> anyhow::Result<SinkBenchReport> {
         let p = run_pyarrow(&opts.python, &src, lines.len(), work.raw_bytes)?;
         // 4. The sink's per-record work alone, without Kafka.
         let w = tokio::task::block_in_place(|| sink_path(&work, 1))?;
-        if path.as_ref().is_none_or(|b| w.cpu_seconds < b.cpu_seconds) {
-            path = Some(w);
-        }
         let ratio = s.throughput.records_per_cpu_s / p.records_per_cpu_s;
         eprintln!(
             "bench: round {}: sink {:.0} records/cpu-s, pyarrow {:.0}, ratio {ratio:.2}",
@@ -161,24 +157,10 @@ pub async fn run(opts: SinkBenchOptions) -> anyhow::Result<SinkBenchReport> {
             p.records_per_cpu_s
         );
         round_ratios.push(ratio);
-        if consumer
-            .as_ref()
-            .is_none_or(|b| c.cpu_seconds < b.cpu_seconds)
-        {
-            consumer = Some(c);
-        }
-        if sink
-            .as_ref()
-            .is_none_or(|b| s.throughput.cpu_seconds < b.throughput.cpu_seconds)
-        {
-            sink = Some(s);
-        }
-        if pyarrow
-            .as_ref()
-            .is_none_or(|b: &Throughput| p.cpu_seconds < b.cpu_seconds)
-        {
-            pyarrow = Some(p);
-        }
+        keep_fastest(&mut consumer, c, |t| t.cpu_seconds);
+        keep_fastest(&mut sink, s, |r| r.throughput.cpu_seconds);
+        keep_fastest(&mut pyarrow, p, |t| t.cpu_seconds);
+        keep_fastest(&mut path, w, |t| t.cpu_seconds);
     }
     let (consumer, sink, pyarrow) = (
         consumer.context("no rounds")?,
@@ -199,6 +181,16 @@ pub async fn run(opts: SinkBenchOptions) -> anyhow::Result<SinkBenchReport> {
     };
     crate::bench_gateway::write_report(&opts.out, &report)?;
     Ok(report)
+}
+
+/// Keeps `run` in `best` if it took less CPU time than the run there.
+fn keep_fastest<T>(best: &mut Option<T>, run: T, cpu_seconds: impl Fn(&T) -> f64) {
+    if best
+        .as_ref()
+        .is_none_or(|b| cpu_seconds(&run) < cpu_seconds(b))
+    {
+        *best = Some(run);
+    }
 }
 
 /// Runs the sink in a child process (so that its peak RSS is its own) as consumer group
@@ -432,10 +424,7 @@ pub fn sink_path(work: &Workload, rounds: usize) -> anyhow::Result<Throughput> {
             }
         }
         finish(&mut part, offset)?;
-        let t = m.done(rows, work.raw_bytes);
-        if best.as_ref().is_none_or(|b| t.cpu_seconds < b.cpu_seconds) {
-            best = Some(t);
-        }
+        keep_fastest(&mut best, m.done(rows, work.raw_bytes), |t| t.cpu_seconds);
     }
     best.context("no rounds")
 }
