@@ -356,8 +356,8 @@ pub async fn run(opts: BenchOptions) -> anyhow::Result<BenchReport> {
         directs.push(direct);
         gateways.push(gw);
     }
-    let direct = median(directs);
-    let gw = median(gateways);
+    let direct = median_by(directs, |t| t.records_per_s);
+    let gw = median_by(gateways, |t| t.records_per_s);
 
     // 4. Latency at half of the peak request rate.
     let half_rate = compressed.len() as f64 / gw.seconds / 2.0;
@@ -387,7 +387,7 @@ pub async fn run(opts: BenchOptions) -> anyhow::Result<BenchReport> {
         raw_bytes,
         batches: compressed.len(),
         ratio_gateway_direct: gw.records_per_s / direct.records_per_s,
-        median_round_ratio: median_of(&round_ratios),
+        median_round_ratio: median_by(round_ratios.clone(), |r| *r),
         round_ratios,
         warmup_rounds: opts.warmup_rounds,
         gateway_check: check_t,
@@ -401,18 +401,11 @@ pub async fn run(opts: BenchOptions) -> anyhow::Result<BenchReport> {
     Ok(report)
 }
 
-/// The median of some numbers (the upper one of an even count, as [`median`]).
-fn median_of(values: &[f64]) -> f64 {
-    let mut sorted = values.to_vec();
-    sorted.sort_by(f64::total_cmp);
-    sorted.get(sorted.len() / 2).copied().unwrap_or(f64::NAN)
-}
-
-/// The round of median records/s.
-fn median(mut rounds: Vec<Throughput>) -> Throughput {
-    rounds.sort_by(|a, b| a.records_per_s.total_cmp(&b.records_per_s));
-    let mid = rounds.len() / 2;
-    rounds.swap_remove(mid)
+/// The item of median `key` (the upper one of an even count); `items` is not empty.
+fn median_by<T>(mut items: Vec<T>, key: impl Fn(&T) -> f64) -> T {
+    items.sort_by(|a, b| key(a).total_cmp(&key(b)));
+    let mid = items.len() / 2;
+    items.swap_remove(mid)
 }
 
 /// Sends every prepared record straight to Kafka and waits for all acknowledgements.

@@ -144,9 +144,13 @@ pub async fn run(opts: SinkBenchOptions) -> anyhow::Result<SinkBenchReport> {
         );
         let c = tokio::task::spawn_blocking(move || read_all(&brokers, &t, parts, n)).await??;
         // 2. The sink in a child process, as a new consumer group.
-        let s = run_sink_worker(&opts.brokers, &prefix, round, lines.len(), work.raw_bytes)?;
+        let s = tokio::task::block_in_place(|| {
+            run_sink_worker(&opts.brokers, &prefix, round, lines.len(), work.raw_bytes)
+        })?;
         // 3. pyarrow on the same records.
-        let p = run_pyarrow(&opts.python, &src, lines.len(), work.raw_bytes)?;
+        let p = tokio::task::block_in_place(|| {
+            run_pyarrow(&opts.python, &src, lines.len(), work.raw_bytes)
+        })?;
         // 4. The sink's per-record work alone, without Kafka.
         let w = tokio::task::block_in_place(|| sink_path(&work, 1))?;
         let ratio = s.throughput.records_per_cpu_s / p.records_per_cpu_s;

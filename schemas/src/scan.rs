@@ -92,17 +92,6 @@ pub(crate) enum Slot<'a> {
     Nested(Option<Value>),
 }
 
-impl<'a> From<Slot<'a>> for Value {
-    #[inline(always)]
-    fn from(slot: Slot<'a>) -> Value {
-        match slot {
-            Slot::Null | Slot::Nested(None) => Value::Null,
-            Slot::Scalar(value) => value.into(),
-            Slot::Nested(Some(value)) => value,
-        }
-    }
-}
-
 /// Where the scanner puts a field's value: a [`Value`] of a record, or a [`Slot`].
 trait Field<'a> {
     fn null() -> Self;

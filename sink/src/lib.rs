@@ -512,14 +512,17 @@ impl Worker {
         part.last_append = self.round_start;
         self.stats.records_received.fetch_add(1, Ordering::Relaxed);
         let Fields {
-            offset, payload, ..
+            offset,
+            ingest_ts,
+            payload,
+            ..
         } = *msg;
         part.received.increment(1);
         if part.next_offset.is_some_and(|next| offset < next) {
             // Already durable in an adopted object.
             return Ok(None);
         }
-        let full = match part.append(payload, offset, msg.ingest_ts, &self.staging, targets)? {
+        let full = match part.append(payload, offset, ingest_ts, &self.staging, targets)? {
             Appended::Row { full } => full,
             Appended::Duplicate => {
                 ::metrics::counter!(m::DISCARDED, "stream" => part.def.name.clone(), "reason" => "duplicate", "intentional" => "true").increment(1);
