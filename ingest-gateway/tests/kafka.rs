@@ -6,13 +6,14 @@ use std::collections::HashMap;
 use std::net::SocketAddr;
 use std::path::Path;
 use std::process::{Child, Command};
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
 use ingest_gateway::GatewayConfig;
 use ingest_gateway::config::{AuthConfig, TlsConfig, TokenConfig};
-use rdkafka::consumer::{BaseConsumer, Consumer};
+use rdkafka::consumer::{BaseConsumer, Consumer, ConsumerContext, DefaultConsumerContext};
 use rdkafka::message::{Headers, Message};
-use rdkafka::{ClientConfig, Offset, TopicPartitionList};
+use rdkafka::{ClientConfig, ClientContext, Offset, Statistics, TopicPartitionList};
 use serde_json::{Value, json};
 use tokio_util::sync::CancellationToken;
 
@@ -103,14 +104,23 @@ async fn start(brokers: &str, tweak: impl FnOnce(&mut GatewayConfig)) -> Started
     }
 }
 
-/// Every message of a topic (all partitions, from the beginning) until `want` arrived.
-fn consume(brokers: &str, topic: &str, want: usize) -> Vec<(Vec<u8>, HashMap<String, String>)> {
-    let consumer: BaseConsumer = ClientConfig::new()
+/// A consumer of every partition of `topic`, from the beginning, with `settings` on top of the
+/// usual ones.
+fn reader<C: ConsumerContext>(
+    brokers: &str,
+    topic: &str,
+    settings: &[(&str, &str)],
+    context: C,
+) -> BaseConsumer<C> {
+    let mut config = ClientConfig::new();
+    config
         .set("bootstrap.servers", brokers)
         .set("group.id", format!("reader-{}", unique()))
-        .set("enable.auto.commit", "false")
-        .create()
-        .unwrap();
+        .set("enable.auto.commit", "false");
+    for (k, v) in settings {
+        config.set(*k, *v);
+    }
+    let consumer: BaseConsumer<C> = config.create_with_context(context).unwrap();
     let meta = consumer
         .fetch_metadata(Some(topic), Duration::from_secs(10))
         .unwrap();
@@ -120,6 +130,12 @@ fn consume(brokers: &str, topic: &str, want: usize) -> Vec<(Vec<u8>, HashMap<Str
             .unwrap();
     }
     consumer.assign(&list).unwrap();
+    consumer
+}
+
+/// Every message of a topic (all partitions, from the beginning) until `want` arrived.
+fn consume(brokers: &str, topic: &str, want: usize) -> Vec<(Vec<u8>, HashMap<String, String>)> {
+    let consumer = reader(brokers, topic, &[], DefaultConsumerContext);
     let mut out = Vec::new();
     let deadline = Instant::now() + Duration::from_secs(20);
     while out.len() < want && Instant::now() < deadline {
@@ -302,6 +318,82 @@ async fn bursts_past_librdkafkas_default_message_count_are_accepted() {
         assert_eq!(res.status(), 200, "{}", res.text().await.unwrap());
     }
     g.stop().await;
+}
+
+/// What librdkafka's statistics say about a consumer's fetches, summed over its brokers.
+#[derive(Default)]
+struct FetchStats {
+    reports: AtomicU64,
+    /// Bytes received from the brokers.
+    rx_bytes: AtomicU64,
+    /// Message sets decompressed again into a bigger buffer: a zstd frame that does not carry
+    /// its uncompressed size is decompressed into a guessed buffer, and again on each miss.
+    zbuf_grow: AtomicU64,
+}
+
+impl ClientContext for FetchStats {
+    fn stats(&self, stats: Statistics) {
+        let sum = |f: fn(&rdkafka::statistics::Broker) -> u64| stats.brokers.values().map(f).sum();
+        self.rx_bytes.store(sum(|b| b.rxbytes), Ordering::Relaxed);
+        self.zbuf_grow
+            .store(sum(|b| b.zbuf_grow), Ordering::Relaxed);
+        self.reports.fetch_add(1, Ordering::Relaxed);
+    }
+}
+
+impl ConsumerContext for FetchStats {}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn consumers_decompress_the_gateways_message_sets_once() {
+    let brokers = env("EDGE_INGEST_KAFKA");
+    let g = start(&brokers, |_| {}).await;
+    let n = 5_000;
+    let body = ndjson(&(0..n).map(reading).collect::<Vec<_>>());
+    let res = post(
+        &reqwest::Client::new(),
+        &g.url("sensor_readings"),
+        body,
+        None,
+    )
+    .await;
+    assert_eq!(res.status(), 200, "{}", res.text().await.unwrap());
+    let topic = format!("{}sensor_readings", g.prefix);
+    g.stop().await;
+
+    let stats_every = [("statistics.interval.ms", "100")];
+    let consumer = reader(&brokers, &topic, &stats_every, FetchStats::default());
+    let (mut got, mut message_bytes) = (0, 0);
+    let deadline = Instant::now() + Duration::from_secs(20);
+    while got < n && Instant::now() < deadline {
+        if let Some(Ok(m)) = consumer.poll(Duration::from_millis(100)) {
+            got += 1;
+            let headers = m.headers().map_or(0, |h| {
+                h.iter()
+                    .map(|h| h.key.len() + h.value.map_or(0, <[u8]>::len))
+                    .sum()
+            });
+            message_bytes += m.payload_len() + m.key().map_or(0, <[u8]>::len) + headers;
+        }
+    }
+    assert_eq!(got, n);
+    // Statistics after the last fetch.
+    let stats = consumer.context();
+    let seen = stats.reports.load(Ordering::Relaxed);
+    while stats.reports.load(Ordering::Relaxed) < seen + 2 && Instant::now() < deadline {
+        let _ = consumer.poll(Duration::from_millis(50));
+    }
+    let rx = stats.rx_bytes.load(Ordering::Relaxed) as usize;
+    // Under half: a consumer that guessed twice the compressed size would have to grow.
+    assert!(
+        rx * 2 < message_bytes,
+        "the records travel zstd-compressed: {rx} bytes received for {message_bytes}"
+    );
+    assert_eq!(
+        stats.zbuf_grow.load(Ordering::Relaxed),
+        0,
+        "every message set carries its uncompressed size (librdkafka built with WITH_ZSTD_STATIC, \
+         see .cargo/config.toml), so consumers decompress it once"
+    );
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
