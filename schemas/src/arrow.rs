@@ -7,9 +7,10 @@
 use std::collections::HashMap;
 use std::sync::Arc;
 
+use arrow::array::builder::NullBufferBuilder;
 use arrow::array::{
-    ArrayRef, BooleanBuilder, FixedSizeBinaryArray, Float64Builder, Int32Builder, Int64Builder,
-    ListArray, MapArray, StringBuilder, StructArray, TimestampMicrosecondBuilder,
+    ArrayBuilder, ArrayRef, BooleanBuilder, FixedSizeBinaryArray, Float64Builder, Int32Builder,
+    Int64Builder, ListArray, MapArray, StringBuilder, StructArray, TimestampMicrosecondBuilder,
 };
 use arrow::buffer::{Buffer, NullBuffer, OffsetBuffer};
 use arrow::datatypes::{DataType, Field, FieldRef, Fields, Schema, SchemaRef, TimeUnit};
@@ -116,7 +117,7 @@ pub fn record_batch(
 ) -> Result<RecordBatch, ArrowError> {
     let mut batch = BatchBuilder::new(def, rows.len());
     for (record, meta) in rows {
-        batch.push_record(record.clone(), *meta);
+        batch.push_record(record, *meta);
     }
     batch.finish()
 }
@@ -170,18 +171,20 @@ impl BatchBuilder {
                     match slot {
                         Slot::Null => column.push_null(),
                         Slot::Scalar(value) => column.push_scalar(Some(value)),
-                        Slot::Nested(value) => column.push_value(value.unwrap_or(Value::Null)),
+                        Slot::Nested(value) => {
+                            column.push_value(value.as_ref().unwrap_or(&Value::Null))
+                        }
                     }
                 }
                 self.push_meta(meta);
             }
-            RowFields::Record(record) => self.push_record(record, meta),
+            RowFields::Record(record) => self.push_record(&record, meta),
         }
     }
 
     /// Appends a validated record of this builder's stream.
-    pub fn push_record(&mut self, record: Record, meta: RowMeta) {
-        for (column, value) in self.columns.iter_mut().zip(record.values) {
+    pub fn push_record(&mut self, record: &Record, meta: RowMeta) {
+        for (column, value) in self.columns.iter_mut().zip(&record.values) {
             column.push_value(value);
         }
         self.push_meta(meta);
@@ -218,8 +221,48 @@ enum Column {
     Int(Int64Builder),
     Float(Float64Builder),
     Timestamp(TimestampMicrosecondBuilder),
-    /// A list or map column: its values are kept and built when the batch is finished.
-    Nested(FieldType, Vec<Value>),
+    List(Nested),
+    /// A map column: its entries' keys, and their values in the [`Nested`] items.
+    Map(Nested, StringBuilder),
+}
+
+/// What a list or map column is made of: where each row's items start, which rows are null,
+/// and the items (scalars) in a column of their own.
+struct Nested {
+    inner: FieldType,
+    offsets: Vec<i32>,
+    valid: NullBufferBuilder,
+    items: Box<Column>,
+}
+
+impl Nested {
+    fn new(inner: &FieldType, capacity: usize) -> Nested {
+        let mut offsets = Vec::with_capacity(capacity + 1);
+        offsets.push(0);
+        Nested {
+            inner: inner.clone(),
+            offsets,
+            valid: NullBufferBuilder::new(capacity),
+            items: Box::new(Column::new(inner, capacity)),
+        }
+    }
+
+    /// Ends a row whose items were just appended (`valid`), or a null row.
+    fn end_row(&mut self, valid: bool) {
+        let end = self.items.len() as i32;
+        self.offsets.push(end);
+        self.valid.append(valid);
+    }
+
+    /// The row offsets and validity since the last call, and the items' array.
+    fn finish(&mut self) -> Result<(OffsetBuffer<i32>, Option<NullBuffer>, ArrayRef), ArrowError> {
+        let offsets = std::mem::replace(&mut self.offsets, vec![0]);
+        Ok((
+            OffsetBuffer::new(offsets.into()),
+            self.valid.finish(),
+            self.items.finish()?,
+        ))
+    }
 }
 
 impl Column {
@@ -232,7 +275,23 @@ impl Column {
             FieldType::Timestamp => Column::Timestamp(
                 TimestampMicrosecondBuilder::with_capacity(capacity).with_timezone("UTC"),
             ),
-            nested => Column::Nested(nested.clone(), Vec::with_capacity(capacity)),
+            FieldType::List(inner) => Column::List(Nested::new(inner, capacity)),
+            FieldType::Map(inner) => Column::Map(
+                Nested::new(inner, capacity),
+                StringBuilder::with_capacity(capacity, capacity * 8),
+            ),
+        }
+    }
+
+    /// Values appended since the last batch.
+    fn len(&self) -> usize {
+        match self {
+            Column::Str(b) => b.len(),
+            Column::Bool(b) => b.len(),
+            Column::Int(b) => b.len(),
+            Column::Float(b) => b.len(),
+            Column::Timestamp(b) => b.len(),
+            Column::List(n) | Column::Map(n, _) => n.offsets.len() - 1,
         }
     }
 
@@ -257,15 +316,27 @@ impl Column {
             Column::Int(b) => b.append_null(),
             Column::Float(b) => b.append_null(),
             Column::Timestamp(b) => b.append_null(),
-            Column::Nested(_, values) => values.push(Value::Null),
+            Column::List(n) | Column::Map(n, _) => n.end_row(false),
         }
     }
 
-    /// Appends a value, moved (a list or map is kept as it is).
-    fn push_value(&mut self, value: Value) {
-        match self {
-            Column::Nested(_, values) => values.push(value),
-            column => column.push_scalar(value.as_scalar()),
+    /// Appends a value; one of another type (validation rules that out) is appended as a null.
+    fn push_value(&mut self, value: &Value) {
+        match (self, value) {
+            (Column::List(n), Value::List(items)) => {
+                for item in items {
+                    n.items.push_scalar(item.as_scalar());
+                }
+                n.end_row(true);
+            }
+            (Column::Map(n, keys), Value::Map(entries)) => {
+                for (key, value) in entries {
+                    keys.append_value(key);
+                    n.items.push_scalar(value.as_scalar());
+                }
+                n.end_row(true);
+            }
+            (column, value) => column.push_scalar(value.as_scalar()),
         }
     }
 
@@ -277,89 +348,42 @@ impl Column {
             Column::Int(b) => Arc::new(b.finish()),
             Column::Float(b) => Arc::new(b.finish()),
             Column::Timestamp(b) => Arc::new(b.finish()),
-            Column::Nested(ty, values) => build_array(ty, std::mem::take(values).iter())?,
+            Column::List(n) => {
+                let (offsets, nulls, items) = n.finish()?;
+                Arc::new(ListArray::try_new(
+                    list_item_field(&n.inner),
+                    offsets,
+                    items,
+                    nulls,
+                )?)
+            }
+            Column::Map(n, keys) => {
+                let (offsets, nulls, values) = n.finish()?;
+                let entries = StructArray::try_new(
+                    map_entry_fields(&n.inner),
+                    vec![Arc::new(keys.finish()) as ArrayRef, values],
+                    None,
+                )?;
+                Arc::new(MapArray::try_new(
+                    map_entries_field(&n.inner),
+                    offsets,
+                    entries,
+                    nulls,
+                    false,
+                )?)
+            }
         })
     }
 }
 
+/// The array of a field's values.
 pub(crate) fn build_array<'a>(
     ty: &FieldType,
     values: impl ExactSizeIterator<Item = &'a Value>,
 ) -> Result<ArrayRef, ArrowError> {
-    Ok(match ty {
-        FieldType::List(inner) => {
-            let (offsets, nulls, children) = flatten(values, |v| match v {
-                Value::List(items) => Some(items.iter().collect::<Vec<_>>()),
-                _ => None,
-            });
-            let child = build_array(inner, children.into_iter())?;
-            Arc::new(ListArray::try_new(
-                list_item_field(inner),
-                offsets,
-                child,
-                nulls,
-            )?)
-        }
-        FieldType::Map(inner) => {
-            let mut keys = StringBuilder::new();
-            let (offsets, nulls, children) = flatten(values, |v| match v {
-                Value::Map(entries) => Some(
-                    entries
-                        .iter()
-                        .map(|(k, v)| {
-                            keys.append_value(k);
-                            v
-                        })
-                        .collect::<Vec<_>>(),
-                ),
-                _ => None,
-            });
-            let child = build_array(inner, children.into_iter())?;
-            let entries = StructArray::try_new(
-                map_entry_fields(inner),
-                vec![Arc::new(keys.finish()) as ArrayRef, child],
-                None,
-            )?;
-            Arc::new(MapArray::try_new(
-                map_entries_field(inner),
-                offsets,
-                entries,
-                nulls,
-                false,
-            )?)
-        }
-        scalar => {
-            let mut column = Column::new(scalar, values.len());
-            for v in values {
-                column.push_scalar(v.as_scalar());
-            }
-            column.finish()?
-        }
-    })
-}
-
-/// Flattens collection values into offsets, a validity buffer and the child values.
-fn flatten<'a>(
-    values: impl Iterator<Item = &'a Value>,
-    mut items: impl FnMut(&'a Value) -> Option<Vec<&'a Value>>,
-) -> (OffsetBuffer<i32>, Option<NullBuffer>, Vec<&'a Value>) {
-    let mut lengths = Vec::new();
-    let mut valid = Vec::new();
-    let mut children = Vec::new();
-    for v in values {
-        match items(v) {
-            Some(list) => {
-                lengths.push(list.len());
-                valid.push(true);
-                children.extend(list);
-            }
-            None => {
-                lengths.push(0);
-                valid.push(false);
-            }
-        }
+    let mut column = Column::new(ty, values.len());
+    for value in values {
+        column.push_value(value);
     }
-    let nulls = NullBuffer::from(valid);
-    let nulls = (nulls.null_count() > 0).then_some(nulls);
-    (OffsetBuffer::from_lengths(lengths), nulls, children)
+    column.finish()
 }

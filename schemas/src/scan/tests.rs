@@ -498,3 +498,116 @@ fn a_builder_makes_one_batch_per_finish() {
     );
     assert!(builder.is_empty());
 }
+
+/// Lists and maps land with their items, in streams that hash them and in streams that do not
+/// (the forwarding path only checks those): read back from the Arrow arrays, not compared with
+/// the record path, which shares the column code.
+#[test]
+fn nested_columns_hold_each_rows_items() {
+    use arrow::array::{Array, AsArray};
+    type Strings = Vec<Option<String>>;
+
+    fn strings(array: &dyn Array) -> Strings {
+        array
+            .as_string::<i32>()
+            .iter()
+            .map(|s| s.map(str::to_owned))
+            .collect()
+    }
+    let s = |v: &str| Some(v.to_owned());
+
+    let vehicle = crate::example_streams()
+        .get("vehicle_telemetry")
+        .unwrap()
+        .clone();
+    let vehicle_toml = crate::EXAMPLE_STREAMS[1].1.replace(
+        "partition_key_field = \"vehicle_id\"",
+        "partition_key_field = \"vehicle_id\"\nhash_fields = [\"vehicle_id\", \"recorded_at\"]",
+    );
+    let vehicle_unhashed = StreamDef::from_toml(&vehicle_toml).unwrap();
+    let head = r#"{"vehicle_id":"v","recorded_at":"2026-01-01T00:00:00Z","lat":1,"lon":2"#;
+    for (def, hashed) in [(&*vehicle, true), (&vehicle_unhashed, false)] {
+        let codes = def.field_index("fault_codes").unwrap();
+        assert_eq!(def.hashed[codes], hashed);
+        let batch = batch_of(
+            def,
+            &[
+                format!(r#"{head},"fault_codes":["P0001",null,"P0420"]}}"#),
+                format!(r#"{head},"fault_codes":null}}"#),
+                format!(r#"{head},"fault_codes":[ ]}}"#),
+                format!("{head}}}"),
+                format!(r#"{head},"fault_codes":["P1"]}}"#),
+            ],
+        );
+        let list = batch.column(codes).as_list::<i32>();
+        let rows: Vec<Option<Strings>> = (0..list.len())
+            .map(|i| list.is_valid(i).then(|| strings(&list.value(i))))
+            .collect();
+        assert_eq!(
+            rows,
+            [
+                Some(vec![s("P0001"), None, s("P0420")]),
+                None,
+                Some(vec![]),
+                None,
+                Some(vec![s("P1")]),
+            ],
+            "hashed: {hashed}"
+        );
+    }
+
+    let head = r#"{"device_id":"d","sensor":"s","ts":0,"value":1"#;
+    for (def, hashed) in [
+        (sensor().as_ref().clone(), false),
+        (sensor_hashing_tags(), true),
+    ] {
+        let tags = def.field_index("tags").unwrap();
+        assert_eq!(def.hashed[tags], hashed);
+        let batch = batch_of(
+            &def,
+            &[
+                // Keys come out sorted; a repeated key keeps its last value.
+                format!(r#"{head},"tags":{{"site":"b","line":"2","site":"c"}}}}"#),
+                format!(r#"{head},"tags":null}}"#),
+                format!(r#"{head},"tags":{{}}}}"#),
+                format!(r#"{head},"tags":{{"k":null}}}}"#),
+            ],
+        );
+        let map = batch.column(tags).as_map();
+        let rows: Vec<Option<(Strings, Strings)>> = (0..map.len())
+            .map(|i| {
+                map.is_valid(i).then(|| {
+                    let entries = map.value(i);
+                    (strings(entries.column(0)), strings(entries.column(1)))
+                })
+            })
+            .collect();
+        assert_eq!(
+            rows,
+            [
+                Some((vec![s("line"), s("site")], vec![s("2"), s("c")])),
+                None,
+                Some((vec![], vec![])),
+                Some((vec![s("k")], vec![None])),
+            ],
+            "hashed: {hashed}"
+        );
+    }
+}
+
+/// One batch of `lines`, each pushed as a checked row.
+fn batch_of(def: &StreamDef, lines: &[String]) -> arrow::record_batch::RecordBatch {
+    let mut builder = BatchBuilder::new(def, lines.len());
+    for (i, line) in lines.iter().enumerate() {
+        let row = crate::check_bytes_row(def, line.as_bytes()).unwrap();
+        assert!(matches!(row.fields, crate::RowFields::Scanned(_)), "{line}");
+        let meta = RowMeta {
+            ingest_ts: 0,
+            partition: 0,
+            offset: i as i64,
+            hash: row.hash,
+        };
+        builder.push(row, meta);
+    }
+    builder.finish().unwrap()
+}
