@@ -9,8 +9,8 @@ use std::sync::Arc;
 
 use arrow::array::builder::NullBufferBuilder;
 use arrow::array::{
-    ArrayBuilder, ArrayRef, BooleanBuilder, FixedSizeBinaryArray, Float64Builder, Int32Builder,
-    Int64Builder, ListArray, MapArray, StringBuilder, StructArray, TimestampMicrosecondBuilder,
+    ArrayRef, BooleanBuilder, FixedSizeBinaryArray, Float64Builder, Int32Builder, Int64Builder,
+    ListArray, MapArray, StringBuilder, StructArray, TimestampMicrosecondBuilder,
 };
 use arrow::buffer::{Buffer, NullBuffer, OffsetBuffer};
 use arrow::datatypes::{DataType, Field, FieldRef, Fields, Schema, SchemaRef, TimeUnit};
@@ -247,10 +247,10 @@ impl Nested {
         }
     }
 
-    /// Ends a row whose items were just appended (`valid`), or a null row.
-    fn end_row(&mut self, valid: bool) {
-        let end = self.items.len() as i32;
-        self.offsets.push(end);
+    /// Ends a row: `items` were just appended to it, or it is null (`valid` false, no items).
+    fn end_row(&mut self, items: usize, valid: bool) {
+        let start = self.offsets.last().copied().unwrap_or(0);
+        self.offsets.push(start + items as i32);
         self.valid.append(valid);
     }
 
@@ -283,18 +283,6 @@ impl Column {
         }
     }
 
-    /// Values appended since the last batch.
-    fn len(&self) -> usize {
-        match self {
-            Column::Str(b) => b.len(),
-            Column::Bool(b) => b.len(),
-            Column::Int(b) => b.len(),
-            Column::Float(b) => b.len(),
-            Column::Timestamp(b) => b.len(),
-            Column::List(n) | Column::Map(n, _) => n.offsets.len() - 1,
-        }
-    }
-
     /// Appends a scalar; a value of another type (validation rules that out) is appended as a
     /// null.
     #[inline]
@@ -316,7 +304,7 @@ impl Column {
             Column::Int(b) => b.append_null(),
             Column::Float(b) => b.append_null(),
             Column::Timestamp(b) => b.append_null(),
-            Column::List(n) | Column::Map(n, _) => n.end_row(false),
+            Column::List(n) | Column::Map(n, _) => n.end_row(0, false),
         }
     }
 
@@ -327,14 +315,14 @@ impl Column {
                 for item in items {
                     n.items.push_scalar(item.as_scalar());
                 }
-                n.end_row(true);
+                n.end_row(items.len(), true);
             }
             (Column::Map(n, keys), Value::Map(entries)) => {
                 for (key, value) in entries {
                     keys.append_value(key);
                     n.items.push_scalar(value.as_scalar());
                 }
-                n.end_row(true);
+                n.end_row(entries.len(), true);
             }
             (column, value) => column.push_scalar(value.as_scalar()),
         }

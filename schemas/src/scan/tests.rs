@@ -16,6 +16,13 @@ fn sensor() -> std::sync::Arc<StreamDef> {
         .clone()
 }
 
+fn vehicle() -> std::sync::Arc<StreamDef> {
+    crate::example_streams()
+        .get("vehicle_telemetry")
+        .unwrap()
+        .clone()
+}
+
 /// The sensor stream with its `tags` map hashed too, so that forwarding must build a map.
 fn sensor_hashing_tags() -> StreamDef {
     let toml = crate::EXAMPLE_STREAMS[0].1.replace(
@@ -378,12 +385,11 @@ const VEHICLE_WITH_LIST: &str = r#"{"vehicle_id":"v-1","recorded_at":"2026-01-01
 
 #[test]
 fn forwarding_hashes_the_lists_and_maps_it_builds() {
-    let streams = crate::example_streams();
-    let vehicle = streams.get("vehicle_telemetry").unwrap();
+    let vehicle = vehicle();
     let tags = sensor_hashing_tags();
     for (def, text, other) in [
         (
-            &**vehicle,
+            &*vehicle,
             VEHICLE_WITH_LIST,
             r#"{"vehicle_id":"v-1","recorded_at":"2026-01-01T00:00:00Z","lat":1.5,"lon":-2,
                 "ignition":true,"fault_codes":["P0001",null]}"#,
@@ -412,13 +418,12 @@ fn forwarding_hashes_the_lists_and_maps_it_builds() {
 
 #[test]
 fn rows_land_as_their_records() {
-    let streams = crate::example_streams();
-    let vehicle = streams.get("vehicle_telemetry").unwrap();
+    let vehicle = vehicle();
     let sensor = sensor();
     for (def, text, scanned) in [
-        (&**vehicle, VEHICLE_WITH_LIST, true),
+        (&*vehicle, VEHICLE_WITH_LIST, true),
         (
-            &**vehicle,
+            &*vehicle,
             r#"{"vehicle_id":"v-2","recorded_at":"2026-01-01T00:00:00Z","lat":1.5,"lon":-2}"#,
             true,
         ),
@@ -516,10 +521,7 @@ fn nested_columns_hold_each_rows_items() {
     }
     let s = |v: &str| Some(v.to_owned());
 
-    let vehicle = crate::example_streams()
-        .get("vehicle_telemetry")
-        .unwrap()
-        .clone();
+    let vehicle = vehicle();
     let vehicle_toml = crate::EXAMPLE_STREAMS[1].1.replace(
         "partition_key_field = \"vehicle_id\"",
         "partition_key_field = \"vehicle_id\"\nhash_fields = [\"vehicle_id\", \"recorded_at\"]",
