@@ -49,6 +49,9 @@ pub struct SinkStats {
     pub records_received: AtomicU64,
     /// Row groups written early because open files held more than the memory budget.
     pub spilled_row_groups: AtomicU64,
+    /// Message sets decompressed again into a bigger buffer, as of librdkafka's last statistics
+    /// ([`m::DECOMPRESSION_REGROWTHS`]).
+    pub decompression_regrowths: AtomicU64,
 }
 
 /// A started sink.
@@ -98,9 +101,11 @@ impl<'a> Fields<'a> {
 /// Hour folders searched for recent landing files when a partition's dedupe window is warmed.
 pub const WARM_HOURS: i64 = 24;
 
-/// Collects partitions revoked by a rebalance, so the worker drops their uncommitted rows.
+/// Collects partitions revoked by a rebalance, so the worker drops their uncommitted rows, and
+/// takes librdkafka's statistics.
 #[derive(Default)]
 struct SinkContext {
+    stats: Arc<SinkStats>,
     revoked: Mutex<Vec<PartKey>>,
     /// Set after `revoked` got partitions: the worker looks at this flag for every message and
     /// takes the lock only when it is set (the lock per message was 1.4% of the sink's CPU).
@@ -108,8 +113,14 @@ struct SinkContext {
 }
 
 impl ClientContext for SinkContext {
-    /// librdkafka's statistics (every `statistics.interval.ms`) carry the lag per partition.
+    /// librdkafka's statistics (every `statistics.interval.ms`) carry the lag per partition and
+    /// the count of decompressions that started over.
     fn stats(&self, statistics: rdkafka::Statistics) {
+        let regrowths = statistics.brokers.values().map(|b| b.zbuf_grow).sum();
+        self.stats
+            .decompression_regrowths
+            .store(regrowths, Ordering::Relaxed);
+        ::metrics::counter!(m::DECOMPRESSION_REGROWTHS).absolute(regrowths);
         for (topic, t) in &statistics.topics {
             for (partition, p) in &t.partitions {
                 if *partition >= 0 && p.consumer_lag >= 0 {
@@ -170,8 +181,11 @@ pub async fn start(
     for (k, v) in &config.kafka.consumer {
         client.set(k, v);
     }
-    let consumer: StreamConsumer<SinkContext> =
-        client.create_with_context(SinkContext::default())?;
+    let stats = Arc::new(SinkStats::default());
+    let consumer: StreamConsumer<SinkContext> = client.create_with_context(SinkContext {
+        stats: stats.clone(),
+        ..SinkContext::default()
+    })?;
     let topics: Vec<String> = streams
         .iter()
         .map(|s| topic_name(&config.kafka.topic_prefix, &s.name))
@@ -181,7 +195,6 @@ pub async fn start(
         .subscribe(&topic_refs)
         .context("cannot subscribe to the stream topics")?;
     tracing::info!(topics = ?topics, store = %store.describe(), group = %config.kafka.group_id, "sink started");
-    let stats = Arc::new(SinkStats::default());
     let worker = Worker {
         consumer: Arc::new(consumer),
         store,

@@ -15,6 +15,12 @@ pub const SPILLED_ROW_GROUPS: &str = "sink_spilled_row_groups_total";
 pub const ABANDONED_UPLOADS: &str = "sink_abandoned_uploads_removed_total";
 /// Records that went to the dead-letter location (also counted in `DISCARDED` by reason).
 pub const DEAD_LETTERS: &str = "sink_dead_letter_records_total";
+/// Compressed message sets that librdkafka decompressed again into a bigger buffer (its
+/// statistic `zbuf_grow`, summed over brokers). A zstd frame without its uncompressed size
+/// (written by a producer whose librdkafka lacks `WITH_ZSTD_STATIC`) is decompressed into a
+/// guessed buffer, and from the start again on every miss; ours carry the size, so this stays 0
+/// unless other producers write to the topics.
+pub const DECOMPRESSION_REGROWTHS: &str = "sink_kafka_decompression_regrowths_total";
 
 /// Creates, at zero, the series that alerts and dashboards watch: Prometheus sees no increase in
 /// a counter whose first sample is already 1, so the first dead letter of a stream would go
@@ -27,6 +33,7 @@ pub fn register(streams: &schemas::Streams) {
     }
     ::metrics::counter!(SPILLED_ROW_GROUPS).increment(0);
     ::metrics::counter!(ABANDONED_UPLOADS).increment(0);
+    ::metrics::counter!(DECOMPRESSION_REGROWTHS).increment(0);
     for def in streams.iter() {
         ::metrics::counter!(DEAD_LETTERS, "stream" => def.name.clone()).increment(0);
         ::metrics::counter!(DISCARDED, "stream" => def.name.clone(), "reason" => "duplicate", "intentional" => "true")
