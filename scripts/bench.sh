@@ -7,6 +7,8 @@ cd "$(dirname "${BASH_SOURCE[0]}")/.."
 which=${1:-gateway}
 shift || true
 if [ "$which" = agent ]; then
+  # All of loadtest's binaries: bench-agent runs the pipeline in loadtest-agent-worker.
+  cargo build --release -p loadtest --bins
   exec cargo run --release -p loadtest -- bench-agent "$@"
 fi
 scripts/services.sh install

@@ -11,6 +11,7 @@ use std::sync::mpsc::{Receiver, RecvTimeoutError};
 use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
 use schemas::api::RejectedRecord;
+use schemas::columnar::BodyBuilder;
 use schemas::decode::ndjson_lines;
 use schemas::wire::encode_value_into;
 use schemas::{Forward, Record, StreamDef, ValidRecord};
@@ -79,7 +80,8 @@ pub struct PipelineStats {
 #[derive(Default)]
 struct Open {
     ndjson: Vec<u8>,
-    records: Vec<Record>,
+    /// The batch's records as Arrow columns, for a Parquet body.
+    columns: Option<BodyBuilder>,
     count: u32,
     started: Option<Instant>,
     digests: Vec<Digest>,
@@ -116,6 +118,8 @@ pub struct Pipeline {
     log_errors: u64,
     /// Compresses NDJSON batches, with the stream's dictionary when it has one.
     zstd: zstd::bulk::Compressor<'static>,
+    /// Records in the last batch closed: the room a Parquet batch's columns start with.
+    last_batch_records: usize,
     pub stats: PipelineStats,
 }
 
@@ -185,6 +189,7 @@ impl Pipeline {
             invalid_logged: 0,
             log_errors: 0,
             zstd,
+            last_batch_records: 0,
             stats: PipelineStats::default(),
         })
     }
@@ -332,7 +337,12 @@ impl Pipeline {
         }
         self.open.ndjson.push(b'\n');
         if self.encoding == BodyEncoding::Parquet {
-            self.open.records.push(record);
+            // Room for as many records as the last batch had: batches of a stream are alike.
+            let capacity = self.last_batch_records;
+            self.open
+                .columns
+                .get_or_insert_with(|| BodyBuilder::new(&self.def, capacity))
+                .push(&record);
         }
         self.added(cancel)
     }
@@ -400,10 +410,11 @@ impl Pipeline {
                 .zstd
                 .compress(&open.ndjson)
                 .map_err(|e| PipelineError::Encode(e.to_string()))?,
-            BodyEncoding::Parquet => {
-                schemas::columnar::encode_parquet(&self.def, &open.records, self.batch.zstd_level)
-                    .map_err(|e| PipelineError::Encode(e.to_string()))?
-            }
+            BodyEncoding::Parquet => open
+                .columns
+                .unwrap_or_else(|| BodyBuilder::new(&self.def, 0))
+                .finish(&self.def, self.batch.zstd_level)
+                .map_err(|e| PipelineError::Encode(e.to_string()))?,
         };
         let batch = Batch {
             id: BatchId(*blake3::hash(&open.ndjson).as_bytes()),
@@ -413,6 +424,7 @@ impl Pipeline {
             raw_bytes: open.ndjson.len() as u32,
             created_ms: now_ms(),
         };
+        self.last_batch_records = open.count as usize;
         let mut done = open.done;
         match self.spool.append(&batch, self.overflow, cancel)? {
             Appended::Stored { seq, durable } => {

@@ -102,6 +102,23 @@ fn tool(name: &str, args: &[&str], input: &Path, raw: u64) -> anyhow::Result<Too
     })
 }
 
+/// The `loadtest-agent-worker` binary next to this one: it runs the agent's pipeline with the
+/// system allocator, as the edge-agent binary does.
+fn worker_exe() -> anyhow::Result<PathBuf> {
+    let exe = std::env::current_exe()?.with_file_name(WORKER_BIN);
+    if !exe.exists() {
+        bail!(
+            "{} is missing: build it with `cargo build --release -p loadtest --bins` \
+             (scripts/bench.sh agent does)",
+            exe.display()
+        );
+    }
+    Ok(exe)
+}
+
+/// bench-agent's child binary (src/bin/loadtest-agent-worker.rs).
+const WORKER_BIN: &str = "loadtest-agent-worker";
+
 pub fn run(opts: AgentBenchOptions) -> anyhow::Result<AgentBenchReport> {
     std::fs::create_dir_all(&opts.out)?;
     let input = opts.out.join("agent-input.ndjson");
@@ -112,11 +129,12 @@ pub fn run(opts: AgentBenchOptions) -> anyhow::Result<AgentBenchReport> {
     };
     std::fs::write(&input, to_ndjson(&sensor_readings(&spec)))?;
     let raw = std::fs::metadata(&input)?.len();
+    let worker_exe = worker_exe()?;
     let worker = |encoding: &str| -> anyhow::Result<AgentRun> {
         let state = opts.out.join(format!("agent-state-{encoding}"));
         let _ = std::fs::remove_dir_all(&state);
-        let output = Command::new(std::env::current_exe()?)
-            .args(["agent-worker", "--encoding", encoding, "--input"])
+        let output = Command::new(&worker_exe)
+            .args(["--encoding", encoding, "--input"])
             .arg(&input)
             .arg("--state")
             .arg(&state)

@@ -127,19 +127,6 @@ enum Command {
         #[arg(long, default_value = "target/bench")]
         out: PathBuf,
     },
-    /// The agent side of bench-agent (a child process, so that its peak RSS is its own).
-    #[command(hide = true)]
-    AgentWorker {
-        #[arg(long)]
-        input: PathBuf,
-        #[arg(long)]
-        state: PathBuf,
-        #[arg(long)]
-        encoding: String,
-        /// Dedupe window in records.
-        #[arg(long, default_value_t = 1_000_000)]
-        dedupe_window: usize,
-    },
     /// Writes generated sensor readings as NDJSON to stdout or a file.
     Generate {
         #[command(flatten)]
@@ -278,19 +265,6 @@ async fn main() -> anyhow::Result<()> {
             })
             .await??;
             println!("{report}");
-            Ok(())
-        }
-        Command::AgentWorker {
-            input,
-            state,
-            encoding,
-            dedupe_window,
-        } => {
-            let run = tokio::task::spawn_blocking(move || {
-                loadtest::bench_agent::agent_worker(&input, &state, &encoding, dedupe_window)
-            })
-            .await??;
-            println!("{}", serde_json::to_string(&run)?);
             Ok(())
         }
         Command::SinkWorker {

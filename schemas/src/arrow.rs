@@ -215,7 +215,7 @@ impl BatchBuilder {
 }
 
 /// One Arrow column of a stream's field, built a value at a time.
-enum Column {
+pub(crate) enum Column {
     Str(StringBuilder),
     Bool(BooleanBuilder),
     Int(Int64Builder),
@@ -228,7 +228,7 @@ enum Column {
 
 /// What a list or map column is made of: where each row's items start, which rows are null,
 /// and the items (scalars) in a column of their own.
-struct Nested {
+pub(crate) struct Nested {
     inner: FieldType,
     offsets: Vec<i32>,
     valid: NullBufferBuilder,
@@ -266,7 +266,7 @@ impl Nested {
 }
 
 impl Column {
-    fn new(ty: &FieldType, capacity: usize) -> Column {
+    pub(crate) fn new(ty: &FieldType, capacity: usize) -> Column {
         match ty {
             FieldType::String => Column::Str(StringBuilder::with_capacity(capacity, capacity * 16)),
             FieldType::Bool => Column::Bool(BooleanBuilder::with_capacity(capacity)),
@@ -309,7 +309,7 @@ impl Column {
     }
 
     /// Appends a value; one of another type (validation rules that out) is appended as a null.
-    fn push_value(&mut self, value: &Value) {
+    pub(crate) fn push_value(&mut self, value: &Value) {
         match (self, value) {
             (Column::List(n), Value::List(items)) => {
                 for item in items {
@@ -329,7 +329,7 @@ impl Column {
     }
 
     /// The values appended since the last call, as an array.
-    fn finish(&mut self) -> Result<ArrayRef, ArrowError> {
+    pub(crate) fn finish(&mut self) -> Result<ArrayRef, ArrowError> {
         Ok(match self {
             Column::Str(b) => Arc::new(b.finish()),
             Column::Bool(b) => Arc::new(b.finish()),
@@ -362,16 +362,4 @@ impl Column {
             }
         })
     }
-}
-
-/// The array of a field's values.
-pub(crate) fn build_array<'a>(
-    ty: &FieldType,
-    values: impl ExactSizeIterator<Item = &'a Value>,
-) -> Result<ArrayRef, ArrowError> {
-    let mut column = Column::new(ty, values.len());
-    for value in values {
-        column.push_value(value);
-    }
-    column.finish()
 }

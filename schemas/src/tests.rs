@@ -756,3 +756,76 @@ fn parquet_bodies_fail_clearly() {
         .to_string();
     assert!(wrong.contains("is not a field of the stream"), "{wrong}");
 }
+
+/// `n` valid NDJSON lines of `def` (sensor readings or vehicle telemetry): few series, so rows
+/// share keys and times, with nulls, empty and missing lists and maps among them.
+pub(crate) fn sample_lines(def: &StreamDef, n: usize) -> Vec<Vec<u8>> {
+    (0..n as i64)
+        .map(|i| {
+            let r = i.wrapping_mul(2_654_435_761) % 1_000;
+            let sensor = ["temp", "rpm", "flow"][(r % 3) as usize];
+            let unit = ["degC", "bar"][(r % 2) as usize];
+            let line = if def.name == "sensor_readings" {
+                json!({
+                    "device_id": format!("dev-{}", r % 37), "sensor": sensor,
+                    "ts": 1_700_000_000_000i64 + r % 50, "value": r as f64 / 8.0,
+                    "unit": if r % 7 == 0 { Json::Null } else { json!(unit) },
+                    "quality": if r % 5 == 0 { Json::Null } else { json!(r % 256) },
+                    "tags": match r % 4 { 0 => Json::Null, 1 => json!({}), _ => json!({"site": format!("s{}", r % 3), "line": "1"}) }
+                })
+            } else {
+                json!({
+                    "vehicle_id": format!("v{}", r % 11), "recorded_at": 1_700_000_000_000i64 + r % 40,
+                    "lat": 52.0 + r as f64 / 1e4, "lon": 13.0, "speed_kmh": if r % 4 == 0 { Json::Null } else { json!(r) },
+                    "odometer_m": r * 10, "ignition": r % 2 == 0,
+                    "fault_codes": match r % 5 { 0 => json!([]), 1 => Json::Null, _ => json!(["P0300", format!("U{r}"), Json::Null]) }
+                })
+            };
+            line.to_string().into_bytes()
+        })
+        .collect()
+}
+
+proptest! {
+    #![proptest_config(ProptestConfig::with_cases(32))]
+    /// A Parquet body's rows come back ordered by series (the partition key, then the other
+    /// string fields, nulls first), then event time, records that tie in arrival order.
+    #[test]
+    fn parquet_body_rows_are_in_series_then_time_order(
+        picks in prop::collection::vec(0usize..400, 0..200),
+        vehicles in any::<bool>(),
+    ) {
+        let name = if vehicles { "vehicle_telemetry" } else { "sensor_readings" };
+        let def = example_streams().get(name).unwrap().clone();
+        let lines = sample_lines(&def, 400);
+        let records: Vec<Record> = picks
+            .iter()
+            .map(|&i| check_bytes(&def, &lines[i]).unwrap().record)
+            .collect();
+        let series: Vec<usize> = std::iter::once(def.partition_key)
+            .chain((0..def.fields.len()).filter(|&i| {
+                i != def.partition_key && def.fields[i].ty == FieldType::String
+            }))
+            .collect();
+        let mut expected = records.clone();
+        expected.sort_by(|a, b| {
+            series
+                .iter()
+                .map(|&i| {
+                    let key = |v: &Value| match v {
+                        Value::Str(s) => Some(s.to_string()),
+                        _ => None,
+                    };
+                    key(&a.values[i]).cmp(&key(&b.values[i]))
+                })
+                .find(|o| o.is_ne())
+                .unwrap_or(std::cmp::Ordering::Equal)
+                .then_with(|| a.event_time(&def).cmp(&b.event_time(&def)))
+        });
+        let body = crate::columnar::encode_parquet(&def, &records, 3).unwrap();
+        let ndjson = crate::columnar::parquet_to_ndjson(&def, body.into(), usize::MAX).unwrap();
+        let got: Vec<&[u8]> = ndjson_lines(&ndjson).collect();
+        let expected: Vec<Vec<u8>> = expected.iter().map(|r| encode_value(&def, r)).collect();
+        prop_assert_eq!(got, expected.iter().map(Vec::as_slice).collect::<Vec<_>>());
+    }
+}
