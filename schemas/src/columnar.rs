@@ -124,8 +124,8 @@ impl BodyBuilder {
     /// The body: rows sorted by series (the partition key, then the other string fields, e.g.
     /// the sensor), then event time, keeping arrival order among equals. Consecutive rows of
     /// one series make timestamps and values delta-friendly. The columns are encoded one after
-    /// the other, each closed before the next starts, so one zstd context is alive at a time
-    /// (`ArrowWriter` keeps one per column until the row group closes).
+    /// the other, each closed before the next starts, so one column's pages and zstd workspace
+    /// are held at a time (`ArrowWriter` keeps every column's until the row group closes).
     pub fn finish(self, def: &StreamDef, zstd_level: i32) -> Result<Vec<u8>, ParquetError> {
         let arrays = self.sorted_arrays(def)?;
         write_columns(def, &arrays, zstd_level)
@@ -149,8 +149,8 @@ impl BodyBuilder {
 
 /// Row indices in body order (see [`BodyBuilder::finish`]). Rows are numbered by series first
 /// (a batch holds few: its devices' sensors), the series ranked by their key values, and rows
-/// sorted by (series rank, event time, arrival): comparing strings for every pair of rows cost
-/// several times more.
+/// sorted by (series rank, event time, arrival). Comparing the strings for every pair of rows
+/// cost more than twice as much (1,950 against 830 instructions per row on bench-agent's data).
 fn sort_order(def: &StreamDef, arrays: &[ArrayRef]) -> UInt32Array {
     let columns: Vec<&dyn Array> = std::iter::once(def.partition_key)
         .chain(
