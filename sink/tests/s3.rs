@@ -226,10 +226,26 @@ async fn s3_outage_delays_files_but_loses_and_repeats_nothing() {
         d.dedup();
         d.len() as u64
     };
-    wait_until("every record", || {
-        sink.stats.records_written.load(Ordering::Relaxed) >= distinct
+    wait_until("every record read", || {
+        sink.stats.records_received.load(Ordering::Relaxed) >= sent.len() as u64
     })
     .await;
+    // What landed is what counts, not `records_written`: an upload that S3 took but whose
+    // answer was lost in the cut is adopted when S3 is back, and its rows are not counted
+    // as written by this sink (a CI run once waited for them in vain).
+    let deadline = Instant::now() + Duration::from_secs(90);
+    let rows = || {
+        let landed =
+            tokio::task::block_in_place(|| common::pyarrow_s3(&endpoint, &bucket, "landing/"));
+        landed["rows"].as_array().map_or(0, Vec::len) as u64
+    };
+    while rows() < distinct {
+        assert!(
+            Instant::now() < deadline,
+            "timed out waiting for every record to land"
+        );
+        tokio::time::sleep(Duration::from_secs(1)).await;
+    }
     shutdown.cancel();
     sink.task.await.unwrap().unwrap();
     let landed = common::pyarrow_s3(&endpoint, &bucket, "landing/");
