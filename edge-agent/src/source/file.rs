@@ -46,6 +46,12 @@ fn key(id: FileId) -> String {
     format!("{}:{}", id.0, id.1)
 }
 
+/// The file id of a [`key`].
+fn parse_key(k: &str) -> Option<FileId> {
+    let (dev, ino) = k.split_once(':')?;
+    Some((dev.parse().ok()?, ino.parse().ok()?))
+}
+
 impl Positions {
     pub fn load(state_dir: &Path) -> anyhow::Result<Positions> {
         let path = state_dir.join("positions.json");
@@ -68,14 +74,7 @@ impl Positions {
         let map = self.map.lock().unwrap_or_else(|e| e.into_inner());
         map.0
             .iter()
-            .filter_map(|(k, p)| {
-                let (dev, ino) = k.split_once(':')?;
-                Some((
-                    (dev.parse().ok()?, ino.parse().ok()?),
-                    p.path.clone(),
-                    p.offset,
-                ))
-            })
+            .filter_map(|(k, p)| Some((parse_key(k)?, p.path.clone(), p.offset)))
             .collect()
     }
 
@@ -96,7 +95,10 @@ impl Positions {
         map.1 = true;
     }
 
-    /// Writes the positions if they changed, dropping files that no longer exist.
+    /// Writes the positions if they changed, dropping files that no longer exist. A position
+    /// whose path now holds another file follows its file to its new name (a rotation): the
+    /// position may have been recorded under the old name by lines read just before the
+    /// rename was seen, and dropping it then lost the renamed file's position.
     pub fn save(&self) -> std::io::Result<()> {
         let snapshot = {
             let mut map = self.map.lock().unwrap_or_else(|e| e.into_inner());
@@ -104,8 +106,18 @@ impl Positions {
                 return Ok(());
             }
             map.1 = false;
-            map.0
-                .retain(|k, p| fs::metadata(&p.path).is_ok_and(|m| key((m.dev(), m.ino())) == *k));
+            map.0.retain(|k, p| {
+                if fs::metadata(&p.path).is_ok_and(|m| key((m.dev(), m.ino())) == *k) {
+                    return true;
+                }
+                match parse_key(k).and_then(|id| find_by_inode(&p.path, id)) {
+                    Some((renamed, _)) => {
+                        p.path = renamed;
+                        true
+                    }
+                    None => false,
+                }
+            });
             serde_json::to_vec_pretty(&map.0).map_err(std::io::Error::other)?
         };
         let tmp = self.path.with_extension("json.tmp");
@@ -399,4 +411,34 @@ pub fn csv_to_json(def: &StreamDef, header: &[String], line: &[u8], out: &mut Ve
         );
     }
     let _ = serde_json::to_writer(&mut *out, &Json::Object(object));
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// A position recorded under a file's old name follows the file when it was renamed and
+    /// another file took the name; a position of a deleted file is dropped.
+    #[test]
+    fn saved_positions_follow_renamed_files() {
+        let dir = tempfile::tempdir().unwrap();
+        let live = dir.path().join("readings.ndjson");
+        fs::write(&live, b"a\n").unwrap();
+        let renamed_id = file_id(&fs::metadata(&live).unwrap());
+        let gone = dir.path().join("gone.ndjson");
+        fs::write(&gone, b"b\n").unwrap();
+        let gone_id = file_id(&fs::metadata(&gone).unwrap());
+        let positions = Positions::load(dir.path()).unwrap();
+        positions.set(renamed_id, &live, 2);
+        positions.set(gone_id, &gone, 2);
+        fs::rename(&live, dir.path().join("readings.ndjson.1")).unwrap();
+        fs::write(&live, b"c\n").unwrap();
+        fs::remove_file(&gone).unwrap();
+        positions.save().unwrap();
+        let saved = Positions::load(dir.path()).unwrap().entries();
+        assert_eq!(
+            saved,
+            vec![(renamed_id, dir.path().join("readings.ndjson.1"), 2)]
+        );
+    }
 }
