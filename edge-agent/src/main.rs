@@ -6,9 +6,10 @@ use edge_agent::config::ENV_PREFIX;
 use tokio_util::sync::CancellationToken;
 
 // The system allocator, not mimalloc as the gateway and sink use: the agent's pipeline hardly
-// allocates per record any more (a line goes into its batch as read), and on bench-agent's run
-// glibc's malloc took 1.3% fewer instructions while mimalloc 3's freed pages, purged a second
-// later, raised the peak RSS with Parquet bodies from 53 to 69 MiB (64 MiB is the target).
+// allocates per record any more (a line goes into its batch as read), glibc's malloc took 1.3%
+// fewer instructions on it (callgrind, 300,000 readings), and mimalloc 3's freed pages, purged
+// a second later, put bench-agent's peak RSS with Parquet bodies at 66-69 MiB against 45 MiB
+// (64 MiB is the target).
 
 /// Edge agent: reads sensor records (files, stdin, MQTT, a local HTTP port), validates them,
 /// drops duplicates by content hash, filters them, batches and compresses them into a

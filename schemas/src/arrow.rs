@@ -140,11 +140,7 @@ impl BatchBuilder {
     pub fn new(def: &StreamDef, capacity: usize) -> BatchBuilder {
         BatchBuilder {
             schema: arrow_schema(def),
-            columns: def
-                .fields
-                .iter()
-                .map(|f| Column::new(&f.ty, capacity))
-                .collect(),
+            columns: Column::for_fields(def, capacity),
             ingest: TimestampMicrosecondBuilder::with_capacity(capacity).with_timezone("UTC"),
             partition: Int32Builder::with_capacity(capacity),
             offset: Int64Builder::with_capacity(capacity),
@@ -184,9 +180,7 @@ impl BatchBuilder {
 
     /// Appends a validated record of this builder's stream.
     pub fn push_record(&mut self, record: &Record, meta: RowMeta) {
-        for (column, value) in self.columns.iter_mut().zip(&record.values) {
-            column.push_value(value);
-        }
+        Column::push_record(&mut self.columns, record);
         self.push_meta(meta);
     }
 
@@ -266,7 +260,22 @@ impl Nested {
 }
 
 impl Column {
-    pub(crate) fn new(ty: &FieldType, capacity: usize) -> Column {
+    /// One column per field of `def`, with room for `capacity` rows.
+    pub(crate) fn for_fields(def: &StreamDef, capacity: usize) -> Vec<Column> {
+        def.fields
+            .iter()
+            .map(|f| Column::new(&f.ty, capacity))
+            .collect()
+    }
+
+    /// Appends a record's values to `columns` (those of its stream's fields).
+    pub(crate) fn push_record(columns: &mut [Column], record: &Record) {
+        for (column, value) in columns.iter_mut().zip(&record.values) {
+            column.push_value(value);
+        }
+    }
+
+    fn new(ty: &FieldType, capacity: usize) -> Column {
         match ty {
             FieldType::String => Column::Str(StringBuilder::with_capacity(capacity, capacity * 16)),
             FieldType::Bool => Column::Bool(BooleanBuilder::with_capacity(capacity)),
@@ -309,7 +318,7 @@ impl Column {
     }
 
     /// Appends a value; one of another type (validation rules that out) is appended as a null.
-    pub(crate) fn push_value(&mut self, value: &Value) {
+    fn push_value(&mut self, value: &Value) {
         match (self, value) {
             (Column::List(n), Value::List(items)) => {
                 for item in items {
