@@ -35,7 +35,10 @@ pub(crate) fn decode_verbatim(def: &StreamDef, bytes: &[u8]) -> Option<(Record, 
 /// strings stay in `bytes`, its unhashed lists and maps are only checked). `None` for anything
 /// else, which the caller decodes into a record instead.
 pub(crate) fn forwardable(def: &StreamDef, bytes: &[u8]) -> Option<(ContentHash, Str)> {
-    let (slots, once) = scan_slots(def, bytes, Build::Hashed)?;
+    // Made here, not returned by a helper: returning them costs a copy of the whole array.
+    let mut slots = Slots::new();
+    slots.resize_with(def.fields.len(), || Slot::Null);
+    let once = scan(def, bytes, Build::Hashed, &mut slots)?;
     if !once {
         return None;
     }
@@ -53,22 +56,15 @@ pub(crate) fn forwardable(def: &StreamDef, bytes: &[u8]) -> Option<(ContentHash,
 /// anything else, which the caller decodes into a record instead.
 #[inline(always)]
 pub(crate) fn scanned<'a>(def: &StreamDef, bytes: &'a [u8]) -> Option<(Slots<'a>, ContentHash)> {
-    let (slots, _) = scan_slots(def, bytes, Build::All)?;
+    let mut slots = Slots::new();
+    slots.resize_with(def.fields.len(), || Slot::Null);
+    scan(def, bytes, Build::All, &mut slots)?;
     let hash = slots_hash(def, &slots);
     Some((slots, hash))
 }
 
 /// One slot per field: streams of up to 16 fields need no allocation.
 pub(crate) type Slots<'a> = SmallVec<[Slot<'a>; 16]>;
-
-/// [`scan`] into slots.
-#[inline(always)]
-fn scan_slots<'a>(def: &StreamDef, bytes: &'a [u8], build: Build) -> Option<(Slots<'a>, bool)> {
-    let mut slots = Slots::new();
-    slots.resize_with(def.fields.len(), || Slot::Null);
-    let once = scan(def, bytes, build, &mut slots)?;
-    Some((slots, once))
-}
 
 /// The content hash of scanned fields whose hashed lists and maps were built.
 fn slots_hash(def: &StreamDef, slots: &[Slot<'_>]) -> ContentHash {
@@ -168,8 +164,17 @@ fn scan<'a, F: Field<'a>>(
     s.eat(b'{')?;
     // Keys seen, one bit per field; streams of more than 64 fields never count as verbatim.
     let (mut seen, mut once) = (0u64, def.fields.len() <= 64);
-    s.members(|s, start, len| {
-        let i = s.field(def, start, len)?;
+    let mut prev = def.fields.len();
+    s.sequence(b'}', |s| {
+        let i = match s.likely_key(def, prev) {
+            Some(i) => i,
+            None => {
+                let (start, len) = s.key()?;
+                s.field(def, start, len)?
+            }
+        };
+        s.ws();
+        prev = i;
         let bit = 1u64 << (i % 64);
         once &= seen & bit == 0;
         seen |= bit;
@@ -273,11 +278,34 @@ impl<'a> Scanner<'a> {
         mut member: impl FnMut(&mut Self, usize, usize) -> Option<()>,
     ) -> Option<()> {
         self.sequence(b'}', |s| {
-            let (start, len) = s.raw_string()?;
-            s.ws();
-            s.eat(b':')?;
+            let (start, len) = s.key()?;
             s.ws();
             member(s, start, len)
+        })
+    }
+
+    /// An object's key and its colon: where the key's text starts in `b` and its length.
+    fn key(&mut self) -> Option<(usize, usize)> {
+        let key = self.raw_string()?;
+        self.ws();
+        self.eat(b':')?;
+        Some(key)
+    }
+
+    /// The field whose key and colon (`"name":`, no space between) come next, if it is one of
+    /// those [`StreamDef::likely_next`] gives after field `prev`; they are consumed then.
+    #[inline(always)]
+    fn likely_key(&mut self, def: &StreamDef, prev: usize) -> Option<usize> {
+        def.likely_next(prev).into_iter().find(|&i| {
+            let key = def.json_key(i);
+            let hit = self
+                .b
+                .get(self.i..self.i + key.len())
+                .is_some_and(|text| same_short(text, key));
+            if hit {
+                self.i += key.len();
+            }
+            hit
         })
     }
 
@@ -531,6 +559,22 @@ fn string_end(b: &[u8], mut i: usize) -> Option<usize> {
         .iter()
         .position(|&c| c == b'"' || c == b'\\' || c < 0x20)
         .map(|n| i + n)
+}
+
+/// Whether two slices of the same length are equal; those of 4 to 16 bytes (object keys with
+/// their quotes and colon) are compared as two overlapping words each, which is cheaper than a
+/// call to `memcmp`.
+#[inline(always)]
+fn same_short(a: &[u8], b: &[u8]) -> bool {
+    fn word<const N: usize>(s: &[u8], at: usize) -> [u8; N] {
+        s[at..at + N].try_into().unwrap_or([0; N])
+    }
+    let n = a.len();
+    match n {
+        4..=8 => word::<4>(a, 0) == word::<4>(b, 0) && word::<4>(a, n - 4) == word::<4>(b, n - 4),
+        9..=16 => word::<8>(a, 0) == word::<8>(b, 0) && word::<8>(a, n - 8) == word::<8>(b, n - 8),
+        _ => a == b,
+    }
 }
 
 /// A field name's first 8 bytes as a little-endian word, zero-padded: the scanner's first test

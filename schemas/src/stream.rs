@@ -148,6 +148,11 @@ pub struct StreamDef {
     /// Each field name's first 8 bytes as a little-endian word (zero-padded), for the scanner's
     /// key lookup ([`crate::scan`]).
     pub(crate) key_heads: Vec<u64>,
+    /// The keys the scanner tries first after each field (the last entry: before the first
+    /// field): the next field in definition order, then in name order. Producers write keys in
+    /// one of those orders (a struct's, or sorted), so a record's keys are usually matched
+    /// without being read as strings first.
+    pub(crate) next_keys: Vec<[usize; 2]>,
     /// zstd dictionaries of the stream's batches (deployed next to the definition).
     pub dictionaries: Dictionaries,
 }
@@ -177,6 +182,13 @@ impl StreamDef {
         self.key_heads.iter().zip(&self.fields).position(|(&h, f)| {
             h == head && f.name.len() == name.len() && f.name.as_bytes().get(8..) == tail
         })
+    }
+
+    /// The fields whose keys most likely follow field `prev` in a record (`prev` = the number
+    /// of fields: at the start), see [`StreamDef::next_keys`].
+    #[inline]
+    pub(crate) fn likely_next(&self, prev: usize) -> [usize; 2] {
+        self.next_keys[prev]
     }
 
     /// The field's name as JSON object key, colon included: `"name":`.
@@ -311,6 +323,7 @@ impl RawStream {
             .iter()
             .map(|f| crate::scan::key_head(f.name.as_bytes()))
             .collect();
+        let next_keys = next_keys(&fields);
         Ok(StreamDef {
             name: self.name,
             version: self.version,
@@ -324,9 +337,29 @@ impl RawStream {
             index,
             json_keys,
             key_heads,
+            next_keys,
             dictionaries: Dictionaries::default(),
         })
     }
+}
+
+/// [`StreamDef::next_keys`]: for each field, and then for the start of a record, the field
+/// that follows in definition order and the one that follows in name order (the first field of
+/// each order at the start; the last field's successor is the first, which a record never
+/// repeats, so trying it costs one comparison).
+fn next_keys(fields: &[FieldDef]) -> Vec<[usize; 2]> {
+    let n = fields.len();
+    let mut by_name: Vec<usize> = (0..n).collect();
+    by_name.sort_by(|&a, &b| fields[a].name.cmp(&fields[b].name));
+    let mut rank = vec![0; n];
+    for (r, &i) in by_name.iter().enumerate() {
+        rank[i] = r;
+    }
+    let mut out: Vec<[usize; 2]> = (0..n)
+        .map(|i| [(i + 1) % n, by_name[(rank[i] + 1) % n]])
+        .collect();
+    out.push([0, by_name[0]]);
+    out
 }
 
 /// All stream definitions a component knows, by name.

@@ -304,6 +304,41 @@ proptest! {
         agree(&sensor_hashing_tags(), &bytes)?;
     }
 
+    /// Keys in any order: those the scanner does not find where it looks first
+    /// ([`StreamDef::likely_next`]) are read as strings, with the same result.
+    #[test]
+    fn scanner_takes_keys_in_any_order(
+        text in arb_plain_reading(),
+        order in Just((0..7).collect::<Vec<usize>>()).prop_shuffle(),
+        space in prop::sample::select(vec!["", " ", "\r\n\t"]),
+    ) {
+        let value: serde_json::Value = serde_json::from_str(&text).unwrap();
+        let members: Vec<String> = value
+            .as_object()
+            .unwrap()
+            .iter()
+            .map(|(k, v)| format!("{}{space}:{v}", json!(k)))
+            .collect();
+        prop_assert_eq!(members.len(), order.len());
+        let shuffled = order.iter().map(|&i| members[i].as_str()).collect::<Vec<_>>().join(",");
+        let shuffled = format!("{{{shuffled}}}");
+        prop_assert!(agree(&sensor(), shuffled.as_bytes())?, "scanner declined {}", shuffled);
+        prop_assert!(agree(&vehicle(), shuffled.as_bytes()).is_ok());
+    }
+
+    #[test]
+    fn short_slices_compare_as_slices(
+        a in prop::collection::vec(0u8..3, 0..40),
+        flip in any::<prop::sample::Index>(),
+    ) {
+        let mut b = a.clone();
+        prop_assert!(super::same_short(&a, &b));
+        if !b.is_empty() {
+            b[flip.index(a.len())] ^= 1;
+            prop_assert!(!super::same_short(&a, &b), "{:?} {:?}", a, b);
+        }
+    }
+
     #[test]
     fn numbers_read_as_the_standard_parser_reads_them(
         text in "-?(0|[1-9][0-9]{0,19})(\\.[0-9]{1,20})?([eE][+-]?[0-9]{1,3})?",
