@@ -69,22 +69,56 @@ pub fn feed_lines<R: Read>(
     // buffer to 512 KiB just past the limit (queued chunks are most of the agent's memory).
     let capacity = CHUNK_BYTES + CHUNK_BYTES / 8;
     let mut chunk = Vec::with_capacity(capacity);
-    let mut line = Vec::new();
+    // The start of a line that the reader's buffer ended in the middle of.
+    let mut partial = Vec::new();
     let mut pending = 0u64;
     loop {
-        line.clear();
-        let n = reader.read_until(b'\n', &mut line)?;
-        let eof = n == 0;
-        if n > 0 {
-            if line.last() == Some(&b'\n') || take_partial_tail {
-                pending += n as u64;
-                transform(&line, &mut chunk);
-                if chunk.last() != Some(&b'\n') {
-                    chunk.push(b'\n');
+        // Lines are taken straight from the reader's buffer (only one split across two fills
+        // is copied first), found with `memchr`'s vectorized search.
+        let (taken, complete) = {
+            let buf = match reader.fill_buf() {
+                Ok(buf) => buf,
+                Err(e) if e.kind() == std::io::ErrorKind::Interrupted => continue,
+                Err(e) => return Err(e),
+            };
+            match memchr::memchr(b'\n', buf) {
+                Some(end) if partial.is_empty() => {
+                    transform(&buf[..=end], &mut chunk);
+                    (end + 1, true)
                 }
+                Some(end) => {
+                    partial.extend_from_slice(&buf[..=end]);
+                    transform(&partial, &mut chunk);
+                    (end + 1, true)
+                }
+                None => {
+                    partial.extend_from_slice(buf);
+                    (buf.len(), false)
+                }
+            }
+        };
+        reader.consume(taken);
+        let eof = taken == 0;
+        let line = if complete {
+            // Its bytes: all in `partial` if it began in an earlier fill.
+            Some(if partial.is_empty() {
+                taken
             } else {
-                // A partial line: read it again once it is complete.
-                break;
+                partial.len()
+            })
+        } else if eof && !partial.is_empty() && take_partial_tail {
+            transform(&partial, &mut chunk);
+            Some(partial.len())
+        } else {
+            // At the end of the input, a partial line not taken is read again once it is
+            // complete: `consumed` does not count it.
+            None
+        };
+        if let Some(n) = line {
+            partial.clear();
+            pending += n as u64;
+            if chunk.last() != Some(&b'\n') {
+                chunk.push(b'\n');
             }
         }
         let drained = eof || reader.buffer().is_empty();
@@ -109,4 +143,60 @@ pub fn feed_lines<R: Read>(
 /// Copies a line as it is (NDJSON).
 pub fn verbatim(line: &[u8], out: &mut Vec<u8>) {
     out.extend_from_slice(line);
+}
+
+#[cfg(test)]
+mod tests {
+    use std::io::BufReader;
+
+    use super::{Feed, feed_lines, verbatim};
+
+    /// Feeds `input` through a reader buffer of `capacity` bytes: the chunks' bytes and the
+    /// bytes counted as consumed.
+    fn feed(input: &[u8], capacity: usize, take_partial_tail: bool) -> (Vec<u8>, u64) {
+        let (tx, rx) = std::sync::mpsc::sync_channel(1024);
+        let mut reader = BufReader::with_capacity(capacity, input);
+        let consumed = feed_lines(
+            &mut reader,
+            &Feed::new(tx),
+            0,
+            take_partial_tail,
+            |_| None,
+            verbatim,
+        )
+        .unwrap();
+        (
+            rx.try_iter().flat_map(|chunk| chunk.data).collect(),
+            consumed,
+        )
+    }
+
+    /// Lines longer and shorter than the reader's buffer, split across its fills anywhere, come
+    /// out whole; a last line without a newline is taken (with one added) only when asked for,
+    /// and is otherwise not counted as consumed, so that it is read again.
+    #[test]
+    fn lines_split_across_reads_come_out_whole() {
+        let complete = b"{\"a\":1}\n\n{\"b\":\"a longer line than the buffer\"}\nx\n".to_vec();
+        for capacity in [1, 2, 3, 7, 16, 64, 8192] {
+            assert_eq!(
+                feed(&complete, capacity, false),
+                (complete.clone(), complete.len() as u64),
+                "buffer of {capacity}"
+            );
+            let mut torn = complete.clone();
+            torn.extend_from_slice(b"{\"tail\":");
+            assert_eq!(
+                feed(&torn, capacity, false),
+                (complete.clone(), complete.len() as u64),
+                "buffer of {capacity}, tail left"
+            );
+            let mut taken = torn.clone();
+            taken.push(b'\n');
+            assert_eq!(
+                feed(&torn, capacity, true),
+                (taken, torn.len() as u64),
+                "buffer of {capacity}, tail taken"
+            );
+        }
+    }
 }
