@@ -68,9 +68,14 @@ def main():
             "rows": table.num_rows,
             "schema": {f.name: str(f.type) for f in table.schema},
             "nullable": {f.name: f.nullable for f in table.schema},
-            # Codec and encodings of each column chunk of the first row group, by column path.
+            # Codec, encodings and whether statistics were written, of each column chunk of the
+            # first row group, by column path.
             "columns": {
-                c.path_in_schema: {"compression": c.compression, "encodings": list(c.encodings)}
+                c.path_in_schema: {
+                    "compression": c.compression,
+                    "encodings": list(c.encodings),
+                    "statistics": c.is_stats_set,
+                }
                 for c in (pf.metadata.row_group(0).column(i) for i in range(pf.metadata.num_columns))
             } if pf.metadata.num_row_groups else {},
             "metadata": meta,

@@ -122,13 +122,18 @@ pub fn file_metadata(
 /// How landing files are encoded: zstd, page statistics, dictionary strings (not for the
 /// content hash and offset columns, which never repeat). Offsets, consecutive within a file
 /// but for duplicates and dead letters, are delta-encoded: smaller than plain values under
-/// zstd, and cheaper to write.
+/// zstd, and cheaper to write. Content hashes are random bytes: zstd cannot make them smaller
+/// (it only spends time trying) and their minimum and maximum select nothing, so that column
+/// is stored uncompressed and without statistics.
 pub fn writer_properties() -> Result<WriterProperties, ParquetError> {
+    let hash = || ColumnPath::from(COL_CONTENT_HASH);
     Ok(WriterProperties::builder()
         .set_compression(Compression::ZSTD(ZstdLevel::try_new(3)?))
         .set_statistics_enabled(EnabledStatistics::Page)
         .set_dictionary_enabled(true)
-        .set_column_dictionary_enabled(ColumnPath::from(COL_CONTENT_HASH), false)
+        .set_column_dictionary_enabled(hash(), false)
+        .set_column_compression(hash(), Compression::UNCOMPRESSED)
+        .set_column_statistics_enabled(hash(), EnabledStatistics::None)
         .set_column_dictionary_enabled(ColumnPath::from(COL_OFFSET), false)
         .set_column_encoding(ColumnPath::from(COL_OFFSET), Encoding::DELTA_BINARY_PACKED)
         .set_max_row_group_row_count(Some(ROW_GROUP_ROWS))
