@@ -115,6 +115,15 @@ async fn adoption_case(max_records: usize) {
     sink.task.await.unwrap().unwrap();
 
     assert!(sink.stats.adopted_files.load(Ordering::Relaxed) >= 1);
+    // Offsets 0..=39 are in the crashed sink's file: read again and not written again.
+    assert_eq!(sink.stats.adopted_records.load(Ordering::Relaxed), 40);
+    assert_eq!(
+        sink.stats.records_settled(),
+        sink.stats.records_received.load(Ordering::Relaxed),
+        "{:?}",
+        sink.stats
+    );
+    assert_eq!(sink.stats.records_received.load(Ordering::Relaxed), 161);
     assert_eq!(sink.stats.duplicates_dropped.load(Ordering::Relaxed), 10);
     assert_eq!(sink.stats.dead_letters.load(Ordering::Relaxed), 1);
     let expected: HashSet<_> = readings

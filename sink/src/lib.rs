@@ -45,6 +45,10 @@ pub struct SinkStats {
     pub duplicates_dropped: AtomicU64,
     pub dead_letters: AtomicU64,
     pub adopted_files: AtomicU64,
+    /// Records taken from Kafka that an adopted object already holds, so they were not written
+    /// again ([`m::ADOPTED_RECORDS`]). Once everything is written, received = written +
+    /// adopted + duplicates + dead letters.
+    pub adopted_records: AtomicU64,
     /// Records taken from Kafka (rows, duplicates and dead letters).
     pub records_received: AtomicU64,
     /// Row groups written early because open files held more than the memory budget.
@@ -52,6 +56,29 @@ pub struct SinkStats {
     /// Message sets decompressed again into a bigger buffer, as of librdkafka's last statistics
     /// ([`m::DECOMPRESSION_REGROWTHS`]).
     pub decompression_regrowths: AtomicU64,
+}
+
+impl SinkStats {
+    /// Records received whose fate is settled: written, found in an adopted object, dropped as
+    /// duplicates or sent to the dead-letter location. Equal to `records_received` once
+    /// everything received is written (records in open files are not settled yet).
+    pub fn records_settled(&self) -> u64 {
+        [
+            &self.records_written,
+            &self.adopted_records,
+            &self.duplicates_dropped,
+            &self.dead_letters,
+        ]
+        .iter()
+        .map(|c| c.load(Ordering::Relaxed))
+        .sum()
+    }
+
+    /// Counts records of `stream` found already durable in an adopted object.
+    fn count_adopted(&self, stream: &str, records: u64) {
+        ::metrics::counter!(m::ADOPTED_RECORDS, "stream" => stream.to_owned()).increment(records);
+        self.adopted_records.fetch_add(records, Ordering::Relaxed);
+    }
 }
 
 /// A started sink.
@@ -535,6 +562,7 @@ impl Worker {
         part.received.increment(1);
         if part.next_offset.is_some_and(|next| offset < next) {
             // Already durable in an adopted object.
+            self.stats.count_adopted(&part.def.name, 1);
             return Ok(None);
         }
         let full = match part.append(payload, offset, ingest_ts, &self.staging, targets)? {
@@ -694,21 +722,22 @@ impl Worker {
             .context("partition state vanished")?;
         // The rows past the adopted object go into a new open file, encoded off the reactor.
         let (def, staging, ratio) = (part.def.clone(), self.staging.clone(), part.size_ratio);
-        let (rest, first_ingest_ts) = tokio::task::spawn_blocking(move || {
-            let (batches, first_ingest_ts) = open_file::rows_after(&staged, adopted.last)?;
-            if batches.is_empty() {
-                return Ok::<_, parquet::errors::ParquetError>((None, first_ingest_ts));
+        let (rest, after) = tokio::task::spawn_blocking(move || {
+            let after = open_file::rows_after(&staged, adopted.last)?;
+            if after.batches.is_empty() {
+                return Ok::<_, parquet::errors::ParquetError>((None, after));
             }
             let mut file = OpenFile::create(&def, &staging, targets, ratio)?;
-            for batch in &batches {
+            for batch in &after.batches {
                 file.write_batch(batch)?;
             }
-            Ok((Some(file), first_ingest_ts))
+            Ok((Some(file), after))
         })
         .await??;
         ::metrics::counter!(m::ADOPTED_FILES, "stream" => part.def.name.clone()).increment(1);
         self.stats.adopted_files.fetch_add(1, Ordering::Relaxed);
-        part.adopt_through(adopted.last, first_ingest_ts);
+        self.stats.count_adopted(&part.def.name, after.covered);
+        part.adopt_through(adopted.last, after.first_ingest_ts);
         part.file = rest;
         Ok(())
     }

@@ -9,6 +9,9 @@ pub const UPLOAD_DURATION: &str = "sink_upload_duration_seconds";
 pub const DISCARDED: &str = "sink_discarded_records_total";
 pub const STORE_ERRORS: &str = "sink_store_errors_total";
 pub const ADOPTED_FILES: &str = "sink_adopted_files_total";
+/// Records received that an adopted object already holds (written by another sink, or by this
+/// one before a lost answer or a crash), so they were not written again.
+pub const ADOPTED_RECORDS: &str = "sink_adopted_records_total";
 pub const CONSUMER_LAG: &str = "sink_consumer_lag_records";
 pub const BUFFERED_BYTES: &str = "sink_buffered_bytes";
 pub const SPILLED_ROW_GROUPS: &str = "sink_spilled_row_groups_total";
@@ -36,6 +39,7 @@ pub fn register(streams: &schemas::Streams) {
     ::metrics::counter!(DECOMPRESSION_REGROWTHS).increment(0);
     for def in streams.iter() {
         ::metrics::counter!(DEAD_LETTERS, "stream" => def.name.clone()).increment(0);
+        ::metrics::counter!(ADOPTED_RECORDS, "stream" => def.name.clone()).increment(0);
         ::metrics::counter!(DISCARDED, "stream" => def.name.clone(), "reason" => "duplicate", "intentional" => "true")
             .increment(0);
     }

@@ -238,19 +238,28 @@ pub struct Finished {
     pub ratio: SizeRatio,
 }
 
-/// The rows of a finished staged file with offsets after `last`, as Arrow batches, and the
-/// ingest time of the first of them: what is left to land after another sink's object was
-/// adopted.
-pub fn rows_after(
-    staged: &Staged,
-    last: i64,
-) -> Result<(Vec<RecordBatch>, Option<i64>), ParquetError> {
+/// What is left of a finished staged file after another sink's object was adopted.
+pub struct RowsAfter {
+    /// The rows with offsets after the adopted object's last, as Arrow batches.
+    pub batches: Vec<RecordBatch>,
+    /// The ingest time of the first of them.
+    pub first_ingest_ts: Option<i64>,
+    /// Rows the adopted object accounts for (offsets up to its last).
+    pub covered: u64,
+}
+
+/// The rows of a finished staged file with offsets after `last`: what is left to land after
+/// another sink's object was adopted.
+pub fn rows_after(staged: &Staged, last: i64) -> Result<RowsAfter, ParquetError> {
     let file = staged
         .reopen()
         .map_err(|e| ParquetError::External(Box::new(e)))?;
     let reader = ParquetRecordBatchReaderBuilder::try_new(file)?.build()?;
-    let mut out = Vec::new();
-    let mut first_ingest_ts = None;
+    let mut out = RowsAfter {
+        batches: Vec::new(),
+        first_ingest_ts: None,
+        covered: 0,
+    };
     for batch in reader {
         let batch = batch?;
         let offsets = batch
@@ -260,16 +269,17 @@ pub fn rows_after(
         let keep: arrow::array::BooleanArray =
             offsets.iter().map(|o| o.map(|o| o > last)).collect();
         let kept = arrow::compute::filter_record_batch(&batch, &keep)?;
+        out.covered += (batch.num_rows() - kept.num_rows()) as u64;
         if kept.num_rows() == 0 {
             continue;
         }
-        if first_ingest_ts.is_none() {
-            first_ingest_ts = kept
+        if out.first_ingest_ts.is_none() {
+            out.first_ingest_ts = kept
                 .column_by_name(COL_INGEST_TS)
                 .and_then(|c| c.as_any().downcast_ref::<TimestampMicrosecondArray>())
                 .and_then(|c| c.iter().flatten().next());
         }
-        out.push(kept);
+        out.batches.push(kept);
     }
-    Ok((out, first_ingest_ts))
+    Ok(out)
 }
