@@ -364,7 +364,12 @@ impl Worker {
     fn on_borrowed(&mut self, msg: BorrowedMessage<'_>) -> anyhow::Result<Next> {
         self.drop_revoked();
         let fields = Fields::of(&msg);
-        if !self.parts.contains_key(&fields.part) || self.rotates_before(&fields).is_some() {
+        // One lookup for both: a new partition, or an hour boundary.
+        let fast = self
+            .parts
+            .get(&fields.part)
+            .is_some_and(|part| !part.crosses_hour(fields.ingest_ts));
+        if !fast {
             return Ok(Next::Slow(msg.detach()));
         }
         let flush = self.handle(&fields)?;
