@@ -116,7 +116,7 @@ impl PartitionState {
                     .context("cannot create a staged file")?,
             ),
         };
-        file.push(row, meta, payload.len())
+        file.push(&row, meta, payload.len())
             .context("cannot write to the staged file")?;
         let full = file.is_full();
         self.consumed(offset, ingest_ts);

@@ -93,7 +93,7 @@ fn rows_agree(def: &StreamDef, text: &[u8]) -> Result<bool, TestCaseError> {
             (Ok(row), Ok(valid)) => {
                 prop_assert_eq!(row.hash, valid.hash);
                 let mut built = BatchBuilder::new(def, 1);
-                built.push(row, meta(valid.hash));
+                built.push(&row, meta(valid.hash));
                 let expected = record_batch(def, &[(valid.record, meta(valid.hash))]).unwrap();
                 built.finish().unwrap() == expected
             }
@@ -522,7 +522,7 @@ fn a_builder_makes_one_batch_per_finish() {
             crate::check_bytes(&def, line.as_bytes()).unwrap().record,
             meta,
         ));
-        builder.push(row, meta);
+        builder.push(&row, meta);
         if i == 0 {
             assert_eq!(
                 builder.finish().unwrap(),
@@ -644,7 +644,7 @@ fn batch_of(def: &StreamDef, lines: &[String]) -> arrow::record_batch::RecordBat
             offset: i as i64,
             hash: row.hash,
         };
-        builder.push(row, meta);
+        builder.push(&row, meta);
     }
     builder.finish().unwrap()
 }
