@@ -177,26 +177,24 @@ mod tests {
     #[test]
     fn lines_split_across_reads_come_out_whole() {
         let complete = b"{\"a\":1}\n\n{\"b\":\"a longer line than the buffer\"}\nx\n".to_vec();
+        let mut torn = complete.clone();
+        torn.extend_from_slice(b"{\"tail\":");
+        let mut taken = torn.clone();
+        taken.push(b'\n');
+        // (input, take a partial last line, bytes handed over, bytes counted as consumed)
+        let cases = [
+            (&complete, false, &complete, complete.len()),
+            (&torn, false, &complete, complete.len()),
+            (&torn, true, &taken, torn.len()),
+        ];
         for capacity in [1, 2, 3, 7, 16, 64, 8192] {
-            assert_eq!(
-                feed(&complete, capacity, false),
-                (complete.clone(), complete.len() as u64),
-                "buffer of {capacity}"
-            );
-            let mut torn = complete.clone();
-            torn.extend_from_slice(b"{\"tail\":");
-            assert_eq!(
-                feed(&torn, capacity, false),
-                (complete.clone(), complete.len() as u64),
-                "buffer of {capacity}, tail left"
-            );
-            let mut taken = torn.clone();
-            taken.push(b'\n');
-            assert_eq!(
-                feed(&torn, capacity, true),
-                (taken, torn.len() as u64),
-                "buffer of {capacity}, tail taken"
-            );
+            for (i, (input, take, bytes, consumed)) in cases.iter().enumerate() {
+                assert_eq!(
+                    feed(input, capacity, *take),
+                    (bytes.to_vec(), *consumed as u64),
+                    "case {i}, buffer of {capacity}"
+                );
+            }
         }
     }
 }
