@@ -154,7 +154,8 @@ fn scan<'a, F: Field<'a>>(
 ) -> Option<bool> {
     // One UTF-8 check of the whole line (JSON text outside strings is ASCII anyway) instead of
     // one per string; strings are then sliced out of `text` at quote positions. simdutf8 checks
-    // 32 bytes at a time where the CPU has AVX2 (a reading of 143 bytes: 100 instead of 180 instructions).
+    // 32 bytes at a time where the CPU has AVX2 (a reading of 143 bytes: 100 instead of 180
+    // instructions).
     let text = simdutf8::basic::from_utf8(bytes).ok()?;
     let mut s = Scanner {
         text,
@@ -294,10 +295,11 @@ impl<'a> Scanner<'a> {
     }
 
     /// The field whose key and colon (`"name":`, no space between) come next, if it is one of
-    /// those [`StreamDef::likely_next`] gives after field `prev`; they are consumed then.
+    /// the two [`StreamDef::next_keys`] gives after field `prev` (the number of fields: at the
+    /// start); they are consumed then.
     #[inline(always)]
     fn likely_key(&mut self, def: &StreamDef, prev: usize) -> Option<usize> {
-        def.likely_next(prev).into_iter().find(|&i| {
+        def.next_keys[prev].into_iter().find(|&i| {
             let key = def.json_key(i);
             let hit = self
                 .b

@@ -184,13 +184,6 @@ impl StreamDef {
         })
     }
 
-    /// The fields whose keys most likely follow field `prev` in a record (`prev` = the number
-    /// of fields: at the start), see [`StreamDef::next_keys`].
-    #[inline]
-    pub(crate) fn likely_next(&self, prev: usize) -> [usize; 2] {
-        self.next_keys[prev]
-    }
-
     /// The field's name as JSON object key, colon included: `"name":`.
     pub(crate) fn json_key(&self, field: usize) -> &[u8] {
         &self.json_keys[field]

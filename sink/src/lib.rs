@@ -74,9 +74,9 @@ impl SinkStats {
         .sum()
     }
 
-    /// Counts records of `stream` found already durable in an adopted object.
-    fn count_adopted(&self, stream: &str, records: u64) {
-        ::metrics::counter!(m::ADOPTED_RECORDS, "stream" => stream.to_owned()).increment(records);
+    /// Counts records of `part` found already durable in an adopted object.
+    fn count_adopted(&self, part: &PartitionState, records: u64) {
+        part.adopted.increment(records);
         self.adopted_records.fetch_add(records, Ordering::Relaxed);
     }
 }
@@ -567,7 +567,7 @@ impl Worker {
         part.received.increment(1);
         if part.next_offset.is_some_and(|next| offset < next) {
             // Already durable in an adopted object.
-            self.stats.count_adopted(&part.def.name, 1);
+            self.stats.count_adopted(part, 1);
             return Ok(None);
         }
         let full = match part.append(payload, offset, ingest_ts, &self.staging, targets)? {
@@ -741,7 +741,7 @@ impl Worker {
         .await??;
         ::metrics::counter!(m::ADOPTED_FILES, "stream" => part.def.name.clone()).increment(1);
         self.stats.adopted_files.fetch_add(1, Ordering::Relaxed);
-        self.stats.count_adopted(&part.def.name, after.covered);
+        self.stats.count_adopted(part, after.covered);
         part.adopt_through(adopted.last, after.first_ingest_ts);
         part.file = rest;
         Ok(())

@@ -24,6 +24,9 @@ pub struct PartitionState {
     pub size_ratio: SizeRatio,
     /// `sink_records_received_total` of the stream, registered once (not per message).
     pub received: metrics::Counter,
+    /// `sink_adopted_records_total` of the stream, registered once: records read again below
+    /// an adopted object's last offset are counted one by one.
+    pub adopted: metrics::Counter,
     /// The next offset to read: every record before it is in a written file or was dropped.
     pub next_offset: Option<i64>,
     /// First offset of the open file's range: the first offset consumed after the last file or
@@ -131,6 +134,8 @@ impl PartitionState {
     pub fn new(def: Arc<StreamDef>, topic: String, partition: i32, window: usize) -> Self {
         let received =
             metrics::counter!(crate::metrics::RECORDS_RECEIVED, "stream" => def.name.clone());
+        let adopted =
+            metrics::counter!(crate::metrics::ADOPTED_RECORDS, "stream" => def.name.clone());
         PartitionState {
             def,
             topic,
@@ -138,6 +143,7 @@ impl PartitionState {
             file: None,
             size_ratio: SizeRatio::default(),
             received,
+            adopted,
             next_offset: None,
             range_start: None,
             committed: None,

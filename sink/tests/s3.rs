@@ -231,8 +231,8 @@ async fn s3_outage_delays_files_but_loses_and_repeats_nothing() {
     })
     .await;
     // What landed is what counts, not `records_written`: an upload that S3 took but whose
-    // answer was lost in the cut is adopted when S3 is back, and its rows are not counted
-    // as written by this sink (a CI run once waited for them in vain).
+    // answer was lost in the cut is adopted when S3 is back, and its rows count as adopted,
+    // not as written by this sink (a CI run once waited for them in vain).
     let deadline = Instant::now() + Duration::from_secs(90);
     let rows = || {
         let landed =

@@ -305,7 +305,7 @@ proptest! {
     }
 
     /// Keys in any order: those the scanner does not find where it looks first
-    /// ([`StreamDef::likely_next`]) are read as strings, with the same result.
+    /// ([`StreamDef::next_keys`]) are read as strings, with the same result.
     #[test]
     fn scanner_takes_keys_in_any_order(
         text in arb_plain_reading(),
