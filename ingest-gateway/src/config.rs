@@ -29,6 +29,13 @@ pub struct GatewayConfig {
     /// TLS for the API; plain HTTP when absent.
     #[serde(default)]
     pub tls: Option<TlsConfig>,
+    /// Added to the nice value of the threads that take and check requests (0–19; 0 keeps
+    /// them at the process's priority). librdkafka's threads, which compress and deliver what
+    /// was accepted, keep the process's priority, so when the CPU is saturated the gateway
+    /// finishes accepted work before it takes more. Within a container this only orders the
+    /// gateway's own threads; on a shared host it also yields to other processes.
+    #[serde(default = "default_worker_nice")]
+    pub worker_nice: u8,
 }
 
 #[derive(Debug, Clone, Deserialize)]
@@ -70,8 +77,13 @@ impl Default for GatewayConfig {
             auth: AuthConfig::default(),
             idempotency: IdempotencyConfig::default(),
             tls: None,
+            worker_nice: default_worker_nice(),
         }
     }
+}
+
+fn default_worker_nice() -> u8 {
+    10
 }
 
 #[derive(Debug, Clone, Deserialize)]

@@ -30,6 +30,25 @@ use crate::api::AppState;
 use crate::auth::Auth;
 use crate::produce::Producer;
 
+/// The Tokio runtime to serve a gateway on: its threads (request handling and blocking work)
+/// run `worker_nice` above the nice value of the thread that builds it. Build it and call
+/// [`start`] inside `block_on` on a thread at the process's priority: the Kafka clients are
+/// created there, so librdkafka's threads keep that priority.
+pub fn runtime(worker_nice: u8) -> std::io::Result<tokio::runtime::Runtime> {
+    let base = plumbing::priority::thread_nice();
+    let target = (base + i32::from(worker_nice)).min(19);
+    let mut builder = tokio::runtime::Builder::new_multi_thread();
+    builder.enable_all();
+    if target > base {
+        builder.on_thread_start(move || {
+            if let Err(e) = plumbing::priority::set_thread_nice(target) {
+                tracing::warn!(error = %e, nice = target, "cannot lower a worker thread's priority");
+            }
+        });
+    }
+    builder.build()
+}
+
 /// A started gateway.
 pub struct Gateway {
     /// The address the API listens on.

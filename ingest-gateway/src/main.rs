@@ -29,12 +29,19 @@ struct Args {
     graceful_shutdown_timeout: u64,
 }
 
-#[tokio::main]
-async fn main() -> anyhow::Result<()> {
+fn main() -> anyhow::Result<()> {
     let args = Args::parse();
     plumbing::init_tracing();
-    plumbing::install_metrics();
     let config: GatewayConfig = plumbing::load_config(args.config.as_deref(), ENV_PREFIX)?;
+    // Built here, on the main thread: `serve` runs on this thread (block_on), so the Kafka
+    // clients it creates keep the process's priority while the runtime's workers run lower.
+    let runtime =
+        ingest_gateway::runtime(config.worker_nice).context("cannot start the Tokio runtime")?;
+    runtime.block_on(serve(args, config))
+}
+
+async fn serve(args: Args, config: GatewayConfig) -> anyhow::Result<()> {
+    plumbing::install_metrics();
     let streams = plumbing::load_streams_dir(&config.streams_dir)?;
     let shutdown = CancellationToken::new();
     plumbing::cancel_on_signal(shutdown.clone());

@@ -1,6 +1,7 @@
 //! The Kafka producer: idempotent, acks=all, zstd; a request is answered only after every
 //! accepted record was acknowledged.
 
+use std::sync::mpsc;
 use std::sync::{Arc, RwLock};
 use std::time::Duration;
 
@@ -8,7 +9,7 @@ use plumbing::kafka::{DeliveryGroup, GroupProducer, Messages};
 use rdkafka::ClientConfig;
 use rdkafka::admin::{AdminClient, AdminOptions, NewTopic, TopicReplication};
 use rdkafka::client::DefaultClientContext;
-use rdkafka::error::{KafkaError, RDKafkaErrorCode};
+use rdkafka::error::{KafkaError, KafkaResult, RDKafkaErrorCode};
 use rdkafka::message::{Header, OwnedHeaders};
 use rdkafka::producer::Producer as _;
 use schemas::Streams;
@@ -59,9 +60,28 @@ pub struct Producer {
     /// Replaced when librdkafka reports a fatal error (e.g. a fenced idempotent producer after
     /// an outage): such an instance can never produce again.
     inner: RwLock<Arc<GroupProducer>>,
-    config: ClientConfig,
+    /// Makes the replacements: see [`spawn_factory`].
+    factory: mpsc::Sender<mpsc::SyncSender<KafkaResult<GroupProducer>>>,
     topic_prefix: String,
     dead_letter_topic: String,
+}
+
+/// A thread that makes producer instances from `config` on request, for as long as the
+/// returned sender lives. It runs at the priority of the thread that calls this (the process's,
+/// see [`crate::runtime`]), so the threads librdkafka starts for a replacement producer do
+/// not inherit the lower priority of the request worker that found the old one broken.
+fn spawn_factory(
+    config: ClientConfig,
+) -> std::io::Result<mpsc::Sender<mpsc::SyncSender<KafkaResult<GroupProducer>>>> {
+    let (tx, rx) = mpsc::channel::<mpsc::SyncSender<KafkaResult<GroupProducer>>>();
+    std::thread::Builder::new()
+        .name("producer-factory".into())
+        .spawn(move || {
+            for reply in rx {
+                let _ = reply.send(plumbing::kafka::group_producer(&config));
+            }
+        })?;
+    Ok(tx)
 }
 
 /// The base client config for a cluster.
@@ -82,7 +102,9 @@ impl Producer {
         }
         Ok(Producer {
             inner: RwLock::new(Arc::new(plumbing::kafka::group_producer(&c)?)),
-            config: c,
+            factory: spawn_factory(c).map_err(|e| {
+                KafkaError::ClientCreation(format!("cannot start the producer factory: {e}"))
+            })?,
             topic_prefix: config.topic_prefix.clone(),
             dead_letter_topic: config.dead_letter_topic.clone(),
         })
@@ -138,7 +160,7 @@ impl Producer {
         if !std::ptr::eq(inner.client().native_ptr(), failed.client().native_ptr()) {
             return; // another request replaced it already
         }
-        match plumbing::kafka::group_producer(&self.config) {
+        match self.fresh_instance() {
             Ok(fresh) => {
                 tracing::error!(%code, reason, "producer cannot produce any more; replaced it with a new instance");
                 *inner = Arc::new(fresh);
@@ -146,6 +168,14 @@ impl Producer {
             }
             Err(e) => tracing::error!(error = %e, "cannot replace the failed producer"),
         }
+    }
+
+    /// A new producer instance, made by the factory thread.
+    pub(crate) fn fresh_instance(&self) -> KafkaResult<GroupProducer> {
+        let gone = || KafkaError::ClientCreation("the producer factory has stopped".into());
+        let (reply, answer) = mpsc::sync_channel(1);
+        self.factory.send(reply).map_err(|_| gone())?;
+        answer.recv().map_err(|_| gone())?
     }
 
     async fn send_all(

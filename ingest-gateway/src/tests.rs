@@ -325,6 +325,18 @@ fn shipped_config_file_is_valid() {
     );
     assert_eq!(c.auth.tokens.len(), 1);
     assert!(Auth::from_config(&c.auth).is_ok());
+    assert_eq!(c.worker_nice, crate::GatewayConfig::default().worker_nice);
+}
+
+/// A nice value the gateway cannot set (a higher priority needs privileges) is refused at load.
+#[test]
+fn negative_worker_nice_is_refused() {
+    let dir = tempfile::tempdir().unwrap();
+    let file = dir.path().join("gateway.toml");
+    std::fs::write(&file, "worker_nice = -5\n").unwrap();
+    let e =
+        plumbing::load_config::<crate::GatewayConfig>(Some(&file), "NO_SUCH_PREFIX_").unwrap_err();
+    assert!(format!("{e:#}").contains("worker_nice"), "{e:#}");
 }
 
 #[tokio::test]
@@ -348,4 +360,67 @@ async fn unknown_routes_and_methods_answer_json() {
     .await;
     assert_eq!(status, StatusCode::METHOD_NOT_ALLOWED);
     assert_eq!(body["error"], "method_not_allowed");
+}
+
+/// Every librdkafka thread of this process (and rdkafka's polling threads), with its nice value.
+fn kafka_thread_nices() -> Vec<(String, i32)> {
+    let mut out = Vec::new();
+    for task in std::fs::read_dir("/proc/self/task").unwrap().flatten() {
+        let comm = std::fs::read_to_string(task.path().join("comm")).unwrap_or_default();
+        let name = comm.trim();
+        if !(name.starts_with("rdk:") || name.starts_with("producer poll")) {
+            continue;
+        }
+        let tid = task.file_name().to_string_lossy().parse().unwrap();
+        if let Some(nice) = plumbing::priority::nice_of(tid) {
+            out.push((name.to_owned(), nice));
+        }
+    }
+    out
+}
+
+/// The runtime's workers and blocking threads run `worker_nice` lower; librdkafka's threads keep
+/// the priority of the thread that started the gateway, also those of a replacement producer
+/// made while a request worker was running.
+#[test]
+fn request_workers_run_below_the_kafka_threads() {
+    std::thread::spawn(|| {
+        let base = plumbing::priority::thread_nice();
+        let lowered = (base + 5).min(19);
+        let runtime = crate::runtime(5).unwrap();
+        runtime.block_on(async {
+            let kafka = KafkaConfig {
+                brokers: "127.0.0.1:1".into(),
+                ..KafkaConfig::default()
+            };
+            let producer = Arc::new(Producer::new(&kafka, 1 << 20).unwrap());
+            let p = producer.clone();
+            let (worker, fresh) =
+                tokio::spawn(
+                    async move { (plumbing::priority::thread_nice(), p.fresh_instance()) },
+                )
+                .await
+                .unwrap();
+            assert_eq!(worker, lowered, "a request worker");
+            let blocking = tokio::task::spawn_blocking(plumbing::priority::thread_nice)
+                .await
+                .unwrap();
+            assert_eq!(blocking, lowered, "a blocking-pool thread");
+            let fresh = fresh.unwrap();
+            let threads = kafka_thread_nices();
+            // Two producers: librdkafka's main and broker threads and rdkafka's pollers.
+            assert!(threads.len() >= 6, "{threads:?}");
+            for (name, nice) in &threads {
+                assert_eq!(*nice, base, "thread {name}: {threads:?}");
+            }
+            drop(fresh);
+        });
+        assert_eq!(
+            plumbing::priority::thread_nice(),
+            base,
+            "the starting thread"
+        );
+    })
+    .join()
+    .unwrap();
 }

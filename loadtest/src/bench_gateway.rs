@@ -320,8 +320,8 @@ pub async fn run(opts: BenchOptions) -> anyhow::Result<BenchReport> {
     };
     config.auth.allow_anonymous = true;
     let shutdown = CancellationToken::new();
-    let gateway = ingest_gateway::start(config, streams.clone(), shutdown.clone()).await?;
-    let url = format!("http://{}/v1/streams/sensor_readings/records", gateway.addr);
+    let (addr, gateway) = spawn_gateway(config, streams.clone(), shutdown.clone()).await?;
+    let url = format!("http://{addr}/v1/streams/sensor_readings/records");
     let client = reqwest::Client::new();
 
     let (mut directs, mut gateways, mut round_ratios) = (Vec::new(), Vec::new(), Vec::new());
@@ -381,7 +381,8 @@ pub async fn run(opts: BenchOptions) -> anyhow::Result<BenchReport> {
         latencies[((latencies.len() - 1) as f64 * p).round() as usize].as_secs_f64() * 1000.0
     };
     shutdown.cancel();
-    gateway.task.await??;
+    tokio::task::block_in_place(|| gateway.join())
+        .map_err(|_| anyhow::anyhow!("the gateway thread panicked"))??;
 
     let report = BenchReport {
         raw_bytes,
@@ -399,6 +400,37 @@ pub async fn run(opts: BenchOptions) -> anyhow::Result<BenchReport> {
     };
     write_report(&opts.out, &report)?;
     Ok(report)
+}
+
+/// Runs the gateway as its binary does: on its own runtime ([`ingest_gateway::runtime`], request
+/// workers at `worker_nice`), started from a thread at this process's priority so that its
+/// Kafka producer's threads keep that priority, as the direct producer's do.
+async fn spawn_gateway(
+    config: GatewayConfig,
+    streams: schemas::Streams,
+    shutdown: CancellationToken,
+) -> anyhow::Result<(
+    std::net::SocketAddr,
+    std::thread::JoinHandle<anyhow::Result<()>>,
+)> {
+    let (tx, rx) = tokio::sync::oneshot::channel();
+    let thread = std::thread::Builder::new()
+        .name("gateway".into())
+        .spawn(move || {
+            let runtime = ingest_gateway::runtime(config.worker_nice)?;
+            runtime.block_on(async move {
+                let gateway = ingest_gateway::start(config, streams, shutdown).await?;
+                let _ = tx.send(gateway.addr);
+                gateway.task.await?
+            })
+        })?;
+    match rx.await {
+        Ok(addr) => Ok((addr, thread)),
+        Err(_) => Err(tokio::task::block_in_place(|| thread.join())
+            .map_err(|_| anyhow::anyhow!("the gateway thread panicked"))?
+            .err()
+            .unwrap_or_else(|| anyhow::anyhow!("the gateway stopped before it listened"))),
+    }
 }
 
 /// The item of median `key` (the upper one of an even count); `items` is not empty.
