@@ -34,6 +34,8 @@ pub struct GatewayConfig {
     /// was accepted, keep the process's priority, so when the CPU is saturated the gateway
     /// finishes accepted work before it takes more. Within a container this only orders the
     /// gateway's own threads; on a shared host it also yields to other processes.
+    /// Applied by [`crate::runtime`], which the binary and `bench-gateway` serve on; a gateway
+    /// started with [`crate::start`] on another runtime (the demo, tests) keeps that runtime's.
     #[serde(default = "default_worker_nice")]
     pub worker_nice: u8,
 }
