@@ -28,9 +28,16 @@ pub struct SinkConfig {
     pub key_prefix: String,
     #[serde(default)]
     pub rotation: RotationConfig,
-    /// Content hashes remembered per partition to drop re-sent records.
+    /// Content hashes remembered per partition to drop re-sent records (0: none).
     #[serde(default = "default_dedupe_window")]
     pub dedupe_window: usize,
+    /// Memory for the dedupe windows of all assigned partitions (at most 28 bytes per entry):
+    /// when `dedupe_window` entries for each would need more, every partition's window is
+    /// smaller, so that many partitions never mean running out of memory. 128 MiB holds
+    /// 100,000 entries for each of up to 47 partitions, about 75,000 for each of 64 and 4,800 for
+    /// each of 1,000.
+    #[serde(default = "default_dedupe_memory")]
+    pub dedupe_memory_bytes: usize,
     /// Memory for open files across all partitions (rows not yet encoded and row groups in
     /// progress); past it the partition holding the most writes its row group to the staged
     /// file early, so many partitions never mean running out of memory (nor small files).
@@ -77,6 +84,7 @@ impl Default for SinkConfig {
             key_prefix: default_key_prefix(),
             rotation: RotationConfig::default(),
             dedupe_window: default_dedupe_window(),
+            dedupe_memory_bytes: default_dedupe_memory(),
             memory_budget_bytes: default_memory_budget(),
             upload: UploadConfig::default(),
         }
@@ -227,6 +235,9 @@ fn default_idle_ms() -> u64 {
 fn default_memory_budget() -> usize {
     256 << 20
 }
+fn default_dedupe_memory() -> usize {
+    128 << 20
+}
 fn default_dedupe_window() -> usize {
     100_000
 }
@@ -241,6 +252,37 @@ mod tests {
             c.rotation.max_bytes,
             super::RotationConfig::default().max_bytes
         );
-        assert_eq!(c.dedupe_window, super::SinkConfig::default().dedupe_window);
+        let defaults = super::SinkConfig::default();
+        assert_eq!(c.dedupe_window, defaults.dedupe_window);
+        assert_eq!(c.dedupe_memory_bytes, defaults.dedupe_memory_bytes);
+        assert_eq!(c.memory_budget_bytes, defaults.memory_budget_bytes);
+    }
+
+    #[test]
+    fn dedupe_windows_share_their_memory() {
+        let c = super::SinkConfig::default();
+        let cap = |n| crate::window_capacity(&c, n);
+        assert_eq!(cap(1), c.dedupe_window);
+        assert_eq!(cap(47), 100_000);
+        assert_eq!(cap(64), 74_898);
+        assert_eq!(cap(1_000), 4_793);
+        // What the windows reserve stays within the memory, whatever the partition count.
+        for n in [1, 47, 48, 64, 1_000] {
+            let one = schemas::window::DigestWindow::new(cap(n), 0).memory_bytes();
+            assert!(
+                one * n <= c.dedupe_memory_bytes,
+                "{n} partitions: {one} bytes each"
+            );
+        }
+        let tiny = super::SinkConfig {
+            dedupe_memory_bytes: 0,
+            ..super::SinkConfig::default()
+        };
+        assert_eq!(crate::window_capacity(&tiny, 10), 1, "never none at all");
+        let off = super::SinkConfig {
+            dedupe_window: 0,
+            ..super::SinkConfig::default()
+        };
+        assert_eq!(crate::window_capacity(&off, 10), 0, "turned off");
     }
 }

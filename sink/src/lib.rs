@@ -24,7 +24,7 @@ use rdkafka::consumer::{
 };
 use rdkafka::message::{BorrowedMessage, Headers, Message, OwnedMessage};
 use rdkafka::{ClientConfig, ClientContext, Offset, TopicPartitionList};
-use schemas::window::HashWindow;
+use schemas::window::{DigestWindow, MAX_ENTRY_BYTES, digest};
 use schemas::wire::{HEADER_INGEST_TS, parse_decimal_header, stream_of_topic, topic_name};
 use schemas::{ContentHash, Streams};
 use tokio::task::JoinHandle;
@@ -267,6 +267,17 @@ const DRAIN_MAX: usize = 1024;
 /// How often abandoned multipart uploads and staged files are looked for.
 const SWEEP_INTERVAL: Duration = Duration::from_secs(3600);
 
+/// Entries of each partition's dedupe window when `assigned` partitions share
+/// `dedupe_memory_bytes`: at most `dedupe_window` (0 turns dedupe off), and at least one.
+pub fn window_capacity(config: &SinkConfig, assigned: usize) -> usize {
+    if config.dedupe_window == 0 {
+        return 0;
+    }
+    let share = config.dedupe_memory_bytes / assigned.max(1);
+    // Without an age limit an entry takes 4 bytes less than MAX_ENTRY_BYTES.
+    (share / (MAX_ENTRY_BYTES - 4)).clamp(1, config.dedupe_window)
+}
+
 /// Ingest time of a message: the gateway's `ingest-ts` header, else the Kafka timestamp, else now.
 fn ingest_ts<M: Message>(msg: &M) -> i64 {
     msg.headers()
@@ -453,6 +464,23 @@ impl Worker {
                 tracing::info!(topic = %key.0, partition = key.1, dropped_rows = p.rows(), "partition revoked");
             }
         }
+        self.report_dedupe_memory();
+    }
+
+    /// The dedupe window of a partition: `dedupe_window` entries, fewer when the windows of all
+    /// assigned partitions would need more than `dedupe_memory_bytes`.
+    fn window_capacity(&self) -> usize {
+        let assigned = self
+            .consumer
+            .assignment()
+            .map_or(0, |list| list.count())
+            .max(self.parts.len() + 1);
+        window_capacity(&self.config, assigned)
+    }
+
+    fn report_dedupe_memory(&self) {
+        let bytes: usize = self.parts.values().map(|p| p.window.memory_bytes()).sum();
+        ::metrics::gauge!(m::DEDUPE_MEMORY).set(bytes as f64);
     }
 
     /// Sets up the state of a partition the first time one of its messages arrives, with the
@@ -469,8 +497,13 @@ impl Worker {
         else {
             return;
         };
-        let mut state =
-            PartitionState::new(def.clone(), key.0.clone(), key.1, self.config.dedupe_window);
+        // More partitions than before share the dedupe memory: the open ones give up their
+        // oldest entries first.
+        let capacity = self.window_capacity();
+        for part in self.parts.values_mut() {
+            part.window.shrink_to(capacity);
+        }
+        let mut state = PartitionState::new(def.clone(), key.0.clone(), key.1, capacity);
         match self.warm(&def.name, key.1, &mut state.window).await {
             Ok(0) => {}
             Ok(n) => {
@@ -481,6 +514,7 @@ impl Worker {
             }
         }
         self.parts.insert(key, state);
+        self.report_dedupe_memory();
     }
 
     /// Loads the content hashes of the newest landing files of a partition (from the last
@@ -489,7 +523,7 @@ impl Worker {
         &self,
         stream: &str,
         partition: i32,
-        window: &mut HashWindow,
+        window: &mut DigestWindow,
     ) -> anyhow::Result<usize> {
         let mut newest_first: Vec<Vec<ContentHash>> = Vec::new();
         let mut total = 0;
@@ -526,7 +560,7 @@ impl Worker {
         }
         for hashes in newest_first.into_iter().rev() {
             for h in hashes {
-                window.insert(h);
+                window.insert(digest(&h), 0);
             }
         }
         Ok(total.min(window.capacity()))

@@ -14,6 +14,9 @@ pub const ADOPTED_FILES: &str = "sink_adopted_files_total";
 pub const ADOPTED_RECORDS: &str = "sink_adopted_records_total";
 pub const CONSUMER_LAG: &str = "sink_consumer_lag_records";
 pub const BUFFERED_BYTES: &str = "sink_buffered_bytes";
+/// Bytes reserved for the dedupe windows of the partitions this sink holds (at most
+/// `dedupe_memory_bytes`).
+pub const DEDUPE_MEMORY: &str = "sink_dedupe_window_bytes";
 pub const SPILLED_ROW_GROUPS: &str = "sink_spilled_row_groups_total";
 pub const ABANDONED_UPLOADS: &str = "sink_abandoned_uploads_removed_total";
 /// Records that went to the dead-letter location (also counted in `DISCARDED` by reason).

@@ -7,7 +7,7 @@ use std::time::Instant;
 
 use anyhow::Context as _;
 use schemas::arrow::RowMeta;
-use schemas::window::HashWindow;
+use schemas::window::{DigestWindow, digest};
 use schemas::{RecordError, StreamDef};
 
 use crate::open_file::{FileTargets, OpenFile, SizeRatio};
@@ -35,7 +35,7 @@ pub struct PartitionState {
     /// The offset committed to Kafka, if any was in this assignment.
     pub committed: Option<i64>,
     pub last_append: Instant,
-    pub window: HashWindow,
+    pub window: DigestWindow,
     /// Dead letters of the open range, as JSON lines for the dead-letter object.
     pub dead: Vec<u8>,
 }
@@ -102,7 +102,7 @@ impl PartitionState {
             }
         };
         let hash = row.hash;
-        if !self.window.insert(hash) {
+        if !self.window.insert(digest(&hash), 0) {
             self.consumed(offset, ingest_ts);
             return Ok(Appended::Duplicate);
         }
@@ -131,6 +131,7 @@ impl PartitionState {
         (self.topic.clone(), self.partition)
     }
 
+    /// A partition's state with a dedupe window of `window` entries.
     pub fn new(def: Arc<StreamDef>, topic: String, partition: i32, window: usize) -> Self {
         let received =
             metrics::counter!(crate::metrics::RECORDS_RECEIVED, "stream" => def.name.clone());
@@ -148,7 +149,7 @@ impl PartitionState {
             range_start: None,
             committed: None,
             last_append: Instant::now(),
-            window: HashWindow::new(window),
+            window: DigestWindow::new(window, 0),
             dead: Vec::new(),
         }
     }
