@@ -23,8 +23,10 @@ use crate::hash::ContentHash;
 pub type Digest = u128;
 
 /// Bytes one entry takes at most in a window of a thousand entries or more, with an age limit
-/// (without one, 4 fewer): see the module doc.
+/// ([`MAX_UNTIMED_ENTRY_BYTES`] without one): see the module doc.
 pub const MAX_ENTRY_BYTES: usize = 32;
+/// The same without an age limit (no timestamp is kept).
+pub const MAX_UNTIMED_ENTRY_BYTES: usize = MAX_ENTRY_BYTES - size_of::<u32>();
 
 pub fn digest(hash: &ContentHash) -> Digest {
     u128::from_le_bytes(hash.0[..16].try_into().expect("16 bytes"))
@@ -289,7 +291,7 @@ mod tests {
 
     #[test]
     fn an_entry_takes_at_most_the_stated_bytes() {
-        for (max_age, per_entry) in [(0, MAX_ENTRY_BYTES - 4), (60, MAX_ENTRY_BYTES)] {
+        for (max_age, per_entry) in [(0, MAX_UNTIMED_ENTRY_BYTES), (60, MAX_ENTRY_BYTES)] {
             for capacity in [1_000, 100_000, 1 << 20, 1_000_000] {
                 let w = DigestWindow::new(capacity, max_age);
                 assert!(

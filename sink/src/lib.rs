@@ -24,7 +24,7 @@ use rdkafka::consumer::{
 };
 use rdkafka::message::{BorrowedMessage, Headers, Message, OwnedMessage};
 use rdkafka::{ClientConfig, ClientContext, Offset, TopicPartitionList};
-use schemas::window::{DigestWindow, MAX_ENTRY_BYTES, digest};
+use schemas::window::{DigestWindow, MAX_UNTIMED_ENTRY_BYTES, digest};
 use schemas::wire::{HEADER_INGEST_TS, parse_decimal_header, stream_of_topic, topic_name};
 use schemas::{ContentHash, Streams};
 use tokio::task::JoinHandle;
@@ -274,8 +274,7 @@ pub fn window_capacity(config: &SinkConfig, assigned: usize) -> usize {
         return 0;
     }
     let share = config.dedupe_memory_bytes / assigned.max(1);
-    // Without an age limit an entry takes 4 bytes less than MAX_ENTRY_BYTES.
-    (share / (MAX_ENTRY_BYTES - 4)).clamp(1, config.dedupe_window)
+    (share / MAX_UNTIMED_ENTRY_BYTES).clamp(1, config.dedupe_window)
 }
 
 /// Ingest time of a message: the gateway's `ingest-ts` header, else the Kafka timestamp, else now.
