@@ -188,8 +188,27 @@ impl Workload {
     }
 
     /// Decompress + decode + validate + hash alone (what the per-core target names), on
-    /// this thread, `rounds` times over the batches.
+    /// this thread, `rounds` times over the batches, as the gateway does it: the record's fields
+    /// are scanned, validated and hashed where they lie in the line, no record is built
+    /// (`check_bytes_forward`, which falls back to building one for lines the scanner declines).
     pub fn validate_path(&self, rounds: usize) -> anyhow::Result<Throughput> {
+        self.count_valid(rounds, |def, line| {
+            schemas::check_bytes_forward(def, line).is_ok()
+        })
+    }
+
+    /// [`Workload::validate_path`] building each record (`check_bytes`): what the sink's dead
+    /// letters, the agent's filters and its Parquet batches need.
+    pub fn validate_path_records(&self, rounds: usize) -> anyhow::Result<Throughput> {
+        self.count_valid(rounds, |def, line| schemas::check_bytes(def, line).is_ok())
+    }
+
+    /// Decompresses each batch and counts the lines `valid` accepts, `rounds` times.
+    fn count_valid(
+        &self,
+        rounds: usize,
+        valid: impl Fn(&schemas::StreamDef, &[u8]) -> bool,
+    ) -> anyhow::Result<Throughput> {
         let (mut dctx, mut plain) = (None, Vec::new());
         self.time_per_batch("validation", rounds, |body| {
             let limit = LimitsConfig::default().max_decompressed_bytes;
@@ -203,7 +222,7 @@ impl Workload {
                 &mut plain,
             )?;
             Ok(schemas::decode::ndjson_lines(&plain)
-                .filter(|line| schemas::check_bytes(&self.def, line).is_ok())
+                .filter(|line| valid(&self.def, line))
                 .count())
         })
     }

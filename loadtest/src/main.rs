@@ -218,6 +218,10 @@ async fn main() -> anyhow::Result<()> {
             let work = loadtest::bench_gateway::Workload::generate(records, batch_bytes)?;
             for (name, t) in [
                 ("decode+validate+hash", work.validate_path(rounds)?),
+                (
+                    "  the same, building records",
+                    work.validate_path_records(rounds)?,
+                ),
                 ("gateway check (+ messages)", work.gateway_check(rounds)?),
                 (
                     "sink path (+ dedupe, Parquet)",
@@ -225,7 +229,7 @@ async fn main() -> anyhow::Result<()> {
                 ),
             ] {
                 println!(
-                    "{name:<28} {:>9.0} records/cpu-s {:>7.1} MB/cpu-s ({} records, {:.2} s)",
+                    "{name:<30} {:>9.0} records/cpu-s {:>7.1} MB/cpu-s ({} records, {:.2} s)",
                     t.records_per_cpu_s, t.mb_per_cpu_s, t.records, t.seconds
                 );
             }
