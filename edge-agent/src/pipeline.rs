@@ -31,6 +31,10 @@ enum Checked {
     Record(ValidRecord, bool),
 }
 
+/// Lines checked before their digests are looked up in the window together (see
+/// [`Pipeline::push_chunk`]).
+const DEDUPE_GROUP: usize = 32;
+
 /// Called once the chunk's records are durable or dropped on purpose.
 pub type Done = Box<dyn FnOnce(ChunkOutcome) + Send>;
 
@@ -245,53 +249,67 @@ impl Pipeline {
         let (mut read, mut invalid, mut duplicates) = (0u64, 0u64, 0u64);
         // Without filters, NDJSON batches need no record of a line that may stand for itself.
         let forward = self.filters.is_empty() && self.encoding == BodyEncoding::Ndjson;
-        for (index, line) in ndjson_lines(&chunk.data).enumerate() {
-            read += 1;
-            let checked = if forward {
-                schemas::check_bytes_forward(&self.def, line).map(Checked::Forward)
-            } else {
-                schemas::check_bytes_verbatim(&self.def, line)
-                    .map(|(valid, verbatim)| Checked::Record(valid, verbatim))
-            };
-            let checked = match checked {
-                Ok(checked) => checked,
-                Err(e) => {
-                    invalid += 1;
-                    self.invalid_logged += 1;
-                    if self.invalid_logged <= 10 || self.invalid_logged.is_multiple_of(1000) {
-                        tracing::warn!(stream = %self.def.name, index, error = %e, total = self.invalid_logged, "invalid record skipped");
+        // Lines are checked a group at a time and the group's window buckets loaded together
+        // ([`DigestWindow::prefetch`]) before the group is deduplicated and batched.
+        let mut group: Vec<(&[u8], Checked, Digest)> = Vec::with_capacity(DEDUPE_GROUP);
+        let mut digests: Vec<Digest> = Vec::with_capacity(DEDUPE_GROUP);
+        let mut lines = ndjson_lines(&chunk.data).enumerate().peekable();
+        while lines.peek().is_some() {
+            for (index, line) in lines.by_ref().take(DEDUPE_GROUP) {
+                read += 1;
+                let checked = if forward {
+                    schemas::check_bytes_forward(&self.def, line).map(Checked::Forward)
+                } else {
+                    schemas::check_bytes_verbatim(&self.def, line)
+                        .map(|(valid, verbatim)| Checked::Record(valid, verbatim))
+                };
+                let checked = match checked {
+                    Ok(checked) => checked,
+                    Err(e) => {
+                        invalid += 1;
+                        self.invalid_logged += 1;
+                        if self.invalid_logged <= 10 || self.invalid_logged.is_multiple_of(1000) {
+                            tracing::warn!(stream = %self.def.name, index, error = %e, total = self.invalid_logged, "invalid record skipped");
+                        }
+                        outcome.rejected.push(RejectedRecord {
+                            index,
+                            reason: e.to_string(),
+                        });
+                        continue;
                     }
-                    outcome.rejected.push(RejectedRecord {
-                        index,
-                        reason: e.to_string(),
-                    });
+                };
+                let d = digest(match &checked {
+                    Checked::Forward(f) => &f.hash,
+                    Checked::Record(valid, _) => &valid.hash,
+                });
+                digests.push(d);
+                group.push((line, checked, d));
+            }
+            self.window.prefetch(&digests);
+            digests.clear();
+            for (line, checked, d) in group.drain(..) {
+                if !self.window.insert(d, now) {
+                    duplicates += 1;
                     continue;
                 }
-            };
-            let d = digest(match &checked {
-                Checked::Forward(f) => &f.hash,
-                Checked::Record(valid, _) => &valid.hash,
-            });
-            if !self.window.insert(d, now) {
-                duplicates += 1;
-                continue;
-            }
-            self.open.digests.push(d);
-            outcome.accepted += 1;
-            match checked {
-                Checked::Forward(f) => self.add_forward(f.canonical.as_ref(), line, cancel)?,
-                // The line itself goes into the batch when it is a plain object of the stream's
-                // keys (as the gateway forwards it): re-encoding it would only cost time.
-                Checked::Record(valid, verbatim) if self.filters.is_empty() => {
-                    self.add(valid.record, verbatim.then_some(line), cancel)?;
-                }
-                Checked::Record(valid, _) => {
-                    let mut out = std::mem::take(&mut self.filtered_out);
-                    self.filters.apply(&self.def, valid.record, &mut out);
-                    for record in out.drain(..) {
-                        self.add(record, None, cancel)?;
+                self.open.digests.push(d);
+                outcome.accepted += 1;
+                match checked {
+                    Checked::Forward(f) => self.add_forward(f.canonical.as_ref(), line, cancel)?,
+                    // The line itself goes into the batch when it is a plain object of the
+                    // stream's keys (as the gateway forwards it): re-encoding it would only cost
+                    // time.
+                    Checked::Record(valid, verbatim) if self.filters.is_empty() => {
+                        self.add(valid.record, verbatim.then_some(line), cancel)?;
                     }
-                    self.filtered_out = out;
+                    Checked::Record(valid, _) => {
+                        let mut out = std::mem::take(&mut self.filtered_out);
+                        self.filters.apply(&self.def, valid.record, &mut out);
+                        for record in out.drain(..) {
+                            self.add(record, None, cancel)?;
+                        }
+                        self.filtered_out = out;
+                    }
                 }
             }
         }
