@@ -92,6 +92,24 @@ struct Open {
     done: Vec<(Done, ChunkOutcome)>,
 }
 
+/// Allocates and frees a block of [`MMAP_THRESHOLD_BYTES`], once per pipeline. glibc's malloc
+/// serves blocks from 128 KiB up with an `mmap` of their own until it frees such a block; then
+/// that block's size becomes the threshold (mallopt(3), `M_MMAP_THRESHOLD`), and `unsafe` (which
+/// `mallopt` needs) is forbidden here. Left to chance, the threshold stayed low or rose depending
+/// on the heap's layout at start, and then every batch's buffer and every zstd context that the
+/// parquet crate makes for a page were mapped and faulted in anew: bench-agent's worker took
+/// 64,000 page faults on 1.5 M readings when started by its absolute path and 18,000 when
+/// started by a relative one, 9,000 with this (most of them the dedupe window's first touch).
+/// Other allocators ignore it.
+fn raise_mmap_threshold() {
+    drop(std::hint::black_box(Vec::<u8>::with_capacity(
+        MMAP_THRESHOLD_BYTES,
+    )));
+}
+
+/// See [`raise_mmap_threshold`]: above a batch's buffers and a page's zstd context.
+const MMAP_THRESHOLD_BYTES: usize = 4 << 20;
+
 /// Callbacks waiting for a sequence number to become durable (`None`: nothing to wait for).
 type Waiting = VecDeque<(Option<u64>, Vec<(Done, ChunkOutcome)>)>;
 
@@ -152,6 +170,7 @@ impl Pipeline {
         spool: Arc<Spool>,
         state_dir: &Path,
     ) -> anyhow::Result<Pipeline> {
+        raise_mmap_threshold();
         let filters = FilterChain::new(&def, &settings.filters).map_err(anyhow::Error::msg)?;
         let mut window = DigestWindow::new(dedupe.window_records, dedupe.window_secs);
         let now = now_secs();
@@ -420,6 +439,7 @@ impl Pipeline {
             }
             self.flush_log(false);
             self.waiting.push_back((None, open.done));
+            self.reuse(open.ndjson, open.digests);
             self.fire_ready();
             return Ok(());
         }
@@ -478,8 +498,18 @@ impl Pipeline {
         }
         metrics::gauge!(m::DEDUPE_ENTRIES, "stream" => self.def.name.clone())
             .set(self.window.len() as f64);
+        self.reuse(open.ndjson, open.digests);
         self.fire_ready();
         Ok(())
+    }
+
+    /// Gives the closed batch's buffers to the next one, rather than growing a new one by
+    /// doubling (and copying) for every batch.
+    fn reuse(&mut self, mut ndjson: Vec<u8>, mut digests: Vec<Digest>) {
+        ndjson.clear();
+        digests.clear();
+        self.open.ndjson = ndjson;
+        self.open.digests = digests;
     }
 
     /// Writes the dedupe log. Failures (a full disk) are logged, not fatal: the log only saves
