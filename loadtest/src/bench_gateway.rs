@@ -579,13 +579,13 @@ pub(crate) fn write_table(
 ) -> std::fmt::Result {
     writeln!(
         f,
-        "{:<38} {:>12} {:>9} {:>14} {:>10}",
+        "{:<46} {:>12} {:>9} {:>14} {:>10}",
         "path", "records/s", "MB/s", "records/cpu-s", "MB/cpu-s"
     )?;
     for (name, t) in rows {
         writeln!(
             f,
-            "{name:<38} {:>12.0} {:>9.1} {:>14.0} {:>10.1}",
+            "{name:<46} {:>12.0} {:>9.1} {:>14.0} {:>10.1}",
             t.records_per_s, t.mb_per_s, t.records_per_cpu_s, t.mb_per_cpu_s
         )?;
     }

@@ -49,7 +49,8 @@ pub struct SinkBenchReport {
     /// Sink / pyarrow in records per CPU-second, round by round.
     pub round_ratios: Vec<f64>,
     pub librdkafka_consumer: Throughput,
-    /// The sink's per-record work without Kafka ([`sink_path`]), on one thread.
+    /// The sink's per-record work without Kafka ([`sink_path`]), on one thread, the records
+    /// spread over `partitions` files as the topic spreads them.
     pub sink_path: Throughput,
     pub sink: SinkRun,
     pub pyarrow: Throughput,
@@ -152,7 +153,7 @@ pub async fn run(opts: SinkBenchOptions) -> anyhow::Result<SinkBenchReport> {
             run_pyarrow(&opts.python, &src, lines.len(), work.raw_bytes)
         })?;
         // 4. The sink's per-record work alone, without Kafka.
-        let w = tokio::task::block_in_place(|| sink_path(&work, 1))?;
+        let w = tokio::task::block_in_place(|| sink_path(&work, 1, opts.partitions as usize))?;
         let ratio = s.throughput.records_per_cpu_s / p.records_per_cpu_s;
         eprintln!(
             "bench: round {}: sink {:.0} records/cpu-s, pyarrow {:.0}, ratio {ratio:.2}",
@@ -356,13 +357,17 @@ impl std::fmt::Display for SinkBenchReport {
             self.raw_bytes as f64 / 1e6,
             self.partitions
         )?;
+        let path = format!(
+            "sink's work without Kafka (1 thread, {} files)",
+            self.partitions
+        );
         crate::bench_gateway::write_table(
             f,
             &[
                 ("librdkafka consumer (read only)", &self.librdkafka_consumer),
                 ("sink (Kafka → Parquet files)", &self.sink.throughput),
                 ("pyarrow (NDJSON → Parquet)", &self.pyarrow),
-                ("sink's work without Kafka (1 thread)", &self.sink_path),
+                (&path, &self.sink_path),
             ],
         )?;
         let rounds: Vec<String> = self
@@ -389,48 +394,74 @@ impl std::fmt::Display for SinkBenchReport {
 }
 
 /// The sink's work on a record without Kafka, on this thread: decode + validate + hash +
-/// dedupe (the default window) + Arrow + Parquet (zstd) into a staged file of one partition,
-/// `rounds` times over the records; the fastest round is the result. It runs the sink's own
+/// dedupe (the default window) + Arrow + Parquet (zstd) into staged files, `rounds` times over
+/// the records; the fastest round is the result. The records are spread over `partitions`
+/// partitions by their device, as the gateway's key spreads them over a topic's partitions, and
+/// each partition writes its own file as the sink's writers do. It runs the sink's own
 /// per-record code ([`sink::partition::PartitionState::append`]) and is what to compare with
 /// pyarrow's conversion of the same NDJSON, and the target for a profiler.
-pub fn sink_path(work: &Workload, rounds: usize) -> anyhow::Result<Throughput> {
+pub fn sink_path(work: &Workload, rounds: usize, partitions: usize) -> anyhow::Result<Throughput> {
     let config = sink::SinkConfig::default();
     let targets = sink::open_file::FileTargets {
         file_bytes: config.rotation.max_bytes,
         row_group_bytes: config.rotation.row_group_bytes,
     };
+    let partitions = partitions.max(1);
+    let lines: Vec<(&[u8], usize)> = work
+        .raw
+        .iter()
+        .flat_map(|(_, b)| b.split(|c| *c == b'\n').filter(|l| !l.is_empty()))
+        .map(|line| {
+            let value: serde_json::Value = serde_json::from_slice(line)?;
+            let device = value["device_id"].as_str().unwrap_or_default();
+            Ok((line, device_partition(device, partitions)))
+        })
+        .collect::<anyhow::Result<_>>()?;
+    let window = sink::window_capacity(&config, partitions);
     let mut best: Option<Throughput> = None;
     for _ in 0..rounds.max(1) {
         let staging = tempfile::tempdir()?;
-        let mut part = sink::partition::PartitionState::new(
-            work.def.clone(),
-            "bench".into(),
-            0,
-            config.dedupe_window,
-        );
+        let mut parts: Vec<_> = (0..partitions)
+            .map(|p| {
+                let state = sink::partition::PartitionState::new(
+                    work.def.clone(),
+                    "bench".into(),
+                    p as i32,
+                    window,
+                );
+                (state, 0i64)
+            })
+            .collect();
         let m = Measure::start();
-        let (mut offset, mut rows) = (0, 0);
-        let lines = work
-            .raw
-            .iter()
-            .flat_map(|(_, b)| b.split(|c| *c == b'\n').filter(|l| !l.is_empty()));
-        for line in lines {
-            let appended = part.append(line, offset, 0, staging.path(), targets)?;
-            offset += 1;
+        let mut rows = 0;
+        for (i, &(line, p)) in lines.iter().enumerate() {
+            let (part, offset) = &mut parts[p];
+            let appended = part.append(line, *offset, 0, staging.path(), targets)?;
+            *offset += 1;
             match appended {
                 sink::partition::Appended::Row { full } => {
                     rows += 1;
                     if full {
-                        finish(&mut part, offset)?;
+                        finish(part, *offset)?;
                     }
                 }
-                other => bail!("record {offset}: {other:?}"),
+                other => bail!("record {i}: {other:?}"),
             }
         }
-        finish(&mut part, offset)?;
+        for (part, offset) in &mut parts {
+            finish(part, *offset)?;
+        }
         keep_fastest(&mut best, m.done(rows, work.raw_bytes), |t| t.cpu_seconds);
     }
     best.context("no rounds")
+}
+
+/// A device's partition of `partitions`: a stable spread like the producer's key hash.
+fn device_partition(device: &str, partitions: usize) -> usize {
+    let digest = blake3::hash(device.as_bytes());
+    let mut head = [0; 8];
+    head.copy_from_slice(&digest.as_bytes()[..8]);
+    (u64::from_le_bytes(head) % partitions as u64) as usize
 }
 
 /// Closes the partition's open file (up to `next` offset), as a flush does.

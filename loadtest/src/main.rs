@@ -225,7 +225,11 @@ async fn main() -> anyhow::Result<()> {
                 ("gateway check (+ messages)", work.gateway_check(rounds)?),
                 (
                     "sink path (+ dedupe, Parquet)",
-                    loadtest::bench_sink::sink_path(&work, rounds)?,
+                    loadtest::bench_sink::sink_path(&work, rounds, 1)?,
+                ),
+                (
+                    "  the same, 64 partitions",
+                    loadtest::bench_sink::sink_path(&work, rounds, 64)?,
                 ),
             ] {
                 println!(

@@ -14,6 +14,12 @@
 //! ring apart) made four or five. With a million entries (26 MB) the table does not fit in the
 //! cache, and those accesses were a quarter of the edge agent's time.
 //!
+//! The table is reserved whole (zeroed by the allocator, so its pages are not touched yet) but
+//! used from a small prefix that doubles as entries arrive, and the ring grows as entries are
+//! added: a window touches memory in proportion to what it holds, not to its capacity. A sink
+//! with many partitions reserves a window for each, and one that has seen a few thousand records
+//! would otherwise have touched every page of its table by then (inserts land at random).
+//!
 //! Sixteen bytes are plenty to tell records apart: a window of N entries mistakes a new record
 //! for a duplicate with a probability of about N / 2^128 per record, and a record cannot be made
 //! to hit a chosen digest (a preimage of BLAKE3's output). The table's buckets are chosen by a
@@ -23,8 +29,16 @@ use std::hash::BuildHasher;
 
 use crate::hash::ContentHash;
 
+/// Table buckets a window starts with (8 KiB, two pages); it doubles from there.
+const FIRST_BUCKETS: usize = 1024;
+
 /// The 128-bit digest kept per record.
 pub type Digest = u128;
+
+/// What a forgotten entry's ring slot holds. A record whose digest is this value (a chance of
+/// 2^-128, and no record can be made to have it) is forgotten when the table next grows: a
+/// duplicate of it could pass once.
+const FORGOTTEN: Digest = Digest::MAX;
 
 /// Bytes one entry takes at most in a window of a thousand entries or more, with an age limit
 /// ([`MAX_UNTIMED_ENTRY_BYTES`] without one): see the module doc.
@@ -72,9 +86,11 @@ pub struct DigestWindow {
     /// Ring positions: `head` is the oldest entry, `len` entries follow it.
     head: usize,
     len: usize,
-    /// Linear probing from an entry's home bucket; deletions shift the run back (no tombstones),
-    /// so a lookup stops at the first empty bucket. More buckets than entries, so there is one.
-    table: Vec<Bucket>,
+    /// [`Bucket`]s, linear probing from an entry's home bucket; deletions shift the run back (no
+    /// tombstones), so a lookup stops at the first empty bucket. Only the first `active` are in
+    /// use, at most 70% full, so there is one.
+    table: Vec<u64>,
+    active: usize,
     hasher: foldhash::fast::RandomState,
 }
 
@@ -87,7 +103,13 @@ impl DigestWindow {
             "window of {capacity} entries"
         );
         // Reserved once: growing by doubling would hold the old and the new copy at once (the
-        // peak), and over-allocate up to twice the window. Untouched pages cost no memory.
+        // peak), and over-allocate up to twice the window. Untouched pages cost no memory, and
+        // the table is allocated zeroed (`vec![0; n]`), so it is not written here either.
+        let buckets = if capacity == 0 {
+            0
+        } else {
+            capacity * 10 / 7 + 1
+        };
         DigestWindow {
             capacity,
             max_age_secs,
@@ -95,14 +117,8 @@ impl DigestWindow {
             times: Vec::with_capacity(if max_age_secs > 0 { capacity } else { 0 }),
             head: 0,
             len: 0,
-            table: vec![
-                Bucket::EMPTY;
-                if capacity == 0 {
-                    0
-                } else {
-                    capacity * 10 / 7 + 1
-                }
-            ],
+            table: vec![0; buckets],
+            active: buckets.min(FIRST_BUCKETS),
             hasher: foldhash::fast::RandomState::default(),
         }
     }
@@ -126,21 +142,50 @@ impl DigestWindow {
 
     /// The bucket where an entry with hash bits `bits` is placed if it is free.
     fn home(&self, bits: u32) -> usize {
-        ((u64::from(bits) * self.table.len() as u64) >> 32) as usize
+        ((u64::from(bits) * self.active as u64) >> 32) as usize
     }
 
     fn next(&self, i: usize) -> usize {
-        if i + 1 == self.table.len() { 0 } else { i + 1 }
+        if i + 1 == self.active { 0 } else { i + 1 }
+    }
+
+    fn bucket(&self, i: usize) -> Bucket {
+        Bucket(self.table[i])
+    }
+
+    /// Puts `b` in the first free bucket from its home.
+    fn place(&mut self, b: Bucket) {
+        let mut i = self.home(b.bits());
+        while !self.bucket(i).is_empty() {
+            i = self.next(i);
+        }
+        self.table[i] = b.0;
+    }
+
+    /// Doubles the buckets in use (up to all of them) when one more entry would fill them past
+    /// 70%, placing every remembered entry of the ring anew (no copy of the old buckets is held).
+    fn grow_for_one_more(&mut self) {
+        while self.active < self.table.len() && (self.len + 1) * 10 > self.active * 7 {
+            self.table[..self.active].fill(0);
+            self.active = (self.active * 2).min(self.table.len());
+            for k in 0..self.len {
+                let slot = (self.head + k) % self.capacity;
+                let d = self.digests[slot];
+                if d != FORGOTTEN {
+                    self.place(Bucket::new(self.bits(d), slot));
+                }
+            }
+        }
     }
 
     /// The bucket of the first entry from `bits`' home that `hit` accepts, before the run ends.
     fn find(&self, bits: u32, hit: impl Fn(Bucket) -> bool) -> Option<usize> {
-        if self.table.is_empty() {
+        if self.active == 0 {
             return None;
         }
         let mut i = self.home(bits);
         loop {
-            let b = self.table[i];
+            let b = self.bucket(i);
             if b.is_empty() {
                 return None;
             }
@@ -167,7 +212,7 @@ impl DigestWindow {
         let mut j = i;
         loop {
             j = self.next(j);
-            let b = self.table[j];
+            let b = self.bucket(j);
             if b.is_empty() {
                 break;
             }
@@ -179,11 +224,11 @@ impl DigestWindow {
                 i < home || home <= j
             };
             if !stays {
-                self.table[i] = b;
+                self.table[i] = b.0;
                 i = j;
             }
         }
-        self.table[i] = Bucket::EMPTY;
+        self.table[i] = Bucket::EMPTY.0;
     }
 
     fn time(&self, slot: usize) -> u32 {
@@ -192,7 +237,7 @@ impl DigestWindow {
 
     pub fn contains(&self, d: Digest, now_secs: u32) -> bool {
         self.find_digest(d)
-            .is_some_and(|i| !self.expired(self.time(self.table[i].slot()), now_secs))
+            .is_some_and(|i| !self.expired(self.time(self.bucket(i).slot()), now_secs))
     }
 
     /// Whether an entry seen at `time` is past the age limit at `now_secs`.
@@ -232,12 +277,8 @@ impl DigestWindow {
             }
             slot
         };
-        let bits = self.bits(d);
-        let mut i = self.home(bits);
-        while !self.table[i].is_empty() {
-            i = self.next(i);
-        }
-        self.table[i] = Bucket::new(bits, slot);
+        self.grow_for_one_more();
+        self.place(Bucket::new(self.bits(d), slot));
         self.len += 1;
         true
     }
@@ -248,27 +289,30 @@ impl DigestWindow {
     /// another (a cache miss was 95% of a lookup's time with a million entries). Only a hint:
     /// calling it or not changes no answer.
     pub fn prefetch(&self, ds: &[Digest]) {
-        if self.table.is_empty() {
+        if self.active == 0 {
             return;
         }
         let mut sum = 0u64;
         for &d in ds {
-            sum ^= self.table[self.home(self.bits(d))].0;
+            sum ^= self.table[self.home(self.bits(d))];
         }
         if self.len + ds.len() > self.capacity {
             for k in 0..(self.len + ds.len() - self.capacity).min(self.len) {
                 let slot = (self.head + k) % self.capacity;
-                sum ^= self.table[self.home(self.bits(self.digests[slot]))].0;
+                sum ^= self.table[self.home(self.bits(self.digests[slot]))];
             }
         }
         std::hint::black_box(sum);
     }
 
     /// Takes `d` out of the window (its records were not stored after all, so a re-send must
-    /// not count as a duplicate). Its ring slot stays until evicted, matching no table entry.
+    /// not count as a duplicate). Its ring slot stays until evicted, matching no table entry,
+    /// and holds [`FORGOTTEN`] so that growing the table does not bring it back.
     pub fn forget(&mut self, d: Digest) {
         if let Some(i) = self.find_digest(d) {
+            let slot = self.bucket(i).slot();
             self.remove_bucket(i);
+            self.digests[slot] = FORGOTTEN;
         }
     }
 
@@ -304,7 +348,8 @@ impl DigestWindow {
         *self = smaller;
     }
 
-    /// Bytes held by the table and the ring (reserved, touched or not).
+    /// Bytes held by the table and the ring (reserved, touched or not: an upper bound of what
+    /// the window can come to hold).
     pub fn memory_bytes(&self) -> usize {
         self.digests.capacity() * size_of::<Digest>()
             + self.times.capacity() * size_of::<u32>()
@@ -374,7 +419,8 @@ mod tests {
     /// bucket per remembered entry, each reachable from its home bucket.
     #[test]
     fn forgetting_and_evicting_keep_every_run_reachable() {
-        for capacity in [1, 2, 7, 64, 500] {
+        // 3,000 entries start on fewer buckets than they need at the end, so its table grows.
+        for capacity in [1, 2, 7, 64, 500, 3_000] {
             let mut w = DigestWindow::new(capacity, 0);
             let mut model: std::collections::VecDeque<(u128, bool)> = Default::default();
             let mut x: u64 = capacity as u64;
@@ -401,7 +447,7 @@ mod tests {
             }
             let live: Vec<u128> = model.iter().filter(|e| e.1).map(|e| e.0).collect();
             assert!(live.iter().all(|&d| w.contains(d, 0)));
-            let used = w.table.iter().filter(|b| !b.is_empty()).count();
+            let used = w.table.iter().filter(|&&b| b != 0).count();
             assert_eq!(
                 used,
                 live.len(),
@@ -442,6 +488,35 @@ mod tests {
         }
         w.shrink_to(50);
         assert_eq!(w.capacity(), 10, "never grows");
+    }
+
+    #[test]
+    fn uses_buckets_in_proportion_to_its_entries() {
+        let mut w = DigestWindow::new(1_000_000, 0);
+        assert_eq!(w.active, FIRST_BUCKETS);
+        let mut x: u64 = 11;
+        let mut inserted = Vec::new();
+        for n in 1..=20_000usize {
+            let d = u128::from(lcg(&mut x)) << 40 | n as u128;
+            assert!(w.insert(d, 0));
+            inserted.push(d);
+            assert!(
+                n * 10 <= w.active * 7,
+                "{n} entries on {} buckets",
+                w.active
+            );
+            assert!(
+                w.active <= (n * 10 / 7 * 2).max(FIRST_BUCKETS),
+                "{n} entries"
+            );
+        }
+        assert_eq!(w.active, 32_768);
+        assert!(w.table[w.active..].iter().all(|&b| b == 0), "untouched");
+        assert!(inserted.iter().all(|&d| w.contains(d, 0)));
+        assert!(
+            inserted.iter().all(|&d| !w.insert(d, 0)),
+            "still duplicates"
+        );
     }
 
     #[test]
