@@ -222,12 +222,13 @@ async fn memory_budget_spills_row_groups_not_small_files() {
     drop(cluster);
 }
 
-/// Duplicates that straddle a restart: the second sink's dedupe window is warmed from the landing
-/// files of the first, so records re-sent after the restart do not land twice.
+/// Duplicates that straddle a restart: the second sink's dedupe windows are warmed from the
+/// landing files of the first, so records re-sent after the restart do not land twice. The
+/// partitions share one listing of each hour folder (24 listings, not 24 per partition).
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn dedupe_window_is_warmed_after_a_restart() {
     let streams = schemas::example_streams();
-    let (cluster, producer) = mock_cluster(1);
+    let (cluster, producer) = mock_cluster(4);
     let readings = sensor_readings(&FleetSpec {
         records: 120,
         duplicate_ratio: 0.0,
@@ -235,12 +236,13 @@ async fn dedupe_window_is_warmed_after_a_restart() {
     });
     let send = |r: &serde_json::Value| {
         let value = r.to_string();
+        let key = r["device_id"].as_str().unwrap().to_owned();
         let producer = producer.clone();
         async move {
             // No ingest-ts header: the sink uses the Kafka timestamp (now), like for any producer.
             producer
                 .send(
-                    FutureRecord::<str, str>::to(TOPIC).payload(&value),
+                    FutureRecord::to(TOPIC).key(&key).payload(&value),
                     Duration::from_secs(5),
                 )
                 .await
@@ -298,7 +300,24 @@ async fn dedupe_window_is_warmed_after_a_restart() {
         "re-sent records were dropped"
     );
     assert_eq!(second.records_written.load(Ordering::Relaxed), 20);
-    assert_exactly_once(&readings, landing.path());
+    let landed = assert_exactly_once(&readings, landing.path());
+    let partitions: HashSet<i32> = landed
+        .files
+        .iter()
+        .filter_map(|f| sink::parquet_file::partition_and_offset_of(&f.key, "sensor_readings"))
+        .map(|(partition, _)| partition)
+        .collect();
+    assert!(partitions.len() >= 2, "files of {partitions:?}");
+    // One listing per hour folder of the warm horizon (one more if the hour turned meanwhile).
+    for stats in [&first, &second] {
+        let listings = stats.landing_listings.load(Ordering::Relaxed);
+        let hours = sink::WARM_HOURS as u64;
+        assert!(
+            (hours..=hours + 1).contains(&listings),
+            "{listings} listings for {} partitions",
+            partitions.len()
+        );
+    }
     drop(cluster);
 }
 

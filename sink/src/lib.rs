@@ -13,6 +13,7 @@ pub mod parquet_file;
 pub mod partition;
 pub mod store;
 
+use std::collections::HashMap;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
@@ -56,6 +57,8 @@ pub struct SinkStats {
     /// Message sets decompressed again into a bigger buffer, as of librdkafka's last statistics
     /// ([`m::DECOMPRESSION_REGROWTHS`]).
     pub decompression_regrowths: AtomicU64,
+    /// Hour folders listed to warm dedupe windows ([`m::LANDING_LISTINGS`]).
+    pub landing_listings: AtomicU64,
 }
 
 impl SinkStats {
@@ -137,6 +140,9 @@ struct SinkContext {
     /// Set after `revoked` got partitions: the worker looks at this flag for every message and
     /// takes the lock only when it is set (the lock per message was 1.4% of the sink's CPU).
     any_revoked: AtomicBool,
+    /// Rebalance events so far (assignments, revocations, errors): landing-folder listings
+    /// taken before the latest one may miss files of partitions it handed over.
+    rebalances: AtomicU64,
 }
 
 impl ClientContext for SinkContext {
@@ -161,6 +167,7 @@ impl ClientContext for SinkContext {
 
 impl ConsumerContext for SinkContext {
     fn pre_rebalance(&self, _consumer: &BaseConsumer<Self>, rebalance: &Rebalance<'_>) {
+        self.rebalances.fetch_add(1, Ordering::AcqRel);
         if let Rebalance::Revoke(list) = rebalance
             && let Ok(mut revoked) = self.revoked.lock()
         {
@@ -232,6 +239,7 @@ pub async fn start(
         shutdown,
         staging,
         last_sweep: None,
+        listings: Listings::default(),
         received: 0,
         round_start: Instant::now(),
     };
@@ -252,10 +260,64 @@ struct Worker {
     /// Where open files are staged.
     staging: std::path::PathBuf,
     last_sweep: Option<Instant>,
+    /// Hour folders listed for warming dedupe windows, shared by the partitions opened after.
+    listings: Listings,
     /// Messages received, for spacing the budget checks.
     received: u64,
     /// When the current round of ready messages began: their partitions' idle clock.
     round_start: Instant,
+}
+
+/// Landing files of the hour folders listed since the last rebalance, by folder and then by
+/// partition: (start offset, key). Opening a partition warms its dedupe window from the files of
+/// the last [`WARM_HOURS`] hours; listing those folders once per partition made a sink assigned
+/// 1,000 partitions list 24,000 times (24,000 LIST requests on S3) before it settled. A listing
+/// serves every partition opened until the next rebalance: until then, files of a partition this
+/// sink was assigned are written only by this sink, after it opened the partition. It is also
+/// dropped after [`LISTINGS_TTL`], so that it does not sit in memory.
+#[derive(Default)]
+struct Listings {
+    generation: u64,
+    taken: Option<Instant>,
+    folders: HashMap<String, HashMap<i32, Vec<(i64, String)>>>,
+}
+
+/// How long listings are kept for partitions opened later.
+const LISTINGS_TTL: Duration = Duration::from_secs(60);
+
+impl Listings {
+    /// Forgets listings taken before rebalance `generation` or longer ago than [`LISTINGS_TTL`].
+    fn refresh(&mut self, generation: u64) {
+        let expired = self.taken.is_some_and(|t| t.elapsed() > LISTINGS_TTL);
+        if generation != self.generation || expired {
+            self.folders.clear();
+            self.generation = generation;
+            self.taken = None;
+        }
+    }
+
+    /// Keeps the listing of `folder` (keys of `stream`'s landing files, others are ignored).
+    fn insert(&mut self, folder: String, stream: &str, keys: Vec<String>) {
+        let mut by_partition: HashMap<i32, Vec<(i64, String)>> = HashMap::new();
+        for key in keys {
+            if let Some((partition, offset)) = parquet_file::partition_and_offset_of(&key, stream) {
+                by_partition
+                    .entry(partition)
+                    .or_default()
+                    .push((offset, key));
+            }
+        }
+        self.taken.get_or_insert_with(Instant::now);
+        self.folders.insert(folder, by_partition);
+    }
+
+    /// `partition`'s files in a listed folder, newest first; `None` if the folder is not listed.
+    fn newest_first(&self, folder: &str, partition: i32) -> Option<Vec<(i64, String)>> {
+        let listed = self.folders.get(folder)?;
+        let mut files = listed.get(&partition).cloned().unwrap_or_default();
+        files.sort_unstable_by_key(|f| std::cmp::Reverse(f.0));
+        Some(files)
+    }
 }
 
 /// Messages between two checks of the memory budget (a check visits every open file; the
@@ -519,7 +581,7 @@ impl Worker {
     /// Loads the content hashes of the newest landing files of a partition (from the last
     /// [`WARM_HOURS`] hour folders) into `window`, oldest first.
     async fn warm(
-        &self,
+        &mut self,
         stream: &str,
         partition: i32,
         window: &mut DigestWindow,
@@ -527,22 +589,26 @@ impl Worker {
         let mut newest_first: Vec<Vec<ContentHash>> = Vec::new();
         let mut total = 0;
         tracing::debug!(stream, partition, "warming dedupe window");
+        let generation = self.consumer.context().rebalances.load(Ordering::Acquire);
+        self.listings.refresh(generation);
         'hours: for prefix in parquet_file::recent_hour_prefixes(
             &self.config.key_prefix,
             stream,
             now_micros(),
             WARM_HOURS,
         ) {
-            let mut files: Vec<(i64, String)> = self
-                .store
-                .list(&prefix)
-                .await?
-                .into_iter()
-                .filter_map(|k| {
-                    parquet_file::start_offset_of(&k, stream, partition).map(|o| (o, k))
-                })
-                .collect();
-            files.sort_unstable_by_key(|f| std::cmp::Reverse(f.0));
+            let files = match self.listings.newest_first(&prefix, partition) {
+                Some(files) => files,
+                None => {
+                    let keys = self.store.list(&prefix).await?;
+                    ::metrics::counter!(m::LANDING_LISTINGS).increment(1);
+                    self.stats.landing_listings.fetch_add(1, Ordering::Relaxed);
+                    self.listings.insert(prefix.clone(), stream, keys);
+                    self.listings
+                        .newest_first(&prefix, partition)
+                        .unwrap_or_default()
+                }
+            };
             for (_, key) in files {
                 if total >= window.capacity() {
                     break 'hours;
@@ -832,5 +898,39 @@ impl Worker {
             }
             Err(e) => tracing::warn!(error = %e, "offset commit task failed"),
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn listings_serve_until_a_rebalance_or_their_age_limit() {
+        let folder = "landing/s/date=2024-05-01/hour=12/";
+        let keys = vec![
+            format!("{folder}s-p1-o00000000000000000010.parquet"),
+            format!("{folder}s-p1-o00000000000000000030.parquet"),
+            format!("{folder}s-p2-o00000000000000000000.parquet"),
+            format!("{folder}other.txt"),
+        ];
+        let mut listings = Listings::default();
+        listings.refresh(1);
+        assert_eq!(listings.newest_first(folder, 1), None, "not listed yet");
+        listings.insert(folder.into(), "s", keys.clone());
+        let offsets = |l: &Listings, p| -> Option<Vec<i64>> {
+            Some(l.newest_first(folder, p)?.iter().map(|f| f.0).collect())
+        };
+        assert_eq!(offsets(&listings, 1), Some(vec![30, 10]), "newest first");
+        assert_eq!(offsets(&listings, 2), Some(vec![0]));
+        assert_eq!(offsets(&listings, 3), Some(vec![]), "listed, no files");
+        listings.refresh(1);
+        assert_eq!(offsets(&listings, 1), Some(vec![30, 10]), "same generation");
+        listings.refresh(2);
+        assert_eq!(offsets(&listings, 1), None, "a rebalance drops it");
+        listings.insert(folder.into(), "s", keys);
+        listings.taken = Instant::now().checked_sub(LISTINGS_TTL + Duration::from_secs(1));
+        listings.refresh(2);
+        assert_eq!(offsets(&listings, 1), None, "too old");
     }
 }

@@ -27,6 +27,9 @@ pub const DEAD_LETTERS: &str = "sink_dead_letter_records_total";
 /// guessed buffer, and from the start again on every miss; ours carry the size, so this stays 0
 /// unless other producers write to the topics.
 pub const DECOMPRESSION_REGROWTHS: &str = "sink_kafka_decompression_regrowths_total";
+/// Hour folders of the landing zone listed to warm the dedupe windows of newly opened
+/// partitions (one listing serves every partition opened until the next rebalance).
+pub const LANDING_LISTINGS: &str = "sink_landing_listings_total";
 
 /// Creates, at zero, the series that alerts and dashboards watch: Prometheus sees no increase in
 /// a counter whose first sample is already 1, so the first dead letter of a stream would go
@@ -40,6 +43,7 @@ pub fn register(streams: &schemas::Streams) {
     ::metrics::counter!(SPILLED_ROW_GROUPS).increment(0);
     ::metrics::counter!(ABANDONED_UPLOADS).increment(0);
     ::metrics::counter!(DECOMPRESSION_REGROWTHS).increment(0);
+    ::metrics::counter!(LANDING_LISTINGS).increment(0);
     for def in streams.iter() {
         ::metrics::counter!(DEAD_LETTERS, "stream" => def.name.clone()).increment(0);
         ::metrics::counter!(ADOPTED_RECORDS, "stream" => def.name.clone()).increment(0);

@@ -159,11 +159,21 @@ pub fn recent_hour_prefixes(
 
 /// The start offset of a landing file of `partition`, from its key; `None` for other files.
 pub fn start_offset_of(key: &str, stream: &str, partition: i32) -> Option<i64> {
+    partition_and_offset_of(key, stream)
+        .filter(|&(p, _)| p == partition)
+        .map(|(_, offset)| offset)
+}
+
+/// The partition and start offset of a landing file of `stream`, from its key (the file name
+/// `<stream>-p<partition>-o<offset>.parquet`); `None` for other files.
+pub fn partition_and_offset_of(key: &str, stream: &str) -> Option<(i32, i64)> {
     let name = key.rsplit('/').next()?;
-    name.strip_prefix(&format!("{stream}-p{partition}-o"))?
-        .strip_suffix(".parquet")?
-        .parse()
-        .ok()
+    let rest = name.strip_prefix(stream)?.strip_prefix("-p")?;
+    let (digits, offset) = rest.strip_suffix(".parquet")?.split_once("-o")?;
+    let partition: i32 = digits.parse().ok()?;
+    // As written: no sign, no leading zeros.
+    (partition >= 0 && partition.to_string() == digits).then_some(())?;
+    Some((partition, offset.parse().ok()?))
 }
 
 /// The content hashes of a landing file, in row order.
@@ -232,6 +242,17 @@ mod tests {
         assert_eq!(start_offset_of(&key, "s", 3), Some(42));
         assert_eq!(start_offset_of(&key, "s", 4), None);
         assert_eq!(start_offset_of("landing/s/x.ndjson", "s", 3), None);
+        assert_eq!(partition_and_offset_of(&key, "s"), Some((3, 42)));
+        assert_eq!(partition_and_offset_of(&key, "t"), None);
+        for other in [
+            "landing/s/s-p03-o00000000000000000042.parquet",
+            "landing/s/s-p+3-o00000000000000000042.parquet",
+            "landing/s/s-p3-o42.ndjson",
+            "landing/s/s_x-p3-o42.parquet",
+            "landing/s/s-px-o42.parquet",
+        ] {
+            assert_eq!(partition_and_offset_of(other, "s"), None, "{other}");
+        }
     }
 
     #[test]

@@ -356,7 +356,13 @@ impl ObjectStore {
                         };
                         for entry in entries.flatten() {
                             let path = entry.path();
-                            if path.is_dir() {
+                            // The entry's type comes with it on most file systems (no stat),
+                            // but a symbolic link is followed.
+                            let is_dir = match entry.file_type() {
+                                Ok(t) if !t.is_symlink() => t.is_dir(),
+                                _ => path.is_dir(),
+                            };
+                            if is_dir {
                                 stack.push(path);
                             } else if let Ok(rel) = path.strip_prefix(&root) {
                                 out.push(rel.to_string_lossy().into_owned());
