@@ -1,6 +1,8 @@
 //! Simulated devices: deterministic sensor readings, with re-sent duplicates like a flaky
 //! uplink produces.
 
+use std::collections::VecDeque;
+
 use rand::rngs::SmallRng;
 use rand::{Rng, SeedableRng};
 use serde_json::{Value, json};
@@ -40,36 +42,77 @@ impl Default for FleetSpec {
 /// Generates `spec.records` readings as JSON objects; about `duplicate_ratio` of them repeat an
 /// earlier reading exactly.
 pub fn sensor_readings(spec: &FleetSpec) -> Vec<Value> {
-    let mut rng = SmallRng::seed_from_u64(spec.seed);
-    let mut values: Vec<f64> = (0..spec.devices * SENSORS.len())
-        .map(|i| SENSORS[i % SENSORS.len()].2)
-        .collect();
-    let mut out: Vec<Value> = Vec::with_capacity(spec.records);
-    let mut step = 0i64;
-    while out.len() < spec.records {
-        if !out.is_empty() && rng.random_bool(spec.duplicate_ratio.clamp(0.0, 1.0)) {
-            let back = rng.random_range(1..=out.len().min(500));
-            out.push(out[out.len() - back].clone());
-            continue;
+    Readings::new(spec).collect()
+}
+
+/// How far back a re-sent reading reaches.
+const RESEND_REACH: usize = 500;
+
+/// [`sensor_readings`] one at a time, holding only the last few hundred (a fleet of millions of
+/// readings is never in memory at once).
+pub struct Readings {
+    spec: FleetSpec,
+    rng: SmallRng,
+    values: Vec<f64>,
+    recent: VecDeque<Value>,
+    step: i64,
+    emitted: usize,
+}
+
+impl Readings {
+    pub fn new(spec: &FleetSpec) -> Readings {
+        Readings {
+            spec: spec.clone(),
+            rng: SmallRng::seed_from_u64(spec.seed),
+            values: (0..spec.devices.max(1) * SENSORS.len())
+                .map(|i| SENSORS[i % SENSORS.len()].2)
+                .collect(),
+            recent: VecDeque::with_capacity(RESEND_REACH),
+            step: 0,
+            emitted: 0,
         }
-        let slot = (step as usize) % values.len();
+    }
+
+    fn next_reading(&mut self) -> Value {
+        let ratio = self.spec.duplicate_ratio.clamp(0.0, 1.0);
+        if !self.recent.is_empty() && self.rng.random_bool(ratio) {
+            let back = self.rng.random_range(1..=self.recent.len());
+            return self.recent[self.recent.len() - back].clone();
+        }
+        let slot = (self.step as usize) % self.values.len();
         let device = slot / SENSORS.len();
         let (sensor, unit, _, noise) = SENSORS[slot % SENSORS.len()];
-        values[slot] += rng.random_range(-noise..=noise);
-        let value = (values[slot] * 1000.0).round() / 1000.0;
-        let ts = spec.start_ms + step * 10;
-        out.push(json!({
+        self.values[slot] += self.rng.random_range(-noise..=noise);
+        let value = (self.values[slot] * 1000.0).round() / 1000.0;
+        let ts = self.spec.start_ms + self.step * 10;
+        self.step += 1;
+        json!({
             "device_id": format!("dev-{device:05}"),
             "sensor": sensor,
             "ts": ts,
             "value": value,
             "unit": unit,
-            "quality": if rng.random_bool(0.99) { 192 } else { 64 },
+            "quality": if self.rng.random_bool(0.99) { 192 } else { 64 },
             "tags": {"site": format!("site-{}", device % 4), "line": format!("{}", device % 7)},
-        }));
-        step += 1;
+        })
     }
-    out
+}
+
+impl Iterator for Readings {
+    type Item = Value;
+
+    fn next(&mut self) -> Option<Value> {
+        if self.emitted == self.spec.records {
+            return None;
+        }
+        let reading = self.next_reading();
+        if self.recent.len() == RESEND_REACH {
+            self.recent.pop_front();
+        }
+        self.recent.push_back(reading.clone());
+        self.emitted += 1;
+        Some(reading)
+    }
 }
 
 /// The same readings as NDJSON text.

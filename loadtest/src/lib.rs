@@ -5,4 +5,5 @@ pub mod bench_gateway;
 pub mod bench_sink;
 pub mod demo;
 pub mod fleet;
+pub mod send;
 pub mod verify;

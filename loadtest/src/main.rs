@@ -1,16 +1,22 @@
 use std::path::PathBuf;
 use std::time::Duration;
 
+use anyhow::Context;
 use clap::{Parser, Subcommand};
 use loadtest::demo::{DemoOptions, run};
 use loadtest::fleet::{FleetSpec, sensor_readings, to_ndjson};
+use loadtest::send::SendOptions;
+use loadtest::verify::{VerifyOptions, verify};
+use sink::config::StoreConfig;
+use tokio_util::sync::CancellationToken;
 
 /// mimalloc: the decode and encode paths allocate per record; glibc malloc was a quarter of
 /// the gateway's profile.
 #[global_allocator]
 static GLOBAL: mimalloc::MiMalloc = mimalloc::MiMalloc;
 
-/// Simulated device fleets, end-to-end verification and the one-command demo.
+/// Simulated device fleets, a load driver for a running gateway, end-to-end verification of a
+/// landing zone and the one-command demo.
 
 #[derive(Debug, Parser)]
 #[command(version)]
@@ -126,6 +132,89 @@ enum Command {
         /// Directory for the input file and the JSON report.
         #[arg(long, default_value = "target/bench")]
         out: PathBuf,
+    },
+    /// Drives a running gateway with a simulated fleet: sensor readings (a share of them
+    /// re-sent, as flaky uplinks do) in zstd NDJSON batches, each retried with the same
+    /// Idempotency-Key until the gateway acknowledges it, as the edge agent sends. Prints
+    /// progress to stderr and a JSON summary to stdout; exits non-zero when the gateway refused
+    /// a batch or rejected a record. `--save` keeps what was sent for `verify`.
+    Send {
+        /// Base URL of the gateway.
+        #[arg(
+            long,
+            env = "LOADTEST_GATEWAY",
+            default_value = "http://127.0.0.1:8080"
+        )]
+        gateway: String,
+        /// Bearer token (none for a gateway that allows anonymous ingest).
+        #[arg(long, env = "LOADTEST_TOKEN", hide_env_values = true)]
+        token: Option<String>,
+        #[command(flatten)]
+        fleet: FleetArgs,
+        /// Event time of the first reading, epoch milliseconds; now when absent, so that runs
+        /// with the same seed send different readings (the same ones would be dropped as
+        /// duplicates).
+        #[arg(long)]
+        start_ms: Option<i64>,
+        /// Readings per batch.
+        #[arg(long, default_value_t = 1_000)]
+        batch_records: usize,
+        /// Batches in flight at once.
+        #[arg(long, default_value_t = 4)]
+        concurrency: usize,
+        /// Readings per second over all senders; 0 sends as fast as the gateway takes them.
+        #[arg(long, default_value_t = 0.0)]
+        rate: f64,
+        /// Writes every reading sent (duplicates included) to this NDJSON file.
+        #[arg(long)]
+        save: Option<PathBuf>,
+        /// Timeout of one request, in seconds.
+        #[arg(long, default_value_t = 30)]
+        timeout: u64,
+    },
+    /// Checks a landing zone against what was sent: every distinct valid record of the `--sent`
+    /// NDJSON files must be in the stream's Parquet files exactly once. Reads a local directory
+    /// (`--landing`) or S3 (`--s3-bucket`; credentials from the usual AWS chain). Prints a JSON
+    /// report; exits non-zero unless the check passed.
+    Verify {
+        /// NDJSON files of the sent records (`send --save`, or an agent's input files).
+        #[arg(long, required = true, num_args = 1..)]
+        sent: Vec<PathBuf>,
+        /// The stream the records were sent to.
+        #[arg(long, default_value = "sensor_readings")]
+        stream: String,
+        /// Directory of the stream definitions (`*.toml`); the shipped examples when absent.
+        #[arg(long)]
+        streams_dir: Option<PathBuf>,
+        /// A local landing directory (the sink's `store.path`).
+        #[arg(
+            long,
+            conflicts_with = "s3_bucket",
+            required_unless_present = "s3_bucket"
+        )]
+        landing: Option<PathBuf>,
+        /// An S3 bucket (the sink's `store.bucket`).
+        #[arg(long)]
+        s3_bucket: Option<String>,
+        /// S3 endpoint URL for S3-compatible servers (MinIO, moto).
+        #[arg(long, requires = "s3_bucket")]
+        s3_endpoint: Option<String>,
+        /// S3 region; from the AWS chain when absent.
+        #[arg(long, requires = "s3_bucket")]
+        s3_region: Option<String>,
+        /// Path-style S3 addressing, which most S3-compatible servers need.
+        #[arg(long, requires = "s3_bucket")]
+        s3_path_style: bool,
+        /// The sink's `key_prefix`.
+        #[arg(long, default_value = "landing")]
+        prefix: String,
+        /// Seconds to keep looking while records are missing (the sink closes idle files after
+        /// `rotation.idle_ms`).
+        #[arg(long, default_value_t = 0)]
+        wait: u64,
+        /// Landed records that were not sent (another producer's) do not fail the check.
+        #[arg(long)]
+        allow_unexpected: bool,
     },
     /// Writes generated sensor readings as NDJSON to stdout or a file.
     Generate {
@@ -294,6 +383,104 @@ async fn main() -> anyhow::Result<()> {
             )
             .await?;
             println!("{}", serde_json::to_string(&run)?);
+            Ok(())
+        }
+        Command::Send {
+            gateway,
+            token,
+            fleet,
+            start_ms,
+            batch_records,
+            concurrency,
+            rate,
+            save,
+            timeout,
+        } => {
+            let mut fleet = FleetSpec::from(fleet);
+            let records = fleet.records;
+            fleet.start_ms = start_ms.unwrap_or_else(|| chrono::Utc::now().timestamp_millis());
+            let shutdown = CancellationToken::new();
+            let interrupt = shutdown.clone();
+            tokio::spawn(async move {
+                if tokio::signal::ctrl_c().await.is_ok() {
+                    eprintln!("send: interrupted, stopping");
+                    interrupt.cancel();
+                }
+            });
+            let summary = loadtest::send::run(
+                SendOptions {
+                    gateway,
+                    token,
+                    fleet,
+                    batch_records,
+                    concurrency,
+                    rate,
+                    save,
+                    timeout: Duration::from_secs(timeout.max(1)),
+                },
+                shutdown,
+            )
+            .await?;
+            println!("{}", serde_json::to_string_pretty(&summary)?);
+            anyhow::ensure!(
+                !summary.interrupted,
+                "interrupted after {} of {} readings",
+                summary.records,
+                records
+            );
+            anyhow::ensure!(
+                summary.refused_batches == 0 && summary.rejected == 0,
+                "the gateway refused {} batches and rejected {} records",
+                summary.refused_batches,
+                summary.rejected
+            );
+            Ok(())
+        }
+        Command::Verify {
+            sent,
+            stream,
+            streams_dir,
+            landing,
+            s3_bucket,
+            s3_endpoint,
+            s3_region,
+            s3_path_style,
+            prefix,
+            wait,
+            allow_unexpected,
+        } => {
+            let streams = match streams_dir {
+                Some(dir) => plumbing::load_streams_dir(&dir)?,
+                None => schemas::example_streams(),
+            };
+            let def = streams
+                .get(&stream)
+                .cloned()
+                .with_context(|| format!("unknown stream {stream:?}"))?;
+            let store = match (landing, s3_bucket) {
+                (_, Some(bucket)) => StoreConfig::S3 {
+                    bucket,
+                    endpoint: s3_endpoint,
+                    region: s3_region,
+                    force_path_style: s3_path_style,
+                },
+                (Some(path), None) => StoreConfig::Local { path },
+                (None, None) => anyhow::bail!("give --landing or --s3-bucket"),
+            };
+            let report = verify(&VerifyOptions {
+                sent,
+                def,
+                store,
+                prefix,
+                wait: Duration::from_secs(wait),
+                allow_unexpected,
+            })
+            .await?;
+            println!("{}", serde_json::to_string_pretty(&report)?);
+            anyhow::ensure!(
+                report.passed,
+                "the landing zone does not hold every sent record exactly once"
+            );
             Ok(())
         }
         Command::Generate { fleet, out } => {

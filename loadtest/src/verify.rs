@@ -1,14 +1,22 @@
-//! End-to-end verification: read the landing files back and compare the content hashes with
-//! what was sent.
+//! End-to-end verification: read the landing files back (a local directory or S3) and compare
+//! their content hashes with those of what was sent.
 
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, HashSet};
+use std::io::BufRead;
 use std::path::{Path, PathBuf};
+use std::sync::Arc;
+use std::time::{Duration, Instant};
 
 use anyhow::Context;
 use arrow::array::{Array, FixedSizeBinaryArray};
+use parquet::arrow::ProjectionMask;
 use parquet::arrow::arrow_reader::ParquetRecordBatchReaderBuilder;
-use schemas::ContentHash;
+use parquet::file::reader::ChunkReader;
 use schemas::arrow::COL_CONTENT_HASH;
+use schemas::{ContentHash, StreamDef};
+use serde::Serialize;
+use sink::config::StoreConfig;
+use sink::store::ObjectStore;
 
 /// One landing file.
 #[derive(Debug, Clone)]
@@ -50,7 +58,9 @@ pub fn read_landing_dir(dir: &Path) -> anyhow::Result<Landed> {
                 stack.push(path);
             } else if path.extension().is_some_and(|e| e == "parquet") {
                 let rows_before = landed.rows;
-                let row_groups = read_file(&path, &mut landed)?;
+                let file = std::fs::File::open(&path)
+                    .with_context(|| format!("cannot open {}", path.display()))?;
+                let row_groups = read_file(file, &path.display().to_string(), &mut landed)?;
                 let key = path
                     .strip_prefix(dir)
                     .unwrap_or(&path)
@@ -72,17 +82,63 @@ pub fn read_landing_dir(dir: &Path) -> anyhow::Result<Landed> {
     Ok(landed)
 }
 
+/// Reads every landing file of `stream` in `store` (a local directory or S3), under the sink's
+/// key prefix `prefix`: the keys `<prefix>/<stream>/…/<stream>-p<partition>-o<offset>.parquet`.
+pub async fn read_landing_store(
+    store: &ObjectStore,
+    prefix: &str,
+    stream: &str,
+) -> anyhow::Result<Landed> {
+    let under = format!("{}/{stream}/", prefix.trim_end_matches('/'));
+    let mut keys: Vec<String> = store
+        .list(&under)
+        .await
+        .with_context(|| format!("cannot list {under} in {}", store.describe()))?
+        .into_iter()
+        .filter(|k| sink::parquet_file::partition_and_offset_of(k, stream).is_some())
+        .collect();
+    keys.sort();
+    let mut landed = Landed::default();
+    for key in keys {
+        let Some(data) = store
+            .get(&key)
+            .await
+            .with_context(|| format!("cannot read {key} in {}", store.describe()))?
+        else {
+            // Gone since the listing: a file that is not there holds nothing.
+            continue;
+        };
+        let rows_before = landed.rows;
+        let size = data.len() as u64;
+        let row_groups =
+            read_file(data, &key, &mut landed).with_context(|| format!("cannot read {key}"))?;
+        landed.files.push(LandedFile {
+            path: PathBuf::from(&key),
+            key,
+            size,
+            rows: landed.rows - rows_before,
+            row_groups,
+        });
+    }
+    Ok(landed)
+}
+
 /// Adds a file's content hashes to `landed`; returns its number of row groups.
-fn read_file(path: &Path, landed: &mut Landed) -> anyhow::Result<usize> {
-    let file = std::fs::File::open(path)?;
+fn read_file<R: ChunkReader + 'static>(
+    file: R,
+    name: &str,
+    landed: &mut Landed,
+) -> anyhow::Result<usize> {
     let builder = ParquetRecordBatchReaderBuilder::try_new(file)?;
     let row_groups = builder.metadata().num_row_groups();
-    let reader = builder.build()?;
+    // Only the hash column is decoded.
+    let only_hashes = ProjectionMask::columns(builder.parquet_schema(), [COL_CONTENT_HASH]);
+    let reader = builder.with_projection(only_hashes).build()?;
     for batch in reader {
         let batch = batch?;
         let col = batch
             .column_by_name(COL_CONTENT_HASH)
-            .with_context(|| format!("{} has no {COL_CONTENT_HASH} column", path.display()))?;
+            .with_context(|| format!("{name} has no {COL_CONTENT_HASH} column"))?;
         let hashes = col
             .as_any()
             .downcast_ref::<FixedSizeBinaryArray>()
@@ -111,7 +167,7 @@ impl Verdict {
 }
 
 /// Compares what landed with the distinct hashes that were sent.
-pub fn compare(expected: &std::collections::HashSet<ContentHash>, landed: &Landed) -> Verdict {
+pub fn compare(expected: &HashSet<ContentHash>, landed: &Landed) -> Verdict {
     Verdict {
         missing: expected
             .iter()
@@ -124,4 +180,112 @@ pub fn compare(expected: &std::collections::HashSet<ContentHash>, landed: &Lande
             .filter(|h| !expected.contains(h))
             .count(),
     }
+}
+
+/// What `loadtest verify` checks, and where.
+#[derive(Debug, Clone)]
+pub struct VerifyOptions {
+    /// NDJSON files of the records that were sent (`loadtest send --save`, or an agent's input).
+    pub sent: Vec<PathBuf>,
+    pub def: Arc<StreamDef>,
+    pub store: StoreConfig,
+    /// The sink's `key_prefix`.
+    pub prefix: String,
+    /// How long to keep looking while records are missing (the sink may not have closed its
+    /// files yet).
+    pub wait: Duration,
+    /// Records in the landing zone that were not sent (another producer's) do not fail the
+    /// check; they are still counted.
+    pub allow_unexpected: bool,
+}
+
+/// The outcome of `loadtest verify`.
+#[derive(Debug, Default, Serialize)]
+pub struct VerifyReport {
+    /// Non-blank lines of the sent files.
+    pub sent_lines: usize,
+    /// Lines that are not valid records of the stream: the gateway rejects them, so they are
+    /// not expected to land.
+    pub invalid_lines: usize,
+    /// Distinct valid records sent: each must land once.
+    pub expected: usize,
+    pub files: usize,
+    pub rows: usize,
+    /// Expected records found in no landing file.
+    pub missing: usize,
+    /// Records found in more than one row.
+    pub duplicated: usize,
+    /// Records in the landing files that were not sent.
+    pub unexpected: usize,
+    /// Every expected record landed once and nothing else failed the check.
+    pub passed: bool,
+}
+
+/// Compares the stream's landing files with the sent records, looking again every few seconds
+/// while records are missing, until `opts.wait` has passed.
+pub async fn verify(opts: &VerifyOptions) -> anyhow::Result<VerifyReport> {
+    let (expected, sent_lines, invalid_lines) = sent_hashes(&opts.sent, &opts.def)?;
+    if let StoreConfig::Local { path } = &opts.store {
+        // The store would create a missing directory; a typo should not pass as "all missing".
+        anyhow::ensure!(path.is_dir(), "no landing directory at {}", path.display());
+    }
+    let store = ObjectStore::from_config(&opts.store).await?;
+    let deadline = Instant::now() + opts.wait;
+    loop {
+        let landed = read_landing_store(&store, &opts.prefix, &opts.def.name).await?;
+        let verdict = compare(&expected, &landed);
+        if verdict.missing == 0 || Instant::now() >= deadline {
+            return Ok(VerifyReport {
+                sent_lines,
+                invalid_lines,
+                expected: expected.len(),
+                files: landed.files.len(),
+                rows: landed.rows,
+                missing: verdict.missing,
+                duplicated: verdict.duplicated,
+                unexpected: verdict.unexpected,
+                passed: verdict.missing == 0
+                    && verdict.duplicated == 0
+                    && (opts.allow_unexpected || verdict.unexpected == 0),
+            });
+        }
+        eprintln!(
+            "verify: {} of {} records not landed yet ({} files), looking again",
+            verdict.missing,
+            expected.len(),
+            landed.files.len()
+        );
+        tokio::time::sleep(VERIFY_POLL.min(deadline.saturating_duration_since(Instant::now())))
+            .await;
+    }
+}
+
+/// How often `verify` looks again while records are missing.
+const VERIFY_POLL: Duration = Duration::from_secs(2);
+
+/// The distinct content hashes of the valid records in `files`, the non-blank lines read and
+/// how many of them were not valid records.
+fn sent_hashes(
+    files: &[PathBuf],
+    def: &StreamDef,
+) -> anyhow::Result<(HashSet<ContentHash>, usize, usize)> {
+    let (mut hashes, mut lines, mut invalid) = (HashSet::new(), 0, 0);
+    for path in files {
+        let file =
+            std::fs::File::open(path).with_context(|| format!("cannot open {}", path.display()))?;
+        for line in std::io::BufReader::new(file).split(b'\n') {
+            let line = line.with_context(|| format!("cannot read {}", path.display()))?;
+            if line.trim_ascii().is_empty() {
+                continue;
+            }
+            lines += 1;
+            match schemas::check_bytes(def, &line) {
+                Ok(valid) => {
+                    hashes.insert(valid.hash);
+                }
+                Err(_) => invalid += 1,
+            }
+        }
+    }
+    Ok((hashes, lines, invalid))
 }

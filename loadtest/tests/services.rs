@@ -16,57 +16,103 @@ use sink::SinkConfig;
 use sink::config::{RotationConfig, StoreConfig};
 use tokio_util::sync::CancellationToken;
 
+/// A gateway (token `e2e-secret`) producing to tansu and a sink landing in a fresh moto bucket,
+/// both in this process, on topics of their own.
+struct Stack {
+    gateway: ingest_gateway::Gateway,
+    sink: sink::Sink,
+    shutdown: CancellationToken,
+    streams: schemas::Streams,
+    s3: String,
+    bucket: String,
+}
+
+impl Stack {
+    async fn start() -> Stack {
+        let kafka = common::service_env("EDGE_INGEST_KAFKA");
+        let s3 = common::service_env("EDGE_INGEST_S3");
+        let id = common::unique_id();
+        let topic_prefix = format!("e2e{id}.");
+        let bucket = format!("landing-{id}");
+        common::pyarrow(&["--s3-endpoint", &s3, "--bucket", &bucket, "--create-bucket"]);
+
+        let streams = schemas::example_streams();
+        let shutdown = CancellationToken::new();
+        let mut gateway = GatewayConfig {
+            listen: ([127, 0, 0, 1], 0).into(),
+            auth: AuthConfig {
+                allow_anonymous: false,
+                tokens: vec![TokenConfig {
+                    name: "e2e".into(),
+                    blake3: blake3_hex("e2e-secret"),
+                    streams: vec!["sensor_readings".into()],
+                }],
+            },
+            ..GatewayConfig::default()
+        };
+        gateway.kafka.brokers = kafka.clone();
+        gateway.kafka.topic_prefix = topic_prefix.clone();
+        gateway.kafka.create_topics = true;
+        gateway.kafka.produce_timeout_ms = 20_000;
+        let gateway = ingest_gateway::start(gateway, streams.clone(), shutdown.clone())
+            .await
+            .unwrap();
+
+        let mut sink = SinkConfig {
+            store: StoreConfig::S3 {
+                bucket: bucket.clone(),
+                endpoint: Some(s3.clone()),
+                region: Some("us-east-1".into()),
+                force_path_style: true,
+            },
+            rotation: RotationConfig {
+                idle_ms: 1_000,
+                ..RotationConfig::default()
+            },
+            ..SinkConfig::default()
+        };
+        sink.kafka.brokers = kafka;
+        sink.kafka.topic_prefix = topic_prefix;
+        sink.kafka.group_id = format!("e2e-sink-{id}");
+        let sink = sink::start(sink, streams.clone(), shutdown.clone())
+            .await
+            .unwrap();
+        Stack {
+            gateway,
+            sink,
+            shutdown,
+            streams,
+            s3,
+            bucket,
+        }
+    }
+
+    /// Waits until the sink wrote `records` records (or fails the test after two minutes).
+    async fn wait_written(&self, records: usize) {
+        let written = || self.sink.stats.records_written.load(Ordering::Relaxed);
+        let deadline = Instant::now() + Duration::from_secs(120);
+        while written() < records as u64 {
+            assert!(
+                Instant::now() < deadline,
+                "only {} of {records} records landed",
+                written()
+            );
+            tokio::time::sleep(Duration::from_millis(200)).await;
+        }
+    }
+
+    async fn stop(self) {
+        self.shutdown.cancel();
+        self.gateway.task.await.unwrap().unwrap();
+        self.sink.task.await.unwrap().unwrap();
+    }
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn agent_gateway_tansu_sink_s3_pyarrow() {
-    let kafka = common::service_env("EDGE_INGEST_KAFKA");
-    let s3 = common::service_env("EDGE_INGEST_S3");
-    let id = common::unique_id();
-    let topic_prefix = format!("e2e{id}.");
-    let bucket = format!("landing-{id}");
-    common::pyarrow(&["--s3-endpoint", &s3, "--bucket", &bucket, "--create-bucket"]);
-
-    let streams = schemas::example_streams();
-    let shutdown = CancellationToken::new();
-    let mut gateway = GatewayConfig {
-        listen: ([127, 0, 0, 1], 0).into(),
-        auth: AuthConfig {
-            allow_anonymous: false,
-            tokens: vec![TokenConfig {
-                name: "e2e".into(),
-                blake3: blake3_hex("e2e-secret"),
-                streams: vec!["sensor_readings".into()],
-            }],
-        },
-        ..GatewayConfig::default()
-    };
-    gateway.kafka.brokers = kafka.clone();
-    gateway.kafka.topic_prefix = topic_prefix.clone();
-    gateway.kafka.create_topics = true;
-    gateway.kafka.produce_timeout_ms = 20_000;
-    let gateway = ingest_gateway::start(gateway, streams.clone(), shutdown.clone())
-        .await
-        .unwrap();
-
-    let mut sink = SinkConfig {
-        store: StoreConfig::S3 {
-            bucket: bucket.clone(),
-            endpoint: Some(s3.clone()),
-            region: Some("us-east-1".into()),
-            force_path_style: true,
-        },
-        rotation: RotationConfig {
-            idle_ms: 1_000,
-            ..RotationConfig::default()
-        },
-        ..SinkConfig::default()
-    };
-    sink.kafka.brokers = kafka;
-    sink.kafka.topic_prefix = topic_prefix;
-    sink.kafka.group_id = format!("e2e-sink-{id}");
-    let sink = sink::start(sink, streams.clone(), shutdown.clone())
-        .await
-        .unwrap();
-
+    let stack = Stack::start().await;
+    let streams = stack.streams.clone();
+    let shutdown = stack.shutdown.clone();
     let fleet = FleetSpec {
         records: 3_000,
         devices: 10,
@@ -94,7 +140,7 @@ async fn agent_gateway_tansu_sink_s3_pyarrow() {
         stream = "sensor_readings"
         "#,
         state = dir.path().join("state"),
-        addr = gateway.addr,
+        addr = stack.gateway.addr,
     ))
     .unwrap();
     let stats = edge_agent::run(agent, streams.clone(), shutdown.clone())
@@ -108,20 +154,149 @@ async fn agent_gateway_tansu_sink_s3_pyarrow() {
         "Parquet bodies are compressed: {stats:?}"
     );
 
-    let deadline = Instant::now() + Duration::from_secs(120);
-    while sink.stats.records_written.load(Ordering::Relaxed) < expected.len() as u64 {
-        assert!(
-            Instant::now() < deadline,
-            "only {} of {} records landed",
-            sink.stats.records_written.load(Ordering::Relaxed),
-            expected.len()
-        );
-        tokio::time::sleep(Duration::from_millis(200)).await;
-    }
-    shutdown.cancel();
-    gateway.task.await.unwrap().unwrap();
-    sink.task.await.unwrap().unwrap();
+    stack.wait_written(expected.len()).await;
+    let (s3, bucket) = (stack.s3.clone(), stack.bucket.clone());
+    stack.stop().await;
 
     let landed = common::pyarrow_s3(&s3, &bucket, "landing/");
     common::assert_landed_exactly(&records, &landed);
+}
+
+/// Runs the `loadtest` binary with `args`; returns whether it succeeded and its stdout as JSON.
+async fn loadtest(args: &[&str]) -> (bool, serde_json::Value) {
+    let out = tokio::process::Command::new(env!("CARGO_BIN_EXE_loadtest"))
+        .args(args)
+        .output()
+        .await
+        .expect("cannot run loadtest");
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    let report = serde_json::from_slice(&out.stdout)
+        .unwrap_or_else(|e| panic!("loadtest {args:?} printed no JSON ({e}); stderr: {stderr}"));
+    (out.status.success(), report)
+}
+
+/// Runs a boto3 call on the test bucket: `copy SRC DST` or `delete KEY`.
+fn s3_object(s3: &str, bucket: &str, op: &[&str]) {
+    let script = r#"
+import sys, boto3
+s3 = boto3.client("s3", endpoint_url=sys.argv[1], region_name="us-east-1")
+bucket, op = sys.argv[2], sys.argv[3]
+if op == "copy":
+    s3.copy_object(Bucket=bucket, Key=sys.argv[5], CopySource={"Bucket": bucket, "Key": sys.argv[4]})
+else:
+    s3.delete_object(Bucket=bucket, Key=sys.argv[4])
+"#;
+    let status = std::process::Command::new(common::service_env("EDGE_INGEST_PYTHON"))
+        .args(["-c", script, s3, bucket])
+        .args(op)
+        .status()
+        .expect("cannot run python");
+    assert!(status.success(), "boto3 {op:?} failed");
+}
+
+/// `loadtest send` drives a running gateway (tansu behind it, a sink landing in moto's S3) and
+/// saves what it sent; `loadtest verify` then finds every distinct sent reading in the landing
+/// files once, as pyarrow does. With a landed file copied, its rows count as duplicated; with it
+/// deleted, as missing; either way verify fails.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn send_and_verify_a_running_stack() {
+    let stack = Stack::start().await;
+    let dir = tempfile::tempdir().unwrap();
+    let sent = dir.path().join("sent.ndjson");
+    let sent_arg = sent.to_str().unwrap();
+    let gateway = format!("http://{}", stack.gateway.addr);
+    let (ok, summary) = loadtest(&[
+        "send",
+        "--gateway",
+        &gateway,
+        "--token",
+        "e2e-secret",
+        "--records",
+        "3000",
+        "--devices",
+        "10",
+        "--batch-records",
+        "400",
+        "--concurrency",
+        "3",
+        "--save",
+        sent_arg,
+    ])
+    .await;
+    assert!(ok, "send failed: {summary}");
+    assert_eq!(summary["records"], 3000, "{summary}");
+    assert_eq!(summary["batches"], 8, "{summary}");
+    assert_eq!(summary["refused_batches"], 0, "{summary}");
+    let accepted = summary["accepted"].as_u64().unwrap();
+    assert_eq!(
+        accepted + summary["duplicates"].as_u64().unwrap(),
+        3000,
+        "{summary}"
+    );
+
+    let records: Vec<serde_json::Value> = std::fs::read_to_string(&sent)
+        .unwrap()
+        .lines()
+        .map(|l| serde_json::from_str(l).unwrap())
+        .collect();
+    assert_eq!(records.len(), 3000);
+    let expected = distinct_hashes(&stack.streams, &records).unwrap();
+    assert!(
+        expected.len() < 2700,
+        "a fifth are re-sent: {}",
+        expected.len()
+    );
+    stack.wait_written(expected.len()).await;
+    let (s3, bucket) = (stack.s3.clone(), stack.bucket.clone());
+    stack.stop().await;
+
+    let verify = |wait: &'static str| {
+        let (s3, bucket, sent) = (s3.clone(), bucket.clone(), sent_arg.to_owned());
+        async move {
+            loadtest(&[
+                "verify",
+                "--sent",
+                &sent,
+                "--s3-bucket",
+                &bucket,
+                "--s3-endpoint",
+                &s3,
+                "--s3-region",
+                "us-east-1",
+                "--s3-path-style",
+                "--wait",
+                wait,
+            ])
+            .await
+        }
+    };
+    let (ok, report) = verify("60").await;
+    assert!(ok, "verify failed: {report}");
+    assert_eq!(report["sent_lines"], 3000, "{report}");
+    assert_eq!(report["invalid_lines"], 0, "{report}");
+    assert_eq!(report["expected"], expected.len(), "{report}");
+    assert_eq!(report["rows"], expected.len(), "{report}");
+    assert_eq!(report["missing"], 0, "{report}");
+    assert_eq!(report["duplicated"], 0, "{report}");
+    // The independent reader agrees.
+    let landed = common::pyarrow_s3(&s3, &bucket, "landing/");
+    common::assert_landed_exactly(&records, &landed);
+
+    // A landed file copied under another start offset: its rows land twice.
+    let file = landed["files"][0]["key"].as_str().unwrap().to_owned();
+    let rows = landed["files"][0]["rows"].as_u64().unwrap();
+    let copy = format!("{}-o99999999999.parquet", file.rsplit_once("-o").unwrap().0);
+    s3_object(&s3, &bucket, &["copy", &file, &copy]);
+    let (ok, report) = verify("0").await;
+    assert!(!ok, "a copied file passed: {report}");
+    assert_eq!(report["duplicated"], rows, "{report}");
+    assert_eq!(report["missing"], 0, "{report}");
+
+    // Both gone: its rows are missing.
+    s3_object(&s3, &bucket, &["delete", &file]);
+    s3_object(&s3, &bucket, &["delete", &copy]);
+    let (ok, report) = verify("0").await;
+    assert!(!ok, "a deleted file passed: {report}");
+    assert_eq!(report["missing"], rows, "{report}");
+    assert_eq!(report["duplicated"], 0, "{report}");
 }
