@@ -24,6 +24,9 @@ use crate::fleet::{FleetSpec, Readings};
 pub const STREAM: &str = "sensor_readings";
 /// zstd level of the batches, the agent's default.
 const ZSTD_LEVEL: i32 = 3;
+/// Refusals that every batch would get (401 no or unknown token, 403 a token without the
+/// stream, 404 no such stream): the run stops at the first.
+const SYSTEMATIC: [u16; 3] = [401, 403, 404];
 /// How often progress is printed.
 const PROGRESS_EVERY: Duration = Duration::from_secs(2);
 
@@ -243,6 +246,11 @@ async fn sender(
             }
             Err(SendError::Rejected { status, body }) => {
                 counts.refused.fetch_add(1, Ordering::Relaxed);
+                // A bad token or an unknown stream refuses every batch alike: stop.
+                anyhow::ensure!(
+                    !SYSTEMATIC.contains(&status),
+                    "the gateway refused a batch with {status}: {body}"
+                );
                 eprintln!(
                     "send: batch {} of {} records refused with {status}: {body}",
                     batch.id, batch.records

@@ -162,13 +162,19 @@ async fn agent_gateway_tansu_sink_s3_pyarrow() {
     common::assert_landed_exactly(&records, &landed);
 }
 
-/// Runs the `loadtest` binary with `args`; returns whether it succeeded and its stdout as JSON.
-async fn loadtest(args: &[&str]) -> (bool, serde_json::Value) {
-    let out = tokio::process::Command::new(env!("CARGO_BIN_EXE_loadtest"))
+/// Runs the `loadtest` binary with `args`.
+async fn loadtest_output(args: &[&str]) -> std::process::Output {
+    tokio::process::Command::new(env!("CARGO_BIN_EXE_loadtest"))
         .args(args)
+        .env("RUST_BACKTRACE", "0")
         .output()
         .await
-        .expect("cannot run loadtest");
+        .expect("cannot run loadtest")
+}
+
+/// Runs the `loadtest` binary with `args`; returns whether it succeeded and its stdout as JSON.
+async fn loadtest(args: &[&str]) -> (bool, serde_json::Value) {
+    let out = loadtest_output(args).await;
     let stderr = String::from_utf8_lossy(&out.stderr);
     let report = serde_json::from_slice(&out.stdout)
         .unwrap_or_else(|e| panic!("loadtest {args:?} printed no JSON ({e}); stderr: {stderr}"));
@@ -205,6 +211,13 @@ async fn send_and_verify_a_running_stack() {
     let sent = dir.path().join("sent.ndjson");
     let sent_arg = sent.to_str().unwrap();
     let gateway = format!("http://{}", stack.gateway.addr);
+    // A wrong token stops the run at the first refusal, with the gateway's answer.
+    let refused = loadtest_output(&["send", "--gateway", &gateway, "--token", "wrong"]).await;
+    let stderr = String::from_utf8_lossy(&refused.stderr);
+    assert!(
+        !refused.status.success() && stderr.contains("401"),
+        "{stderr}"
+    );
     let (ok, summary) = loadtest(&[
         "send",
         "--gateway",
