@@ -3,6 +3,7 @@ use std::time::Duration;
 
 use anyhow::Context;
 use clap::{Parser, Subcommand};
+use edge_agent::batch::BodyEncoding;
 use loadtest::demo::{DemoOptions, run};
 use loadtest::fleet::{FleetSpec, sensor_readings, to_ndjson};
 use loadtest::send::SendOptions;
@@ -134,7 +135,7 @@ enum Command {
         out: PathBuf,
     },
     /// Drives a running gateway with a simulated fleet: sensor readings (a share of them
-    /// re-sent, as flaky uplinks do) in zstd NDJSON batches, each retried with the same
+    /// re-sent, as flaky uplinks do) in zstd NDJSON or Parquet batches, each retried with the same
     /// Idempotency-Key until the gateway acknowledges it, as the edge agent sends. Prints
     /// progress to stderr and a JSON summary to stdout; exits non-zero when the gateway refused
     /// a batch or rejected a record. `--save` keeps what was sent for `verify`.
@@ -159,6 +160,9 @@ enum Command {
         /// Readings per batch.
         #[arg(long, default_value_t = 1_000)]
         batch_records: usize,
+        /// Batch bodies: zstd NDJSON, or Parquet as the agent's columnar encoding writes it.
+        #[arg(long, value_enum, default_value_t = Encoding::Ndjson)]
+        encoding: Encoding,
         /// Batches in flight at once.
         #[arg(long, default_value_t = 4)]
         concurrency: usize,
@@ -224,6 +228,13 @@ enum Command {
         #[arg(long, short)]
         out: Option<PathBuf>,
     },
+}
+
+/// Batch body encodings of `send`.
+#[derive(Debug, Clone, Copy, clap::ValueEnum)]
+enum Encoding {
+    Ndjson,
+    Parquet,
 }
 
 #[derive(Debug, clap::Args)]
@@ -391,6 +402,7 @@ async fn main() -> anyhow::Result<()> {
             fleet,
             start_ms,
             batch_records,
+            encoding,
             concurrency,
             rate,
             save,
@@ -413,6 +425,10 @@ async fn main() -> anyhow::Result<()> {
                     token,
                     fleet,
                     batch_records,
+                    encoding: match encoding {
+                        Encoding::Ndjson => BodyEncoding::Ndjson,
+                        Encoding::Parquet => BodyEncoding::Parquet,
+                    },
                     concurrency,
                     rate,
                     save,

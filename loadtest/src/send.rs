@@ -1,5 +1,6 @@
 //! `loadtest send`: a simulated fleet posting its readings to a running gateway, as edge agents
-//! do: zstd NDJSON batches, each with its BLAKE3 id as `Idempotency-Key`, retried through the
+//! do: zstd NDJSON (or Parquet) batches, each with its BLAKE3 id as `Idempotency-Key`, retried
+//! through the
 //! agent's own HTTP output (backoff with jitter, `Retry-After`) until the gateway acknowledges
 //! it. What was sent can be saved as NDJSON for `loadtest verify`.
 
@@ -38,6 +39,8 @@ pub struct SendOptions {
     pub fleet: FleetSpec,
     /// Readings per batch.
     pub batch_records: usize,
+    /// Body encoding of the batches.
+    pub encoding: BodyEncoding,
     /// Batches in flight at once.
     pub concurrency: usize,
     /// Readings per second over all senders; 0 for as fast as the gateway takes them.
@@ -123,8 +126,8 @@ pub async fn run(opts: SendOptions, shutdown: CancellationToken) -> anyhow::Resu
         started,
     ));
     let generated = {
-        let (opts, shutdown) = (opts.clone(), shutdown.clone());
-        tokio::task::spawn_blocking(move || generate(&opts, tx, started, &shutdown))
+        let (opts, shutdown, def) = (opts.clone(), shutdown.clone(), def.clone());
+        tokio::task::spawn_blocking(move || generate(&opts, &def, tx, started, &shutdown))
     };
     let generated = generated.await?;
     let mut latencies = Vec::new();
@@ -153,6 +156,7 @@ pub async fn run(opts: SendOptions, shutdown: CancellationToken) -> anyhow::Resu
 /// Generates the fleet's readings into batches (and the save file), paced to `opts.rate`.
 fn generate(
     opts: &SendOptions,
+    def: &StreamDef,
     tx: mpsc::Sender<Batch>,
     started: Instant,
     shutdown: &CancellationToken,
@@ -168,11 +172,15 @@ fn generate(
     let mut queued = 0usize;
     while readings.peek().is_some() && !shutdown.is_cancelled() {
         let mut ndjson = Vec::new();
+        let mut parsed = Vec::new();
         let mut records = 0u32;
         for reading in readings.by_ref().take(opts.batch_records.max(1)) {
             serde_json::to_writer(&mut ndjson, &reading)?;
             ndjson.push(b'\n');
             records += 1;
+            if opts.encoding == BodyEncoding::Parquet {
+                parsed.push(schemas::check(def, reading)?.record);
+            }
         }
         if let Some(save) = &mut save {
             save.write_all(&ndjson)?;
@@ -182,10 +190,14 @@ fn generate(
             std::thread::sleep(due.saturating_duration_since(Instant::now()));
         }
         queued += records as usize;
+        let body = match opts.encoding {
+            BodyEncoding::Ndjson => zstd::bulk::compress(&ndjson, ZSTD_LEVEL)?,
+            BodyEncoding::Parquet => schemas::columnar::encode_parquet(def, &parsed, ZSTD_LEVEL)?,
+        };
         let batch = Batch {
             id: BatchId(*blake3::hash(&ndjson).as_bytes()),
-            encoding: BodyEncoding::Ndjson,
-            body: zstd::bulk::compress(&ndjson, ZSTD_LEVEL)?,
+            encoding: opts.encoding,
+            body,
             records,
             raw_bytes: ndjson.len() as u32,
             created_ms: SystemTime::now()

@@ -200,8 +200,9 @@ else:
     assert!(status.success(), "boto3 {op:?} failed");
 }
 
-/// `loadtest send` drives a running gateway (tansu behind it, a sink landing in moto's S3) and
-/// saves what it sent; `loadtest verify` then finds every distinct sent reading in the landing
+/// `loadtest send` drives a running gateway (tansu behind it, a sink landing in moto's S3) with
+/// NDJSON and then Parquet batches and saves what it sent; `loadtest verify` then finds every
+/// distinct sent reading of both files in the landing
 /// files once, as pyarrow does. With a landed file copied, its rows count as duplicated; with it
 /// deleted, as missing; either way verify fails.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -247,15 +248,40 @@ async fn send_and_verify_a_running_stack() {
         "{summary}"
     );
 
-    let records: Vec<serde_json::Value> = std::fs::read_to_string(&sent)
-        .unwrap()
-        .lines()
-        .map(|l| serde_json::from_str(l).unwrap())
+    // More readings as Parquet bodies, saved to a second file.
+    let sent_parquet = dir.path().join("sent-parquet.ndjson");
+    let sent_parquet_arg = sent_parquet.to_str().unwrap();
+    let (ok, summary) = loadtest(&[
+        "send",
+        "--gateway",
+        &gateway,
+        "--token",
+        "e2e-secret",
+        "--records",
+        "1000",
+        "--encoding",
+        "parquet",
+        "--save",
+        sent_parquet_arg,
+    ])
+    .await;
+    assert!(ok, "send failed: {summary}");
+    assert_eq!(summary["batches"], 1, "{summary}");
+
+    let records: Vec<serde_json::Value> = [&sent, &sent_parquet]
+        .into_iter()
+        .flat_map(|f| {
+            std::fs::read_to_string(f)
+                .unwrap()
+                .lines()
+                .map(|l| serde_json::from_str(l).unwrap())
+                .collect::<Vec<_>>()
+        })
         .collect();
-    assert_eq!(records.len(), 3000);
+    assert_eq!(records.len(), 4000);
     let expected = distinct_hashes(&stack.streams, &records).unwrap();
     assert!(
-        expected.len() < 2700,
+        expected.len() < 3600,
         "a fifth are re-sent: {}",
         expected.len()
     );
@@ -264,12 +290,14 @@ async fn send_and_verify_a_running_stack() {
     stack.stop().await;
 
     let verify = |wait: &'static str| {
-        let (s3, bucket, sent) = (s3.clone(), bucket.clone(), sent_arg.to_owned());
+        let (s3, bucket) = (s3.clone(), bucket.clone());
+        let sent = [sent_arg.to_owned(), sent_parquet_arg.to_owned()];
         async move {
             loadtest(&[
                 "verify",
                 "--sent",
-                &sent,
+                &sent[0],
+                &sent[1],
                 "--s3-bucket",
                 &bucket,
                 "--s3-endpoint",
@@ -285,7 +313,7 @@ async fn send_and_verify_a_running_stack() {
     };
     let (ok, report) = verify("60").await;
     assert!(ok, "verify failed: {report}");
-    assert_eq!(report["sent_lines"], 3000, "{report}");
+    assert_eq!(report["sent_lines"], 4000, "{report}");
     assert_eq!(report["invalid_lines"], 0, "{report}");
     assert_eq!(report["expected"], expected.len(), "{report}");
     assert_eq!(report["rows"], expected.len(), "{report}");
