@@ -1,6 +1,7 @@
 //! The whole path against real services: the agent reads an NDJSON file and posts zstd batches
 //! to the gateway, which produces to tansu (a Kafka-protocol broker); the sink consumes as a
-//! consumer group and writes Parquet into moto's S3; pyarrow reads the objects back.
+//! consumer group and writes Parquet into moto's S3; pyarrow reads the objects back. And the same
+//! stack driven by `loadtest send` and checked by `loadtest verify`.
 
 mod common;
 
