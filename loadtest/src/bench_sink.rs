@@ -14,6 +14,7 @@ use rdkafka::consumer::{BaseConsumer, Consumer};
 use rdkafka::producer::{FutureProducer, FutureRecord};
 use rdkafka::{Offset, TopicPartitionList};
 use serde::{Deserialize, Serialize};
+use sink::config::IngestTime;
 
 use crate::bench_gateway::{Measure, Throughput, Workload, send_queued};
 
@@ -27,6 +28,11 @@ pub struct SinkBenchOptions {
     /// The test venv's Python, with pyarrow.
     pub python: PathBuf,
     pub out: PathBuf,
+    /// Produce the records as the gateway does, with its headers (`content-hash`,
+    /// `schema-version`, `ingest-ts`); without, as a plain producer does.
+    pub gateway_headers: bool,
+    /// Where the sink takes the ingest time from (`kafka.ingest_time`).
+    pub ingest_time: IngestTime,
 }
 
 /// What the sink child process reports about itself.
@@ -46,6 +52,10 @@ pub struct SinkBenchReport {
     pub raw_bytes: usize,
     pub partitions: i32,
     pub rounds: usize,
+    /// Whether the messages carried the gateway's headers.
+    pub gateway_headers: bool,
+    /// The sink's `kafka.ingest_time`.
+    pub ingest_time: IngestTime,
     /// Sink / pyarrow in records per CPU-second, round by round.
     pub round_ratios: Vec<f64>,
     pub librdkafka_consumer: Throughput,
@@ -110,11 +120,34 @@ pub async fn run(opts: SinkBenchOptions) -> anyhow::Result<SinkBenchReport> {
         .set("compression.type", "zstd")
         .set("linger.ms", "20")
         .create()?;
-    let mut pending = Vec::with_capacity(lines.len());
+    let def = schemas::example_streams()
+        .get("sensor_readings")
+        .cloned()
+        .context("sensor_readings stream missing")?;
+    // Keys and headers first, so that the records go out as fast with headers as without (a
+    // slower loop would close smaller batches, which cost the sink more to decompress).
+    let ingest_ts = plumbing::kafka::ingest_ts_now();
+    let mut keyed = Vec::with_capacity(lines.len());
     for line in &lines {
         let value: serde_json::Value = serde_json::from_slice(line)?;
         let key = value["device_id"].as_str().unwrap_or_default().to_owned();
+        let headers = match opts.gateway_headers {
+            true => Some(plumbing::kafka::record_headers(
+                &schemas::check_bytes(&def, line)?.hash,
+                def.version,
+                &ingest_ts,
+            )),
+            false => None,
+        };
+        keyed.push((key, headers));
+    }
+    let mut pending = Vec::with_capacity(lines.len());
+    for (line, (key, headers)) in lines.iter().zip(keyed) {
         let record = FutureRecord::to(&topic).key(&key).payload(*line);
+        let record = match headers {
+            Some(headers) => record.headers(headers),
+            None => record,
+        };
         pending.push(send_queued(&producer, record).await);
     }
     for f in pending {
@@ -146,7 +179,13 @@ pub async fn run(opts: SinkBenchOptions) -> anyhow::Result<SinkBenchReport> {
         let c = tokio::task::spawn_blocking(move || read_all(&brokers, &t, parts, n)).await??;
         // 2. The sink in a child process, as a new consumer group.
         let s = tokio::task::block_in_place(|| {
-            run_sink_worker(&opts.brokers, &prefix, round, lines.len(), work.raw_bytes)
+            run_sink_worker(
+                &opts.brokers,
+                &prefix,
+                round,
+                (lines.len(), work.raw_bytes),
+                opts.ingest_time,
+            )
         })?;
         // 3. pyarrow on the same records.
         let p = tokio::task::block_in_place(|| {
@@ -177,6 +216,8 @@ pub async fn run(opts: SinkBenchOptions) -> anyhow::Result<SinkBenchReport> {
         raw_bytes: work.raw_bytes,
         partitions: opts.partitions,
         rounds: round_ratios.len(),
+        gateway_headers: opts.gateway_headers,
+        ingest_time: opts.ingest_time,
         round_ratios,
         ratio_sink_pyarrow: sink.throughput.records_per_cpu_s / pyarrow.records_per_cpu_s,
         librdkafka_consumer: consumer,
@@ -186,6 +227,14 @@ pub async fn run(opts: SinkBenchOptions) -> anyhow::Result<SinkBenchReport> {
     };
     crate::bench_gateway::write_report(&opts.out, &report)?;
     Ok(report)
+}
+
+/// The config value of an ingest-time source.
+pub fn ingest_time_name(from: IngestTime) -> &'static str {
+    match from {
+        IngestTime::Header => "header",
+        IngestTime::Timestamp => "timestamp",
+    }
 }
 
 /// Keeps `run` in `best` if it took less CPU time than the run there.
@@ -204,8 +253,8 @@ fn run_sink_worker(
     brokers: &str,
     prefix: &str,
     round: usize,
-    records: usize,
-    raw_bytes: usize,
+    (records, raw_bytes): (usize, usize),
+    ingest_time: IngestTime,
 ) -> anyhow::Result<SinkRun> {
     let landing = tempfile::tempdir()?;
     let out = Command::new(std::env::current_exe()?)
@@ -219,6 +268,7 @@ fn run_sink_worker(
         .args(["--group-id", &format!("{prefix}sink{round}")])
         .args(["--records", &records.to_string()])
         .args(["--raw-bytes", &raw_bytes.to_string()])
+        .args(["--ingest-time", ingest_time_name(ingest_time)])
         .arg("--landing")
         .arg(landing.path())
         .output()?;
@@ -302,6 +352,7 @@ pub async fn sink_worker(
     records: usize,
     raw_bytes: usize,
     landing: &Path,
+    ingest_time: IngestTime,
 ) -> anyhow::Result<SinkRun> {
     let mut config = sink::SinkConfig {
         store: sink::config::StoreConfig::Local {
@@ -313,6 +364,7 @@ pub async fn sink_worker(
     config.kafka.brokers = brokers.to_owned();
     config.kafka.topic_prefix = prefix.to_owned();
     config.kafka.group_id = group_id.to_owned();
+    config.kafka.ingest_time = ingest_time;
     let shutdown = tokio_util::sync::CancellationToken::new();
     let start = Measure::start();
     let sink = sink::start(config, schemas::example_streams(), shutdown.clone()).await?;
@@ -352,10 +404,16 @@ impl std::fmt::Display for SinkBenchReport {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         writeln!(
             f,
-            "sink benchmark: {} records, {:.1} MB NDJSON, {} partitions",
+            "sink benchmark: {} records, {:.1} MB NDJSON, {} partitions, {}; ingest time from the {}",
             self.records,
             self.raw_bytes as f64 / 1e6,
-            self.partitions
+            self.partitions,
+            if self.gateway_headers {
+                "with the gateway's headers"
+            } else {
+                "no headers"
+            },
+            ingest_time_name(self.ingest_time)
         )?;
         let path = format!(
             "sink's work without Kafka (1 thread, {} files)",

@@ -8,7 +8,7 @@ use loadtest::demo::{DemoOptions, run};
 use loadtest::fleet::{FleetSpec, sensor_readings, to_ndjson};
 use loadtest::send::SendOptions;
 use loadtest::verify::{VerifyOptions, verify};
-use sink::config::StoreConfig;
+use sink::config::{IngestTime, StoreConfig};
 use tokio_util::sync::CancellationToken;
 
 /// mimalloc: the decode and encode paths allocate per record; glibc malloc was a quarter of
@@ -101,6 +101,13 @@ enum Command {
         /// Where the JSON report goes.
         #[arg(long, default_value = "target/bench/sink.json")]
         out: PathBuf,
+        /// Produce the records with the gateway's headers (content-hash, schema-version,
+        /// ingest-ts), as the gateway writes them; without, as a plain producer does.
+        #[arg(long)]
+        gateway_headers: bool,
+        /// Where the sink takes the ingest time from (its `kafka.ingest_time`).
+        #[arg(long, value_enum, default_value_t = IngestTimeArg::Header)]
+        ingest_time: IngestTimeArg,
     },
     /// The sink side of bench-sink (a child process, so that its peak RSS is its own).
     #[command(hide = true)]
@@ -119,6 +126,8 @@ enum Command {
         /// for a profiler.
         #[arg(long)]
         group_id: Option<String>,
+        #[arg(long, value_enum, default_value_t = IngestTimeArg::Header)]
+        ingest_time: IngestTimeArg,
     },
     /// Benchmarks the agent's pipeline (read, parse, dedupe, batch, compress, spool) against
     /// `zstd -3 -T1` and `gzip -6` of the same generated file, in one run. Prints a table and
@@ -228,6 +237,22 @@ enum Command {
         #[arg(long, short)]
         out: Option<PathBuf>,
     },
+}
+
+/// The sink's `kafka.ingest_time` values.
+#[derive(Debug, Clone, Copy, clap::ValueEnum)]
+enum IngestTimeArg {
+    Header,
+    Timestamp,
+}
+
+impl From<IngestTimeArg> for IngestTime {
+    fn from(a: IngestTimeArg) -> IngestTime {
+        match a {
+            IngestTimeArg::Header => IngestTime::Header,
+            IngestTimeArg::Timestamp => IngestTime::Timestamp,
+        }
+    }
 }
 
 /// Batch body encodings of `send`.
@@ -346,6 +371,8 @@ async fn main() -> anyhow::Result<()> {
             rounds,
             python,
             out,
+            gateway_headers,
+            ingest_time,
         } => {
             let report = loadtest::bench_sink::run(loadtest::bench_sink::SinkBenchOptions {
                 brokers,
@@ -354,6 +381,8 @@ async fn main() -> anyhow::Result<()> {
                 rounds,
                 python,
                 out,
+                gateway_headers,
+                ingest_time: ingest_time.into(),
             })
             .await?;
             println!("{report}");
@@ -382,6 +411,7 @@ async fn main() -> anyhow::Result<()> {
             raw_bytes,
             landing,
             group_id,
+            ingest_time,
         } => {
             let group_id = group_id.unwrap_or_else(|| format!("{topic_prefix}sink"));
             let run = loadtest::bench_sink::sink_worker(
@@ -391,6 +421,7 @@ async fn main() -> anyhow::Result<()> {
                 records,
                 raw_bytes,
                 &landing,
+                ingest_time.into(),
             )
             .await?;
             println!("{}", serde_json::to_string(&run)?);

@@ -109,5 +109,38 @@ pub fn decode_value(def: &StreamDef, bytes: &[u8]) -> Result<Record, RecordError
 
 /// Parses a decimal header value.
 pub fn parse_decimal_header(bytes: &[u8]) -> Option<i64> {
+    // The common case, digits only (every message the gateway writes), without the UTF-8
+    // check, trim and generic parse (430 instructions a header before, on the sink's hot path).
+    if (1..=18).contains(&bytes.len()) && bytes.iter().all(u8::is_ascii_digit) {
+        return Some(bytes.iter().fold(0i64, |n, d| n * 10 + i64::from(d - b'0')));
+    }
     std::str::from_utf8(bytes).ok()?.trim().parse().ok()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::parse_decimal_header;
+
+    #[test]
+    fn decimal_headers_parse_as_str_parse_does() {
+        for (text, want) in [
+            ("0", Some(0)),
+            ("007", Some(7)),
+            ("1700000000123456", Some(1_700_000_000_123_456)),
+            ("999999999999999999", Some(999_999_999_999_999_999)),
+            ("9223372036854775807", Some(i64::MAX)),
+            ("9223372036854775808", None),
+            (" 42\n", Some(42)),
+            ("-5", Some(-5)),
+            ("+7", Some(7)),
+            ("", None),
+            ("12a", None),
+            ("1.5", None),
+            ("٣", None),
+        ] {
+            assert_eq!(parse_decimal_header(text.as_bytes()), want, "{text:?}");
+            assert_eq!(want, text.trim().parse().ok(), "{text:?}");
+        }
+        assert_eq!(parse_decimal_header(&[0xff, b'1']), None);
+    }
 }

@@ -33,6 +33,7 @@ use tokio_util::sync::CancellationToken;
 
 pub use config::SinkConfig;
 
+use crate::config::IngestTime;
 use crate::metrics as m;
 use crate::open_file::{FileTargets, OpenFile};
 use crate::partition::{Appended, FlushReason, PartitionState};
@@ -118,11 +119,11 @@ struct Fields<'a> {
 }
 
 impl<'a> Fields<'a> {
-    fn of<M: Message>(msg: &'a M) -> Fields<'a> {
+    fn of<M: Message>(msg: &'a M, ingest_time: IngestTime) -> Fields<'a> {
         Fields {
             part: part_ref(msg),
             offset: msg.offset(),
-            ingest_ts: ingest_ts(msg),
+            ingest_ts: ingest_ts(msg, ingest_time),
             payload: msg.payload().unwrap_or_default(),
         }
     }
@@ -349,13 +350,20 @@ pub fn window_capacity(config: &SinkConfig, assigned: usize) -> usize {
     (share / MAX_UNTIMED_ENTRY_BYTES).clamp(1, config.dedupe_window)
 }
 
-/// Ingest time of a message: the gateway's `ingest-ts` header, else the Kafka timestamp, else now.
-fn ingest_ts<M: Message>(msg: &M) -> i64 {
-    msg.headers()
-        .and_then(|h| h.iter().find(|h| h.key == HEADER_INGEST_TS))
-        .and_then(|h| h.value.and_then(parse_decimal_header))
-        .or_else(|| msg.timestamp().to_millis().map(|ms| ms * 1000))
-        .unwrap_or_else(now_micros)
+/// Ingest time of a message: the gateway's `ingest-ts` header (unless `from` says not to look),
+/// else the Kafka timestamp, else now.
+fn ingest_ts<M: Message>(msg: &M, from: IngestTime) -> i64 {
+    let header = || {
+        msg.headers()
+            .and_then(|h| h.iter().find(|h| h.key == HEADER_INGEST_TS))
+            .and_then(|h| h.value.and_then(parse_decimal_header))
+    };
+    match from {
+        IngestTime::Header => header(),
+        IngestTime::Timestamp => None,
+    }
+    .or_else(|| msg.timestamp().to_millis().map(|ms| ms * 1000))
+    .unwrap_or_else(now_micros)
 }
 
 /// What remains to do for a message after [`Worker::on_borrowed`].
@@ -445,7 +453,7 @@ impl Worker {
     /// message cannot be held across an await.
     fn on_borrowed(&mut self, msg: BorrowedMessage<'_>) -> anyhow::Result<Next> {
         self.drop_revoked();
-        let fields = Fields::of(&msg);
+        let fields = Fields::of(&msg, self.config.kafka.ingest_time);
         // One lookup for both: a new partition, or an hour boundary.
         let fast = self
             .parts
@@ -461,7 +469,7 @@ impl Worker {
 
     async fn on_message(&mut self, msg: OwnedMessage) -> anyhow::Result<()> {
         self.open_partition(&msg).await;
-        let fields = Fields::of(&msg);
+        let fields = Fields::of(&msg, self.config.kafka.ingest_time);
         if let Some(key) = self.rotates_before(&fields) {
             self.flush(&key, FlushReason::Hour).await?;
         }
@@ -921,6 +929,40 @@ impl Worker {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn ingest_time_from_the_header_or_the_kafka_timestamp() {
+        use rdkafka::Timestamp;
+        use rdkafka::message::{Header, OwnedHeaders};
+        let message = |header: Option<&str>, ms: Option<i64>| {
+            let headers = header.map(|v| {
+                OwnedHeaders::new().insert(Header {
+                    key: HEADER_INGEST_TS,
+                    value: Some(v),
+                })
+            });
+            let ts = ms.map_or(Timestamp::NotAvailable, Timestamp::CreateTime);
+            OwnedMessage::new(None, None, "t".into(), ts, 0, 0, headers)
+        };
+        let with_both = message(Some("1700000000123456"), Some(1_700_000_000_999));
+        assert_eq!(
+            ingest_ts(&with_both, IngestTime::Header),
+            1_700_000_000_123_456
+        );
+        assert_eq!(
+            ingest_ts(&with_both, IngestTime::Timestamp),
+            1_700_000_000_999_000
+        );
+        // Without the header, or with one that is not a number: the Kafka timestamp.
+        for header in [None, Some("soon")] {
+            let msg = message(header, Some(1_700_000_000_999));
+            assert_eq!(ingest_ts(&msg, IngestTime::Header), 1_700_000_000_999_000);
+        }
+        // Neither: the time it is read.
+        let before = now_micros();
+        let read = ingest_ts(&message(None, None), IngestTime::Timestamp);
+        assert!((before..=now_micros()).contains(&read));
+    }
 
     #[test]
     fn listings_serve_until_a_rebalance_or_their_age_limit() {
