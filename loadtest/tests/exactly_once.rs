@@ -15,7 +15,7 @@ use rdkafka::mocking::MockCluster;
 use rdkafka::producer::{FutureProducer, FutureRecord};
 use schemas::arrow::RowMeta;
 use sink::SinkConfig;
-use sink::config::{RotationConfig, StoreConfig};
+use sink::config::{IngestTime, RotationConfig, StoreConfig};
 use sink::parquet_file::{OffsetRange, encode, object_key};
 use sink::store::{ObjectStore, PutOutcome};
 use tokio_util::sync::CancellationToken;
@@ -390,6 +390,79 @@ async fn files_close_at_the_target_parquet_size() {
         off(average) <= 0.10,
         "average {average:.0}, target {TARGET}: {sizes:?}"
     );
+    drop(cluster);
+}
+
+/// The ingest time comes from the gateway's `ingest-ts` header by default and from the Kafka
+/// timestamp with `kafka.ingest_time = "timestamp"`: records whose header says 2020 land in the
+/// 2020 hour folder in the one case and in the current hour's in the other, exactly once both.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn ingest_time_from_the_header_or_the_kafka_timestamp() {
+    let (cluster, producer) = mock_cluster(2);
+    let readings = sensor_readings(&FleetSpec {
+        records: 20,
+        duplicate_ratio: 0.0,
+        ..FleetSpec::default()
+    });
+    // 2020-01-01T05:06:07Z.
+    let header_ts = "1577855167000000";
+    // Before the records get their Kafka timestamps.
+    let before = chrono::Utc::now();
+    for r in &readings {
+        let (value, key) = (r.to_string(), r["device_id"].as_str().unwrap().to_owned());
+        let headers = OwnedHeaders::new().insert(Header {
+            key: "ingest-ts",
+            value: Some(header_ts),
+        });
+        let record = FutureRecord::to(TOPIC)
+            .key(&key)
+            .payload(&value)
+            .headers(headers);
+        producer.send(record, Duration::from_secs(5)).await.unwrap();
+    }
+    for (from, group) in [
+        (IngestTime::Header, "from-header"),
+        (IngestTime::Timestamp, "from-timestamp"),
+    ] {
+        let landing = tempfile::tempdir().unwrap();
+        let mut config = local_sink(
+            &cluster,
+            landing.path(),
+            group,
+            RotationConfig {
+                idle_ms: 300,
+                ..RotationConfig::default()
+            },
+        );
+        config.kafka.ingest_time = from;
+        let shutdown = CancellationToken::new();
+        let sink = sink::start(config, schemas::example_streams(), shutdown.clone())
+            .await
+            .unwrap();
+        wait_written(&sink, readings.len() as u64).await;
+        shutdown.cancel();
+        sink.task.await.unwrap().unwrap();
+        let landed = assert_exactly_once(&readings, landing.path());
+        let after = chrono::Utc::now();
+        for file in &landed.files {
+            let in_hour = |t: chrono::DateTime<chrono::Utc>| {
+                file.key
+                    .contains(&t.format("date=%Y-%m-%d/hour=%H/").to_string())
+            };
+            match from {
+                IngestTime::Header => {
+                    assert!(
+                        file.key.contains("date=2020-01-01/hour=05/"),
+                        "{}",
+                        file.key
+                    )
+                }
+                IngestTime::Timestamp => {
+                    assert!(in_hour(before) || in_hour(after), "{}", file.key)
+                }
+            }
+        }
+    }
     drop(cluster);
 }
 
