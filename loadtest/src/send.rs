@@ -54,7 +54,8 @@ pub struct SendOptions {
 /// What a run sent and what the gateway answered.
 #[derive(Debug, Default, Serialize)]
 pub struct SendSummary {
-    /// Readings generated, re-sent duplicates included.
+    /// Readings handed to the senders, re-sent duplicates included: all of them unless the run
+    /// was interrupted.
     pub records: u64,
     /// Batches the gateway acknowledged.
     pub batches: u64,
