@@ -220,12 +220,14 @@ async fn send_and_verify_a_running_stack() {
         !refused.status.success() && stderr.contains("401"),
         "{stderr}"
     );
-    let (ok, summary) = loadtest(&[
-        "send",
-        "--gateway",
-        &gateway,
-        "--token",
-        "e2e-secret",
+    // `loadtest send` to the stack with the right token, and `args`.
+    let send = |args: &[&str]| {
+        let mut all = vec!["send", "--gateway", &gateway, "--token", "e2e-secret"];
+        all.extend_from_slice(args);
+        let all: Vec<String> = all.into_iter().map(str::to_owned).collect();
+        async move { loadtest(&all.iter().map(String::as_str).collect::<Vec<_>>()).await }
+    };
+    let (ok, summary) = send(&[
         "--records",
         "3000",
         "--devices",
@@ -252,12 +254,7 @@ async fn send_and_verify_a_running_stack() {
     // More readings as Parquet bodies, saved to a second file.
     let sent_parquet = dir.path().join("sent-parquet.ndjson");
     let sent_parquet_arg = sent_parquet.to_str().unwrap();
-    let (ok, summary) = loadtest(&[
-        "send",
-        "--gateway",
-        &gateway,
-        "--token",
-        "e2e-secret",
+    let (ok, summary) = send(&[
         "--records",
         "1000",
         "--encoding",
