@@ -589,6 +589,7 @@ impl Worker {
         for part in self.parts.values_mut() {
             part.window.shrink_to(capacity);
         }
+        tracing::debug!(topic = %key.0, partition = key.1, offset = msg.offset(), "opening partition");
         let mut state = PartitionState::new(def.clone(), key.0.clone(), key.1, capacity);
         match self.warm(&def.name, key.1, &mut state.window).await {
             Ok(0) => {}
@@ -914,6 +915,7 @@ impl Worker {
             tokio::task::spawn_blocking(move || consumer.commit(&list, CommitMode::Sync)).await;
         match result {
             Ok(Ok(())) => {
+                tracing::debug!(topic = %key.0, partition = key.1, offset = next, "committed");
                 if let Some(part) = self.parts.get_mut(key) {
                     part.committed = Some(next);
                 }
