@@ -229,6 +229,18 @@ enum Command {
         #[arg(long)]
         allow_unexpected: bool,
     },
+    /// Runs librdkafka's mock cluster, a Kafka-protocol broker in memory in this process, with
+    /// the example streams' topics, until interrupted; prints its bootstrap address. For soaks
+    /// of a whole deployment on one machine: unlike tansu 0.6, it hands a killed consumer's
+    /// partitions to the others and answers a fetch inside a record batch with that batch.
+    MockBroker {
+        /// Partitions of each topic.
+        #[arg(long, default_value_t = 3)]
+        partitions: i32,
+        /// Topic prefix (the gateway's and the sink's `kafka.topic_prefix`).
+        #[arg(long, default_value = "ingest.")]
+        topic_prefix: String,
+    },
     /// Writes generated sensor readings as NDJSON to stdout or a file.
     Generate {
         #[command(flatten)]
@@ -528,6 +540,22 @@ async fn main() -> anyhow::Result<()> {
                 report.passed,
                 "the landing zone does not hold every sent record exactly once"
             );
+            Ok(())
+        }
+        Command::MockBroker {
+            partitions,
+            topic_prefix,
+        } => {
+            let cluster = rdkafka::mocking::MockCluster::new(1)?;
+            for def in schemas::example_streams().iter() {
+                cluster.create_topic(
+                    &schemas::wire::topic_name(&topic_prefix, &def.name),
+                    partitions,
+                    1,
+                )?;
+            }
+            println!("{}", cluster.bootstrap_servers());
+            tokio::signal::ctrl_c().await?;
             Ok(())
         }
         Command::Generate { fleet, out } => {
