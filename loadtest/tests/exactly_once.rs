@@ -8,7 +8,7 @@ use std::sync::atomic::Ordering;
 use std::time::{Duration, Instant};
 
 use loadtest::fleet::{FleetSpec, sensor_readings};
-use loadtest::verify::{Landed, compare, read_landing_dir};
+use loadtest::verify::{Landed, VerifyOptions, compare, read_landing_dir, verify};
 use rdkafka::ClientConfig;
 use rdkafka::message::{Header, OwnedHeaders};
 use rdkafka::mocking::MockCluster;
@@ -463,6 +463,94 @@ async fn ingest_time_from_the_header_or_the_kafka_timestamp() {
             }
         }
     }
+    drop(cluster);
+}
+
+/// `loadtest verify` on a local landing directory: every sent reading once passes (a line that
+/// is not a valid record is counted apart, not expected); a landed file copied under another
+/// start offset fails it with its rows duplicated.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn verify_checks_a_local_landing_directory() {
+    let (cluster, producer) = mock_cluster(2);
+    let readings = sensor_readings(&FleetSpec {
+        records: 300,
+        ..FleetSpec::default()
+    });
+    for r in &readings {
+        let (value, key) = (r.to_string(), r["device_id"].as_str().unwrap().to_owned());
+        let record = FutureRecord::to(TOPIC).key(&key).payload(&value);
+        producer.send(record, Duration::from_secs(5)).await.unwrap();
+    }
+    let landing = tempfile::tempdir().unwrap();
+    let config = local_sink(
+        &cluster,
+        landing.path(),
+        "verify",
+        RotationConfig {
+            idle_ms: 300,
+            ..RotationConfig::default()
+        },
+    );
+    let shutdown = CancellationToken::new();
+    let sink = sink::start(config, schemas::example_streams(), shutdown.clone())
+        .await
+        .unwrap();
+    let def = schemas::example_streams()
+        .get("sensor_readings")
+        .unwrap()
+        .clone();
+    let distinct = readings
+        .iter()
+        .map(|r| schemas::check(&def, r.clone()).unwrap().hash)
+        .collect::<HashSet<_>>()
+        .len();
+    wait_written(&sink, distinct as u64).await;
+    shutdown.cancel();
+    sink.task.await.unwrap().unwrap();
+    let landed = assert_exactly_once(&readings, landing.path());
+
+    let sent = landing.path().join("sent.ndjson");
+    let mut text = loadtest::fleet::to_ndjson(&readings);
+    text.extend_from_slice(b"{\"device_id\": 7}\n");
+    std::fs::write(&sent, text).unwrap();
+    let options = VerifyOptions {
+        sent: vec![sent],
+        def,
+        store: StoreConfig::Local {
+            path: landing.path().to_path_buf(),
+        },
+        prefix: "landing".into(),
+        wait: Duration::ZERO,
+        allow_unexpected: false,
+    };
+    let report = verify(&options).await.unwrap();
+    assert!(report.passed, "{report:?}");
+    assert_eq!(
+        (
+            report.sent_lines,
+            report.invalid_lines,
+            report.expected,
+            report.rows
+        ),
+        (readings.len() + 1, 1, distinct, distinct),
+        "{report:?}"
+    );
+
+    let file = &landed.files[0];
+    let copy = file.path.with_file_name(format!(
+        "{}-o99999999999.parquet",
+        file.key
+            .rsplit_once("-o")
+            .unwrap()
+            .0
+            .rsplit('/')
+            .next()
+            .unwrap()
+    ));
+    std::fs::copy(&file.path, &copy).unwrap();
+    let report = verify(&options).await.unwrap();
+    assert!(!report.passed, "{report:?}");
+    assert_eq!(report.duplicated, file.rows, "{report:?}");
     drop(cluster);
 }
 
