@@ -5,7 +5,13 @@
 # restarted every 10-40 s, the gateway once; at the end `loadtest verify` checks that every
 # distinct reading landed exactly once. Exits with verify's status.
 #
-#   scripts/soak.sh [READINGS [RATE]]     defaults: 90000 readings at 1000 a second
+# With --agent the readings come from the edge: a writer appends them at a steady rate to a log
+# file and renames it away every ROTATE lines (log rotation), an edge-agent tails it (read
+# positions, dedupe window and spool on disk) and delivers to the gateway, and the kills
+# alternate between the agent and the sink; the agent stays down 2-13 s, through rotations.
+#
+#   scripts/soak.sh [--agent] [READINGS [RATE [ROTATE]]]
+#       defaults: 90000 readings at 1000 a second; with --agent, a rotation every 20000 lines
 #
 # The broker is librdkafka's mock cluster (`loadtest mock-broker`): tansu 0.6, the suite's
 # broker, keeps a killed member's partitions from the others and answers a fetch inside a
@@ -14,10 +20,13 @@
 # directory.
 set -euo pipefail
 cd "$(dirname "${BASH_SOURCE[0]}")/.."
+AGENT=false
+if [ "${1:-}" = --agent ]; then AGENT=true; shift; fi
 READINGS=${1:-90000}
 RATE=${2:-1000}
+ROTATE=${3:-20000}
 
-cargo build --release -p ingest-gateway -p sink -p loadtest
+cargo build --release -p ingest-gateway -p sink -p loadtest -p edge-agent
 BIN="$PWD/target/release"
 scripts/services.sh install
 DIR="$(mktemp -d "${TMPDIR:-/tmp}/edge-ingest-soak.XXXXXX")"
@@ -72,21 +81,75 @@ start_gateway() {
 start_sink() {
   ("$BIN/sink" --config "$DIR/sink.toml" >> "$DIR/sink.log" 2>&1 & echo $! > "$DIR/sink.pid")
 }
+start_agent() {
+  ("$BIN/edge-agent" run --config "$DIR/agent.toml" >> "$DIR/agent.log" 2>&1 & echo $! > "$DIR/agent.pid")
+}
 start_gateway
 start_sink
 sleep 2
-"$BIN/loadtest" send --gateway "http://127.0.0.1:$GATEWAY_PORT" --records "$READINGS" \
-  --rate "$RATE" --batch-records 500 --save "$DIR/sent.ndjson" > "$DIR/send.json" 2> "$DIR/send.err" &
-SEND=$!
+if $AGENT; then
+  # The readings, and a writer that appends them to a rotated log for the agent to tail.
+  "$BIN/loadtest" generate --records "$READINGS" --out "$DIR/sent.ndjson"
+  mkdir -p "$DIR/in"
+  : > "$DIR/in/readings.ndjson"
+  cat > "$DIR/agent.toml" <<EOF
+streams_dir = "$PWD/streams"
+state_dir = "$DIR/agent-state"
+admin_listen = "127.0.0.1:$(free_port)"
+[gateway]
+url = "http://127.0.0.1:$GATEWAY_PORT"
+max_backoff_ms = 2000
+[batch]
+max_records = 500
+max_age_ms = 500
+[[sources]]
+type = "file"
+path = "$DIR/in/readings.ndjson"
+stream = "sensor_readings"
+follow = true
+poll_ms = 100
+EOF
+  start_agent
+  "$EDGE_INGEST_PYTHON" - "$DIR/sent.ndjson" "$DIR/in/readings.ndjson" "$RATE" "$ROTATE" \
+    > "$DIR/writer.log" 2>&1 <<'EOF' &
+import os, sys, time
+src, dst, rate, rotate = sys.argv[1], sys.argv[2], int(sys.argv[3]), int(sys.argv[4])
+out, written, rotations, start = open(dst, "a"), 0, 0, time.monotonic()
+with open(src) as lines:
+    for line in lines:
+        out.write(line)
+        written += 1
+        if written % rotate == 0:
+            out.close()
+            rotations += 1
+            os.rename(dst, f"{dst}.{rotations}")
+            out = open(dst, "a")
+        if written % max(rate // 10, 1) == 0:
+            out.flush()
+            time.sleep(max(0.0, start + written / rate - time.monotonic()))
+out.close()
+print(f"writer: {written} lines, {rotations} rotations", flush=True)
+EOF
+  FEED=$!
+else
+  "$BIN/loadtest" send --gateway "http://127.0.0.1:$GATEWAY_PORT" --records "$READINGS" \
+    --rate "$RATE" --batch-records 500 --save "$DIR/sent.ndjson" > "$DIR/send.json" 2> "$DIR/send.err" &
+  FEED=$!
+fi
 kills=0
-while kill -0 "$SEND" 2>/dev/null; do
+while kill -0 "$FEED" 2>/dev/null; do
   sleep $((10 + RANDOM % 30))
-  kill -0 "$SEND" 2>/dev/null || break
-  kill -9 "$(cat "$DIR/sink.pid")" 2>/dev/null || true
+  kill -0 "$FEED" 2>/dev/null || break
   kills=$((kills + 1))
-  echo "soak: $(date +%T) sink killed ($kills)" >&2
-  sleep 1
-  start_sink
+  victim=sink
+  if $AGENT && [ $((kills % 2)) -eq 1 ]; then victim=agent; fi
+  kill -9 "$(cat "$DIR/$victim.pid")" 2>/dev/null || true
+  # The agent stays down long enough for its log to be rotated meanwhile.
+  down=1
+  if [ "$victim" = agent ]; then down=$((2 + RANDOM % 12)); fi
+  echo "soak: $(date +%T) $victim killed ($kills), down ${down}s" >&2
+  sleep "$down"
+  "start_$victim"
   if [ "$kills" -eq 3 ]; then
     kill -9 "$(cat "$DIR/gateway.pid")" 2>/dev/null || true
     echo "soak: $(date +%T) gateway killed" >&2
@@ -94,7 +157,12 @@ while kill -0 "$SEND" 2>/dev/null; do
     start_gateway
   fi
 done
-wait "$SEND" || echo "soak: send exited non-zero (see $DIR/send.err)" >&2
-echo "soak: sent (summary in $DIR/send.json); $kills sink kills; verifying" >&2
+if $AGENT; then
+  wait "$FEED" || echo "soak: the writer exited non-zero (see $DIR/writer.log)" >&2
+  echo "soak: written ($(cat "$DIR/writer.log")); $kills kills; verifying" >&2
+else
+  wait "$FEED" || echo "soak: send exited non-zero (see $DIR/send.err)" >&2
+  echo "soak: sent (summary in $DIR/send.json); $kills kills; verifying" >&2
+fi
 "$BIN/loadtest" verify --sent "$DIR/sent.ndjson" --s3-bucket "$ID" --s3-endpoint "$EDGE_INGEST_S3" \
   --s3-region us-east-1 --s3-path-style --wait 300 | tee "$DIR/verify.json"

@@ -155,6 +155,75 @@ async fn tailing_survives_rotation_truncation_and_restarts() {
     assert_exactly_once(&stub.landed(), &expected);
 }
 
+/// A single log file rotated the way logrotate numbers its rotations (`.1` becomes `.2`, the
+/// live file `.1`). Two rotations while the agent is down, and two between two of its polls,
+/// leave a file it never opened between its own rotated file and the live one; it is read too.
+/// An older rotation from before the agent's first start and a compressed one are not.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn rotations_the_agent_never_saw_are_read() {
+    let stub = Stub::start(Faults::default()).await;
+    let dir = tempfile::tempdir().unwrap();
+    let live = dir.path().join("readings.ndjson");
+    let rotated = |n: u32| dir.path().join(format!("readings.ndjson.{n}"));
+    // logrotate: every rotation shifts the numbered files up and renames the live file `.1`.
+    let rotate = || {
+        for n in (1..9).rev() {
+            if rotated(n).exists() {
+                std::fs::rename(rotated(n), rotated(n + 1)).unwrap();
+            }
+        }
+        std::fs::rename(&live, rotated(1)).unwrap();
+    };
+    let (lines, expected) = readings(500, 7, 0, 4);
+    let (old, _) = readings(20, 3, 0, 99);
+    // Rotations from before the agent's first start, last written an hour ago.
+    let before = dir.path().join("readings.ndjson-20261122");
+    append(&before, &old);
+    let hour_ago = std::time::SystemTime::now() - Duration::from_secs(3600);
+    std::fs::File::options()
+        .write(true)
+        .open(&before)
+        .unwrap()
+        .set_modified(hour_ago)
+        .unwrap();
+    std::fs::write(dir.path().join("readings.ndjson.9.gz"), b"not a log").unwrap();
+    // The poll is long, so that two rotations in a row fall between two polls.
+    let cfg = config(
+        &dir.path().join("state"),
+        &stub.url(),
+        "[batch]\nmax_age_ms = 50\n",
+        &format!(
+            "[[sources]]\ntype = \"file\"\npath = {live:?}\nstream = \"sensor_readings\"\nfollow = true\npoll_ms = 1500\n"
+        ),
+    );
+    append(&live, &lines[..100]);
+    let (agent, shutdown) = start(&cfg);
+    wait_landed(&stub, 100).await;
+    shutdown.cancel();
+    assert_eq!(agent.await.unwrap().unwrap().total().pipeline.read, 100);
+    // Down: lines, a rotation, a file the agent never opens, a second rotation, the live file.
+    append(&live, &lines[100..150]);
+    rotate();
+    append(&live, &lines[150..250]);
+    rotate();
+    append(&live, &lines[250..300]);
+    let (agent, shutdown) = start(&cfg);
+    wait_landed(&stub, 300).await;
+    // Running: the same two rotations right after a poll, before the next.
+    tokio::time::sleep(Duration::from_millis(200)).await;
+    append(&live, &lines[300..350]);
+    rotate();
+    append(&live, &lines[350..450]);
+    rotate();
+    append(&live, &lines[450..]);
+    wait_landed(&stub, 500).await;
+    tokio::time::sleep(Duration::from_millis(3000)).await;
+    shutdown.cancel();
+    let second = agent.await.unwrap().unwrap().total();
+    assert_eq!(second.pipeline.read, 400, "every line read once");
+    assert_exactly_once(&stub.landed(), &expected);
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn csv_files_are_typed_by_the_stream() {
     let stub = Stub::start(Faults::default()).await;

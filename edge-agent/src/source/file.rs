@@ -2,20 +2,22 @@
 //! truncation.
 //!
 //! A file is identified by (device, inode), not by name, so a file renamed by log rotation keeps
-//! its position and is read to its end while the new file under the old name starts at zero. A
-//! file that shrinks below its position was truncated and is read again from the start. A file
-//! renamed while the agent was down is found again by inode in its directory. Positions
-//! are saved (write, fsync, rename) to `positions.json` in the state directory, and a position
-//! only moves past lines whose records are durable in the spool: after a crash, reading resumes
-//! at the first line not yet spooled, and the dedupe window drops whatever was spooled already.
+//! its position and is read to its end while the new file under the old name starts at zero. A file
+//! that shrinks below its position was truncated and is read again from the start. A file renamed
+//! while the agent was down is found again by inode in its directory; rotations of the log that the
+//! agent never opened (two rotations while it was down, or between two polls) are found beside it
+//! by name and modification time. Positions are saved (write, fsync, rename) to `positions.json` in
+//! the state directory, and a position only moves past lines whose records are durable in the
+//! spool: after a crash, reading resumes at the first line not yet spooled, and the dedupe window
+//! drops whatever was spooled already.
 
-use std::collections::{BTreeMap, HashMap};
+use std::collections::{BTreeMap, HashMap, HashSet};
 use std::fs::{self, File};
 use std::io::{BufReader, Seek, SeekFrom};
 use std::os::unix::fs::MetadataExt;
 use std::path::{Path, PathBuf};
 use std::sync::{Arc, Mutex};
-use std::time::Duration;
+use std::time::{Duration, SystemTime};
 
 use schemas::{FieldType, StreamDef};
 use serde::{Deserialize, Serialize};
@@ -153,6 +155,19 @@ struct Tailed {
     rotated: bool,
 }
 
+impl Tailed {
+    /// A file renamed away by rotation, read from `offset` to its end.
+    fn rotated(file: File, path: PathBuf, offset: u64) -> Tailed {
+        Tailed {
+            file,
+            path,
+            offset,
+            header: None,
+            rotated: true,
+        }
+    }
+}
+
 /// The file with `id` in `path`'s directory, whatever its name now (a rotated file).
 fn find_by_inode(path: &Path, id: FileId) -> Option<(PathBuf, fs::Metadata)> {
     fs::read_dir(path.parent()?)
@@ -166,9 +181,11 @@ fn find_by_inode(path: &Path, id: FileId) -> Option<(PathBuf, fs::Metadata)> {
 
 /// Files of `spec` that were renamed away while the agent was down, with unread lines: a saved
 /// position whose path now holds another file is looked up by (device, inode) in that path's
-/// directory, whatever the new name (`.1`, a date suffix).
-fn rotated_while_down(spec: &FileSpec, positions: &Positions) -> Vec<(FileId, Tailed)> {
-    let mut found = Vec::new();
+/// directory, whatever the new name (`.1`, a date suffix). Rotations made and renamed away again
+/// before the agent came back are found beside them ([`missed_rotations`]).
+fn rotated_while_down(spec: &FileSpec, positions: &Positions) -> HashMap<FileId, Tailed> {
+    let mut found = HashMap::new();
+    let mut anchors = Vec::new();
     for (id, path, offset) in positions.entries() {
         let ours = path == spec.path || path.parent() == Some(spec.path.as_path());
         if !ours || fs::metadata(&path).is_ok_and(|m| file_id(&m) == id) {
@@ -177,20 +194,68 @@ fn rotated_while_down(spec: &FileSpec, positions: &Positions) -> Vec<(FileId, Ta
         let Some((renamed, meta)) = find_by_inode(&path, id) else {
             continue;
         };
+        if let Ok(modified) = meta.modified() {
+            anchors.push((path.clone(), modified));
+        }
         if meta.len() > offset
             && let Ok(file) = File::open(&renamed)
         {
             tracing::info!(file = %renamed.display(), was = %path.display(), offset, "reading the rest of a file rotated while the agent was down");
-            found.push((
-                id,
-                Tailed {
-                    file,
-                    path: renamed,
-                    offset,
-                    header: None,
-                    rotated: true,
-                },
-            ));
+            found.insert(id, Tailed::rotated(file, renamed, offset));
+        }
+    }
+    for (path, modified) in anchors {
+        let missed = missed_rotations(&path, modified, |id| {
+            found.contains_key(&id) || positions.get(id).is_some()
+        });
+        found.extend(missed);
+    }
+    found
+}
+
+/// Names of compressed rotations, which are not read (logrotate's `delaycompress` keeps the
+/// newest rotation plain).
+const COMPRESSED: &[&str] = &[".gz", ".zst", ".xz", ".bz2", ".lz4", ".zip"];
+
+/// Files that the log's rotation created under `original`'s name and renamed away again before
+/// the agent looked (two rotations while it was down, or between two polls): in `original`'s
+/// directory, named like a rotation of it (the name, then `.`, `-` or `_`: `readings.ndjson.1`,
+/// `readings.ndjson-20261123`), not compressed, not `known`, and last written no earlier than
+/// the agent's own rotated file (`after`), so they hold lines written after the agent's file
+/// was rotated. Older rotations, from before the agent read the log, are left alone. Read from
+/// the start; lines the dedupe window has seen are dropped.
+fn missed_rotations(
+    original: &Path,
+    after: SystemTime,
+    known: impl Fn(FileId) -> bool,
+) -> Vec<(FileId, Tailed)> {
+    let (Some(dir), Some(name)) = (original.parent(), original.file_name()) else {
+        return Vec::new();
+    };
+    let name = name.to_string_lossy();
+    let mut found = Vec::new();
+    for entry in fs::read_dir(dir).into_iter().flatten().flatten() {
+        let other = entry.file_name();
+        let other = other.to_string_lossy();
+        let rotation = other
+            .strip_prefix(&*name)
+            .is_some_and(|rest| rest.starts_with(['.', '-', '_']))
+            && !COMPRESSED.iter().any(|c| other.ends_with(c));
+        let Ok(meta) = entry.metadata() else {
+            continue;
+        };
+        let id = file_id(&meta);
+        if !rotation
+            || !meta.is_file()
+            || meta.len() == 0
+            || known(id)
+            || meta.modified().map_or(true, |m| m < after)
+        {
+            continue;
+        }
+        if let Ok(file) = File::open(entry.path()) {
+            tracing::warn!(file = %entry.path().display(), log = %original.display(), "reading a rotation of the log that the agent never saw (rotated twice while the agent was down or between two polls)");
+            found.push((id, Tailed::rotated(file, entry.path(), 0)));
         }
     }
     found
@@ -240,8 +305,10 @@ pub fn run(
     positions: &Arc<Positions>,
     shutdown: &CancellationToken,
 ) -> anyhow::Result<()> {
-    let mut open: HashMap<FileId, Tailed> =
-        rotated_while_down(spec, positions).into_iter().collect();
+    let mut open = rotated_while_down(spec, positions);
+    // Rotated files read to their end, whose positions may not be saved yet (their last lines
+    // not yet durable): not a missed rotation. Bounded; saved positions cover older ones.
+    let mut read_out: HashSet<FileId> = HashSet::new();
     loop {
         for path in listing(spec)? {
             // A stat, not an open, for the files already being read.
@@ -274,6 +341,7 @@ pub fn run(
         }
         let mut all_done = true;
         let mut finished = Vec::new();
+        let mut anchors = Vec::new();
         for (&id, t) in open.iter_mut() {
             if !t.rotated
                 && fs::metadata(&t.path)
@@ -283,7 +351,10 @@ pub fn run(
                 // Renamed away (rotation) or deleted. A renamed file is followed under its new
                 // name, so that its saved position still finds it after a crash; either way it
                 // is read to its end through the handle and then done.
-                if let Some((renamed, _)) = find_by_inode(&t.path, id) {
+                if let Some((renamed, meta)) = find_by_inode(&t.path, id) {
+                    if let Ok(modified) = meta.modified() {
+                        anchors.push((t.path.clone(), modified));
+                    }
                     t.path = renamed;
                 }
                 t.rotated = true;
@@ -305,8 +376,18 @@ pub fn run(
                 all_done = false;
             }
         }
+        for (path, modified) in anchors {
+            let missed = missed_rotations(&path, modified, |id| {
+                open.contains_key(&id) || read_out.contains(&id) || positions.get(id).is_some()
+            });
+            open.extend(missed);
+        }
+        if read_out.len() > 4096 {
+            read_out.clear();
+        }
         for id in finished {
             open.remove(&id);
+            read_out.insert(id);
         }
         if !spec.follow && all_done {
             return Ok(());
