@@ -2,8 +2,8 @@
 # Soak of the whole path with crashes, by hand (minutes; not part of the test suite):
 # `loadtest send` posts simulated readings at a steady rate to the gateway, which produces to a
 # Kafka-protocol broker; a sink lands Parquet in moto's S3 and is killed with SIGKILL and
-# restarted every 10-40 s, the gateway once; at the end `loadtest verify` checks that every
-# distinct reading landed exactly once. Exits with verify's status.
+# restarted every 10-40 s, the gateway once (down for 15 s); at the end `loadtest verify`
+# checks that every distinct reading landed exactly once. Exits with verify's status.
 #
 # With --agent the readings come from the edge: a writer appends them at a steady rate to a log
 # file and renames it away every ROTATE lines (log rotation), an edge-agent tails it (read
@@ -40,7 +40,13 @@ trap cleanup EXIT
 scripts/services.sh start "$DIR/services"
 # shellcheck disable=SC1091
 source "$DIR/services/env"
-free_port() { "$EDGE_INGEST_PYTHON" -c 'import socket; s=socket.socket(); s.bind(("127.0.0.1", 0)); print(s.getsockname()[1])'; }
+# Three free ports, held open together while they are picked so that no two are the same.
+read -r GATEWAY_PORT SINK_ADMIN_PORT AGENT_ADMIN_PORT < <("$EDGE_INGEST_PYTHON" -c '
+import socket
+socks = [socket.socket() for _ in range(3)]
+for s in socks:
+    s.bind(("127.0.0.1", 0))
+print(*(s.getsockname()[1] for s in socks))')
 
 ID="soak$(date +%s)"
 "$EDGE_INGEST_PYTHON" scripts/read_landing.py --s3-endpoint "$EDGE_INGEST_S3" --bucket "$ID" --create-bucket
@@ -48,10 +54,9 @@ ID="soak$(date +%s)"
 PIDS+=($!)
 for _ in $(seq 50); do [ -s "$DIR/broker.addr" ] && break; sleep 0.1; done
 BROKERS=$(head -1 "$DIR/broker.addr")
-GATEWAY_PORT=$(free_port)
 cat > "$DIR/sink.toml" <<EOF
 streams_dir = "$PWD/streams"
-admin_listen = "127.0.0.1:$(free_port)"
+admin_listen = "127.0.0.1:$SINK_ADMIN_PORT"
 [kafka]
 brokers = "$BROKERS"
 topic_prefix = "$ID."
@@ -95,7 +100,7 @@ if $AGENT; then
   cat > "$DIR/agent.toml" <<EOF
 streams_dir = "$PWD/streams"
 state_dir = "$DIR/agent-state"
-admin_listen = "127.0.0.1:$(free_port)"
+admin_listen = "127.0.0.1:$AGENT_ADMIN_PORT"
 [gateway]
 url = "http://127.0.0.1:$GATEWAY_PORT"
 max_backoff_ms = 2000
@@ -152,8 +157,8 @@ while kill -0 "$FEED" 2>/dev/null; do
   "start_$victim"
   if [ "$kills" -eq 3 ]; then
     kill -9 "$(cat "$DIR/gateway.pid")" 2>/dev/null || true
-    echo "soak: $(date +%T) gateway killed" >&2
-    sleep 1
+    echo "soak: $(date +%T) gateway killed, down 15s" >&2
+    sleep 15
     start_gateway
   fi
 done

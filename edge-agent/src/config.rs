@@ -63,6 +63,12 @@ pub struct GatewayTarget {
     /// Longest wait between retries, in milliseconds (backoff doubles from 250 ms).
     #[serde(default = "default_max_backoff_ms")]
     pub max_backoff_ms: u64,
+    /// 4xx answers that every batch would get, whatever it holds (401 a missing or unknown
+    /// token, 403 a token without the stream, 404 a gateway without the stream or a wrong
+    /// URL): the batch stays first in the spool and is retried with backoff until the cause is
+    /// fixed, where other 4xx answers put the batch aside for good.
+    #[serde(default = "default_retry_statuses")]
+    pub retry_statuses: Vec<u16>,
 }
 
 #[derive(Debug, Clone, Deserialize)]
@@ -294,6 +300,13 @@ impl AgentConfig {
             }
             _ => {}
         }
+        if let Some(g) = &self.gateway
+            && let Some(bad) = g.retry_statuses.iter().find(|s| !(400..500).contains(*s))
+        {
+            problems.push(format!(
+                "gateway.retry_statuses holds {bad}: only 4xx statuses (5xx are always retried)"
+            ));
+        }
         if self.sources.is_empty() {
             problems.push("no [[sources]] configured".to_owned());
         }
@@ -347,6 +360,9 @@ fn default_timeout_ms() -> u64 {
 }
 fn default_max_backoff_ms() -> u64 {
     60_000
+}
+fn default_retry_statuses() -> Vec<u16> {
+    vec![401, 403, 404]
 }
 fn default_topic_prefix() -> String {
     schemas::wire::DEFAULT_TOPIC_PREFIX.to_owned()
@@ -407,5 +423,22 @@ mod tests {
         let c: super::AgentConfig = plumbing::load_config(Some(&file), "NO_SUCH_PREFIX_").unwrap();
         assert_eq!(c.batch.max_bytes, super::BatchConfig::default().max_bytes);
         c.validate(&schemas::example_streams()).unwrap();
+        assert_eq!(c.gateway.unwrap().retry_statuses, [401, 403, 404]);
+    }
+
+    #[test]
+    fn retry_statuses_are_4xx_only() {
+        let with = |statuses: &str| {
+            super::AgentConfig::parse(&format!(
+                "[gateway]\nurl = \"http://gw\"\nretry_statuses = {statuses}\n\
+                 [[sources]]\ntype = \"stdin\"\nstream = \"sensor_readings\"\n"
+            ))
+            .unwrap()
+            .validate(&schemas::example_streams())
+        };
+        with("[]").unwrap();
+        with("[401, 409]").unwrap();
+        let e = with("[401, 503]").unwrap_err().to_string();
+        assert!(e.contains("gateway.retry_statuses holds 503"), "{e}");
     }
 }

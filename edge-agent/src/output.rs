@@ -3,8 +3,10 @@
 //! HTTP: every attempt of a batch carries the same `Idempotency-Key` (the batch id), so a retry
 //! after a lost answer, or after a restart, never lands twice. Retryable failures (connection
 //! errors, timeouts, 408, 409 in-progress, 429, 5xx) are retried with exponential backoff and
-//! jitter, honouring `Retry-After`, until they succeed or the agent stops. Other 4xx answers are
-//! final: the batch is kept aside under `rejected/` and not retried.
+//! jitter, honouring `Retry-After`, until they succeed or the agent stops; so are the 4xx answers
+//! that every batch would get (`retry_statuses`: 401, 403, 404 by default), which a fix of the
+//! token or the gateway's streams ends. Other 4xx answers are final: the batch is kept aside
+//! under `rejected/` and not retried.
 //!
 //! Kafka: the records of the batch are produced like the gateway does (topic, key, value,
 //! headers) by an idempotent producer; the batch is acknowledged once Kafka acknowledged all of
@@ -170,6 +172,8 @@ pub struct HttpOutput {
     base: String,
     token: Option<String>,
     max_backoff: Duration,
+    /// 4xx answers retried like 5xx ([`GatewayTarget::retry_statuses`]).
+    retry_statuses: Vec<u16>,
     /// Dictionaries the gateway said it does not have: batches compressed with them are sent
     /// recompressed without, so each does not pay a refused upload first.
     refused_dictionaries: std::sync::Mutex<std::collections::HashSet<u32>>,
@@ -186,6 +190,7 @@ impl HttpOutput {
             base: target.url.trim_end_matches('/').to_owned(),
             token: target.token.clone(),
             max_backoff: Duration::from_millis(target.max_backoff_ms.max(1)),
+            retry_statuses: target.retry_statuses.clone(),
             refused_dictionaries: Default::default(),
         })
     }
@@ -260,17 +265,19 @@ impl HttpOutput {
             || matches!(
                 status,
                 StatusCode::REQUEST_TIMEOUT | StatusCode::CONFLICT | StatusCode::TOO_MANY_REQUESTS
-            );
+            )
+            || self.retry_statuses.contains(&status.as_u16());
         if !retryable {
             return Err(Attempt::Final(SendError::Rejected {
                 status: status.as_u16(),
                 body: text,
             }));
         }
-        let kind = if status.is_server_error() {
-            "5xx"
-        } else {
-            "4xx"
+        let kind = match status {
+            _ if status.is_server_error() => "5xx",
+            StatusCode::UNAUTHORIZED | StatusCode::FORBIDDEN => "auth",
+            StatusCode::NOT_FOUND => "not_found",
+            _ => "4xx",
         };
         Err(Attempt::Retry {
             reason: Reason {

@@ -16,7 +16,7 @@ async fn sigkill_at_random_points_loses_nothing_and_lands_nothing_twice() {
         too_many: 3,
         slow: 4,
         slow_for: Duration::from_millis(1500),
-        refuse_device: None,
+        ..Faults::default()
     })
     .await;
     let dir = tempfile::tempdir().unwrap();

@@ -302,6 +302,43 @@ async fn refused_batches_are_kept_aside_and_the_rest_goes_on() {
     assert_eq!(note["records"], 100);
 }
 
+/// A 401 is the agent's token, not the batch: every batch would get it. The batch stays in the
+/// spool and is retried until the token is accepted, instead of going aside with all the rest.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_refused_token_holds_the_batches_until_it_is_accepted() {
+    let stub = Stub::start(Faults {
+        unauthorized: true,
+        ..Faults::default()
+    })
+    .await;
+    let dir = tempfile::tempdir().unwrap();
+    let (lines, expected) = readings(300, 5, 0, 6);
+    let file = dir.path().join("r.ndjson");
+    append(&file, &lines);
+    let cfg = config(
+        &dir.path().join("state"),
+        &stub.url(),
+        "[batch]\nmax_records = 100\n",
+        &format!("[[sources]]\ntype = \"file\"\npath = {file:?}\nstream = \"sensor_readings\"\n"),
+    );
+    let (agent, _shutdown) = start(&cfg);
+    let deadline = Instant::now() + Duration::from_secs(30);
+    while stub.recorded.lock().unwrap().requests < 4 {
+        assert!(Instant::now() < deadline, "the agent stopped retrying");
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    assert_eq!(stub.landed_total(), 0);
+    assert!(
+        !dir.path().join("state/rejected").exists(),
+        "nothing is put aside"
+    );
+    assert!(!agent.is_finished());
+    stub.set_faults(Faults::default());
+    let stats = agent.await.unwrap().unwrap().total();
+    assert_eq!(stats.delivery.rejected_batches, 0);
+    assert_exactly_once(&stub.landed(), &expected);
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn local_http_port_answers_once_records_are_spooled() {
     let stub = Stub::start(Faults::default()).await;

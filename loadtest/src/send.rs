@@ -106,6 +106,8 @@ pub async fn run(opts: SendOptions, shutdown: CancellationToken) -> anyhow::Resu
             token: opts.token.clone(),
             timeout_ms: opts.timeout.as_millis() as u64,
             max_backoff_ms: 10_000,
+            // The run stops at the first of these instead (SYSTEMATIC).
+            retry_statuses: Vec::new(),
         }),
         None,
     )?);

@@ -31,6 +31,8 @@ pub struct Faults {
     pub slow_for: Duration,
     /// Refuse (400) every batch whose first record has this device id.
     pub refuse_device: Option<&'static str>,
+    /// Answer every request 401, as the gateway does for an unknown token.
+    pub unauthorized: bool,
 }
 
 #[derive(Default)]
@@ -124,6 +126,13 @@ async fn ingest(
         let mut recorded = shared.recorded.lock().unwrap();
         recorded.requests += 1;
         recorded.body_bytes += body.len() as u64;
+    }
+    if faults.unauthorized {
+        return (
+            StatusCode::UNAUTHORIZED,
+            r#"{"error":"unauthorized","message":"unknown token"}"#,
+        )
+            .into_response();
     }
     if roll < faults.unavailable {
         return (StatusCode::SERVICE_UNAVAILABLE, "try later").into_response();
