@@ -89,6 +89,19 @@ fn free_port() -> u16 {
         .port()
 }
 
+/// A config, with its state under `dir`, that reads `path` (a file or a directory) into
+/// sensor_readings; `batch` and `more` are keys of `[batch]` and of the source.
+fn file_source(dir: &Path, stub: &Stub, batch: &str, path: &Path, more: &str) -> String {
+    config(
+        &dir.join("state"),
+        &stub.url(),
+        &format!("[batch]\n{batch}\n"),
+        &format!(
+            "[[sources]]\ntype = \"file\"\npath = {path:?}\nstream = \"sensor_readings\"\n{more}"
+        ),
+    )
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn tailing_survives_rotation_truncation_and_restarts() {
     let stub = Stub::start(Faults::default()).await;
@@ -97,13 +110,12 @@ async fn tailing_survives_rotation_truncation_and_restarts() {
     std::fs::create_dir(&logs).unwrap();
     let live = logs.join("readings.ndjson");
     let (lines, expected) = readings(700, 7, 0, 3);
-    let cfg = config(
-        &dir.path().join("state"),
-        &stub.url(),
-        "[batch]\nmax_age_ms = 50\n",
-        &format!(
-            "[[sources]]\ntype = \"file\"\npath = {logs:?}\nsuffix = \".ndjson\"\nstream = \"sensor_readings\"\nfollow = true\npoll_ms = 50\n"
-        ),
+    let cfg = file_source(
+        dir.path(),
+        &stub,
+        "max_age_ms = 50",
+        &logs,
+        "follow = true\nsuffix = \".ndjson\"\npoll_ms = 50\n",
     );
     append(&live, &lines[..100]);
     let (agent, shutdown) = start(&cfg);
@@ -188,13 +200,12 @@ async fn rotations_the_agent_never_saw_are_read() {
         .unwrap();
     std::fs::write(dir.path().join("readings.ndjson.9.gz"), b"not a log").unwrap();
     // The poll is long, so that two rotations in a row fall between two polls.
-    let cfg = config(
-        &dir.path().join("state"),
-        &stub.url(),
-        "[batch]\nmax_age_ms = 50\n",
-        &format!(
-            "[[sources]]\ntype = \"file\"\npath = {live:?}\nstream = \"sensor_readings\"\nfollow = true\npoll_ms = 1500\n"
-        ),
+    let cfg = file_source(
+        dir.path(),
+        &stub,
+        "max_age_ms = 50",
+        &live,
+        "follow = true\npoll_ms = 1500\n",
     );
     append(&live, &lines[..100]);
     let (agent, shutdown) = start(&cfg);
@@ -278,12 +289,7 @@ async fn refused_batches_are_kept_aside_and_the_rest_goes_on() {
     by_device.sort_by_key(|l| l[..20].to_owned());
     let file = dir.path().join("r.ndjson");
     append(&file, &by_device);
-    let cfg = config(
-        &dir.path().join("state"),
-        &stub.url(),
-        "[batch]\nmax_records = 100\n",
-        &format!("[[sources]]\ntype = \"file\"\npath = {file:?}\nstream = \"sensor_readings\"\n"),
-    );
+    let cfg = file_source(dir.path(), &stub, "max_records = 100", &file, "");
     let (agent, _shutdown) = start(&cfg);
     let stats = agent.await.unwrap().unwrap().total();
     assert_eq!(stats.delivery.rejected_batches, 1);
@@ -315,12 +321,7 @@ async fn a_refused_token_holds_the_batches_until_it_is_accepted() {
     let (lines, expected) = readings(300, 5, 0, 6);
     let file = dir.path().join("r.ndjson");
     append(&file, &lines);
-    let cfg = config(
-        &dir.path().join("state"),
-        &stub.url(),
-        "[batch]\nmax_records = 100\n",
-        &format!("[[sources]]\ntype = \"file\"\npath = {file:?}\nstream = \"sensor_readings\"\n"),
-    );
+    let cfg = file_source(dir.path(), &stub, "max_records = 100", &file, "");
     let (agent, _shutdown) = start(&cfg);
     let deadline = Instant::now() + Duration::from_secs(30);
     while stub.recorded.lock().unwrap().requests < 4 {
