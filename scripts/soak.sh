@@ -9,8 +9,10 @@
 # file and renames it away every ROTATE lines (log rotation), an edge-agent tails it (read
 # positions, dedupe window and spool on disk) and delivers to the gateway, and the kills
 # alternate between the agent and the sink; the agent stays down 2-13 s, through rotations.
+# With --agent-http `loadtest send` posts to the agent's local HTTP port (the gateway's API)
+# instead, retrying with the same Idempotency-Key while the agent is down.
 #
-#   scripts/soak.sh [--agent] [READINGS [RATE [ROTATE]]]
+#   scripts/soak.sh [--agent | --agent-http] [READINGS [RATE [ROTATE]]]
 #       defaults: 90000 readings at 1000 a second; with --agent, a rotation every 20000 lines
 #
 # The broker is librdkafka's mock cluster (`loadtest mock-broker`): tansu 0.6, the suite's
@@ -20,8 +22,13 @@
 # directory.
 set -euo pipefail
 cd "$(dirname "${BASH_SOURCE[0]}")/.."
+MODE=send
+case "${1:-}" in
+  --agent) MODE=file; shift ;;
+  --agent-http) MODE=http; shift ;;
+esac
 AGENT=false
-if [ "${1:-}" = --agent ]; then AGENT=true; shift; fi
+if [ "$MODE" != send ]; then AGENT=true; fi
 READINGS=${1:-90000}
 RATE=${2:-1000}
 ROTATE=${3:-20000}
@@ -40,10 +47,10 @@ trap cleanup EXIT
 scripts/services.sh start "$DIR/services"
 # shellcheck disable=SC1091
 source "$DIR/services/env"
-# Three free ports, held open together while they are picked so that no two are the same.
-read -r GATEWAY_PORT SINK_ADMIN_PORT AGENT_ADMIN_PORT < <("$EDGE_INGEST_PYTHON" -c '
+# Free ports, held open together while they are picked so that no two are the same.
+read -r GATEWAY_PORT SINK_ADMIN_PORT AGENT_ADMIN_PORT AGENT_HTTP_PORT < <("$EDGE_INGEST_PYTHON" -c '
 import socket
-socks = [socket.socket() for _ in range(3)]
+socks = [socket.socket() for _ in range(4)]
 for s in socks:
     s.bind(("127.0.0.1", 0))
 print(*(s.getsockname()[1] for s in socks))')
@@ -92,11 +99,22 @@ start_agent() {
 start_gateway
 start_sink
 sleep 2
+send() { # gateway-url: posts the simulated fleet at RATE, keeping what it sent
+  "$BIN/loadtest" send --gateway "$1" --records "$READINGS" --rate "$RATE" --batch-records 500 \
+    --save "$DIR/sent.ndjson" > "$DIR/send.json" 2> "$DIR/send.err"
+}
 if $AGENT; then
-  # The readings, and a writer that appends them to a rotated log for the agent to tail.
-  "$BIN/loadtest" generate --records "$READINGS" --out "$DIR/sent.ndjson"
-  mkdir -p "$DIR/in"
-  : > "$DIR/in/readings.ndjson"
+  if [ "$MODE" = file ]; then
+    source_toml="type = \"file\"
+stream = \"sensor_readings\"
+path = \"$DIR/in/readings.ndjson\"
+follow = true
+poll_ms = 100"
+  else
+    # The stream is in the request's path.
+    source_toml="type = \"http\"
+listen = \"127.0.0.1:$AGENT_HTTP_PORT\""
+  fi
   cat > "$DIR/agent.toml" <<EOF
 streams_dir = "$PWD/streams"
 state_dir = "$DIR/agent-state"
@@ -108,12 +126,14 @@ max_backoff_ms = 2000
 max_records = 500
 max_age_ms = 500
 [[sources]]
-type = "file"
-path = "$DIR/in/readings.ndjson"
-stream = "sensor_readings"
-follow = true
-poll_ms = 100
+$source_toml
 EOF
+fi
+if [ "$MODE" = file ]; then
+  # The readings, and a writer that appends them to a rotated log for the agent to tail.
+  "$BIN/loadtest" generate --records "$READINGS" --out "$DIR/sent.ndjson"
+  mkdir -p "$DIR/in"
+  : > "$DIR/in/readings.ndjson"
   start_agent
   "$EDGE_INGEST_PYTHON" - "$DIR/sent.ndjson" "$DIR/in/readings.ndjson" "$RATE" "$ROTATE" \
     > "$DIR/writer.log" 2>&1 <<'EOF' &
@@ -136,9 +156,13 @@ out.close()
 print(f"writer: {written} lines, {rotations} rotations", flush=True)
 EOF
   FEED=$!
+elif [ "$MODE" = http ]; then
+  start_agent
+  sleep 1
+  send "http://127.0.0.1:$AGENT_HTTP_PORT" &
+  FEED=$!
 else
-  "$BIN/loadtest" send --gateway "http://127.0.0.1:$GATEWAY_PORT" --records "$READINGS" \
-    --rate "$RATE" --batch-records 500 --save "$DIR/sent.ndjson" > "$DIR/send.json" 2> "$DIR/send.err" &
+  send "http://127.0.0.1:$GATEWAY_PORT" &
   FEED=$!
 fi
 kills=0
@@ -162,7 +186,7 @@ while kill -0 "$FEED" 2>/dev/null; do
     start_gateway
   fi
 done
-if $AGENT; then
+if [ "$MODE" = file ]; then
   wait "$FEED" || echo "soak: the writer exited non-zero (see $DIR/writer.log)" >&2
   echo "soak: written ($(cat "$DIR/writer.log")); $kills kills; verifying" >&2
 else
