@@ -171,11 +171,24 @@ fn hex_of(bytes: &[u8]) -> String {
     bytes.iter().map(|b| format!("{b:02x}")).collect()
 }
 
+/// Waits for the next hour when less than `margin` of this one is left.
+async fn clear_of_an_hour_boundary(margin: Duration) {
+    let now = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .unwrap();
+    let left = Duration::from_secs(3600 - now.as_secs() % 3600);
+    if left < margin {
+        tokio::time::sleep(left + Duration::from_secs(1)).await;
+    }
+}
+
 /// 400 records over 4 partitions with a memory budget of 8 kB: open files write their row
 /// groups early instead of holding them, and files still close only by rotation (here: at
 /// shutdown, one per partition).
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn memory_budget_spills_row_groups_not_small_files() {
+    // Files also close at an ingest-hour boundary, which this test must not cross.
+    clear_of_an_hour_boundary(Duration::from_secs(60)).await;
     let streams = schemas::example_streams();
     let (cluster, producer) = mock_cluster(4);
     let readings = sensor_readings(&FleetSpec {
@@ -328,6 +341,8 @@ async fn dedupe_window_is_warmed_after_a_restart() {
 async fn files_close_at_the_target_parquet_size() {
     // The mock cluster keeps about 5 MB per partition: 24,000 readings fit.
     const TARGET: usize = 96 << 10;
+    // A file closed at an ingest-hour boundary would be short of the target.
+    clear_of_an_hour_boundary(Duration::from_secs(180)).await;
     let streams = schemas::example_streams();
     let (cluster, producer) = mock_cluster(1);
     let readings = sensor_readings(&FleetSpec {
