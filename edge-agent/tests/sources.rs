@@ -170,7 +170,8 @@ async fn tailing_survives_rotation_truncation_and_restarts() {
 /// A single log file rotated the way logrotate numbers its rotations (`.1` becomes `.2`, the
 /// live file `.1`). Two rotations while the agent is down, and two between two of its polls,
 /// leave a file it never opened between its own rotated file and the live one; it is read too.
-/// An older rotation from before the agent's first start and a compressed one are not.
+/// An older rotation from before the agent's first start, a compressed one and another log
+/// whose name starts with the log's are not.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn rotations_the_agent_never_saw_are_read() {
     let stub = Stub::start(Faults::default()).await;
@@ -188,6 +189,7 @@ async fn rotations_the_agent_never_saw_are_read() {
     };
     let (lines, expected) = readings(500, 7, 0, 4);
     let (old, _) = readings(20, 3, 0, 99);
+    let (other, _) = readings(10, 2, 0, 77);
     // Rotations from before the agent's first start, last written an hour ago.
     let before = dir.path().join("readings.ndjson-20261122");
     append(&before, &old);
@@ -213,6 +215,8 @@ async fn rotations_the_agent_never_saw_are_read() {
     shutdown.cancel();
     assert_eq!(agent.await.unwrap().unwrap().total().pipeline.read, 100);
     // Down: lines, a rotation, a file the agent never opens, a second rotation, the live file.
+    // Beside them another live log, named like the log but not like a rotation of it.
+    append(&dir.path().join("readings.ndjson-errors"), &other);
     append(&live, &lines[100..150]);
     rotate();
     append(&live, &lines[150..250]);

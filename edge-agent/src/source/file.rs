@@ -219,8 +219,9 @@ const COMPRESSED: &[&str] = &[".gz", ".zst", ".xz", ".bz2", ".lz4", ".zip"];
 
 /// Files that the log's rotation created under `original`'s name and renamed away again before
 /// the agent looked (two rotations while it was down, or between two polls): in `original`'s
-/// directory, named like a rotation of it (the name, then `.`, `-` or `_`: `readings.ndjson.1`,
-/// `readings.ndjson-20261123`), not compressed, not `known`, and last written no earlier than
+/// directory, named like a rotation of it (the name, then `.` or `-` and a digit:
+/// `readings.ndjson.1`, `readings.ndjson-20261123`; not `readings.ndjson-errors`, which may be
+/// another live log), not compressed, not `known`, and last written no earlier than
 /// the agent's own rotated file (`after`), so they hold lines written after the agent's file
 /// was rotated. Older rotations, from before the agent read the log, are left alone. Read from
 /// the start; lines the dedupe window has seen are dropped.
@@ -237,10 +238,11 @@ fn missed_rotations(
     for entry in fs::read_dir(dir).into_iter().flatten().flatten() {
         let other = entry.file_name();
         let other = other.to_string_lossy();
-        let rotation = other
-            .strip_prefix(&*name)
-            .is_some_and(|rest| rest.starts_with(['.', '-', '_']))
-            && !COMPRESSED.iter().any(|c| other.ends_with(c));
+        let rotation = other.strip_prefix(&*name).is_some_and(|rest| {
+            let mut chars = rest.chars();
+            matches!(chars.next(), Some('.' | '-'))
+                && chars.next().is_some_and(|c| c.is_ascii_digit())
+        }) && !COMPRESSED.iter().any(|c| other.ends_with(c));
         let Ok(meta) = entry.metadata() else {
             continue;
         };
