@@ -15,6 +15,11 @@ use crate::spool::{FsyncPolicy, Overflow, SpoolOptions};
 /// Environment variables with this prefix override config keys (`__` separates nesting).
 pub const ENV_PREFIX: &str = "EDGE_AGENT_";
 
+/// The gateway's refusals that every batch would get, whatever it holds: 401 a missing or
+/// unknown token, 403 a token without the stream, 404 a gateway without the stream (or a wrong
+/// URL). The default of [`GatewayTarget::retry_statuses`].
+pub const BATCH_INDEPENDENT_REFUSALS: [u16; 3] = [401, 403, 404];
+
 #[derive(Debug, Clone, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub struct AgentConfig {
@@ -63,10 +68,9 @@ pub struct GatewayTarget {
     /// Longest wait between retries, in milliseconds (backoff doubles from 250 ms).
     #[serde(default = "default_max_backoff_ms")]
     pub max_backoff_ms: u64,
-    /// 4xx answers that every batch would get, whatever it holds (401 a missing or unknown
-    /// token, 403 a token without the stream, 404 a gateway without the stream or a wrong
-    /// URL): the batch stays first in the spool and is retried with backoff until the cause is
-    /// fixed, where other 4xx answers put the batch aside for good.
+    /// 4xx answers retried like 5xx (default [`BATCH_INDEPENDENT_REFUSALS`]): the batch stays
+    /// first in the spool and is retried with backoff until the cause is fixed, where other
+    /// 4xx answers put the batch aside for good.
     #[serde(default = "default_retry_statuses")]
     pub retry_statuses: Vec<u16>,
 }
@@ -362,7 +366,7 @@ fn default_max_backoff_ms() -> u64 {
     60_000
 }
 fn default_retry_statuses() -> Vec<u16> {
-    vec![401, 403, 404]
+    BATCH_INDEPENDENT_REFUSALS.to_vec()
 }
 fn default_topic_prefix() -> String {
     schemas::wire::DEFAULT_TOPIC_PREFIX.to_owned()

@@ -12,7 +12,7 @@ use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
 use anyhow::Context;
 use edge_agent::batch::{Batch, BatchId, BodyEncoding};
-use edge_agent::config::GatewayTarget;
+use edge_agent::config::{BATCH_INDEPENDENT_REFUSALS, GatewayTarget};
 use edge_agent::output::{Output, SendError};
 use schemas::StreamDef;
 use serde::Serialize;
@@ -25,9 +25,6 @@ use crate::fleet::{FleetSpec, Readings};
 pub const STREAM: &str = "sensor_readings";
 /// zstd level of the batches, the agent's default.
 const ZSTD_LEVEL: i32 = 3;
-/// Refusals that every batch would get (401 no or unknown token, 403 a token without the
-/// stream, 404 no such stream): the run stops at the first.
-const SYSTEMATIC: [u16; 3] = [401, 403, 404];
 /// How often progress is printed.
 const PROGRESS_EVERY: Duration = Duration::from_secs(2);
 
@@ -106,7 +103,7 @@ pub async fn run(opts: SendOptions, shutdown: CancellationToken) -> anyhow::Resu
             token: opts.token.clone(),
             timeout_ms: opts.timeout.as_millis() as u64,
             max_backoff_ms: 10_000,
-            // The run stops at the first of these instead (SYSTEMATIC).
+            // The run stops at the first of these instead (BATCH_INDEPENDENT_REFUSALS).
             retry_statuses: Vec::new(),
         }),
         None,
@@ -263,7 +260,7 @@ async fn sender(
                 counts.refused.fetch_add(1, Ordering::Relaxed);
                 // A bad token or an unknown stream refuses every batch alike: stop.
                 anyhow::ensure!(
-                    !SYSTEMATIC.contains(&status),
+                    !BATCH_INDEPENDENT_REFUSALS.contains(&status),
                     "the gateway refused a batch with {status}: {body}"
                 );
                 eprintln!(

@@ -243,12 +243,15 @@ fn missed_rotations(
             matches!(chars.next(), Some('.' | '-'))
                 && chars.next().is_some_and(|c| c.is_ascii_digit())
         }) && !COMPRESSED.iter().any(|c| other.ends_with(c));
+        // The name first: only a rotation's name is worth a stat.
+        if !rotation {
+            continue;
+        }
         let Ok(meta) = entry.metadata() else {
             continue;
         };
         let id = file_id(&meta);
-        if !rotation
-            || !meta.is_file()
+        if !meta.is_file()
             || meta.len() == 0
             || known(id)
             || meta.modified().map_or(true, |m| m < after)
