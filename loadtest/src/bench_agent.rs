@@ -63,12 +63,33 @@ pub struct AgentBenchReport {
     pub gzip: Tool,
     pub agent_ndjson: AgentRun,
     pub agent_parquet: AgentRun,
+    /// The part of the agent's work that the issue fixes and no pipeline can leave out.
+    pub floor: Floor,
     /// Agent MB per CPU-second over `zstd -3 -T1` MB/s (NDJSON and Parquet bodies).
     pub ratio_ndjson_zstd: f64,
     pub ratio_parquet_zstd: f64,
     /// Wire bytes over `gzip -6` of the whole file.
     pub wire_ndjson_gzip: f64,
     pub wire_parquet_gzip: f64,
+    /// The floor's MB per CPU-second over `zstd -3 -T1` MB/s: the most agent/zstd could reach
+    /// if reading, parsing, validating, the dedupe window and the spool cost nothing.
+    pub ratio_floor_zstd: f64,
+}
+
+/// The work the issue fixes for every reading, timed alone on one thread over the same file:
+/// the BLAKE3 content hash of each reading's canonical encoding, the BLAKE3 batch id of each
+/// batch, and zstd (the agent's level) of the deduplicated NDJSON batches. Decoding the lines
+/// and finding the duplicates are done beforehand and not timed.
+#[derive(Debug, Serialize)]
+pub struct Floor {
+    pub content_hash_cpu_s: f64,
+    pub batch_id_cpu_s: f64,
+    pub zstd_cpu_s: f64,
+    pub mb_per_cpu_s: f64,
+    /// Readings left after the duplicates were dropped.
+    pub distinct: u64,
+    pub batches: u64,
+    pub wire_bytes: u64,
 }
 
 /// Runs a compression CLI over the file; single-threaded, so wall time is its CPU time.
@@ -148,33 +169,48 @@ pub fn run(opts: AgentBenchOptions) -> anyhow::Result<AgentBenchReport> {
         let _ = std::fs::remove_dir_all(&state);
         Ok(serde_json::from_slice(&output.stdout)?)
     };
-    let mut best: Option<(Tool, Tool, AgentRun, AgentRun)> = None;
+    let mut best: Option<(Tool, Tool, AgentRun, AgentRun, Floor)> = None;
     let mut round_ratios_ndjson = Vec::new();
     for round in 0..opts.rounds.max(1) {
         let zstd = tool("zstd", &["-3", "-T1", "-q", "-c"], &input, raw)?;
         let gzip = tool("gzip", &["-6", "-c"], &input, raw)?;
         let ndjson = worker("ndjson")?;
         let parquet = worker("parquet")?;
+        let floor = floor(&input, raw)?;
+        if floor.distinct != ndjson.read - ndjson.duplicates {
+            bail!(
+                "the floor kept {} readings, the agent {}: they did not compress the same records",
+                floor.distinct,
+                ndjson.read - ndjson.duplicates
+            );
+        }
         let ratio = ndjson.throughput.mb_per_cpu_s / zstd.mb_per_s;
         eprintln!(
-            "round {}: zstd -3 {:.0} MB/s, agent {:.0} (ndjson) and {:.0} (parquet) MB/cpu-s, ratio {ratio:.2} (ndjson)",
+            "round {}: zstd -3 {:.0} MB/s, agent {:.0} (ndjson) and {:.0} (parquet) MB/cpu-s, ratio {ratio:.2} (ndjson); floor {:.0} MB/cpu-s ({:.2})",
             round + 1,
             zstd.mb_per_s,
             ndjson.throughput.mb_per_cpu_s,
             parquet.throughput.mb_per_cpu_s,
+            floor.mb_per_cpu_s,
+            floor.mb_per_cpu_s / zstd.mb_per_s,
         );
         round_ratios_ndjson.push(ratio);
         best = Some(match best {
-            None => (zstd, gzip, ndjson, parquet),
-            Some((z, g, n, p)) => (
+            None => (zstd, gzip, ndjson, parquet, floor),
+            Some((z, g, n, p, f)) => (
                 faster_tool(z, zstd),
                 faster_tool(g, gzip),
                 faster_run(n, ndjson),
                 faster_run(p, parquet),
+                if floor.mb_per_cpu_s > f.mb_per_cpu_s {
+                    floor
+                } else {
+                    f
+                },
             ),
         });
     }
-    let (zstd, gzip, agent_ndjson, agent_parquet) = best.context("no rounds")?;
+    let (zstd, gzip, agent_ndjson, agent_parquet, floor) = best.context("no rounds")?;
     let report = AgentBenchReport {
         records: opts.records,
         raw_bytes: raw,
@@ -184,6 +220,8 @@ pub fn run(opts: AgentBenchOptions) -> anyhow::Result<AgentBenchReport> {
         ratio_parquet_zstd: agent_parquet.throughput.mb_per_cpu_s / zstd.mb_per_s,
         wire_ndjson_gzip: agent_ndjson.wire_bytes as f64 / gzip.output_bytes as f64,
         wire_parquet_gzip: agent_parquet.wire_bytes as f64 / gzip.output_bytes as f64,
+        ratio_floor_zstd: floor.mb_per_cpu_s / zstd.mb_per_s,
+        floor,
         zstd,
         gzip,
         agent_ndjson,
@@ -192,6 +230,81 @@ pub fn run(opts: AgentBenchOptions) -> anyhow::Result<AgentBenchReport> {
     let _ = std::fs::remove_file(&input);
     crate::bench_gateway::write_report(&opts.out.join("agent.json"), &report)?;
     Ok(report)
+}
+
+/// CPU seconds of the calling thread so far.
+fn thread_cpu_seconds() -> f64 {
+    let t = rustix::time::clock_gettime(rustix::time::ClockId::ThreadCPUTime);
+    t.tv_sec as f64 + t.tv_nsec as f64 / 1e9
+}
+
+/// Times [`Floor`]'s work over `input`, a chunk of lines at a time.
+fn floor(input: &Path, raw: u64) -> anyhow::Result<Floor> {
+    let def = schemas::example_streams()
+        .get("sensor_readings")
+        .context("sensor_readings")?
+        .clone();
+    let batch = BatchConfig::default();
+    let text = std::fs::read(input)?;
+    let mut seen = schemas::hash::HashSetOfHashes::default();
+    let mut compressor = zstd::bulk::Compressor::new(batch.zstd_level)?;
+    let (mut hash_s, mut id_s, mut zstd_s) = (0.0, 0.0, 0.0);
+    let (mut distinct, mut batches, mut wire_bytes) = (0u64, 0u64, 0u64);
+    let mut body: Vec<u8> = Vec::with_capacity(batch.max_bytes);
+    let mut rows = 0;
+    let mut close = |body: &mut Vec<u8>| -> anyhow::Result<()> {
+        let t = thread_cpu_seconds();
+        std::hint::black_box(blake3::hash(body));
+        id_s += thread_cpu_seconds() - t;
+        let t = thread_cpu_seconds();
+        wire_bytes += compressor.compress(body)?.len() as u64;
+        zstd_s += thread_cpu_seconds() - t;
+        batches += 1;
+        body.clear();
+        Ok(())
+    };
+    let lines: Vec<&[u8]> = text
+        .split(|b| *b == b'\n')
+        .filter(|l| !l.is_empty())
+        .collect();
+    for chunk in lines.chunks(20_000) {
+        let records = chunk
+            .iter()
+            .map(|line| schemas::typed::decode_record(&def, line))
+            .collect::<Result<Vec<_>, _>>()?;
+        let t = thread_cpu_seconds();
+        let hashes: Vec<_> = records
+            .iter()
+            .map(|r| schemas::content_hash(&def, r))
+            .collect();
+        hash_s += thread_cpu_seconds() - t;
+        for (line, hash) in chunk.iter().zip(hashes) {
+            if !seen.insert(hash) {
+                continue;
+            }
+            if body.len() + line.len() + 1 > batch.max_bytes || rows == batch.max_records {
+                close(&mut body)?;
+                rows = 0;
+            }
+            body.extend_from_slice(line);
+            body.push(b'\n');
+            rows += 1;
+            distinct += 1;
+        }
+    }
+    if !body.is_empty() {
+        close(&mut body)?;
+    }
+    let cpu = hash_s + id_s + zstd_s;
+    Ok(Floor {
+        content_hash_cpu_s: hash_s,
+        batch_id_cpu_s: id_s,
+        zstd_cpu_s: zstd_s,
+        mb_per_cpu_s: raw as f64 / 1e6 / cpu,
+        distinct,
+        batches,
+        wire_bytes,
+    })
 }
 
 fn faster_tool(a: Tool, b: Tool) -> Tool {
@@ -317,13 +430,71 @@ impl std::fmt::Display for AgentBenchReport {
         }
         writeln!(
             f,
+            "{:<28} {:>12.1} {:>14} {:>12.3} {:>12}",
+            "floor (hashes + zstd only)",
+            self.floor.mb_per_cpu_s,
+            self.floor.wire_bytes,
+            self.floor.wire_bytes as f64 / self.raw_bytes as f64,
+            "-"
+        )?;
+        writeln!(
+            f,
             "agent/zstd -3 throughput: {:.2} (ndjson), {:.2} (parquet); target ≥ 0.5",
             self.ratio_ndjson_zstd, self.ratio_parquet_zstd
+        )?;
+        writeln!(
+            f,
+            "floor/zstd -3: {:.2} (content hashes {:.2} s, batch ids {:.2} s, zstd {:.2} s of CPU): \
+             the most the agent could reach if reading, parsing, validating, the dedupe window \
+             and the spool cost nothing",
+            self.ratio_floor_zstd,
+            self.floor.content_hash_cpu_s,
+            self.floor.batch_id_cpu_s,
+            self.floor.zstd_cpu_s
         )?;
         write!(
             f,
             "wire bytes / gzip -6: {:.3} (ndjson), {:.3} (parquet); target ≤ 0.5",
             self.wire_ndjson_gzip, self.wire_parquet_gzip
         )
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_floor_hashes_every_reading_and_compresses_the_distinct_ones() {
+        let dir = tempfile::tempdir().unwrap();
+        let input = dir.path().join("in.ndjson");
+        let spec = FleetSpec {
+            records: 5_000,
+            devices: 20,
+            ..FleetSpec::default()
+        };
+        std::fs::write(&input, to_ndjson(&sensor_readings(&spec))).unwrap();
+        let text = std::fs::read(&input).unwrap();
+        let def = schemas::example_streams()
+            .get("sensor_readings")
+            .unwrap()
+            .clone();
+        let lines: Vec<&[u8]> = text
+            .split(|b| *b == b'\n')
+            .filter(|l| !l.is_empty())
+            .collect();
+        let distinct: std::collections::HashSet<_> = lines
+            .iter()
+            .map(|l| schemas::check_bytes(&def, l).unwrap().hash)
+            .collect();
+        assert!(
+            distinct.len() < lines.len(),
+            "the generator re-sends readings"
+        );
+        let floor = floor(&input, text.len() as u64).unwrap();
+        assert_eq!(floor.distinct, distinct.len() as u64);
+        assert!(floor.batches >= 1);
+        assert!(floor.wire_bytes > 0 && floor.wire_bytes < text.len() as u64 / 4);
+        assert!(floor.content_hash_cpu_s > 0.0 && floor.zstd_cpu_s > 0.0);
     }
 }
