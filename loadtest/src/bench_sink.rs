@@ -65,6 +65,9 @@ pub struct SinkBenchReport {
     pub sink: SinkRun,
     pub pyarrow: Throughput,
     pub ratio_sink_pyarrow: f64,
+    /// pyarrow's CPU time per record over the read-only consumer's and the work without
+    /// Kafka's together: what sink / pyarrow would be if putting the two together cost nothing.
+    pub ratio_parts_pyarrow: f64,
 }
 
 /// Peak resident set size of this process (`VmHWM`).
@@ -211,7 +214,10 @@ pub async fn run(opts: SinkBenchOptions) -> anyhow::Result<SinkBenchReport> {
         sink.context("no rounds")?,
         pyarrow.context("no rounds")?,
     );
+    let path = path.context("no rounds")?;
+    let per_record = |t: &Throughput| 1.0 / t.records_per_cpu_s;
     let report = SinkBenchReport {
+        ratio_parts_pyarrow: per_record(&pyarrow) / (per_record(&consumer) + per_record(&path)),
         records: lines.len(),
         raw_bytes: work.raw_bytes,
         partitions: opts.partitions,
@@ -221,7 +227,7 @@ pub async fn run(opts: SinkBenchOptions) -> anyhow::Result<SinkBenchReport> {
         round_ratios,
         ratio_sink_pyarrow: sink.throughput.records_per_cpu_s / pyarrow.records_per_cpu_s,
         librdkafka_consumer: consumer,
-        sink_path: path.context("no rounds")?,
+        sink_path: path,
         sink,
         pyarrow,
     };
@@ -438,6 +444,12 @@ impl std::fmt::Display for SinkBenchReport {
             "sink / pyarrow (records per CPU-second, fastest rounds): {:.2} (by round: {})",
             self.ratio_sink_pyarrow,
             rounds.join(", ")
+        )?;
+        writeln!(
+            f,
+            "sink / pyarrow if taking the messages and the work without Kafka added nothing \
+             (consumer + work, fastest rounds): {:.2}",
+            self.ratio_parts_pyarrow
         )?;
         write!(
             f,
