@@ -4,30 +4,12 @@
 
 mod support;
 
-use std::path::Path;
-use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
 
 use rand::Rng;
-use support::{Faults, Stub, assert_exactly_once, config, readings, service_env};
-
-/// Starts the edge-agent binary on `cfg`, its log in `dir/agent-<run>.log`.
-fn spawn_agent(cfg: &Path, dir: &Path, run: usize) -> Child {
-    let log = std::fs::File::create(dir.join(format!("agent-{run}.log"))).unwrap();
-    Command::new(env!("CARGO_BIN_EXE_edge-agent"))
-        .args(["run", "--config"])
-        .arg(cfg)
-        .env("RUST_LOG", "edge_agent=info")
-        .stdout(Stdio::null())
-        .stderr(log)
-        .spawn()
-        .unwrap()
-}
-
-fn sigkill(mut child: Child) {
-    child.kill().unwrap();
-    child.wait().unwrap();
-}
+use support::{
+    Faults, Stub, assert_exactly_once, config, readings, service_env, sigkill, spawn_agent,
+};
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn sigkill_at_random_points_loses_nothing_and_lands_nothing_twice() {

@@ -1,31 +1,34 @@
-//! The Kafka output against a real Kafka-protocol broker (tansu), and a spool on a disk that
-//! fills up.
+//! The Kafka output against a real Kafka-protocol broker (tansu), also under SIGKILL, and a
+//! spool on a disk that fills up.
 
 mod support;
 
 use std::collections::HashMap;
+use std::path::Path;
 use std::process::{Command, Stdio};
 use std::time::{Duration, Instant};
+
+use rand::Rng;
+use schemas::ContentHash;
 
 use rdkafka::ClientConfig;
 use rdkafka::admin::{AdminClient, AdminOptions, NewTopic, TopicReplication};
 use rdkafka::client::DefaultClientContext;
 use rdkafka::consumer::{BaseConsumer, Consumer};
 use rdkafka::message::{Headers, Message};
-use support::{Faults, Stub, assert_exactly_once, config, readings, service_env};
+use support::{
+    Faults, Stub, assert_exactly_once, config, readings, service_env, sigkill, spawn_agent,
+};
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn kafka_output_writes_the_gateway_wire_format() {
-    let kafka = service_env("EDGE_INGEST_KAFKA");
-    let prefix = format!("agent{}.", rand::random::<u32>());
-    let topic = format!("{prefix}sensor_readings");
+/// Creates `topic` with `partitions` partitions on the test broker.
+async fn create_topic(kafka: &str, topic: &str, partitions: i32) {
     let admin: AdminClient<DefaultClientContext> = ClientConfig::new()
-        .set("bootstrap.servers", &kafka)
+        .set("bootstrap.servers", kafka)
         .create()
         .unwrap();
     for r in admin
         .create_topics(
-            &[NewTopic::new(&topic, 3, TopicReplication::Fixed(1))],
+            &[NewTopic::new(topic, partitions, TopicReplication::Fixed(1))],
             &AdminOptions::new(),
         )
         .await
@@ -33,42 +36,35 @@ async fn kafka_output_writes_the_gateway_wire_format() {
     {
         r.unwrap();
     }
-    let dir = tempfile::tempdir().unwrap();
-    let (lines, expected) = readings(3_000, 9, 4, 2);
-    let file = dir.path().join("r.ndjson");
-    std::fs::write(&file, lines.join("\n")).unwrap();
-    let cfg = format!(
-        "streams_dir = {streams:?}\nstate_dir = {state:?}\n[kafka]\nbrokers = \"{kafka}\"\ntopic_prefix = \"{prefix}\"\n[batch]\nmax_records = 500\nencoding = \"parquet\"\n[[sources]]\ntype = \"file\"\npath = {file:?}\nstream = \"sensor_readings\"\n",
-        streams = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("../streams"),
-        state = dir.path().join("state"),
-    );
-    let stats = edge_agent::run(
-        edge_agent::AgentConfig::parse(&cfg).unwrap(),
-        schemas::example_streams(),
-        tokio_util::sync::CancellationToken::new(),
-    )
-    .await
-    .unwrap()
-    .total();
-    assert_eq!(stats.delivery.accepted as usize, expected.len());
-    assert!(stats.pipeline.duplicates > 0);
+}
 
+/// Reads `topic` from the start until at least `count` messages came and none for `quiet` (or
+/// a minute passed), checking each against the gateway's wire format (value, key, headers); returns how often
+/// each content hash came.
+fn read_topic(
+    kafka: &str,
+    topic: &str,
+    count: usize,
+    quiet: Duration,
+) -> HashMap<ContentHash, u32> {
     let consumer: BaseConsumer = ClientConfig::new()
-        .set("bootstrap.servers", &kafka)
-        .set("group.id", format!("check-{prefix}"))
+        .set("bootstrap.servers", kafka)
+        .set("group.id", format!("check-{topic}"))
         .set("auto.offset.reset", "earliest")
         .set("enable.auto.commit", "false")
         .create()
         .unwrap();
-    consumer.subscribe(&[&topic]).unwrap();
+    consumer.subscribe(&[topic]).unwrap();
     let def = schemas::example_streams()
         .get("sensor_readings")
         .unwrap()
         .clone();
     let mut landed = HashMap::new();
+    let mut total = 0;
     let deadline = Instant::now() + Duration::from_secs(60);
-    while landed.values().sum::<u32>() < expected.len() as u32 {
-        assert!(Instant::now() < deadline, "only {} messages", landed.len());
+    let mut last = Instant::now();
+    // At the deadline the caller's checks say what is missing.
+    while (total < count || last.elapsed() < quiet) && Instant::now() < deadline {
         let Some(m) = consumer.poll(Duration::from_millis(200)) else {
             continue;
         };
@@ -88,8 +84,125 @@ async fn kafka_output_writes_the_gateway_wire_format() {
         assert_eq!(headers["schema-version"], b"1");
         assert!(schemas::wire::parse_decimal_header(headers["ingest-ts"]).is_some());
         *landed.entry(valid.hash).or_insert(0) += 1;
+        total += 1;
+        last = Instant::now();
     }
+    landed
+}
+
+/// An agent config with the Kafka output, reading `file`.
+fn kafka_config(dir: &Path, kafka: &str, prefix: &str, batch: &str, file: &Path) -> String {
+    format!(
+        "streams_dir = {streams:?}\nstate_dir = {state:?}\n[kafka]\nbrokers = \"{kafka}\"\n\
+         topic_prefix = \"{prefix}\"\n[batch]\n{batch}\n[[sources]]\ntype = \"file\"\n\
+         path = {file:?}\nstream = \"sensor_readings\"\n",
+        streams = Path::new(env!("CARGO_MANIFEST_DIR")).join("../streams"),
+        state = dir.join("state"),
+    )
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn kafka_output_writes_the_gateway_wire_format() {
+    let kafka = service_env("EDGE_INGEST_KAFKA");
+    let prefix = format!("agent{}.", rand::random::<u32>());
+    let topic = format!("{prefix}sensor_readings");
+    create_topic(&kafka, &topic, 3).await;
+    let dir = tempfile::tempdir().unwrap();
+    let (lines, expected) = readings(3_000, 9, 4, 2);
+    let file = dir.path().join("r.ndjson");
+    std::fs::write(&file, lines.join("\n")).unwrap();
+    let cfg = kafka_config(
+        dir.path(),
+        &kafka,
+        &prefix,
+        "max_records = 500\nencoding = \"parquet\"",
+        &file,
+    );
+    let stats = edge_agent::run(
+        edge_agent::AgentConfig::parse(&cfg).unwrap(),
+        schemas::example_streams(),
+        tokio_util::sync::CancellationToken::new(),
+    )
+    .await
+    .unwrap()
+    .total();
+    assert_eq!(stats.delivery.accepted as usize, expected.len());
+    assert!(stats.pipeline.duplicates > 0);
+    let landed = read_topic(&kafka, &topic, expected.len(), Duration::ZERO);
     assert_exactly_once(&landed, &expected);
+}
+
+/// The agent with the Kafka output, SIGKILLed at random points: a batch leaves the spool only
+/// once Kafka acknowledged all of its records, so nothing is lost. A batch produced but not yet
+/// removed when the agent died is produced again after the restart (a new producer, so Kafka's
+/// idempotence cannot tell): its records may come twice, at most one batch per kill, and the
+/// sink drops them by content hash.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn kafka_output_under_sigkill_loses_nothing() {
+    const BATCH: usize = 400;
+    let kafka = service_env("EDGE_INGEST_KAFKA");
+    let prefix = format!("agentkill{}.", rand::random::<u32>());
+    let topic = format!("{prefix}sensor_readings");
+    create_topic(&kafka, &topic, 3).await;
+    let dir = tempfile::tempdir().unwrap();
+    // 100,000 distinct readings and 20,000 re-sent ones.
+    let (lines, expected) = readings(100_000, 30, 5, 9);
+    let file = dir.path().join("r.ndjson");
+    std::fs::write(&file, lines.join("\n") + "\n").unwrap();
+    let cfg = dir.path().join("agent.toml");
+    std::fs::write(
+        &cfg,
+        kafka_config(
+            dir.path(),
+            &kafka,
+            &prefix,
+            &format!("max_records = {BATCH}\nmax_age_ms = 100"),
+            &file,
+        ),
+    )
+    .unwrap();
+    let mut rng = rand::rng();
+    let (mut kills, mut runs) = (0, 0);
+    loop {
+        runs += 1;
+        let mut child = spawn_agent(&cfg, dir.path(), runs);
+        let deadline = Instant::now() + Duration::from_millis(rng.random_range(100..800));
+        let finished = loop {
+            if let Some(status) = child.try_wait().unwrap() {
+                let log = std::fs::read_to_string(dir.path().join(format!("agent-{runs}.log")));
+                assert!(status.success(), "agent failed: {status}\n{log:?}");
+                break true;
+            }
+            if kills < 6 && Instant::now() > deadline {
+                break false;
+            }
+            assert!(runs < 40, "the agent never finished");
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        };
+        if finished {
+            break;
+        }
+        sigkill(child);
+        kills += 1;
+    }
+    assert!(
+        kills >= 3,
+        "only {kills} kills: the run was too short to test anything"
+    );
+    let landed = read_topic(&kafka, &topic, expected.len(), Duration::from_secs(2));
+    let missing = expected.iter().filter(|h| !landed.contains_key(h)).count();
+    assert_eq!(missing, 0, "{missing} of {} readings lost", expected.len());
+    assert_eq!(
+        landed.len(),
+        expected.len(),
+        "readings that were never sent"
+    );
+    let again: u32 = landed.values().map(|n| n - 1).sum();
+    eprintln!("{kills} kills over {runs} runs; {again} readings produced twice");
+    assert!(
+        again as usize <= kills * BATCH,
+        "{again} readings produced again: more than one batch per kill"
+    );
 }
 
 /// Runs `script` as root of a private mount namespace (an unprivileged user namespace where the

@@ -328,3 +328,26 @@ max_backoff_ms = 400
         streams = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("../streams"),
     )
 }
+
+/// Starts the edge-agent binary on `cfg`, its log in `dir/agent-<run>.log`.
+pub fn spawn_agent(
+    cfg: &std::path::Path,
+    dir: &std::path::Path,
+    run: usize,
+) -> std::process::Child {
+    let log = std::fs::File::create(dir.join(format!("agent-{run}.log"))).unwrap();
+    std::process::Command::new(env!("CARGO_BIN_EXE_edge-agent"))
+        .args(["run", "--config"])
+        .arg(cfg)
+        .env("RUST_LOG", "edge_agent=info")
+        .stdout(std::process::Stdio::null())
+        .stderr(log)
+        .spawn()
+        .unwrap()
+}
+
+/// SIGKILL, and waits for the process to be gone.
+pub fn sigkill(mut child: std::process::Child) {
+    child.kill().unwrap();
+    child.wait().unwrap();
+}
