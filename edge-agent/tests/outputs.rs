@@ -8,7 +8,6 @@ use std::path::Path;
 use std::process::{Command, Stdio};
 use std::time::{Duration, Instant};
 
-use rand::Rng;
 use schemas::ContentHash;
 
 use rdkafka::ClientConfig;
@@ -16,9 +15,7 @@ use rdkafka::admin::{AdminClient, AdminOptions, NewTopic, TopicReplication};
 use rdkafka::client::DefaultClientContext;
 use rdkafka::consumer::{BaseConsumer, Consumer};
 use rdkafka::message::{Headers, Message};
-use support::{
-    Faults, Stub, assert_exactly_once, config, readings, service_env, sigkill, spawn_agent,
-};
+use support::{Faults, Stub, assert_exactly_once, config, readings, run_with_kills, service_env};
 
 /// Creates `topic` with `partitions` partitions on the test broker.
 async fn create_topic(kafka: &str, topic: &str, partitions: i32) {
@@ -161,34 +158,7 @@ async fn kafka_output_under_sigkill_loses_nothing() {
         ),
     )
     .unwrap();
-    let mut rng = rand::rng();
-    let (mut kills, mut runs) = (0, 0);
-    loop {
-        runs += 1;
-        let mut child = spawn_agent(&cfg, dir.path(), runs);
-        let deadline = Instant::now() + Duration::from_millis(rng.random_range(100..800));
-        let finished = loop {
-            if let Some(status) = child.try_wait().unwrap() {
-                let log = std::fs::read_to_string(dir.path().join(format!("agent-{runs}.log")));
-                assert!(status.success(), "agent failed: {status}\n{log:?}");
-                break true;
-            }
-            if kills < 6 && Instant::now() > deadline {
-                break false;
-            }
-            assert!(runs < 40, "the agent never finished");
-            tokio::time::sleep(Duration::from_millis(20)).await;
-        };
-        if finished {
-            break;
-        }
-        sigkill(child);
-        kills += 1;
-    }
-    assert!(
-        kills >= 3,
-        "only {kills} kills: the run was too short to test anything"
-    );
+    let (kills, runs) = run_with_kills(&cfg, dir.path(), 100..800).await;
     let landed = read_topic(&kafka, &topic, expected.len(), Duration::from_secs(2));
     let missing = expected.iter().filter(|h| !landed.contains_key(h)).count();
     assert_eq!(missing, 0, "{missing} of {} readings lost", expected.len());

@@ -644,28 +644,7 @@ const TOPIC: &str = "plant/line1/readings";
 
 /// Publishes NDJSON messages with QoS 1 and waits for every PUBACK.
 async fn publish(broker: &str, messages: Vec<String>) {
-    let (host, port) = broker.rsplit_once(':').unwrap();
-    let id = format!("pub-{}", rand::random::<u32>());
-    let mut options = rumqttc::MqttOptions::new(id, host, port.parse().unwrap());
-    options.set_keep_alive(Duration::from_secs(5));
-    let (client, mut events) = rumqttc::AsyncClient::new(options, 64);
-    let n = messages.len();
-    let sender = tokio::spawn(async move {
-        for m in messages {
-            client
-                .publish(TOPIC, rumqttc::QoS::AtLeastOnce, false, m)
-                .await
-                .unwrap();
-        }
-        client
-    });
-    let mut acked = 0;
-    while acked < n {
-        if let rumqttc::Event::Incoming(rumqttc::Packet::PubAck(_)) = events.poll().await.unwrap() {
-            acked += 1;
-        }
-    }
-    let _ = sender.await;
+    support::mqtt_publish(broker, TOPIC, messages, Duration::ZERO).await;
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

@@ -305,6 +305,18 @@ pub fn config(state: &std::path::Path, gateway: &str, extra: &str, sources: &str
     config_with_root(state, gateway, "", extra, sources)
 }
 
+/// Writes [`config`] (state in `dir/state`) to `dir/agent.toml` and returns its path.
+pub fn write_config(
+    dir: &std::path::Path,
+    gateway: &str,
+    extra: &str,
+    sources: &str,
+) -> std::path::PathBuf {
+    let path = dir.join("agent.toml");
+    std::fs::write(&path, config(&dir.join("state"), gateway, extra, sources)).unwrap();
+    path
+}
+
 /// [`config`] with top-level keys (`root`), which TOML takes only before the first table.
 pub fn config_with_root(
     state: &std::path::Path,
@@ -350,4 +362,98 @@ pub fn spawn_agent(
 pub fn sigkill(mut child: std::process::Child) {
     child.kill().unwrap();
     child.wait().unwrap();
+}
+
+/// Runs the agent on `cfg` until it finishes (a file source at its end), SIGKILLing it up to 6
+/// times, each time at a random point `kill_after_ms` after its start. Asserts that the last run
+/// succeeded and that at least 3 kills happened; returns the kills and runs.
+pub async fn run_with_kills(
+    cfg: &std::path::Path,
+    dir: &std::path::Path,
+    kill_after_ms: std::ops::Range<u64>,
+) -> (usize, usize) {
+    let mut rng = rand::rng();
+    let (mut kills, mut runs) = (0, 0);
+    loop {
+        runs += 1;
+        let mut child = spawn_agent(cfg, dir, runs);
+        let deadline = std::time::Instant::now()
+            + Duration::from_millis(rng.random_range(kill_after_ms.clone()));
+        let status = loop {
+            if let Some(status) = child.try_wait().unwrap() {
+                break Some(status);
+            }
+            if kills < 6 && std::time::Instant::now() > deadline {
+                break None;
+            }
+            assert!(runs < 40, "the agent never finished");
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        };
+        match status {
+            Some(status) => {
+                let log = std::fs::read_to_string(dir.join(format!("agent-{runs}.log")));
+                assert!(status.success(), "agent failed: {status}\n{log:?}");
+                break;
+            }
+            None => {
+                sigkill(child);
+                kills += 1;
+            }
+        }
+    }
+    assert_enough_kills(kills);
+    (kills, runs)
+}
+
+pub fn assert_enough_kills(kills: usize) {
+    assert!(
+        kills >= 3,
+        "only {kills} kills: the run was too short to test anything"
+    );
+}
+
+/// Prints what a killed agent sent to `stub`, and asserts that `expected` landed exactly once.
+pub fn report_and_check(stub: &Stub, kills: usize, runs: usize, expected: &[ContentHash]) {
+    let recorded = stub.recorded.lock().unwrap();
+    eprintln!(
+        "{kills} kills over {runs} runs; {} requests, {} replayed by Idempotency-Key",
+        recorded.requests, recorded.replays
+    );
+    drop(recorded);
+    assert_exactly_once(&stub.landed(), expected);
+}
+
+/// Publishes `messages` to `topic` with QoS 1, one every `pace`, and returns once the broker
+/// acknowledged every one.
+pub async fn mqtt_publish(
+    broker: &str,
+    topic: &'static str,
+    messages: Vec<String>,
+    pace: Duration,
+) {
+    let (host, port) = broker.rsplit_once(':').unwrap();
+    let id = format!("pub-{}", rand::random::<u32>());
+    let mut options = rumqttc::MqttOptions::new(id, host, port.parse().unwrap());
+    options.set_keep_alive(Duration::from_secs(5));
+    let (client, mut events) = rumqttc::AsyncClient::new(options, 64);
+    let n = messages.len();
+    let sender = tokio::spawn(async move {
+        for m in messages {
+            client
+                .publish(topic, rumqttc::QoS::AtLeastOnce, false, m)
+                .await
+                .unwrap();
+            if !pace.is_zero() {
+                tokio::time::sleep(pace).await;
+            }
+        }
+        client
+    });
+    let mut acked = 0;
+    while acked < n {
+        if let rumqttc::Event::Incoming(rumqttc::Packet::PubAck(_)) = events.poll().await.unwrap() {
+            acked += 1;
+        }
+    }
+    let _ = sender.await;
 }
