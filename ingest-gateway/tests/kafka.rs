@@ -184,6 +184,16 @@ async fn post(
     body: Vec<u8>,
     key: Option<&str>,
 ) -> reqwest::Response {
+    try_post(client, url, body, key).await.unwrap()
+}
+
+/// [`post`], returning a failure to connect or to get an answer instead of panicking.
+async fn try_post(
+    client: &reqwest::Client,
+    url: &str,
+    body: Vec<u8>,
+    key: Option<&str>,
+) -> reqwest::Result<reqwest::Response> {
     let mut r = client
         .post(url)
         .bearer_auth(TOKEN)
@@ -193,7 +203,7 @@ async fn post(
     if let Some(k) = key {
         r = r.header("idempotency-key", k);
     }
-    r.send().await.unwrap()
+    r.send().await
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -695,4 +705,151 @@ async fn schemathesis_finds_no_violations_of_the_openapi_document() {
     );
     assert!(out.status.success(), "schemathesis failed:\n{text}");
     g.stop().await;
+}
+
+/// The gateway binary on `config` (a TOML file), listening on `port`; returns once it accepts
+/// connections.
+fn spawn_gateway(config: &Path, port: u16, log: &Path) -> Child {
+    let child = Command::new(env!("CARGO_BIN_EXE_ingest-gateway"))
+        .arg("--config")
+        .arg(config)
+        .stdout(std::process::Stdio::null())
+        .stderr(std::fs::File::create(log).unwrap())
+        .spawn()
+        .unwrap();
+    let deadline = Instant::now() + Duration::from_secs(30);
+    while std::net::TcpStream::connect(("127.0.0.1", port)).is_err() {
+        assert!(Instant::now() < deadline, "the gateway did not start");
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    child
+}
+
+/// The gateway process SIGKILLed at random points while clients post batches and retry each
+/// until it is answered 200, as agents do: every record of every acknowledged batch is in Kafka,
+/// because the gateway answers only once Kafka acknowledged all of a request's records. A batch
+/// whose answer a kill cut off is produced again when retried (the new process does not know its
+/// Idempotency-Key), so records may be in Kafka twice, at most the batches in flight at each
+/// kill; the sink drops them by content hash.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn sigkill_at_random_points_loses_no_acknowledged_record() {
+    use rand::Rng;
+    const BATCHES: i64 = 400;
+    const PER_BATCH: i64 = 150;
+    const CLIENTS: usize = 4;
+    let brokers = env("EDGE_INGEST_KAFKA");
+    let port = free_port();
+    let id = unique();
+    let prefix = format!("gwkill{id}.");
+    let dir = tempfile::tempdir().unwrap();
+    let config = dir.path().join("gateway.toml");
+    std::fs::write(
+        &config,
+        format!(
+            "listen = \"127.0.0.1:{port}\"\nstreams_dir = {streams:?}\n\
+             [kafka]\nbrokers = \"{brokers}\"\ntopic_prefix = \"{prefix}\"\n\
+             create_topics = true\nproduce_timeout_ms = 10000\n\
+             dead_letter_topic = \"gwkill{id}-dead-letters\"\n\
+             [auth]\nallow_anonymous = false\n[[auth.tokens]]\nname = \"test\"\n\
+             blake3 = \"{hash}\"\nstreams = [\"*\"]\n",
+            streams = Path::new(env!("CARGO_MANIFEST_DIR")).join("../streams"),
+            hash = blake3::hash(TOKEN.as_bytes()).to_hex(),
+        ),
+    )
+    .unwrap();
+    let mut runs = 1;
+    let mut gateway = spawn_gateway(&config, port, &dir.path().join("gateway-1.log"));
+    let url = format!("http://127.0.0.1:{port}/v1/streams/sensor_readings/records");
+    // Clients take the next batch, and post it until it is answered 200.
+    let next = std::sync::Arc::new(AtomicU64::new(0));
+    let retries = std::sync::Arc::new(AtomicU64::new(0));
+    let clients: Vec<_> = (0..CLIENTS)
+        .map(|_| {
+            let (next, retries, url) = (next.clone(), retries.clone(), url.clone());
+            tokio::spawn(async move {
+                let client = reqwest::Client::builder()
+                    .timeout(Duration::from_secs(15))
+                    .build()
+                    .unwrap();
+                loop {
+                    let b = next.fetch_add(1, Ordering::Relaxed) as i64;
+                    if b >= BATCHES {
+                        return;
+                    }
+                    let records: Vec<Value> =
+                        (b * PER_BATCH..(b + 1) * PER_BATCH).map(reading).collect();
+                    let key = format!("batch-{b}");
+                    // Paced, so that the run outlasts several kills.
+                    tokio::time::sleep(Duration::from_millis(20)).await;
+                    loop {
+                        match try_post(&client, &url, ndjson(&records), Some(&key)).await {
+                            Ok(r) if r.status() == 200 => break,
+                            Ok(r) => assert!(
+                                r.status().is_server_error() || r.status() == 429,
+                                "batch {b}: {}",
+                                r.status()
+                            ),
+                            Err(_) => {}
+                        }
+                        retries.fetch_add(1, Ordering::Relaxed);
+                        tokio::time::sleep(Duration::from_millis(100)).await;
+                    }
+                }
+            })
+        })
+        .collect();
+    let mut kills = 0;
+    while !clients.iter().all(|c| c.is_finished()) {
+        let wait = rand::rng().random_range(100..700);
+        tokio::time::sleep(Duration::from_millis(wait)).await;
+        if kills == 6 || clients.iter().all(|c| c.is_finished()) {
+            continue;
+        }
+        gateway.kill().unwrap();
+        gateway.wait().unwrap();
+        kills += 1;
+        let down = rand::rng().random_range(50..500);
+        tokio::time::sleep(Duration::from_millis(down)).await;
+        runs += 1;
+        let log = dir.path().join(format!("gateway-{runs}.log"));
+        gateway = spawn_gateway(&config, port, &log);
+    }
+    for c in clients {
+        c.await.unwrap();
+    }
+    gateway.kill().unwrap();
+    gateway.wait().unwrap();
+    assert!(
+        kills >= 3,
+        "only {kills} kills: the run was too short to test anything"
+    );
+    let total = (BATCHES * PER_BATCH) as usize;
+    let def = schemas::example_streams()
+        .get("sensor_readings")
+        .unwrap()
+        .clone();
+    let mut landed: HashMap<String, u32> = HashMap::new();
+    for (payload, _) in consume(&brokers, &format!("{prefix}sensor_readings"), total) {
+        let record = schemas::wire::decode_value(&def, &payload).unwrap();
+        *landed
+            .entry(schemas::content_hash(&def, &record).to_hex())
+            .or_default() += 1;
+    }
+    let missing = (0..BATCHES * PER_BATCH)
+        .filter(|i| {
+            let valid = schemas::check(&def, reading(*i)).unwrap();
+            !landed.contains_key(&valid.hash.to_hex())
+        })
+        .count();
+    let again: u32 = landed.values().map(|n| n - 1).sum();
+    eprintln!(
+        "{kills} kills over {runs} runs; {} retried posts; {again} records produced again",
+        retries.load(Ordering::Relaxed)
+    );
+    assert_eq!(missing, 0, "{missing} of {total} acknowledged records lost");
+    assert_eq!(landed.len(), total, "records that were never sent");
+    assert!(
+        again as i64 <= kills as i64 * CLIENTS as i64 * PER_BATCH,
+        "{again} records produced again: more than the batches in flight at the kills"
+    );
 }
