@@ -1,6 +1,6 @@
 //! The agent process killed with SIGKILL at random points while it reads, spools and delivers to
-//! a gateway that fails, times out and answers 429, and while MQTT messages are in flight to it:
-//! nothing is lost, nothing lands twice.
+//! a gateway that fails, times out and answers 429, while MQTT messages are in flight to it, and
+//! while clients post to its local HTTP port: nothing is lost, nothing lands twice.
 
 mod support;
 
@@ -8,8 +8,8 @@ use std::time::{Duration, Instant};
 
 use rand::Rng;
 use support::{
-    Faults, Stub, assert_enough_kills, mqtt_publish, readings, report_and_check, run_with_kills,
-    service_env, sigkill, spawn_agent, write_config,
+    Faults, Stub, assert_enough_kills, free_port, mqtt_publish, readings, report_and_check,
+    run_with_kills, service_env, sigkill, spawn_agent, wait_for_port, write_config,
 };
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -35,6 +35,24 @@ async fn sigkill_at_random_points_loses_nothing_and_lands_nothing_twice() {
     );
     let (kills, runs) = run_with_kills(&cfg, dir.path(), 300..2500).await;
     report_and_check(&stub, kills, runs, &expected);
+}
+
+/// Once the last agent has delivered everything (or a minute passed) and a second more for
+/// anything that would land twice, stops it and checks that `expected` landed exactly once.
+async fn settle_and_check(
+    stub: &Stub,
+    agent: std::process::Child,
+    (kills, runs): (usize, usize),
+    expected: &[schemas::ContentHash],
+) {
+    let deadline = Instant::now() + Duration::from_secs(60);
+    while stub.landed_total() < expected.len() && Instant::now() < deadline {
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    tokio::time::sleep(Duration::from_millis(1000)).await;
+    sigkill(agent);
+    assert_enough_kills(kills);
+    report_and_check(stub, kills, runs, expected);
 }
 
 /// QoS 1 messages in flight when the agent dies are sent again by the broker when it is back, and
@@ -96,13 +114,88 @@ async fn sigkill_with_mqtt_messages_in_flight_loses_nothing_and_lands_nothing_tw
         child = spawn_agent(&cfg, dir.path(), runs);
     }
     publisher.await.unwrap();
-    let deadline = Instant::now() + Duration::from_secs(60);
-    while stub.landed_total() < expected.len() && Instant::now() < deadline {
-        tokio::time::sleep(Duration::from_millis(100)).await;
+    settle_and_check(&stub, child, (kills, runs), &expected).await;
+}
+
+/// Clients post to the agent's local HTTP port and send a request again until it is answered
+/// 200, while the agent is SIGKILLed at random points: every reading lands once, because the
+/// port answers only once the records are in the spool, and the dedupe window (rebuilt from its
+/// log and the spool at start) drops what a client sends again after a kill cut off the answer.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn sigkill_while_clients_post_to_the_local_port_loses_nothing_and_lands_nothing_twice() {
+    use std::sync::Arc;
+    use std::sync::atomic::{AtomicUsize, Ordering};
+    const CLIENTS: usize = 3;
+    let stub = Stub::start(Faults {
+        unavailable: 10,
+        ..Faults::default()
+    })
+    .await;
+    let dir = tempfile::tempdir().unwrap();
+    let port = free_port();
+    let cfg = write_config(
+        dir.path(),
+        &stub.url(),
+        "[batch]\nmax_records = 200\nmax_age_ms = 100\n",
+        &format!("[[sources]]\ntype = \"http\"\nlisten = \"127.0.0.1:{port}\"\n"),
+    );
+    // 20,000 distinct readings and 2,000 re-sent ones, 50 lines a request.
+    let (lines, expected) = readings(20_000, 30, 10, 13);
+    let bodies: Arc<Vec<String>> = Arc::new(lines.chunks(50).map(|c| c.join("\n")).collect());
+    let mut runs = 1;
+    let mut child = spawn_agent(&cfg, dir.path(), runs);
+    wait_for_port(port).await;
+    let url = format!("http://127.0.0.1:{port}/v1/streams/sensor_readings/records");
+    let next = Arc::new(AtomicUsize::new(0));
+    let clients: Vec<_> = (0..CLIENTS)
+        .map(|_| {
+            let (bodies, next, url) = (bodies.clone(), next.clone(), url.clone());
+            tokio::spawn(async move {
+                let client = reqwest::Client::builder()
+                    .timeout(Duration::from_secs(10))
+                    .build()
+                    .unwrap();
+                loop {
+                    let i = next.fetch_add(1, Ordering::Relaxed);
+                    let Some(body) = bodies.get(i) else {
+                        return;
+                    };
+                    // Paced, so that the run outlasts several kills.
+                    tokio::time::sleep(Duration::from_millis(25)).await;
+                    loop {
+                        let sent = client
+                            .post(&url)
+                            .header("content-type", "application/x-ndjson")
+                            .body(body.clone())
+                            .send()
+                            .await;
+                        match sent {
+                            Ok(r) if r.status() == 200 => break,
+                            Ok(r) => assert!(r.status().is_server_error(), "{}", r.status()),
+                            Err(_) => {}
+                        }
+                        tokio::time::sleep(Duration::from_millis(50)).await;
+                    }
+                }
+            })
+        })
+        .collect();
+    let mut rng = rand::rng();
+    let mut kills = 0;
+    while !clients.iter().all(|c| c.is_finished()) {
+        tokio::time::sleep(Duration::from_millis(rng.random_range(200..800))).await;
+        if kills == 6 || clients.iter().all(|c| c.is_finished()) {
+            continue;
+        }
+        sigkill(child);
+        kills += 1;
+        tokio::time::sleep(Duration::from_millis(rng.random_range(50..500))).await;
+        runs += 1;
+        child = spawn_agent(&cfg, dir.path(), runs);
+        wait_for_port(port).await;
     }
-    // Whatever would land twice has had time to.
-    tokio::time::sleep(Duration::from_millis(1000)).await;
-    sigkill(child);
-    assert_enough_kills(kills);
-    report_and_check(&stub, kills, runs, &expected);
+    for c in clients {
+        c.await.unwrap();
+    }
+    settle_and_check(&stub, child, (kills, runs), &expected).await;
 }

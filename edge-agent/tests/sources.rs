@@ -8,7 +8,9 @@ use std::path::Path;
 use std::time::{Duration, Instant};
 
 use edge_agent::{AgentConfig, AgentStats};
-use support::{Faults, Stub, assert_exactly_once, config, config_with_root, readings};
+use support::{
+    Faults, Stub, assert_exactly_once, config, config_with_root, free_port, readings, wait_for_port,
+};
 use tokio::task::JoinHandle;
 use tokio_util::sync::CancellationToken;
 
@@ -67,26 +69,6 @@ fn noisy_lines(stream: &str, n: u64) -> Vec<String> {
             }
         })
         .collect()
-}
-
-/// Waits until the agent's local HTTP port answers.
-async fn wait_for_port(port: u16) {
-    let deadline = Instant::now() + Duration::from_secs(20);
-    while reqwest::get(format!("http://127.0.0.1:{port}/"))
-        .await
-        .is_err()
-    {
-        assert!(Instant::now() < deadline, "the local port never opened");
-        tokio::time::sleep(Duration::from_millis(50)).await;
-    }
-}
-
-fn free_port() -> u16 {
-    std::net::TcpListener::bind("127.0.0.1:0")
-        .unwrap()
-        .local_addr()
-        .unwrap()
-        .port()
 }
 
 /// A config, with its state under `dir`, that reads `path` (a file or a directory) into

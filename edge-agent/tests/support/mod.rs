@@ -457,3 +457,26 @@ pub async fn mqtt_publish(
     }
     let _ = sender.await;
 }
+
+/// Waits until the agent's local HTTP port answers.
+pub async fn wait_for_port(port: u16) {
+    let deadline = std::time::Instant::now() + Duration::from_secs(20);
+    while reqwest::get(format!("http://127.0.0.1:{port}/"))
+        .await
+        .is_err()
+    {
+        assert!(
+            std::time::Instant::now() < deadline,
+            "the local port never opened"
+        );
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+}
+
+pub fn free_port() -> u16 {
+    std::net::TcpListener::bind("127.0.0.1:0")
+        .unwrap()
+        .local_addr()
+        .unwrap()
+        .port()
+}
