@@ -33,7 +33,8 @@ async fn sigkill_at_random_points_loses_nothing_and_lands_nothing_twice() {
         "[batch]\nmax_records = 400\nmax_age_ms = 100\n",
         &format!("[[sources]]\ntype = \"file\"\npath = {input:?}\nstream = \"sensor_readings\"\n"),
     );
-    let (kills, runs) = run_with_kills(&cfg, dir.path(), 300..2500).await;
+    let (kills, runs) = run_with_kills(&cfg, dir.path(), (6, 300..2500), 1).await;
+    assert_enough_kills(kills);
     report_and_check(&stub, kills, runs, &expected);
 }
 
@@ -198,4 +199,36 @@ async fn sigkill_while_clients_post_to_the_local_port_loses_nothing_and_lands_no
         c.await.unwrap();
     }
     settle_and_check(&stub, child, (kills, runs), &expected).await;
+}
+
+/// With the gateway down and the spool full (overflow `block`), the file source waits with lines
+/// read but not spooled, and the agent keeps saving its file positions meanwhile. SIGKILLed then,
+/// it must not have saved a position past what is in the spool: restarted with the gateway back,
+/// it delivers every reading once.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn sigkill_with_a_full_spool_loses_nothing() {
+    let stub = Stub::start(Faults {
+        unavailable: 100,
+        ..Faults::default()
+    })
+    .await;
+    let dir = tempfile::tempdir().unwrap();
+    // 22 MB of NDJSON, about 3 MB as batches: 1 MiB of spool holds a third of it.
+    let (lines, expected) = readings(200_000, 1000, 0, 17);
+    let input = dir.path().join("readings.ndjson");
+    std::fs::write(&input, lines.join("\n") + "\n").unwrap();
+    let cfg = write_config(
+        dir.path(),
+        &stub.url(),
+        "[batch]\nmax_records = 1000\nzstd_level = 1\n[spool]\nmax_mb = 1\nsegment_mb = 1\n",
+        &format!("[[sources]]\ntype = \"file\"\npath = {input:?}\nstream = \"sensor_readings\"\n"),
+    );
+    let child = spawn_agent(&cfg, dir.path(), 1);
+    // The spool fills within a second; the positions are saved every second.
+    tokio::time::sleep(Duration::from_secs(4)).await;
+    assert_eq!(stub.landed_total(), 0, "the gateway was down");
+    sigkill(child);
+    stub.set_faults(Faults::default());
+    let (kills, runs) = run_with_kills(&cfg, dir.path(), (0, 0..1), 2).await;
+    report_and_check(&stub, kills + 1, runs, &expected);
 }

@@ -15,7 +15,10 @@ use rdkafka::admin::{AdminClient, AdminOptions, NewTopic, TopicReplication};
 use rdkafka::client::DefaultClientContext;
 use rdkafka::consumer::{BaseConsumer, Consumer};
 use rdkafka::message::{Headers, Message};
-use support::{Faults, Stub, assert_exactly_once, config, readings, run_with_kills, service_env};
+use support::{
+    Faults, Stub, assert_enough_kills, assert_exactly_once, config, readings, run_with_kills,
+    service_env,
+};
 
 /// Creates `topic` with `partitions` partitions on the test broker.
 async fn create_topic(kafka: &str, topic: &str, partitions: i32) {
@@ -158,7 +161,8 @@ async fn kafka_output_under_sigkill_loses_nothing() {
         ),
     )
     .unwrap();
-    let (kills, runs) = run_with_kills(&cfg, dir.path(), 100..800).await;
+    let (kills, runs) = run_with_kills(&cfg, dir.path(), (6, 100..800), 1).await;
+    assert_enough_kills(kills);
     let landed = read_topic(&kafka, &topic, expected.len(), Duration::from_secs(2));
     let missing = expected.iter().filter(|h| !landed.contains_key(h)).count();
     assert_eq!(missing, 0, "{missing} of {} readings lost", expected.len());
