@@ -7,7 +7,7 @@
 mod common;
 mod support;
 
-use std::path::Path;
+use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
 
@@ -59,18 +59,9 @@ fn caught_up(bootstrap: &str) -> bool {
     })
 }
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn sinks_killed_at_random_points_land_every_record_exactly_once() {
-    let s3 = common::service_env("EDGE_INGEST_S3");
-    let id = common::unique_id();
-    let bucket = format!("crash-{id}");
-    common::pyarrow(&["--s3-endpoint", &s3, "--bucket", &bucket, "--create-bucket"]);
-
-    let cluster = MockCluster::new(1).unwrap();
-    cluster.create_topic(TOPIC, PARTITIONS, 1).unwrap();
-    let bootstrap = cluster.bootstrap_servers();
-    let dir = tempfile::tempdir().unwrap();
-    let config = dir.path().join("sink.toml");
+/// A sink config on `dir` (staging under it) for the mock cluster at `bootstrap` and the bucket.
+fn write_config(dir: &Path, bootstrap: &str, s3: &str, bucket: &str) -> PathBuf {
+    let config = dir.join("sink.toml");
     std::fs::write(
         &config,
         format!(
@@ -97,10 +88,62 @@ idle_ms = 400
 staging_dir = "{staging}"
 "#,
             streams = common::repo_root().join("streams").display(),
-            staging = dir.path().join("staging").display(),
+            staging = dir.join("staging").display(),
         ),
     )
     .unwrap();
+    config
+}
+
+/// Waits until the group committed every partition to its end (two minutes at most), checking
+/// that no sink exited meanwhile.
+async fn wait_caught_up(bootstrap: &str, sinks: &mut [Child], dir: &Path) {
+    let deadline = Instant::now() + Duration::from_secs(120);
+    loop {
+        let done = {
+            let bootstrap = bootstrap.to_owned();
+            tokio::task::spawn_blocking(move || caught_up(&bootstrap))
+                .await
+                .unwrap()
+        };
+        if done {
+            return;
+        }
+        for (i, s) in sinks.iter_mut().enumerate() {
+            assert!(s.try_wait().unwrap().is_none(), "sink {i} exited");
+        }
+        assert!(
+            Instant::now() < deadline,
+            "the sinks did not commit everything; logs in {}",
+            dir.display()
+        );
+        tokio::time::sleep(Duration::from_millis(500)).await;
+    }
+}
+
+/// SIGTERM, a graceful stop, and each sink must exit successfully.
+fn stop_gracefully(sinks: Vec<Child>) {
+    for mut s in sinks {
+        Command::new("kill")
+            .arg(s.id().to_string())
+            .status()
+            .unwrap();
+        assert!(s.wait().unwrap().success());
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn sinks_killed_at_random_points_land_every_record_exactly_once() {
+    let s3 = common::service_env("EDGE_INGEST_S3");
+    let id = common::unique_id();
+    let bucket = format!("crash-{id}");
+    common::pyarrow(&["--s3-endpoint", &s3, "--bucket", &bucket, "--create-bucket"]);
+
+    let cluster = MockCluster::new(1).unwrap();
+    cluster.create_topic(TOPIC, PARTITIONS, 1).unwrap();
+    let bootstrap = cluster.bootstrap_servers();
+    let dir = tempfile::tempdir().unwrap();
+    let config = write_config(dir.path(), &bootstrap, &s3, &bucket);
 
     let sent = support::readings(6_000, 11);
     let producer: FutureProducer = ClientConfig::new()
@@ -133,35 +176,61 @@ staging_dir = "{staging}"
     }
     assert!(kills >= 3, "only {kills} kills");
 
-    let deadline = Instant::now() + Duration::from_secs(120);
-    loop {
-        let done = {
-            let bootstrap = bootstrap.clone();
-            tokio::task::spawn_blocking(move || caught_up(&bootstrap))
-                .await
-                .unwrap()
-        };
-        if done {
-            break;
-        }
-        for (i, s) in sinks.iter_mut().enumerate() {
-            assert!(s.try_wait().unwrap().is_none(), "sink {i} exited");
-        }
-        assert!(
-            Instant::now() < deadline,
-            "the sinks did not commit everything; logs in {}",
-            dir.path().display()
-        );
-        tokio::time::sleep(Duration::from_millis(500)).await;
-    }
-    for s in &mut sinks {
-        // SIGTERM: a graceful stop.
-        Command::new("kill")
-            .arg(s.id().to_string())
-            .status()
-            .unwrap();
-        assert!(s.wait().unwrap().success());
-    }
+    wait_caught_up(&bootstrap, &mut sinks, dir.path()).await;
+    stop_gracefully(sinks);
+    let landed = common::pyarrow_s3(&s3, &bucket, "landing/");
+    common::assert_landed_exactly(&sent, &landed);
+    drop(cluster);
+}
+
+/// A sink killed while S3 is unreachable, with files finished and their uploads failing and
+/// retried: it committed none of their offsets, so the sink started after it (S3 back) reads
+/// those records again and lands every one exactly once.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_sink_killed_during_an_s3_outage_loses_nothing() {
+    let s3 = common::service_env("EDGE_INGEST_S3");
+    let bucket = format!("outage-kill-{}", common::unique_id());
+    common::pyarrow(&["--s3-endpoint", &s3, "--bucket", &bucket, "--create-bucket"]);
+    let moto_port: u16 = s3.rsplit(':').next().unwrap().parse().unwrap();
+    let front = common::free_port();
+    let link = common::proxy(front, moto_port).await;
+    let cluster = MockCluster::new(1).unwrap();
+    cluster.create_topic(TOPIC, PARTITIONS, 1).unwrap();
+    let bootstrap = cluster.bootstrap_servers();
+    let dir = tempfile::tempdir().unwrap();
+    let config = write_config(
+        dir.path(),
+        &bootstrap,
+        &format!("http://127.0.0.1:{front}"),
+        &bucket,
+    );
+    let sent = support::readings(3_000, 17);
+    let producer: FutureProducer = ClientConfig::new()
+        .set("bootstrap.servers", &bootstrap)
+        .create()
+        .unwrap();
+    let sink = start_sink(&config, &dir.path().join("sink-0.log"));
+    support::produce(&producer, TOPIC, &sent[..1_000]).await;
+    let mut sinks = vec![sink];
+    wait_caught_up(&bootstrap, &mut sinks, dir.path()).await;
+    // S3 goes away; the next records make files whose uploads fail and are retried (files of
+    // 150 records, and the 400 ms idle rotation for the rest).
+    link.cancel();
+    support::produce(&producer, TOPIC, &sent[1_000..2_000]).await;
+    tokio::time::sleep(Duration::from_secs(4)).await;
+    let log = std::fs::read_to_string(dir.path().join("sink-0.log")).unwrap();
+    assert!(
+        !tokio::task::block_in_place(|| caught_up(&bootstrap)),
+        "nothing is committed while S3 is unreachable; log:\n{log}"
+    );
+    let mut sink = sinks.pop().unwrap();
+    sink.kill().unwrap(); // SIGKILL
+    sink.wait().unwrap();
+    let _back = common::proxy(front, moto_port).await;
+    let mut sinks = vec![start_sink(&config, &dir.path().join("sink-1.log"))];
+    support::produce(&producer, TOPIC, &sent[2_000..]).await;
+    wait_caught_up(&bootstrap, &mut sinks, dir.path()).await;
+    stop_gracefully(sinks);
     let landed = common::pyarrow_s3(&s3, &bucket, "landing/");
     common::assert_landed_exactly(&sent, &landed);
     drop(cluster);
