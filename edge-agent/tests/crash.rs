@@ -8,8 +8,9 @@ use std::time::{Duration, Instant};
 
 use rand::Rng;
 use support::{
-    Faults, Stub, assert_enough_kills, free_port, mqtt_publish, readings, report_and_check,
-    run_with_kills, service_env, sigkill, spawn_agent, wait_for_port, write_config,
+    Faults, Stub, assert_enough_kills, file_source_toml, free_port, mqtt_publish, readings,
+    report_and_check, run_with_kills, service_env, sigkill, spawn_agent, wait_for_port,
+    write_config,
 };
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -25,17 +26,28 @@ async fn sigkill_at_random_points_loses_nothing_and_lands_nothing_twice() {
     let dir = tempfile::tempdir().unwrap();
     // 60,000 distinct readings and 12,000 re-sent ones.
     let (lines, expected) = readings(60_000, 40, 5, 1);
-    let input = dir.path().join("readings.ndjson");
-    std::fs::write(&input, lines.join("\n") + "\n").unwrap();
-    let cfg = write_config(
+    let cfg = file_agent(
         dir.path(),
-        &stub.url(),
+        &stub,
         "[batch]\nmax_records = 400\nmax_age_ms = 100\n",
-        &format!("[[sources]]\ntype = \"file\"\npath = {input:?}\nstream = \"sensor_readings\"\n"),
+        &lines,
     );
     let (kills, runs) = run_with_kills(&cfg, dir.path(), (6, 300..2500), 1).await;
     assert_enough_kills(kills);
     report_and_check(&stub, kills, runs, &expected);
+}
+
+/// Writes `lines` to `dir/readings.ndjson` and an agent config (`extra` keys) that reads it into
+/// `stub`; returns the config's path.
+fn file_agent(
+    dir: &std::path::Path,
+    stub: &Stub,
+    extra: &str,
+    lines: &[String],
+) -> std::path::PathBuf {
+    let input = dir.join("readings.ndjson");
+    std::fs::write(&input, lines.join("\n") + "\n").unwrap();
+    write_config(dir, &stub.url(), extra, &file_source_toml(&input, ""))
 }
 
 /// Once the last agent has delivered everything (or a minute passed) and a second more for
@@ -215,13 +227,11 @@ async fn sigkill_with_a_full_spool_loses_nothing() {
     let dir = tempfile::tempdir().unwrap();
     // 22 MB of NDJSON, about 3 MB as batches: 1 MiB of spool holds a third of it.
     let (lines, expected) = readings(200_000, 1000, 0, 17);
-    let input = dir.path().join("readings.ndjson");
-    std::fs::write(&input, lines.join("\n") + "\n").unwrap();
-    let cfg = write_config(
+    let cfg = file_agent(
         dir.path(),
-        &stub.url(),
-        "[batch]\nmax_records = 1000\nzstd_level = 1\n[spool]\nmax_mb = 1\nsegment_mb = 1\n",
-        &format!("[[sources]]\ntype = \"file\"\npath = {input:?}\nstream = \"sensor_readings\"\n"),
+        &stub,
+        "[batch]\nmax_records = 1000\nzstd_level = 1\n[spool]\nmax_mb = 1\n",
+        &lines,
     );
     let child = spawn_agent(&cfg, dir.path(), 1);
     // The spool fills within a second; the positions are saved every second.

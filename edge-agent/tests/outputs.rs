@@ -8,16 +8,15 @@ use std::path::Path;
 use std::process::{Command, Stdio};
 use std::time::{Duration, Instant};
 
-use schemas::ContentHash;
-
 use rdkafka::ClientConfig;
 use rdkafka::admin::{AdminClient, AdminOptions, NewTopic, TopicReplication};
 use rdkafka::client::DefaultClientContext;
 use rdkafka::consumer::{BaseConsumer, Consumer};
 use rdkafka::message::{Headers, Message};
+use schemas::ContentHash;
 use support::{
-    Faults, Stub, assert_enough_kills, assert_exactly_once, config, readings, run_with_kills,
-    service_env,
+    Faults, Stub, assert_enough_kills, assert_exactly_once, config, file_source_toml, readings,
+    run_with_kills, service_env,
 };
 
 /// Creates `topic` with `partitions` partitions on the test broker.
@@ -39,8 +38,8 @@ async fn create_topic(kafka: &str, topic: &str, partitions: i32) {
 }
 
 /// Reads `topic` from the start until at least `count` messages came and none for `quiet` (or
-/// a minute passed), checking each against the gateway's wire format (value, key, headers); returns how often
-/// each content hash came.
+/// a minute passed), checking each against the gateway's wire format (value, key, headers);
+/// returns how often each content hash came.
 fn read_topic(
     kafka: &str,
     topic: &str,
@@ -94,10 +93,10 @@ fn read_topic(
 fn kafka_config(dir: &Path, kafka: &str, prefix: &str, batch: &str, file: &Path) -> String {
     format!(
         "streams_dir = {streams:?}\nstate_dir = {state:?}\n[kafka]\nbrokers = \"{kafka}\"\n\
-         topic_prefix = \"{prefix}\"\n[batch]\n{batch}\n[[sources]]\ntype = \"file\"\n\
-         path = {file:?}\nstream = \"sensor_readings\"\n",
+         topic_prefix = \"{prefix}\"\n[batch]\n{batch}\n{source}",
         streams = Path::new(env!("CARGO_MANIFEST_DIR")).join("../streams"),
         state = dir.join("state"),
+        source = file_source_toml(file, ""),
     )
 }
 

@@ -78,9 +78,7 @@ fn file_source(dir: &Path, stub: &Stub, batch: &str, path: &Path, more: &str) ->
         &dir.join("state"),
         &stub.url(),
         &format!("[batch]\n{batch}\n"),
-        &format!(
-            "[[sources]]\ntype = \"file\"\npath = {path:?}\nstream = \"sensor_readings\"\n{more}"
-        ),
+        &support::file_source_toml(path, more),
     )
 }
 

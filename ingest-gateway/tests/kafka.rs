@@ -708,8 +708,8 @@ async fn schemathesis_finds_no_violations_of_the_openapi_document() {
 }
 
 /// The gateway binary on `config` (a TOML file), listening on `port`; returns once it accepts
-/// connections.
-fn spawn_gateway(config: &Path, port: u16, log: &Path) -> Child {
+/// connections (waiting on the runtime's timer, not blocking one of its threads).
+async fn spawn_gateway(config: &Path, port: u16, log: &Path) -> Child {
     let child = Command::new(env!("CARGO_BIN_EXE_ingest-gateway"))
         .arg("--config")
         .arg(config)
@@ -718,9 +718,12 @@ fn spawn_gateway(config: &Path, port: u16, log: &Path) -> Child {
         .spawn()
         .unwrap();
     let deadline = Instant::now() + Duration::from_secs(30);
-    while std::net::TcpStream::connect(("127.0.0.1", port)).is_err() {
+    while tokio::net::TcpStream::connect(("127.0.0.1", port))
+        .await
+        .is_err()
+    {
         assert!(Instant::now() < deadline, "the gateway did not start");
-        std::thread::sleep(Duration::from_millis(20));
+        tokio::time::sleep(Duration::from_millis(20)).await;
     }
     child
 }
@@ -758,7 +761,7 @@ async fn sigkill_at_random_points_loses_no_acknowledged_record() {
     )
     .unwrap();
     let mut runs = 1;
-    let mut gateway = spawn_gateway(&config, port, &dir.path().join("gateway-1.log"));
+    let mut gateway = spawn_gateway(&config, port, &dir.path().join("gateway-1.log")).await;
     let url = format!("http://127.0.0.1:{port}/v1/streams/sensor_readings/records");
     // Clients take the next batch, and post it until it is answered 200.
     let next = std::sync::Arc::new(AtomicU64::new(0));
@@ -812,7 +815,7 @@ async fn sigkill_at_random_points_loses_no_acknowledged_record() {
         tokio::time::sleep(Duration::from_millis(down)).await;
         runs += 1;
         let log = dir.path().join(format!("gateway-{runs}.log"));
-        gateway = spawn_gateway(&config, port, &log);
+        gateway = spawn_gateway(&config, port, &log).await;
     }
     for c in clients {
         c.await.unwrap();

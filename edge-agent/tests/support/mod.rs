@@ -21,6 +21,12 @@ use rand::Rng;
 use schemas::api::IngestResponse;
 use schemas::{ContentHash, Streams};
 
+// The end-to-end tests' helpers: service addresses, free ports.
+#[path = "../../../loadtest/tests/common/mod.rs"]
+mod common;
+#[allow(unused_imports)] // not every test file uses both
+pub use common::{free_port, service_env};
+
 /// How often the stub misbehaves, in percent of requests.
 #[derive(Debug, Clone, Copy, Default)]
 pub struct Faults {
@@ -235,15 +241,6 @@ fn record(
     .into_response()
 }
 
-/// A variable exported by `scripts/test.sh`; a test that needs a service fails loudly without.
-pub fn service_env(name: &str) -> String {
-    std::env::var(name).unwrap_or_else(|_| {
-        panic!(
-            "{name} is not set: run the suite with scripts/test.sh, which starts the test services"
-        )
-    })
-}
-
 /// Sensor readings as NDJSON lines: `n` distinct ones over `devices` devices, with every
 /// `dup_every`-th line repeating an earlier one. Returns the lines and the distinct hashes.
 pub fn readings(
@@ -303,6 +300,11 @@ pub fn assert_exactly_once(landed: &HashMap<ContentHash, u32>, expected: &[Conte
 /// A config for the agent: `sources` and `extra` are TOML fragments.
 pub fn config(state: &std::path::Path, gateway: &str, extra: &str, sources: &str) -> String {
     config_with_root(state, gateway, "", extra, sources)
+}
+
+/// A `[[sources]]` entry tailing `path` into sensor_readings, with `more` keys of the source.
+pub fn file_source_toml(path: &std::path::Path, more: &str) -> String {
+    format!("[[sources]]\ntype = \"file\"\npath = {path:?}\nstream = \"sensor_readings\"\n{more}")
 }
 
 /// Writes [`config`] (state in `dir/state`) to `dir/agent.toml` and returns its path.
@@ -472,12 +474,4 @@ pub async fn wait_for_port(port: u16) {
         );
         tokio::time::sleep(Duration::from_millis(50)).await;
     }
-}
-
-pub fn free_port() -> u16 {
-    std::net::TcpListener::bind("127.0.0.1:0")
-        .unwrap()
-        .local_addr()
-        .unwrap()
-        .port()
 }
