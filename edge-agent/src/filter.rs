@@ -39,8 +39,10 @@ pub enum Aggregate {
 #[derive(Debug, Clone, Deserialize)]
 #[serde(tag = "type", rename_all = "snake_case", deny_unknown_fields)]
 pub enum FilterConfig {
-    /// Keeps the records for which `field op value` holds. A missing (null) field satisfies only
-    /// `ne` and `not_in`.
+    /// Keeps the records for which `field op value` holds. `value` is read as the field's type
+    /// reads it (a timestamp as an RFC 3339 string or epoch milliseconds or microseconds, as in
+    /// the records); a value the field cannot hold is a configuration error. A missing (null)
+    /// field satisfies only `ne` and `not_in`.
     Predicate {
         field: String,
         op: CmpOp,
@@ -132,13 +134,26 @@ impl FilterConfig {
                 op,
                 value,
             } => {
-                if matches!(op, CmpOp::In | CmpOp::NotIn) && !value.is_array() {
-                    return Err(format!("'{f}' {op:?}: value must be a list"));
-                }
+                let i = field(f)?;
+                let items: Vec<&Json> = match (op, value) {
+                    (CmpOp::In | CmpOp::NotIn, Json::Array(items)) => items.iter().collect(),
+                    (CmpOp::In | CmpOp::NotIn, _) => {
+                        return Err(format!("'{f}' {op:?}: value must be a list"));
+                    }
+                    _ => vec![value],
+                };
+                let ty = &def.fields[i].ty;
+                let literals = items
+                    .into_iter()
+                    .map(|item| {
+                        literal(ty, item)
+                            .ok_or_else(|| format!("'{f}' {op:?}: {item} is not a value of {ty}"))
+                    })
+                    .collect::<Result<_, _>>()?;
                 Filter::Predicate {
-                    field: field(f)?,
+                    field: i,
                     op: *op,
-                    value: value.clone(),
+                    literals,
                 }
             }
             FilterConfig::Deadband {
@@ -228,7 +243,8 @@ enum Filter {
     Predicate {
         field: usize,
         op: CmpOp,
-        value: Json,
+        /// One value, or the items of `in` and `not_in`, as the field's type holds them.
+        literals: Vec<Value>,
     },
     Deadband {
         field: usize,
@@ -275,28 +291,42 @@ fn number(v: &Value) -> Option<f64> {
     }
 }
 
-fn compare(v: &Value, literal: &Json) -> Option<Ordering> {
-    match (v, literal) {
-        (Value::Int(_) | Value::Float(_), Json::Number(n)) => number(v)?.partial_cmp(&n.as_f64()?),
-        (Value::Timestamp(t), Json::Number(n)) => (*t as f64).partial_cmp(&n.as_f64()?),
-        (Value::Str(s), Json::String(l)) => Some(s.as_str().cmp(l)),
-        (Value::Bool(b), Json::Bool(l)) => Some(b.cmp(l)),
+/// A predicate's literal as a value of a field of type `ty`: numbers for int64 and float64
+/// fields (any number: `quality lt 191.5` is fine), a timestamp as the records give one, a string
+/// or a bool; `None` for anything else, and for list and map fields.
+fn literal(ty: &FieldType, json: &Json) -> Option<Value> {
+    match (ty, json) {
+        (FieldType::Int64 | FieldType::Float64, Json::Number(n)) => n.as_f64().map(Value::Float),
+        (FieldType::Timestamp, json) => schemas::value::parse_timestamp(json).map(Value::Timestamp),
+        (FieldType::String, Json::String(s)) => Some(Value::Str(s.as_str().into())),
+        (FieldType::Bool, Json::Bool(b)) => Some(Value::Bool(*b)),
         _ => None,
     }
 }
 
-fn holds(v: &Value, op: CmpOp, literal: &Json) -> bool {
-    let eq = |lit: &Json| compare(v, lit) == Some(Ordering::Equal);
-    let ord = compare(v, literal);
+fn compare(v: &Value, literal: &Value) -> Option<Ordering> {
+    match (v, literal) {
+        (Value::Int(_) | Value::Float(_), Value::Float(l)) => number(v)?.partial_cmp(l),
+        (Value::Timestamp(t), Value::Timestamp(l)) => Some(t.cmp(l)),
+        (Value::Str(s), Value::Str(l)) => Some(s.cmp(l)),
+        (Value::Bool(b), Value::Bool(l)) => Some(b.cmp(l)),
+        _ => None,
+    }
+}
+
+/// Whether `v op literals` holds (`literals`: one value, or the items of `in` and `not_in`).
+fn holds(v: &Value, op: CmpOp, literals: &[Value]) -> bool {
+    let eq = |lit: &Value| compare(v, lit) == Some(Ordering::Equal);
+    let ord = || literals.first().and_then(|l| compare(v, l));
     match op {
-        CmpOp::Eq => eq(literal),
-        CmpOp::Ne => !eq(literal),
-        CmpOp::Lt => ord == Some(Ordering::Less),
-        CmpOp::Le => matches!(ord, Some(Ordering::Less | Ordering::Equal)),
-        CmpOp::Gt => ord == Some(Ordering::Greater),
-        CmpOp::Ge => matches!(ord, Some(Ordering::Greater | Ordering::Equal)),
-        CmpOp::In => literal.as_array().is_some_and(|items| items.iter().any(eq)),
-        CmpOp::NotIn => !literal.as_array().is_some_and(|items| items.iter().any(eq)),
+        CmpOp::Eq => literals.first().is_some_and(eq),
+        CmpOp::Ne => !literals.first().is_some_and(eq),
+        CmpOp::Lt => ord() == Some(Ordering::Less),
+        CmpOp::Le => matches!(ord(), Some(Ordering::Less | Ordering::Equal)),
+        CmpOp::Gt => ord() == Some(Ordering::Greater),
+        CmpOp::Ge => matches!(ord(), Some(Ordering::Greater | Ordering::Equal)),
+        CmpOp::In => literals.iter().any(eq),
+        CmpOp::NotIn => !literals.iter().any(eq),
     }
 }
 
@@ -305,8 +335,12 @@ impl Filter {
     /// Returns how many records were dropped for good.
     fn apply(&mut self, def: &StreamDef, record: Record, out: &mut Vec<Record>) -> u64 {
         match self {
-            Filter::Predicate { field, op, value } => {
-                if holds(&record.values[*field], *op, value) {
+            Filter::Predicate {
+                field,
+                op,
+                literals,
+            } => {
+                if holds(&record.values[*field], *op, literals) {
                     out.push(record);
                     0
                 } else {

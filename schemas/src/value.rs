@@ -186,7 +186,9 @@ fn convert(ty: &FieldType, json: Json, path: &str) -> Result<Value, RecordError>
     }
 }
 
-fn parse_timestamp(json: &Json) -> Option<i64> {
+/// A timestamp (epoch microseconds) from JSON as a record's timestamp field takes it: an RFC 3339
+/// string or an integer of epoch milliseconds (|n| < 10^14) or microseconds.
+pub fn parse_timestamp(json: &Json) -> Option<i64> {
     match json {
         Json::String(s) => timestamp_from_str(s),
         Json::Number(n) => timestamp_from_int(n),

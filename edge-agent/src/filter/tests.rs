@@ -98,6 +98,52 @@ fn deadband_percent_of_range_per_series() {
 }
 
 #[test]
+fn deadband_percent_of_a_range_that_does_not_start_at_zero() {
+    // 1 % of 100..300 = 2.
+    let mut c = chain(
+        json!({"type": "deadband", "field": "value", "percent": 1.0, "range": [100.0, 300.0], "send_previous": false}),
+    );
+    let input = [("t", 0, 200.0), ("t", 1, 201.9), ("t", 2, 202.1)];
+    assert_eq!(run(&mut c, &input, false), [(0, 200.0), (2, 202.1)]);
+}
+
+#[test]
+fn deadband_series_are_device_and_sensor_by_default() {
+    // Readings of one sensor with another quality or unit are the same series: only the
+    // partition key and the other required string fields (`sensor`) tell series apart.
+    let d = def();
+    let mut c = chain(
+        json!({"type": "deadband", "field": "value", "absolute": 1.0, "send_previous": false}),
+    );
+    let mut out = Vec::new();
+    for (sec, quality, unit) in [(0, 192, "degC"), (1, 0, "degF"), (2, 64, "degC")] {
+        let json = json!({"device_id": "d1", "sensor": "t", "ts": sec * 1000, "value": 20.0, "quality": quality, "unit": unit});
+        c.apply(&d, schemas::validate(&d, json).unwrap(), &mut out);
+    }
+    assert_eq!(out.len(), 1);
+    // Another device is another series.
+    let json = json!({"device_id": "d2", "sensor": "t", "ts": 3000, "value": 20.0});
+    c.apply(&d, schemas::validate(&d, json).unwrap(), &mut out);
+    assert_eq!(out.len(), 2);
+}
+
+#[test]
+fn deadband_keeps_the_held_reading_across_periodic_flushes() {
+    // The pipeline flushes the filters without `all` as batches close; a held reading must
+    // survive that to be sent as the corner of a later step.
+    let d = def();
+    let mut c = chain(json!({"type": "deadband", "field": "value", "absolute": 1.0}));
+    let mut out = Vec::new();
+    c.apply(&d, reading("t", 0, 20.0), &mut out);
+    c.apply(&d, reading("t", 1, 20.5), &mut out);
+    c.flush(&d, false, &mut out);
+    c.apply(&d, reading("t", 2, 25.0), &mut out);
+    let secs: Vec<i64> = out.iter().map(|r| r.event_time(&d) / 1_000_000).collect();
+    assert_eq!(secs, [0, 1, 2]);
+    assert_eq!(dropped(&mut c), 0);
+}
+
+#[test]
 fn deadband_heartbeat_after_max_silence() {
     let mut c = chain(
         json!({"type": "deadband", "field": "value", "absolute": 5.0, "max_silence_secs": 60}),
@@ -127,6 +173,24 @@ fn deadband_config_errors() {
     assert!(
         bad(json!({"type": "deadband", "field": "nope", "absolute": 1.0}))
             .contains("no field 'nope'")
+    );
+    // Negative bands and empty ranges.
+    assert!(bad(json!({"type": "deadband", "field": "value", "absolute": -1.0})).contains("≥ 0"));
+    for range in [[10.0, 10.0], [10.0, 0.0]] {
+        assert!(
+            bad(json!({"type": "deadband", "field": "value", "percent": 1.0, "range": range}))
+                .contains("low < high")
+        );
+    }
+    assert!(
+        bad(json!({"type": "deadband", "field": "value", "percent": -1.0, "range": [0.0, 1.0]}))
+            .contains("low < high")
+    );
+    // Downsampling by nothing.
+    assert!(bad(json!({"type": "downsample", "every": 0})).contains("downsample"));
+    assert!(
+        bad(json!({"type": "downsample", "window_secs": 0, "aggregate": "max", "field": "value"}))
+            .contains("downsample")
     );
 }
 
@@ -169,11 +233,93 @@ fn predicates() {
         json!({"type": "predicate", "field": "unit", "op": "ne", "value": "degC"}),
         r.clone()
     ));
-    // A literal of the wrong type never compares equal.
-    assert!(!keep(
-        json!({"type": "predicate", "field": "sensor", "op": "eq", "value": 1}),
-        r
+    // An int64 field against any number.
+    assert!(keep(
+        json!({"type": "predicate", "field": "quality", "op": "gt", "value": 191.5}),
+        r.clone()
     ));
+    // A timestamp literal is read as the records' timestamps are: epoch milliseconds (as the
+    // reading's `ts` is written), microseconds or RFC 3339. This reading is at 1970-01-01T00:00:01.
+    let r = reading("temp", 1, 21.5);
+    for (op, value, kept) in [
+        ("eq", json!(1000), true),
+        ("lt", json!(1001), true),
+        ("gt", json!(999), true),
+        ("ge", json!(1001), false),
+        // 10^14 and more are microseconds: 100,000,000 s after the epoch.
+        ("lt", json!(100_000_000_000_000i64), true),
+        ("eq", json!("1970-01-01T00:00:01Z"), true),
+        ("gt", json!("1970-01-01T00:00:00.999999Z"), true),
+        ("in", json!(["1970-01-01T00:00:02Z", 1000]), true),
+        ("not_in", json!(["1970-01-01T00:00:01Z"]), false),
+    ] {
+        assert_eq!(
+            keep(
+                json!({"type": "predicate", "field": "ts", "op": op, "value": value}),
+                r.clone()
+            ),
+            kept,
+            "ts {op} {value}"
+        );
+    }
+}
+
+#[test]
+fn predicate_on_a_bool_field() {
+    let d = schemas::example_streams()
+        .get("vehicle_telemetry")
+        .unwrap()
+        .clone();
+    let record = |ignition: bool| {
+        let json = json!({"vehicle_id": "v1", "recorded_at": 0, "lat": 0.0, "lon": 0.0, "ignition": ignition});
+        schemas::validate(&d, json).unwrap()
+    };
+    let config: FilterConfig = serde_json::from_value(
+        json!({"type": "predicate", "field": "ignition", "op": "eq", "value": true}),
+    )
+    .unwrap();
+    let mut c = FilterChain::new(&d, &[config]).unwrap();
+    let mut out = Vec::new();
+    for ignition in [true, false, true] {
+        c.apply(&d, record(ignition), &mut out);
+    }
+    assert_eq!(out.len(), 2);
+    assert_eq!(c.take_dropped(), [("predicate", 1)]);
+    // A list field cannot be compared.
+    let config: FilterConfig = serde_json::from_value(
+        json!({"type": "predicate", "field": "fault_codes", "op": "eq", "value": "P0001"}),
+    )
+    .unwrap();
+    assert!(config.check(&d).unwrap_err().contains("is not a value of"));
+}
+
+#[test]
+fn predicate_literals_the_field_cannot_hold_are_config_errors() {
+    let d = def();
+    let bad = |v: serde_json::Value| {
+        serde_json::from_value::<FilterConfig>(v)
+            .unwrap()
+            .check(&d)
+            .unwrap_err()
+    };
+    // Before, these compared unequal to every record: `sensor eq 1` dropped everything and
+    // `sensor ne 1` nothing, silently.
+    for v in [
+        json!({"type": "predicate", "field": "sensor", "op": "eq", "value": 1}),
+        json!({"type": "predicate", "field": "value", "op": "gt", "value": "20"}),
+        json!({"type": "predicate", "field": "ts", "op": "gt", "value": "yesterday"}),
+        json!({"type": "predicate", "field": "sensor", "op": "in", "value": ["temp", 2]}),
+    ] {
+        assert!(bad(v.clone()).contains("is not a value of"), "{v}");
+    }
+    assert!(
+        bad(json!({"type": "predicate", "field": "sensor", "op": "in", "value": "temp"}))
+            .contains("must be a list")
+    );
+    assert!(
+        bad(json!({"type": "predicate", "field": "nope", "op": "eq", "value": 1}))
+            .contains("no field 'nope'")
+    );
 }
 
 #[test]
@@ -236,4 +382,45 @@ fn old_windows_are_emitted_without_waiting_for_the_end() {
         1,
         "a's window [0, 10) is two windows behind the latest reading"
     );
+    // With the latest reading at 35 s, a window that ended by 25 s is over; [20, 30) is not.
+    let mut c = chain(
+        json!({"type": "downsample", "window_secs": 10, "aggregate": "max", "field": "value"}),
+    );
+    let mut out = Vec::new();
+    for (sensor, sec) in [("a", 10), ("b", 20), ("c", 35)] {
+        c.apply(&d, reading(sensor, sec, 1.0), &mut out);
+    }
+    c.flush(&d, false, &mut out);
+    let starts: Vec<i64> = out.iter().map(|r| r.event_time(&d) / 1_000_000).collect();
+    assert_eq!(starts, [10]);
+}
+
+#[test]
+fn downsample_an_int_field_keeps_it_an_int() {
+    let d = def();
+    let mut c = chain(
+        json!({"type": "downsample", "window_secs": 60, "aggregate": "mean", "field": "quality"}),
+    );
+    let mut out = Vec::new();
+    for (sec, quality) in [(0, 192), (10, 0), (20, 0)] {
+        let json = json!({"device_id": "d1", "sensor": "t", "ts": sec * 1000, "value": 1.0, "quality": quality});
+        c.apply(&d, schemas::validate(&d, json).unwrap(), &mut out);
+    }
+    c.flush(&d, true, &mut out);
+    assert_eq!(out.len(), 1);
+    assert_eq!(out[0].values[5], Value::Int(64));
+}
+
+#[test]
+fn series_by_an_int_key_field() {
+    let mut c = chain(json!({"type": "downsample", "every": 2, "key_fields": ["quality"]}));
+    let d = def();
+    let mut out = Vec::new();
+    for (sec, quality) in [(0, 192), (1, 0), (2, 192), (3, 0), (4, 192)] {
+        let json = json!({"device_id": "d1", "sensor": "t", "ts": sec * 1000, "value": 1.0, "quality": quality});
+        c.apply(&d, schemas::validate(&d, json).unwrap(), &mut out);
+    }
+    // Every 2nd per quality: 192 at 0 and 4, 0 at 1.
+    let secs: Vec<i64> = out.iter().map(|r| r.event_time(&d) / 1_000_000).collect();
+    assert_eq!(secs, [0, 1, 4]);
 }
