@@ -375,6 +375,11 @@ mod tests {
         assert!(w.insert(3, 113));
         assert_eq!(w.len(), 1);
         assert!(!w.contains(4, 113));
+        // An entry is forgotten once more than the age limit has passed, not at the limit.
+        let mut w = DigestWindow::new(3, 10);
+        assert!(w.insert(7, 100));
+        assert!(w.contains(7, 110) && !w.insert(7, 110));
+        assert!(!w.contains(7, 111) && w.insert(7, 111));
         let mut off = DigestWindow::new(0, 0);
         assert!(off.insert(1, 0) && off.insert(1, 0));
     }
@@ -524,8 +529,9 @@ mod tests {
         for (max_age, per_entry) in [(0, MAX_UNTIMED_ENTRY_BYTES), (60, MAX_ENTRY_BYTES)] {
             for capacity in [1_000, 100_000, 1 << 20, 1_000_000] {
                 let w = DigestWindow::new(capacity, max_age);
+                // And not much less: the sink sizes its windows by this figure.
                 assert!(
-                    w.memory_bytes() <= capacity * per_entry,
+                    (capacity * (per_entry - 1)..=capacity * per_entry).contains(&w.memory_bytes()),
                     "{capacity} entries, age limit {max_age}: {} bytes",
                     w.memory_bytes()
                 );

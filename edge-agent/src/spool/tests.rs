@@ -274,3 +274,145 @@ proptest! {
         stored(spool.append(&batch(99, 5), Overflow::Block, &never()).unwrap());
     }
 }
+
+/// Bytes of a spooled entry holding `batch(_, body)`.
+fn entry_len(body: usize) -> u64 {
+    (HEADER + META + body) as u64
+}
+
+/// Quarantined regions on disk: (file name, length).
+fn quarantined(dir: &Path) -> Vec<(String, u64)> {
+    let mut found = Vec::new();
+    let mut dirs = vec![dir.to_owned()];
+    while let Some(d) = dirs.pop() {
+        for e in fs::read_dir(&d).unwrap() {
+            let path = e.unwrap().path();
+            if path.is_dir() {
+                dirs.push(path);
+            } else if path.to_string_lossy().contains(".spool.at-") {
+                let name = path.file_name().unwrap().to_string_lossy().into_owned();
+                found.push((name, fs::metadata(&path).unwrap().len()));
+            }
+        }
+    }
+    found
+}
+
+#[test]
+fn an_acknowledgement_inside_a_segment_survives_a_restart() {
+    let dir = tempfile::tempdir().unwrap();
+    // Two entries fill a segment exactly.
+    let opts = options(1 << 20, 2 * entry_len(100));
+    let (spool, _) = open(dir.path(), opts.clone());
+    for i in 0..5 {
+        stored(
+            spool
+                .append(&batch(i, 100), Overflow::Block, &never())
+                .unwrap(),
+        );
+    }
+    assert_eq!(segment_files(dir.path()).len(), 3, "[0, 1] [2, 3] [4]");
+    // Entry 2 is acknowledged, 3 in its segment is not: the segment stays, 2 must not come back.
+    spool.ack(2).unwrap();
+    assert_eq!(segment_files(dir.path()).len(), 2);
+    drop(spool);
+    let (spool, recovery) = open(dir.path(), opts.clone());
+    assert_eq!(
+        (recovery.pending_batches, recovery.pending_records),
+        (2, 4 + 5)
+    );
+    assert_eq!(drain(&spool), vec![batch(3, 100), batch(4, 100)]);
+    drop(spool);
+    // An unreadable acknowledgement file re-sends what the segments still hold (the receiver
+    // drops it by its batch id) rather than losing any of it.
+    let (spool, _) = open(dir.path(), opts.clone());
+    stored(
+        spool
+            .append(&batch(7, 100), Overflow::Block, &never())
+            .unwrap(),
+    );
+    drop(spool);
+    fs::write(dir.path().join("s").join(ACKED_FILE), "garbage").unwrap();
+    let (spool, recovery) = open(dir.path(), opts);
+    assert_eq!(recovery.pending_batches, 1);
+    assert_eq!(drain(&spool), vec![batch(7, 100)]);
+}
+
+#[test]
+fn damage_before_the_end_is_quarantined_not_cut_as_a_torn_tail() {
+    // A flipped byte in the body of `entry` (0-based) of four entries, two per segment: a torn
+    // write only ever hits the end of the last segment, so this is damage to set aside, whether
+    // the entry ends a segment (1) or the whole spool (3, its length still in bounds).
+    for entry in [1u64, 3] {
+        let dir = tempfile::tempdir().unwrap();
+        let opts = options(1 << 20, 2 * entry_len(100));
+        let (spool, _) = open(dir.path(), opts.clone());
+        for i in 0..4 {
+            stored(
+                spool
+                    .append(&batch(i, 100), Overflow::Block, &never())
+                    .unwrap(),
+            );
+        }
+        drop(spool);
+        let file = &segment_files(dir.path())[(entry / 2) as usize];
+        let mut bytes = fs::read(file).unwrap();
+        let at = (entry % 2 * entry_len(100)) as usize + HEADER + META + 10;
+        bytes[at] ^= 0x40;
+        fs::write(file, &bytes).unwrap();
+        let (spool, recovery) = open(dir.path(), opts);
+        assert_eq!(recovery.torn_bytes, 0, "entry {entry}");
+        assert_eq!(recovery.quarantined_regions, 1, "entry {entry}");
+        assert_eq!(recovery.quarantined_bytes, entry_len(100));
+        let q = quarantined(dir.path());
+        assert_eq!(q.len(), 1);
+        assert_eq!(q[0].1, entry_len(100));
+        let expected: Vec<Batch> = (0..4)
+            .filter(|&i| u64::from(i) != entry)
+            .map(|i| batch(i, 100))
+            .collect();
+        assert_eq!(drain(&spool), expected, "entry {entry}");
+    }
+}
+
+#[test]
+fn the_limit_is_exact_and_drop_oldest_takes_a_partly_acknowledged_segment() {
+    let dir = tempfile::tempdir().unwrap();
+    // Room for exactly four entries, two per segment.
+    let opts = options(4 * entry_len(100), 2 * entry_len(100));
+    let (spool, _) = open(dir.path(), opts);
+    for i in 0..4 {
+        stored(
+            spool
+                .append(&batch(i, 100), Overflow::Block, &never())
+                .unwrap(),
+        );
+    }
+    assert_eq!(
+        spool
+            .append(&batch(4, 100), Overflow::DropNewest, &never())
+            .unwrap(),
+        Appended::Dropped,
+        "full"
+    );
+    // The oldest segment holds 0 (acknowledged) and 1: dropping it frees both entries' room.
+    spool.ack(0).unwrap();
+    stored(
+        spool
+            .append(&batch(5, 100), Overflow::DropOldest, &never())
+            .unwrap(),
+    );
+    assert_eq!(spool.pending(), (3, 3 + 4 + 6));
+    assert_eq!(segment_files(dir.path()).len(), 2);
+    assert_eq!(
+        drain(&spool),
+        vec![batch(2, 100), batch(3, 100), batch(5, 100)]
+    );
+    // A batch as large as the whole spool fits an empty one.
+    let whole = (4 * entry_len(100)) as usize - HEADER - META;
+    stored(
+        spool
+            .append(&batch(6, whole), Overflow::Block, &never())
+            .unwrap(),
+    );
+}
