@@ -324,6 +324,36 @@ async fn a_refused_token_holds_the_batches_until_it_is_accepted() {
     assert_exactly_once(&stub.landed(), &expected);
 }
 
+/// A 429's `Retry-After` (1 s from the stub) sets the wait before the next attempt; the agent's
+/// own backoff would try again after 125–375 ms.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn retry_after_sets_the_wait_before_the_next_attempt() {
+    let stub = Stub::start(Faults {
+        too_many: 100,
+        ..Faults::default()
+    })
+    .await;
+    let dir = tempfile::tempdir().unwrap();
+    let (lines, expected) = readings(50, 2, 0, 7);
+    let file = dir.path().join("r.ndjson");
+    append(&file, &lines);
+    let cfg = file_source(dir.path(), &stub, "max_records = 100", &file, "");
+    let (agent, _shutdown) = start(&cfg);
+    let deadline = Instant::now() + Duration::from_secs(30);
+    while stub.recorded.lock().unwrap().requests < 4 {
+        assert!(Instant::now() < deadline, "the agent stopped retrying");
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    let arrived = stub.recorded.lock().unwrap().arrived.clone();
+    for pair in arrived.windows(2) {
+        let gap = pair[1] - pair[0];
+        assert!(gap >= Duration::from_millis(950), "retried after {gap:?}");
+    }
+    stub.set_faults(Faults::default());
+    agent.await.unwrap().unwrap();
+    assert_exactly_once(&stub.landed(), &expected);
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn local_http_port_answers_once_records_are_spooled() {
     let stub = Stub::start(Faults::default()).await;

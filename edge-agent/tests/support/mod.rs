@@ -49,6 +49,8 @@ pub struct Recorded {
     pub keys: HashMap<String, blake3::Hash>,
     pub replays: u32,
     pub requests: u32,
+    /// When each request arrived.
+    pub arrived: Vec<std::time::Instant>,
     pub refused: u32,
     pub content_types: HashMap<String, u32>,
     /// Bytes of every request body, as sent on the wire.
@@ -131,6 +133,7 @@ async fn ingest(
     {
         let mut recorded = shared.recorded.lock().unwrap();
         recorded.requests += 1;
+        recorded.arrived.push(std::time::Instant::now());
         recorded.body_bytes += body.len() as u64;
     }
     if faults.unauthorized {
