@@ -156,4 +156,32 @@ mod tests {
         }
         assert!(!again.contains(4, 0));
     }
+
+    #[test]
+    fn a_log_longer_than_the_window_loads_its_newest_entries() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("s.digests");
+        let mut w = DigestWindow::new(4, 0);
+        let mut log = DigestLog::open(&path, &mut w, 0).unwrap();
+        for d in 1..=7u128 {
+            w.insert(d, 5);
+            log.push(d, 5);
+        }
+        log.flush(true).unwrap();
+        drop(log);
+        // Seven entries on disk, a window of four: the last four come back.
+        let mut again = DigestWindow::new(4, 0);
+        let mut log = DigestLog::open(&path, &mut again, 0).unwrap();
+        assert_eq!(again.len(), 4);
+        assert!((4..=7).all(|d| again.contains(d, 0)));
+        assert!((1..=3).all(|d| !again.contains(d, 0)));
+        // The reopened log counts its seven entries: the eighth compacts it to the window.
+        log.push(8, 5);
+        log.flush(true).unwrap();
+        assert_eq!(fs::metadata(&path).unwrap().len(), 4 * ENTRY as u64);
+        drop(log);
+        let mut third = DigestWindow::new(4, 0);
+        DigestLog::open(&path, &mut third, 0).unwrap();
+        assert!((5..=8).all(|d| third.contains(d, 0)));
+    }
 }

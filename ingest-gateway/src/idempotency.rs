@@ -184,6 +184,10 @@ mod tests {
             g.complete(&answer(1));
         }
         assert!(
+            matches!(c.begin("s", "b"), Begin::Replay(_)),
+            "two remembered"
+        );
+        assert!(
             matches!(c.begin("s", "a"), Begin::Fresh(_)),
             "oldest evicted"
         );
