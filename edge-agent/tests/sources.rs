@@ -292,17 +292,22 @@ async fn refused_batches_are_kept_aside_and_the_rest_goes_on() {
     assert_eq!(note["records"], 100);
 }
 
-/// A 401 is the agent's token, not the batch: every batch would get it. The batch stays in the
-/// spool and is retried until the token is accepted, instead of going aside with all the rest.
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn a_refused_token_holds_the_batches_until_it_is_accepted() {
-    let stub = Stub::start(Faults {
-        unauthorized: true,
-        ..Faults::default()
-    })
-    .await;
+/// An agent tailing `n` readings (seed `seed`, batches of 100) into a stub with `faults`, once
+/// the stub has had four requests from it. Returns the stub, the agent's directory, the running
+/// agent and the distinct readings' hashes.
+async fn retried_four_times(
+    faults: Faults,
+    n: usize,
+    seed: u64,
+) -> (
+    Stub,
+    tempfile::TempDir,
+    JoinHandle<anyhow::Result<AgentStats>>,
+    Vec<schemas::ContentHash>,
+) {
+    let stub = Stub::start(faults).await;
     let dir = tempfile::tempdir().unwrap();
-    let (lines, expected) = readings(300, 5, 0, 6);
+    let (lines, expected) = readings(n, 5, 0, seed);
     let file = dir.path().join("r.ndjson");
     append(&file, &lines);
     let cfg = file_source(dir.path(), &stub, "max_records = 100", &file, "");
@@ -310,8 +315,20 @@ async fn a_refused_token_holds_the_batches_until_it_is_accepted() {
     let deadline = Instant::now() + Duration::from_secs(30);
     while stub.recorded.lock().unwrap().requests < 4 {
         assert!(Instant::now() < deadline, "the agent stopped retrying");
-        tokio::time::sleep(Duration::from_millis(50)).await;
+        tokio::time::sleep(Duration::from_millis(20)).await;
     }
+    (stub, dir, agent, expected)
+}
+
+/// A 401 is the agent's token, not the batch: every batch would get it. The batch stays in the
+/// spool and is retried until the token is accepted, instead of going aside with all the rest.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_refused_token_holds_the_batches_until_it_is_accepted() {
+    let faults = Faults {
+        unauthorized: true,
+        ..Faults::default()
+    };
+    let (stub, dir, agent, expected) = retried_four_times(faults, 300, 6).await;
     assert_eq!(stub.landed_total(), 0);
     assert!(
         !dir.path().join("state/rejected").exists(),
@@ -328,22 +345,11 @@ async fn a_refused_token_holds_the_batches_until_it_is_accepted() {
 /// own backoff would try again after 125–375 ms.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn retry_after_sets_the_wait_before_the_next_attempt() {
-    let stub = Stub::start(Faults {
+    let faults = Faults {
         too_many: 100,
         ..Faults::default()
-    })
-    .await;
-    let dir = tempfile::tempdir().unwrap();
-    let (lines, expected) = readings(50, 2, 0, 7);
-    let file = dir.path().join("r.ndjson");
-    append(&file, &lines);
-    let cfg = file_source(dir.path(), &stub, "max_records = 100", &file, "");
-    let (agent, _shutdown) = start(&cfg);
-    let deadline = Instant::now() + Duration::from_secs(30);
-    while stub.recorded.lock().unwrap().requests < 4 {
-        assert!(Instant::now() < deadline, "the agent stopped retrying");
-        tokio::time::sleep(Duration::from_millis(20)).await;
-    }
+    };
+    let (stub, _dir, agent, expected) = retried_four_times(faults, 50, 7).await;
     let arrived = stub.recorded.lock().unwrap().arrived.clone();
     for pair in arrived.windows(2) {
         let gap = pair[1] - pair[0];

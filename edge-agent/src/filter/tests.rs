@@ -44,6 +44,14 @@ fn dropped(chain: &mut FilterChain) -> u64 {
     chain.take_dropped().iter().map(|(_, n)| n).sum()
 }
 
+/// The error `edge-agent check` gives for this filter config.
+fn bad(config: serde_json::Value) -> String {
+    serde_json::from_value::<FilterConfig>(config)
+        .unwrap()
+        .check(&def())
+        .unwrap_err()
+}
+
 #[test]
 fn deadband_absolute_sends_only_changes_beyond_the_band() {
     let mut c = chain(
@@ -157,13 +165,6 @@ fn deadband_heartbeat_after_max_silence() {
 
 #[test]
 fn deadband_config_errors() {
-    let d = def();
-    let bad = |v: serde_json::Value| {
-        serde_json::from_value::<FilterConfig>(v)
-            .unwrap()
-            .check(&d)
-            .unwrap_err()
-    };
     assert!(bad(json!({"type": "deadband", "field": "value"})).contains("exactly one"));
     assert!(bad(json!({"type": "deadband", "field": "value", "percent": 1.0})).contains("range"));
     assert!(
@@ -295,13 +296,6 @@ fn predicate_on_a_bool_field() {
 
 #[test]
 fn predicate_literals_the_field_cannot_hold_are_config_errors() {
-    let d = def();
-    let bad = |v: serde_json::Value| {
-        serde_json::from_value::<FilterConfig>(v)
-            .unwrap()
-            .check(&d)
-            .unwrap_err()
-    };
     // Before, these compared unequal to every record: `sensor eq 1` dropped everything and
     // `sensor ne 1` nothing, silently.
     for v in [
