@@ -98,6 +98,18 @@ fn definition_errors_are_precise() {
             base("").replace("version = 1", "version = 0"),
             "version must be 1",
         ),
+        // The partition key must be present in every record, and a string or an int64.
+        (
+            format!(
+                "{}required = false\n",
+                base("").trim_end().strip_suffix("required = true").unwrap()
+            ),
+            "required string or int64",
+        ),
+        (
+            base("").replace("\"string\"", "\"float64\""),
+            "required string or int64",
+        ),
         (
             base("").replace("name = \"k\"", "name = \"t\""),
             "defined twice",
