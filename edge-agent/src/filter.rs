@@ -27,6 +27,22 @@ pub enum CmpOp {
     NotIn,
 }
 
+impl CmpOp {
+    /// The operator as the config spells it.
+    pub fn name(self) -> &'static str {
+        match self {
+            CmpOp::Eq => "eq",
+            CmpOp::Ne => "ne",
+            CmpOp::Lt => "lt",
+            CmpOp::Le => "le",
+            CmpOp::Gt => "gt",
+            CmpOp::Ge => "ge",
+            CmpOp::In => "in",
+            CmpOp::NotIn => "not_in",
+        }
+    }
+}
+
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Deserialize)]
 #[serde(rename_all = "snake_case")]
 pub enum Aggregate {
@@ -138,7 +154,7 @@ impl FilterConfig {
                 let items: Vec<&Json> = match (op, value) {
                     (CmpOp::In | CmpOp::NotIn, Json::Array(items)) => items.iter().collect(),
                     (CmpOp::In | CmpOp::NotIn, _) => {
-                        return Err(format!("'{f}' {op:?}: value must be a list"));
+                        return Err(format!("'{f}' {}: value must be a list", op.name()));
                     }
                     _ => vec![value],
                 };
@@ -146,8 +162,9 @@ impl FilterConfig {
                 let literals = items
                     .into_iter()
                     .map(|item| {
-                        literal(ty, item)
-                            .ok_or_else(|| format!("'{f}' {op:?}: {item} is not a value of {ty}"))
+                        literal(ty, item).ok_or_else(|| {
+                            format!("'{f}' {}: {item} is not a value of {ty}", op.name())
+                        })
                     })
                     .collect::<Result<_, _>>()?;
                 Filter::Predicate {

@@ -307,8 +307,12 @@ fn predicate_literals_the_field_cannot_hold_are_config_errors() {
         assert!(bad(v.clone()).contains("is not a value of"), "{v}");
     }
     assert!(
-        bad(json!({"type": "predicate", "field": "sensor", "op": "in", "value": "temp"}))
-            .contains("must be a list")
+        bad(json!({"type": "predicate", "field": "sensor", "op": "not_in", "value": "temp"}))
+            .contains("'sensor' not_in: value must be a list")
+    );
+    assert_eq!(
+        bad(json!({"type": "predicate", "field": "sensor", "op": "eq", "value": 1})),
+        "'sensor' eq: 1 is not a value of string"
     );
     assert!(
         bad(json!({"type": "predicate", "field": "nope", "op": "eq", "value": 1}))
