@@ -313,7 +313,7 @@ async fn retried_four_times(
     let cfg = file_source(dir.path(), &stub, "max_records = 100", &file, "");
     let (agent, _shutdown) = start(&cfg);
     let deadline = Instant::now() + Duration::from_secs(30);
-    while stub.recorded.lock().unwrap().requests < 4 {
+    while stub.recorded.lock().unwrap().arrived.len() < 4 {
         assert!(Instant::now() < deadline, "the agent stopped retrying");
         tokio::time::sleep(Duration::from_millis(20)).await;
     }
@@ -578,7 +578,7 @@ async fn a_streams_bandwidth_cap_paces_delivery() {
     let elapsed = started.elapsed().as_secs_f64();
     let (bytes, requests) = {
         let r = stub.recorded.lock().unwrap();
-        (r.body_bytes, r.requests)
+        (r.body_bytes, r.arrived.len())
     };
     shutdown.cancel();
     agent.await.unwrap().unwrap();

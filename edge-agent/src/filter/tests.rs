@@ -15,6 +15,19 @@ fn reading(sensor: &str, sec: i64, value: f64) -> Record {
     schemas::validate(&def(), json).unwrap()
 }
 
+/// A reading of sensor `t` on device d1 at second `sec`, value 1.0, with this quality.
+fn with_quality(sec: i64, quality: i64) -> Record {
+    let json = json!({"device_id": "d1", "sensor": "t", "ts": sec * 1000, "value": 1.0, "quality": quality});
+    schemas::validate(&def(), json).unwrap()
+}
+
+/// The event times of `out`, in seconds.
+fn seconds(out: &[Record]) -> Vec<i64> {
+    out.iter()
+        .map(|r| r.event_time(&def()) / 1_000_000)
+        .collect()
+}
+
 fn chain(config: serde_json::Value) -> FilterChain {
     let config: FilterConfig = serde_json::from_value(config).unwrap();
     FilterChain::new(&def(), &[config]).unwrap()
@@ -146,8 +159,7 @@ fn deadband_keeps_the_held_reading_across_periodic_flushes() {
     c.apply(&d, reading("t", 1, 20.5), &mut out);
     c.flush(&d, false, &mut out);
     c.apply(&d, reading("t", 2, 25.0), &mut out);
-    let secs: Vec<i64> = out.iter().map(|r| r.event_time(&d) / 1_000_000).collect();
-    assert_eq!(secs, [0, 1, 2]);
+    assert_eq!(seconds(&out), [0, 1, 2]);
     assert_eq!(dropped(&mut c), 0);
 }
 
@@ -389,8 +401,7 @@ fn old_windows_are_emitted_without_waiting_for_the_end() {
         c.apply(&d, reading(sensor, sec, 1.0), &mut out);
     }
     c.flush(&d, false, &mut out);
-    let starts: Vec<i64> = out.iter().map(|r| r.event_time(&d) / 1_000_000).collect();
-    assert_eq!(starts, [10]);
+    assert_eq!(seconds(&out), [10]);
 }
 
 #[test]
@@ -401,8 +412,7 @@ fn downsample_an_int_field_keeps_it_an_int() {
     );
     let mut out = Vec::new();
     for (sec, quality) in [(0, 192), (10, 0), (20, 0)] {
-        let json = json!({"device_id": "d1", "sensor": "t", "ts": sec * 1000, "value": 1.0, "quality": quality});
-        c.apply(&d, schemas::validate(&d, json).unwrap(), &mut out);
+        c.apply(&d, with_quality(sec, quality), &mut out);
     }
     c.flush(&d, true, &mut out);
     assert_eq!(out.len(), 1);
@@ -415,10 +425,8 @@ fn series_by_an_int_key_field() {
     let d = def();
     let mut out = Vec::new();
     for (sec, quality) in [(0, 192), (1, 0), (2, 192), (3, 0), (4, 192)] {
-        let json = json!({"device_id": "d1", "sensor": "t", "ts": sec * 1000, "value": 1.0, "quality": quality});
-        c.apply(&d, schemas::validate(&d, json).unwrap(), &mut out);
+        c.apply(&d, with_quality(sec, quality), &mut out);
     }
     // Every 2nd per quality: 192 at 0 and 4, 0 at 1.
-    let secs: Vec<i64> = out.iter().map(|r| r.event_time(&d) / 1_000_000).collect();
-    assert_eq!(secs, [0, 1, 4]);
+    assert_eq!(seconds(&out), [0, 1, 4]);
 }
