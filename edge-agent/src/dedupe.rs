@@ -4,10 +4,11 @@
 //! already sent.
 //!
 //! Persistence: every accepted digest is appended to `<stream>.digests` (20 bytes each) right after
-//! its batch is spooled, with the spool's fsync policy. On start the tail of that log is loaded,
-//! then the digests of every batch still in the spool are added (so a crash between spooling a
-//! batch and logging its digests loses nothing). The log is rewritten to its last N entries when
-//! it reaches twice that.
+//! its batch is spooled, with the spool's fsync policy, and before the spool offers the batch for
+//! delivery. On start the tail of that log is loaded, then the digests of every batch still in the
+//! spool are added, and logged if the log lacked them (a crash between spooling a batch and
+//! logging its digests): delivering that batch takes it out of the spool, and the next start must
+//! still know its records. The log is rewritten to its last N entries when it reaches twice that.
 
 use std::fs::{self, File, OpenOptions};
 use std::io::{Read, Seek, SeekFrom, Write};

@@ -175,18 +175,26 @@ impl Pipeline {
         let mut window = DigestWindow::new(dedupe.window_records, dedupe.window_secs);
         let now = now_secs();
         let path = state_dir.join(format!("{}.digests", def.name));
-        let log = DigestLog::open(&path, &mut window, now)
+        let mut log = DigestLog::open(&path, &mut window, now)
             .map_err(|e| anyhow::anyhow!("cannot open {}: {e}", path.display()))?;
+        // The digests of spooled batches that the log lacks (the last run died between spooling
+        // a batch and logging it) are logged now: once this run delivers such a batch, the
+        // spool no longer holds it, and the next start would not know its records.
         for batch in spool.pending_batches()? {
             match batch.records(&def) {
                 Ok(records) => records.iter().for_each(|r| {
-                    window.insert(digest(&r.hash), now);
+                    let d = digest(&r.hash);
+                    if window.insert(d, now) {
+                        log.push(d, now);
+                    }
                 }),
                 Err(e) => {
                     tracing::error!(stream = %def.name, batch = %batch.id, error = %e, "cannot rebuild the dedupe window from a spooled batch")
                 }
             }
         }
+        log.flush(true)
+            .map_err(|e| anyhow::anyhow!("cannot write {}: {e}", path.display()))?;
         metrics::gauge!(m::DEDUPE_ENTRIES, "stream" => def.name.clone()).set(window.len() as f64);
         let zstd = match def.dictionaries.current().filter(|_| batch.zstd_dictionary) {
             Some(dictionary) => {
@@ -464,13 +472,15 @@ impl Pipeline {
         };
         self.last_batch_records = open.count as usize;
         let mut done = open.done;
-        match self.spool.append(&batch, self.overflow, cancel)? {
+        match self.spool.append_held(&batch, self.overflow, cancel)? {
             Appended::Stored { seq, durable } => {
                 let now = now_secs();
                 for d in &open.digests {
                     self.log.push(*d, now);
                 }
                 self.flush_log(durable);
+                // Logged: the batch may be delivered (and leave the spool) now.
+                self.spool.release(seq);
                 if durable {
                     self.durable = seq + 1;
                 }

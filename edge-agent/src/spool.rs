@@ -164,6 +164,8 @@ struct Inner {
     next_seq: u64,
     /// First sequence number not yet fsynced.
     durable: u64,
+    /// First sequence number held back from delivery ([`Spool::append_held`]).
+    released: u64,
     last_sync: Instant,
 }
 
@@ -262,6 +264,7 @@ impl Spool {
                 acked,
                 next_seq,
                 durable: next_seq,
+                released: next_seq,
                 last_sync: Instant::now(),
             }),
             space: Condvar::new(),
@@ -281,6 +284,23 @@ impl Spool {
 
     /// Stores a batch. Under the `block` policy this waits for space until `cancel` is set.
     pub fn append(
+        &self,
+        batch: &Batch,
+        overflow: Overflow,
+        cancel: &AtomicBool,
+    ) -> Result<Appended, SpoolError> {
+        let appended = self.append_held(batch, overflow, cancel)?;
+        if let Appended::Stored { seq, .. } = appended {
+            self.release(seq);
+        }
+        Ok(appended)
+    }
+
+    /// [`Spool::append`], but the batch is not offered for delivery until [`Spool::release`]:
+    /// the pipeline first logs the batch's digests, so that no batch is delivered (and its
+    /// entry removed) whose records a restart would not know. A process that dies before the
+    /// release finds the batch pending in the spool.
+    pub fn append_held(
         &self,
         batch: &Batch,
         overflow: Overflow,
@@ -413,6 +433,14 @@ impl Spool {
         Ok(Appended::Stored { seq, durable })
     }
 
+    /// Offers the entries up to and including `seq` for delivery (once durable).
+    pub fn release(&self, seq: u64) {
+        let mut inner = self.lock();
+        inner.released = inner.released.max(seq + 1);
+        drop(inner);
+        self.appended.notify_one();
+    }
+
     /// Forces appended entries to disk if the fsync interval has passed (or `force`). Returns the
     /// first sequence number that is not durable.
     pub fn sync(&self, force: bool) -> Result<u64, SpoolError> {
@@ -495,14 +523,14 @@ impl Spool {
         self.usage.bytes()
     }
 
-    /// The oldest durable entry not yet acknowledged, read from disk. A damaged entry is
-    /// quarantined and skipped.
+    /// The oldest durable and released entry not yet acknowledged, read from disk. A damaged
+    /// entry is quarantined and skipped.
     pub fn first_pending(&self) -> Result<Option<(u64, Batch)>, SpoolError> {
         loop {
             let loc = {
                 let inner = self.lock();
                 match inner.pending.front() {
-                    Some(loc) if loc.seq < inner.durable => *loc,
+                    Some(loc) if loc.seq < inner.durable.min(inner.released) => *loc,
                     _ => return Ok(None),
                 }
             };

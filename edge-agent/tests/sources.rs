@@ -636,7 +636,12 @@ async fn the_global_cap_paces_all_streams_and_serves_the_higher_priority_first()
     let elapsed = started.elapsed().as_secs_f64();
     let (bytes, arrivals) = {
         let r = stub.recorded.lock().unwrap();
-        (r.body_bytes, r.arrivals.clone())
+        let streams = r
+            .accepted
+            .iter()
+            .map(|a| a.stream.clone())
+            .collect::<Vec<_>>();
+        (r.body_bytes, streams)
     };
     shutdown.cancel();
     agent.await.unwrap().unwrap();

@@ -196,6 +196,41 @@ fn interval_fsync_hides_entries_until_synced() {
     assert_eq!(spool.first_pending().unwrap().unwrap().1, batch(0, 10));
 }
 
+#[test]
+fn a_held_entry_is_not_offered_until_released_or_restarted() {
+    let dir = tempfile::tempdir().unwrap();
+    let (spool, _) = open(dir.path(), options(1 << 20, 1 << 16));
+    let seq = stored(
+        spool
+            .append_held(&batch(0, 10), Overflow::Block, &never())
+            .unwrap(),
+    );
+    let held = stored(
+        spool
+            .append_held(&batch(1, 10), Overflow::Block, &never())
+            .unwrap(),
+    );
+    assert!(
+        spool.first_pending().unwrap().is_none(),
+        "durable but held: not offered"
+    );
+    spool.release(seq);
+    assert_eq!(spool.first_pending().unwrap().unwrap(), (seq, batch(0, 10)));
+    spool.ack(seq).unwrap();
+    assert!(
+        spool.first_pending().unwrap().is_none(),
+        "the second is still held"
+    );
+    drop(spool);
+    // A process that died before releasing: the entry is pending after a restart.
+    let (spool, recovery) = open(dir.path(), options(1 << 20, 1 << 16));
+    assert_eq!(recovery.pending_batches, 1);
+    assert_eq!(
+        spool.first_pending().unwrap().unwrap(),
+        (held, batch(1, 10))
+    );
+}
+
 fn segment_files(dir: &Path) -> Vec<PathBuf> {
     let mut files: Vec<PathBuf> = fs::read_dir(dir.join("s"))
         .unwrap()

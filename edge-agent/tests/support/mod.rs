@@ -41,10 +41,19 @@ pub struct Faults {
     pub unauthorized: bool,
 }
 
+/// An accepted request.
+pub struct Accepted {
+    pub at: std::time::Instant,
+    pub stream: String,
+    pub key: String,
+    /// Its records' content hashes, in order.
+    pub records: Vec<ContentHash>,
+}
+
 #[derive(Default)]
 pub struct Recorded {
-    /// Accepted records by content hash: how many times each landed.
-    pub landed: HashMap<ContentHash, u32>,
+    /// Every accepted request, in the order they arrived (replays not included).
+    pub accepted: Vec<Accepted>,
     /// Body hash of every key seen, to check that a key always means the same batch.
     pub keys: HashMap<String, blake3::Hash>,
     pub replays: u32,
@@ -54,8 +63,17 @@ pub struct Recorded {
     pub content_types: HashMap<String, u32>,
     /// Bytes of every request body, as sent on the wire.
     pub body_bytes: u64,
-    /// The stream of every accepted request, in the order they arrived.
-    pub arrivals: Vec<String>,
+}
+
+impl Recorded {
+    /// Accepted records by content hash: how many times each landed.
+    pub fn landed(&self) -> HashMap<ContentHash, u32> {
+        let mut landed = HashMap::new();
+        for h in self.accepted.iter().flat_map(|a| &a.records) {
+            *landed.entry(*h).or_default() += 1;
+        }
+        landed
+    }
 }
 
 pub struct Stub {
@@ -106,16 +124,16 @@ impl Stub {
     }
 
     pub fn landed(&self) -> HashMap<ContentHash, u32> {
-        self.recorded.lock().unwrap().landed.clone()
+        self.recorded.lock().unwrap().landed()
     }
 
     pub fn landed_total(&self) -> usize {
         self.recorded
             .lock()
             .unwrap()
-            .landed
-            .values()
-            .map(|&n| n as usize)
+            .accepted
+            .iter()
+            .map(|a| a.records.len())
             .sum()
     }
 }
@@ -230,11 +248,13 @@ fn record(
         )
             .into_response();
     }
-    r.keys.insert(key, body_hash);
-    r.arrivals.push(stream.to_owned());
-    for h in records {
-        *r.landed.entry(*h).or_default() += 1;
-    }
+    r.keys.insert(key.clone(), body_hash);
+    r.accepted.push(Accepted {
+        at: std::time::Instant::now(),
+        stream: stream.to_owned(),
+        key,
+        records: records.to_vec(),
+    });
     axum::Json(IngestResponse {
         accepted: records.len(),
         ..IngestResponse::default()
@@ -424,8 +444,25 @@ pub fn report_and_check(stub: &Stub, kills: usize, runs: usize, expected: &[Cont
         recorded.arrived.len(),
         recorded.replays
     );
+    let landed = recorded.landed();
+    // Which requests carried a record that landed twice: a re-sent batch has the same records
+    // in the same places, a re-sent record in a new batch does not.
+    for (h, _) in landed.iter().filter(|(_, n)| **n > 1).take(5) {
+        eprintln!("landed more than once: {h:?}");
+        let first = recorded.accepted[0].at;
+        for (i, a) in recorded.accepted.iter().enumerate() {
+            if let Some(at) = a.records.iter().position(|r| r == h) {
+                eprintln!(
+                    "  request {i} at {:?}, key {}, record {at} of {}",
+                    a.at - first,
+                    a.key,
+                    a.records.len()
+                );
+            }
+        }
+    }
     drop(recorded);
-    assert_exactly_once(&stub.landed(), expected);
+    assert_exactly_once(&landed, expected);
 }
 
 /// Publishes `messages` to `topic` with QoS 1, one every `pace`, and returns once the broker
