@@ -193,8 +193,10 @@ impl Pipeline {
                 }
             }
         }
-        log.flush(true)
-            .map_err(|e| anyhow::anyhow!("cannot write {}: {e}", path.display()))?;
+        if let Err(e) = log.flush(true) {
+            // As in the run (`flush_log`): not fatal, and the queue is written with the next batch.
+            tracing::warn!(stream = %def.name, error = %e, "cannot write the dedupe log");
+        }
         metrics::gauge!(m::DEDUPE_ENTRIES, "stream" => def.name.clone()).set(window.len() as f64);
         let zstd = match def.dictionaries.current().filter(|_| batch.zstd_dictionary) {
             Some(dictionary) => {

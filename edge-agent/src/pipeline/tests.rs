@@ -171,6 +171,29 @@ fn a_restart_drops_what_was_spooled_even_without_the_dedupe_log() {
     );
 }
 
+/// A full disk at start (the digest log cannot be written) does not stop the stream, and the
+/// window still holds what the spool holds.
+#[cfg(target_os = "linux")]
+#[test]
+fn a_dedupe_log_that_cannot_be_written_at_start_is_not_fatal() {
+    let dir = tempfile::tempdir().unwrap();
+    let never = AtomicBool::new(false);
+    let lines = (0..5).map(line).collect::<Vec<_>>().join("\n");
+    {
+        let (mut p, _) = pipeline(dir.path(), BodyEncoding::Ndjson, 5);
+        p.push_chunk(Chunk::new(lines.clone().into_bytes(), None), &never)
+            .unwrap();
+    }
+    // Writes to /dev/full fail with ENOSPC.
+    let log = dir.path().join("sensor_readings.digests");
+    std::fs::remove_file(&log).unwrap();
+    std::os::unix::fs::symlink("/dev/full", &log).unwrap();
+    let (mut p, _) = pipeline(dir.path(), BodyEncoding::Ndjson, 100);
+    p.push_chunk(Chunk::new(lines.into_bytes(), None), &never)
+        .unwrap();
+    assert_eq!((p.stats.read, p.stats.duplicates), (5, 5));
+}
+
 #[test]
 fn records_dropped_by_a_full_spool_are_not_duplicates_when_sent_again() {
     let never = AtomicBool::new(false);
