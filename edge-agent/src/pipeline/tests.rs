@@ -288,3 +288,44 @@ fn plain_lines_go_into_ndjson_batches_as_they_are_and_others_canonically() {
     // The batch id is the hash of what is sent.
     assert_eq!(batch.id.0, *blake3::hash(&body).as_bytes());
 }
+
+/// A stop (every source gone) emits the downsample windows still open, before the last batch
+/// closes: a window's readings are acknowledged upstream as they arrive, so a stop that did not
+/// emit it would lose them.
+#[test]
+fn a_stop_emits_the_open_downsample_windows() {
+    let dir = tempfile::tempdir().unwrap();
+    let filter = serde_json::from_value(serde_json::json!(
+        {"type": "downsample", "window_secs": 60, "aggregate": "mean", "field": "value"}
+    ))
+    .unwrap();
+    let settings = StreamSettings {
+        filters: vec![filter],
+        ..StreamSettings::default()
+    };
+    let (p, spool) = pipeline_with(dir.path(), BodyEncoding::Ndjson, 100, 1 << 24, &settings);
+    // Three series (d0, d1, d2), two readings each, all in one minute.
+    let lines: Vec<String> = (0..6).map(line).collect();
+    let log = Arc::new(Mutex::new(Vec::new()));
+    let (tx, rx) = std::sync::mpsc::sync_channel(1);
+    tx.send(chunk(&lines, &log, 0)).unwrap();
+    drop(tx);
+    let stats = p.run(rx, &AtomicBool::new(false)).unwrap();
+    assert_eq!((stats.read, stats.filtered, stats.batched), (6, 3, 3));
+    assert_eq!(log.lock().unwrap().len(), 1, "the chunk's callback fired");
+    let (_, batch) = spool.first_pending().unwrap().unwrap();
+    let mut means: Vec<(String, f64)> = batch
+        .records(&def())
+        .unwrap()
+        .iter()
+        .map(|r| match (&r.record.values[0], &r.record.values[3]) {
+            (schemas::Value::Str(device), schemas::Value::Float(v)) => (device.to_string(), *v),
+            other => panic!("{other:?}"),
+        })
+        .collect();
+    means.sort_by(|a, b| a.0.cmp(&b.0));
+    assert_eq!(
+        means,
+        [("d0".into(), 2.0), ("d1".into(), 3.0), ("d2".into(), 4.0)]
+    );
+}
