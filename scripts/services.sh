@@ -101,6 +101,7 @@ CONF
 export EDGE_INGEST_KAFKA=127.0.0.1:$kport
 export EDGE_INGEST_S3=http://127.0.0.1:$sport
 export EDGE_INGEST_MQTT=127.0.0.1:$mport
+export EDGE_INGEST_MOSQUITTO=$(mosquitto_bin)
 export EDGE_INGEST_PYTHON=$PY
 export EDGE_INGEST_TANSU=$TANSU
 export EDGE_INGEST_PROMETHEUS=$(command -v prometheus)

@@ -11,6 +11,7 @@ use serde::Deserialize;
 use crate::batch::BodyEncoding;
 use crate::filter::FilterConfig;
 use crate::spool::{FsyncPolicy, Overflow, SpoolOptions};
+use crate::tls::TlsFiles;
 
 /// Environment variables with this prefix override config keys (`__` separates nesting).
 pub const ENV_PREFIX: &str = "EDGE_AGENT_";
@@ -73,6 +74,10 @@ pub struct GatewayTarget {
     /// 4xx answers put the batch aside for good.
     #[serde(default = "default_retry_statuses")]
     pub retry_statuses: Vec<u16>,
+    /// For an `https://` url: a CA file to trust instead of the platform's roots, and a client
+    /// certificate and key for gateways (or proxies) that require one.
+    #[serde(default)]
+    pub tls: TlsFiles,
 }
 
 #[derive(Debug, Clone, Deserialize)]
@@ -242,7 +247,8 @@ pub enum SourceConfig {
     /// An MQTT subscription. Messages are NDJSON (one or more records). With QoS 1 the PUBACK
     /// goes out only after the records are in the spool.
     Mqtt {
-        /// `mqtt://host:port` (or `host:port`).
+        /// `mqtt://host:port` (or `host:port`; port 1883 by default), or `mqtts://host:port`
+        /// for TLS (8883).
         url: String,
         topics: Vec<String>,
         stream: String,
@@ -258,6 +264,10 @@ pub enum SourceConfig {
         /// below the broker's in-flight limit (mosquitto: `max_inflight_messages`, 20).
         #[serde(default = "default_max_unacked")]
         max_unacked: usize,
+        /// With `mqtts://`: a CA file to trust instead of the platform's roots, and a client
+        /// certificate and key for brokers that require one.
+        #[serde(default)]
+        tls: TlsFiles,
     },
     /// The gateway's ingest API on a local port, for devices on the box or the plant network.
     /// Answers after the records are in the spool.
@@ -304,12 +314,15 @@ impl AgentConfig {
             }
             _ => {}
         }
-        if let Some(g) = &self.gateway
-            && let Some(bad) = g.retry_statuses.iter().find(|s| !(400..500).contains(*s))
-        {
-            problems.push(format!(
-                "gateway.retry_statuses holds {bad}: only 4xx statuses (5xx are always retried)"
-            ));
+        if let Some(g) = &self.gateway {
+            if let Some(bad) = g.retry_statuses.iter().find(|s| !(400..500).contains(*s)) {
+                problems.push(format!(
+                    "gateway.retry_statuses holds {bad}: only 4xx statuses (5xx are always retried)"
+                ));
+            }
+            if let Err(e) = crate::output::HttpOutput::new(g) {
+                problems.push(format!("gateway: {e}"));
+            }
         }
         if self.sources.is_empty() {
             problems.push("no [[sources]] configured".to_owned());
@@ -320,10 +333,13 @@ impl AgentConfig {
             {
                 problems.push(format!("a source refers to unknown stream '{stream}'"));
             }
-            if let SourceConfig::Mqtt { qos, .. } = source
-                && *qos > 1
-            {
-                problems.push("mqtt qos must be 0 or 1".to_owned());
+            if let SourceConfig::Mqtt { qos, url, tls, .. } = source {
+                if *qos > 1 {
+                    problems.push("mqtt qos must be 0 or 1".to_owned());
+                }
+                if let Err(e) = crate::source::mqtt::check(url, tls) {
+                    problems.push(format!("{e:#}"));
+                }
             }
         }
         for (name, settings) in &self.streams {
@@ -444,5 +460,77 @@ mod tests {
         with("[401, 409]").unwrap();
         let e = with("[401, 503]").unwrap_err().to_string();
         assert!(e.contains("gateway.retry_statuses holds 503"), "{e}");
+    }
+
+    /// The error `validate` gives for an MQTT source with `url` and `tls`, and a gateway with
+    /// `gateway_tls` (TOML inline tables).
+    fn tls_problems(url: &str, tls: &str, gateway_tls: &str) -> String {
+        super::AgentConfig::parse(&format!(
+            "[gateway]\nurl = \"https://gw\"\ntls = {gateway_tls}\n\
+             [[sources]]\ntype = \"mqtt\"\nurl = \"{url}\"\ntopics = [\"t\"]\n\
+             stream = \"sensor_readings\"\ntls = {tls}\n"
+        ))
+        .unwrap()
+        .validate(&schemas::example_streams())
+        .map_or_else(|e| e.to_string(), |()| String::new())
+    }
+
+    #[test]
+    fn tls_settings_are_checked_with_the_config() {
+        let dir = tempfile::tempdir().unwrap();
+        let ca = rcgen::generate_simple_self_signed(vec!["localhost".into()]).unwrap();
+        let (cert, key, junk) = (
+            dir.path().join("cert.pem"),
+            dir.path().join("key.pem"),
+            dir.path().join("junk.pem"),
+        );
+        std::fs::write(&cert, ca.cert.pem()).unwrap();
+        std::fs::write(&key, ca.signing_key.serialize_pem()).unwrap();
+        std::fs::write(&junk, "not a certificate").unwrap();
+        let missing = dir.path().join("missing.pem");
+        let good =
+            format!("{{ ca_file = {cert:?}, client_cert = {cert:?}, client_key = {key:?} }}");
+        assert_eq!(tls_problems("mqtts://broker", &good, &good), "");
+        assert_eq!(tls_problems("mqtt://broker", "{}", "{}"), "");
+        let cases = [
+            (
+                "mqtt://broker",
+                format!("{{ ca_file = {cert:?} }}"),
+                "need an mqtts:// url",
+            ),
+            (
+                "mqtts://broker",
+                format!("{{ ca_file = {missing:?} }}"),
+                "missing.pem",
+            ),
+            (
+                "mqtts://broker",
+                format!("{{ ca_file = {junk:?} }}"),
+                "holds no PEM certificate",
+            ),
+            (
+                "mqtts://broker",
+                format!("{{ ca_file = {cert:?}, client_cert = {cert:?} }}"),
+                "give both tls.client_cert and tls.client_key",
+            ),
+            (
+                "mqtts://broker",
+                format!("{{ ca_file = {cert:?}, client_cert = {cert:?}, client_key = {cert:?} }}"),
+                "cannot read a private key",
+            ),
+            ("ws://broker", "{}".to_owned(), "is not mqtt:// or mqtts://"),
+        ];
+        for (url, tls, expected) in cases {
+            let e = tls_problems(url, &tls, "{}");
+            assert!(e.contains(expected), "{url} {tls}: {e}");
+        }
+        let e = tls_problems("mqtt://broker", "{}", &format!("{{ ca_file = {junk:?} }}"));
+        assert!(e.contains("gateway: ") && e.contains("junk.pem"), "{e}");
+        let e = tls_problems(
+            "mqtt://broker",
+            "{}",
+            &format!("{{ client_key = {key:?} }}"),
+        );
+        assert!(e.contains("give both"), "{e}");
     }
 }

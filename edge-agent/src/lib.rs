@@ -20,6 +20,7 @@ pub mod output;
 pub mod pipeline;
 pub mod source;
 pub mod spool;
+pub mod tls;
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::io::BufReader;
@@ -381,6 +382,7 @@ fn start_sources(
                 username,
                 password,
                 max_unacked,
+                tls,
                 ..
             } => {
                 let spec = MqttSpec {
@@ -391,6 +393,7 @@ fn start_sources(
                     username,
                     password,
                     max_unacked,
+                    tls,
                 };
                 on_task(source::mqtt::run(
                     spec,

@@ -181,8 +181,9 @@ pub struct HttpOutput {
 
 impl HttpOutput {
     pub fn new(target: &GatewayTarget) -> Result<HttpOutput, SendError> {
-        let client = reqwest::Client::builder()
-            .timeout(Duration::from_millis(target.timeout_ms))
+        let builder = reqwest::Client::builder().timeout(Duration::from_millis(target.timeout_ms));
+        let client = crate::tls::http_client(builder, &target.tls)
+            .map_err(|e| SendError::Config(format!("{e:#}")))?
             .build()
             .map_err(|e| SendError::Config(e.to_string()))?;
         Ok(HttpOutput {

@@ -7,35 +7,10 @@ use std::io::Write;
 use std::path::Path;
 use std::time::{Duration, Instant};
 
-use edge_agent::{AgentConfig, AgentStats};
 use support::{
-    Faults, Stub, assert_exactly_once, config, config_with_root, free_port, readings, wait_for_port,
+    Faults, Running, Stub, assert_exactly_once, config, config_with_root, free_port, readings,
+    start, wait_for_port, wait_landed,
 };
-use tokio::task::JoinHandle;
-use tokio_util::sync::CancellationToken;
-
-fn start(cfg: &str) -> (JoinHandle<anyhow::Result<AgentStats>>, CancellationToken) {
-    let config = AgentConfig::parse(cfg).unwrap();
-    let shutdown = CancellationToken::new();
-    let task = tokio::spawn(edge_agent::run(
-        config,
-        schemas::example_streams(),
-        shutdown.clone(),
-    ));
-    (task, shutdown)
-}
-
-async fn wait_landed(stub: &Stub, n: usize) {
-    let deadline = Instant::now() + Duration::from_secs(60);
-    while stub.landed_total() < n {
-        assert!(
-            Instant::now() < deadline,
-            "only {} of {n} records landed",
-            stub.landed_total()
-        );
-        tokio::time::sleep(Duration::from_millis(50)).await;
-    }
-}
 
 fn append(path: &Path, lines: &[String]) {
     let mut f = std::fs::OpenOptions::new()
@@ -299,12 +274,7 @@ async fn retried_four_times(
     faults: Faults,
     n: usize,
     seed: u64,
-) -> (
-    Stub,
-    tempfile::TempDir,
-    JoinHandle<anyhow::Result<AgentStats>>,
-    Vec<schemas::ContentHash>,
-) {
+) -> (Stub, tempfile::TempDir, Running, Vec<schemas::ContentHash>) {
     let stub = Stub::start(faults).await;
     let dir = tempfile::tempdir().unwrap();
     let (lines, expected) = readings(n, 5, 0, seed);

@@ -13,11 +13,13 @@ use std::sync::Arc;
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::time::Duration;
 
-use rumqttc::{AsyncClient, Event, MqttOptions, Packet, QoS};
+use anyhow::Context as _;
+use rumqttc::{AsyncClient, Event, MqttOptions, Packet, QoS, TlsConfiguration, Transport};
 use tokio_util::sync::CancellationToken;
 
 use super::Feed;
 use crate::pipeline::Chunk;
+use crate::tls::TlsFiles;
 
 #[derive(Debug, Clone)]
 pub struct MqttSpec {
@@ -28,29 +30,64 @@ pub struct MqttSpec {
     pub username: Option<String>,
     pub password: Option<String>,
     pub max_unacked: usize,
+    /// Certificates for an `mqtts://` url.
+    pub tls: TlsFiles,
 }
 
-fn host_port(url: &str) -> anyhow::Result<(String, u16)> {
-    let rest = url
-        .strip_prefix("mqtt://")
-        .or_else(|| url.strip_prefix("tcp://"))
-        .unwrap_or(url);
+/// Host, port and whether `url` asks for TLS: `mqtt://` or `tcp://` (port 1883 by default),
+/// `mqtts://` or `ssl://` (8883), or a bare `host:port`.
+fn endpoint(url: &str) -> anyhow::Result<(String, u16, bool)> {
+    let (rest, tls) = match url.split_once("://") {
+        Some(("mqtt" | "tcp", rest)) => (rest, false),
+        Some(("mqtts" | "ssl", rest)) => (rest, true),
+        Some((scheme, _)) => {
+            anyhow::bail!("MQTT url '{url}': scheme '{scheme}' is not mqtt:// or mqtts://")
+        }
+        None => (url, false),
+    };
     let rest = rest.trim_end_matches('/');
+    let default_port = if tls { 8883 } else { 1883 };
     match rest.rsplit_once(':') {
         Some((host, port)) => Ok((
             host.to_owned(),
             port.parse()
                 .map_err(|_| anyhow::anyhow!("bad MQTT port in '{url}'"))?,
+            tls,
         )),
-        None => Ok((rest.to_owned(), 1883)),
+        None => Ok((rest.to_owned(), default_port, tls)),
     }
+}
+
+/// The transport `url` and `tls` ask for; an error names what is wrong (for `edge-agent check`
+/// as much as for the start).
+fn transport(url: &str, tls: &TlsFiles) -> anyhow::Result<(String, u16, Transport)> {
+    let (host, port, secure) = endpoint(url)?;
+    if !secure {
+        anyhow::ensure!(
+            tls.is_empty(),
+            "MQTT url '{url}': ca_file, client_cert and client_key need an mqtts:// url"
+        );
+        return Ok((host, port, Transport::Tcp));
+    }
+    let config = crate::tls::client_config(tls).with_context(|| format!("MQTT url '{url}'"))?;
+    Ok((
+        host,
+        port,
+        Transport::tls_with_config(TlsConfiguration::Rustls(Arc::new(config))),
+    ))
+}
+
+/// Checks an MQTT source's url and certificates.
+pub fn check(url: &str, tls: &TlsFiles) -> anyhow::Result<()> {
+    transport(url, tls).map(drop)
 }
 
 /// Subscribes and feeds every message's records until `shutdown`.
 pub async fn run(spec: MqttSpec, feed: Feed, shutdown: CancellationToken) -> anyhow::Result<()> {
-    let (host, port) = host_port(&spec.url)?;
+    let (host, port, transport) = transport(&spec.url, &spec.tls)?;
     let mut options = MqttOptions::new(&spec.client_id, host, port);
     options
+        .set_transport(transport)
         .set_keep_alive(Duration::from_secs(30))
         .set_clean_session(false)
         .set_manual_acks(true)

@@ -78,6 +78,8 @@ impl Recorded {
 
 pub struct Stub {
     pub addr: SocketAddr,
+    /// `http` or, served with a certificate, `https`.
+    scheme: &'static str,
     pub recorded: Arc<Mutex<Recorded>>,
     pub faults: Arc<Mutex<Faults>>,
     counter: Arc<AtomicU32>,
@@ -92,6 +94,15 @@ struct Shared {
 
 impl Stub {
     pub async fn start(faults: Faults) -> Stub {
+        Stub::serve(faults, None).await
+    }
+
+    /// The stub over HTTPS with `tls` (which may require client certificates).
+    pub async fn start_tls(faults: Faults, tls: rustls::ServerConfig) -> Stub {
+        Stub::serve(faults, Some(tls)).await
+    }
+
+    async fn serve(faults: Faults, tls: Option<rustls::ServerConfig>) -> Stub {
         let recorded = Arc::new(Mutex::new(Recorded::default()));
         let faults = Arc::new(Mutex::new(faults));
         let counter = Arc::new(AtomicU32::new(0));
@@ -104,11 +115,25 @@ impl Stub {
         let app = Router::new()
             .route("/v1/streams/{stream}/records", post(ingest))
             .with_state(shared);
-        let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let listener = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+        listener.set_nonblocking(true).unwrap();
         let addr = listener.local_addr().unwrap();
-        tokio::spawn(async move { axum::serve(listener, app).await.unwrap() });
+        let scheme = match tls {
+            None => {
+                let listener = tokio::net::TcpListener::from_std(listener).unwrap();
+                tokio::spawn(async move { axum::serve(listener, app).await.unwrap() });
+                "http"
+            }
+            Some(config) => {
+                let config = axum_server::tls_rustls::RustlsConfig::from_config(Arc::new(config));
+                let server = axum_server::from_tcp_rustls(listener, config).unwrap();
+                tokio::spawn(async move { server.serve(app.into_make_service()).await.unwrap() });
+                "https"
+            }
+        };
         Stub {
             addr,
+            scheme,
             recorded,
             faults,
             counter,
@@ -116,7 +141,7 @@ impl Stub {
     }
 
     pub fn url(&self) -> String {
-        format!("http://{}", self.addr)
+        format!("{}://{}", self.scheme, self.addr)
     }
 
     pub fn set_faults(&self, faults: Faults) {
@@ -260,6 +285,34 @@ fn record(
         ..IngestResponse::default()
     })
     .into_response()
+}
+
+/// An agent running in this process.
+pub type Running = tokio::task::JoinHandle<anyhow::Result<edge_agent::AgentStats>>;
+
+/// Runs the agent in this process on `cfg` until the token is cancelled (or its sources end).
+pub fn start(cfg: &str) -> (Running, tokio_util::sync::CancellationToken) {
+    let config = edge_agent::AgentConfig::parse(cfg).unwrap();
+    let shutdown = tokio_util::sync::CancellationToken::new();
+    let task = tokio::spawn(edge_agent::run(
+        config,
+        schemas::example_streams(),
+        shutdown.clone(),
+    ));
+    (task, shutdown)
+}
+
+/// Waits until `n` records landed at `stub` (a minute at most).
+pub async fn wait_landed(stub: &Stub, n: usize) {
+    let deadline = std::time::Instant::now() + Duration::from_secs(60);
+    while stub.landed_total() < n {
+        assert!(
+            std::time::Instant::now() < deadline,
+            "only {} of {n} records landed",
+            stub.landed_total()
+        );
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
 }
 
 /// Sensor readings as NDJSON lines: `n` distinct ones over `devices` devices, with every

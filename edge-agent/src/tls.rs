@@ -1,0 +1,118 @@
+//! TLS for the agent's connections: to an MQTT broker (`mqtts://`) and to the gateway
+//! (`https://`), trusting the platform's roots or a CA file of the site's own, with an optional
+//! client certificate for brokers that require one.
+
+use std::path::{Path, PathBuf};
+
+use anyhow::Context as _;
+use rustls::pki_types::pem::PemObject;
+use rustls::pki_types::{CertificateDer, PrivateKeyDer};
+
+/// The `tls` table of an MQTT source or of the gateway: what to trust and what to present.
+#[derive(Debug, Clone, Default, PartialEq, Eq, serde::Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct TlsFiles {
+    /// PEM certificates to trust instead of the platform's roots.
+    #[serde(default)]
+    pub ca_file: Option<PathBuf>,
+    /// PEM certificate chain and private key the agent presents (mutual TLS).
+    #[serde(default)]
+    pub client_cert: Option<PathBuf>,
+    #[serde(default)]
+    pub client_key: Option<PathBuf>,
+}
+
+impl TlsFiles {
+    pub fn is_empty(&self) -> bool {
+        *self == TlsFiles::default()
+    }
+}
+
+/// The certificates of a PEM file; an error when it holds none.
+pub fn pem_certificates(path: &Path) -> anyhow::Result<Vec<CertificateDer<'static>>> {
+    let certs = CertificateDer::pem_file_iter(path)
+        .and_then(|certs| certs.collect::<Result<Vec<_>, _>>())
+        .with_context(|| format!("cannot read certificates from {}", path.display()))?;
+    anyhow::ensure!(
+        !certs.is_empty(),
+        "{} holds no PEM certificate",
+        path.display()
+    );
+    Ok(certs)
+}
+
+/// A client config trusting `files.ca_file` (or the platform's roots) and presenting the client
+/// certificate when one is given.
+pub fn client_config(files: &TlsFiles) -> anyhow::Result<rustls::ClientConfig> {
+    let mut roots = rustls::RootCertStore::empty();
+    match &files.ca_file {
+        Some(path) => {
+            for cert in pem_certificates(path)? {
+                roots
+                    .add(cert)
+                    .with_context(|| format!("a certificate of {} is invalid", path.display()))?;
+            }
+        }
+        None => {
+            let found = rustls_native_certs::load_native_certs();
+            roots.add_parsable_certificates(found.certs);
+            anyhow::ensure!(
+                !roots.is_empty(),
+                "no CA certificates found on this system: give ca_file"
+            );
+        }
+    }
+    let builder = rustls::ClientConfig::builder().with_root_certificates(roots);
+    match (&files.client_cert, &files.client_key) {
+        (Some(cert), Some(key)) => {
+            let chain = pem_certificates(cert)?;
+            let key = PrivateKeyDer::from_pem_file(key)
+                .with_context(|| format!("cannot read a private key from {}", key.display()))?;
+            builder
+                .with_client_auth_cert(chain, key)
+                .context("the client certificate and key do not go together")
+        }
+        (None, None) => Ok(builder.with_no_client_auth()),
+        _ => anyhow::bail!(BOTH_OR_NEITHER),
+    }
+}
+
+const BOTH_OR_NEITHER: &str = "give both tls.client_cert and tls.client_key, or neither";
+
+/// Sets up `builder` (the gateway's client) to trust `files.ca_file` instead of the platform's
+/// roots and to present the client certificate when one is given.
+pub fn http_client(
+    mut builder: reqwest::ClientBuilder,
+    files: &TlsFiles,
+) -> anyhow::Result<reqwest::ClientBuilder> {
+    if let Some(path) = &files.ca_file {
+        let pem = std::fs::read(path).with_context(|| format!("cannot read {}", path.display()))?;
+        let certs = reqwest::Certificate::from_pem_bundle(&pem)
+            .with_context(|| format!("cannot read certificates from {}", path.display()))?;
+        anyhow::ensure!(
+            !certs.is_empty(),
+            "{} holds no PEM certificate",
+            path.display()
+        );
+        builder = builder.tls_certs_only(certs);
+    }
+    match (&files.client_cert, &files.client_key) {
+        (Some(cert), Some(key)) => {
+            let mut pem =
+                std::fs::read(cert).with_context(|| format!("cannot read {}", cert.display()))?;
+            pem.extend(
+                std::fs::read(key).with_context(|| format!("cannot read {}", key.display()))?,
+            );
+            let identity = reqwest::Identity::from_pem(&pem).with_context(|| {
+                format!(
+                    "cannot read a certificate and key from {} and {}",
+                    cert.display(),
+                    key.display()
+                )
+            })?;
+            Ok(builder.identity(identity))
+        }
+        (None, None) => Ok(builder),
+        _ => anyhow::bail!(BOTH_OR_NEITHER),
+    }
+}

@@ -1,0 +1,256 @@
+//! The agent over TLS, with certificates from a CA made for the test: subscribing to mosquitto
+//! on a TLS listener that requires a client certificate, and delivering to a gateway served over
+//! HTTPS that requires one too. Without the site's CA, or without the client certificate, the
+//! connection is refused and nothing lands.
+
+mod support;
+
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use rcgen::{
+    BasicConstraints, CertificateParams, CertifiedIssuer, DnType, ExtendedKeyUsagePurpose, IsCa,
+    KeyPair, KeyUsagePurpose,
+};
+use rustls::pki_types::pem::PemObject;
+use rustls::pki_types::{CertificateDer, PrivateKeyDer};
+use support::{
+    Faults, Stub, assert_exactly_once, config, free_port, mqtt_publish, readings, service_env,
+    start, wait_landed,
+};
+
+/// A CA and, signed by it, a server certificate for 127.0.0.1 and a client certificate, as PEM
+/// files in `dir`.
+struct Pki {
+    ca: PathBuf,
+    server_cert: PathBuf,
+    server_key: PathBuf,
+    client_cert: PathBuf,
+    client_key: PathBuf,
+}
+
+fn pki(dir: &Path) -> Pki {
+    let mut params = CertificateParams::new(Vec::<String>::new()).unwrap();
+    params.is_ca = IsCa::Ca(BasicConstraints::Unconstrained);
+    params.key_usages = vec![KeyUsagePurpose::KeyCertSign, KeyUsagePurpose::CrlSign];
+    params
+        .distinguished_name
+        .push(DnType::CommonName, "edge-ingest test CA");
+    let ca = CertifiedIssuer::self_signed(params, KeyPair::generate().unwrap()).unwrap();
+    let write = |name: &str, pem: String| {
+        let path = dir.join(name);
+        std::fs::write(&path, pem).unwrap();
+        path
+    };
+    let leaf = |name: &str, names: &[&str], usage: ExtendedKeyUsagePurpose| {
+        let key = KeyPair::generate().unwrap();
+        let mut params =
+            CertificateParams::new(names.iter().map(|n| n.to_string()).collect::<Vec<_>>())
+                .unwrap();
+        params.distinguished_name.push(DnType::CommonName, name);
+        params.extended_key_usages = vec![usage];
+        let cert = params.signed_by(&key, &ca).unwrap();
+        (
+            write(&format!("{name}.pem"), cert.pem()),
+            write(&format!("{name}-key.pem"), key.serialize_pem()),
+        )
+    };
+    let (server_cert, server_key) = leaf(
+        "server",
+        &["127.0.0.1", "localhost"],
+        ExtendedKeyUsagePurpose::ServerAuth,
+    );
+    let (client_cert, client_key) = leaf("edge-box-7", &[], ExtendedKeyUsagePurpose::ClientAuth);
+    Pki {
+        ca: write("ca.pem", ca.pem()),
+        server_cert,
+        server_key,
+        client_cert,
+        client_key,
+    }
+}
+
+/// A `tls` table with the CA and, if `client`, the client certificate.
+fn tls_table(pki: &Pki, client: bool) -> String {
+    let client = if client {
+        format!(
+            ", client_cert = {:?}, client_key = {:?}",
+            pki.client_cert, pki.client_key
+        )
+    } else {
+        String::new()
+    };
+    format!("{{ ca_file = {:?}{client} }}", pki.ca)
+}
+
+/// Runs an agent on `cfg` for three seconds while `feed` gives it records, then stops it:
+/// nothing may have landed.
+async fn assert_nothing_lands(stub: &Stub, cfg: &str, feed: impl Future<Output = ()>) {
+    let (agent, shutdown) = start(cfg);
+    let _ = tokio::time::timeout(Duration::from_secs(3), feed).await;
+    assert_eq!(
+        stub.landed_total(),
+        0,
+        "landed without a trusted connection"
+    );
+    shutdown.cancel();
+    // The open batch may not reach the spool's receiver: the agent stops regardless.
+    let _ = tokio::time::timeout(Duration::from_secs(10), agent).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn mqtt_over_tls_with_a_client_certificate() {
+    let dir = tempfile::tempdir().unwrap();
+    let pki = pki(dir.path());
+    // A broker of its own: a plain listener for the test's publisher and a TLS one, requiring a
+    // client certificate from the CA, for the agent.
+    let (plain, secure) = (free_port(), free_port());
+    let conf = dir.path().join("mosquitto.conf");
+    std::fs::write(
+        &conf,
+        format!(
+            "allow_anonymous true\npersistence false\nlistener {plain} 127.0.0.1\n\
+             listener {secure} 127.0.0.1\ncafile {}\ncertfile {}\nkeyfile {}\n\
+             require_certificate true\n",
+            pki.ca.display(),
+            pki.server_cert.display(),
+            pki.server_key.display()
+        ),
+    )
+    .unwrap();
+    let _broker = KillOnDrop(
+        std::process::Command::new(service_env("EDGE_INGEST_MOSQUITTO"))
+            .arg("-c")
+            .arg(&conf)
+            .stdout(std::process::Stdio::null())
+            .stderr(std::fs::File::create(dir.path().join("mosquitto.log")).unwrap())
+            .spawn()
+            .unwrap(),
+    );
+    for port in [plain, secure] {
+        let deadline = Instant::now() + Duration::from_secs(10);
+        while std::net::TcpStream::connect(("127.0.0.1", port)).is_err() {
+            assert!(Instant::now() < deadline, "mosquitto did not open {port}");
+            tokio::time::sleep(Duration::from_millis(50)).await;
+        }
+    }
+    let publisher = format!("127.0.0.1:{plain}");
+    let stub = Stub::start(Faults::default()).await;
+    let source = |tls: &str, id: &str| {
+        config(
+            &dir.path().join(id),
+            &stub.url(),
+            "[batch]\nmax_age_ms = 200\n",
+            &format!(
+                "[[sources]]\ntype = \"mqtt\"\nurl = \"mqtts://127.0.0.1:{secure}\"\n\
+                 topics = [\"tls-test/readings\"]\nstream = \"sensor_readings\"\n\
+                 client_id = \"{id}\"\nqos = 1\ntls = {tls}\n"
+            ),
+        )
+    };
+    let (lines, expected) = readings(200, 4, 0, 21);
+    let messages: Vec<String> = lines.chunks(4).map(|c| c.join("\n")).collect();
+    // The first message, again and again: a connected agent would receive it.
+    let first_again = || async {
+        loop {
+            let first = messages[..1].to_vec();
+            mqtt_publish(&publisher, "tls-test/readings", first, Duration::ZERO).await;
+            tokio::time::sleep(Duration::from_millis(300)).await;
+        }
+    };
+    // Refused: no client certificate; and the platform's roots do not know the site's CA.
+    let no_client_cert = source(&tls_table(&pki, false), "no-client-cert");
+    assert_nothing_lands(&stub, &no_client_cert, first_again()).await;
+    assert_nothing_lands(&stub, &source("{}", "platform-roots"), first_again()).await;
+    let (agent, shutdown) = start(&source(&tls_table(&pki, true), "edge-box-7"));
+    // The subscription must exist before the rest is published: the first message again until
+    // something lands (the window drops the copies).
+    let landed = async {
+        while stub.landed_total() == 0 {
+            tokio::time::sleep(Duration::from_millis(50)).await;
+        }
+    };
+    tokio::select! {
+        _ = landed => {}
+        _ = first_again() => unreachable!(),
+        _ = tokio::time::sleep(Duration::from_secs(20)) => panic!(
+            "nothing arrived over TLS:\n{}",
+            std::fs::read_to_string(dir.path().join("mosquitto.log")).unwrap()
+        ),
+    }
+    mqtt_publish(
+        &publisher,
+        "tls-test/readings",
+        messages[1..].to_vec(),
+        Duration::ZERO,
+    )
+    .await;
+    wait_landed(&stub, expected.len()).await;
+    shutdown.cancel();
+    agent.await.unwrap().unwrap();
+    assert_exactly_once(&stub.landed(), &expected);
+}
+
+/// A child process that goes when the test does, failed or not.
+struct KillOnDrop(std::process::Child);
+
+impl Drop for KillOnDrop {
+    fn drop(&mut self) {
+        let _ = self.0.kill();
+        let _ = self.0.wait();
+    }
+}
+
+/// A server config for the stub: the server certificate, and client certificates required and
+/// checked against the CA.
+fn gateway_tls(pki: &Pki) -> rustls::ServerConfig {
+    let mut roots = rustls::RootCertStore::empty();
+    roots
+        .add(CertificateDer::from_pem_file(&pki.ca).unwrap())
+        .unwrap();
+    let verifier = rustls::server::WebPkiClientVerifier::builder(Arc::new(roots))
+        .build()
+        .unwrap();
+    let mut config = rustls::ServerConfig::builder()
+        .with_client_cert_verifier(verifier)
+        .with_single_cert(
+            vec![CertificateDer::from_pem_file(&pki.server_cert).unwrap()],
+            PrivateKeyDer::from_pem_file(&pki.server_key).unwrap(),
+        )
+        .unwrap();
+    config.alpn_protocols = vec![b"h2".to_vec(), b"http/1.1".to_vec()];
+    config
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn delivers_over_https_with_the_sites_ca_and_a_client_certificate() {
+    let dir = tempfile::tempdir().unwrap();
+    let pki = pki(dir.path());
+    let stub = Stub::start_tls(Faults::default(), gateway_tls(&pki)).await;
+    let (lines, expected) = readings(500, 5, 0, 23);
+    let input = dir.path().join("r.ndjson");
+    std::fs::write(&input, lines.join("\n") + "\n").unwrap();
+    let agent = |tls: &str, id: &str| {
+        config(
+            &dir.path().join(id),
+            &stub.url(),
+            &format!("tls = {tls}\n[batch]\nmax_records = 100\n"),
+            &support::file_source_toml(&input, "follow = true\n"),
+        )
+    };
+    // The input is there to be read: a connected agent would deliver it.
+    let no_client_cert = agent(&tls_table(&pki, false), "no-client-cert");
+    assert_nothing_lands(&stub, &no_client_cert, std::future::pending()).await;
+    assert_nothing_lands(
+        &stub,
+        &agent("{}", "platform-roots"),
+        std::future::pending(),
+    )
+    .await;
+    let (running, shutdown) = start(&agent(&tls_table(&pki, true), "edge-box-7"));
+    wait_landed(&stub, expected.len()).await;
+    shutdown.cancel();
+    running.await.unwrap().unwrap();
+    assert_exactly_once(&stub.landed(), &expected);
+}
