@@ -105,6 +105,7 @@ pub async fn run(opts: SendOptions, shutdown: CancellationToken) -> anyhow::Resu
             max_backoff_ms: 10_000,
             // The run stops at the first of these instead (BATCH_INDEPENDENT_REFUSALS).
             retry_statuses: Vec::new(),
+            tls: Default::default(),
         }),
         None,
     )?);
