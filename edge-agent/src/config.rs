@@ -279,6 +279,9 @@ pub enum SourceConfig {
         /// Largest request body, compressed or not.
         #[serde(default = "default_http_max_body")]
         max_body_bytes: usize,
+        /// HTTPS with this certificate and key (PEM); plain HTTP when absent.
+        #[serde(default)]
+        tls: Option<plumbing::server::TlsConfig>,
     },
 }
 
@@ -332,6 +335,11 @@ impl AgentConfig {
                 && streams.get(stream).is_none()
             {
                 problems.push(format!("a source refers to unknown stream '{stream}'"));
+            }
+            if let SourceConfig::Http { tls: Some(tls), .. } = source
+                && let Err(e) = crate::tls::check_server(tls)
+            {
+                problems.push(format!("http source: {e:#}"));
             }
             if let SourceConfig::Mqtt { qos, url, tls, .. } = source {
                 if *qos > 1 {
@@ -436,6 +444,8 @@ fn default_http_max_body() -> usize {
 
 #[cfg(test)]
 mod tests {
+    use std::path::Path;
+
     #[test]
     fn shipped_config_file_is_valid() {
         let file =
@@ -532,5 +542,26 @@ mod tests {
             &format!("{{ client_key = {key:?} }}"),
         );
         assert!(e.contains("give both"), "{e}");
+        // The local port's certificate: readable, and the key is the certificate's.
+        let other = rcgen::KeyPair::generate().unwrap();
+        let other_key = dir.path().join("other-key.pem");
+        std::fs::write(&other_key, other.serialize_pem()).unwrap();
+        let local = |cert: &Path, key: &Path| {
+            super::AgentConfig::parse(&format!(
+                "[gateway]\nurl = \"http://gw\"\n[[sources]]\ntype = \"http\"\n\
+                 listen = \"127.0.0.1:0\"\ntls = {{ cert = {cert:?}, key = {key:?} }}\n"
+            ))
+            .unwrap()
+            .validate(&schemas::example_streams())
+            .map_or_else(|e| e.to_string(), |()| String::new())
+        };
+        assert_eq!(local(&cert, &key), "");
+        let e = local(&missing, &key);
+        assert!(
+            e.contains("http source") && e.contains("missing.pem"),
+            "{e}"
+        );
+        let e = local(&cert, &other_key);
+        assert!(e.contains("other-key.pem is not the key of"), "{e}");
     }
 }

@@ -405,6 +405,7 @@ fn start_sources(
                 listen,
                 token,
                 max_body_bytes,
+                tls,
             } => {
                 let router = source::http::router(
                     streams.clone(),
@@ -412,7 +413,7 @@ fn start_sources(
                     token.as_deref(),
                     max_body_bytes,
                 );
-                on_task(source::http::serve(listen, router, shutdown))
+                on_task(source::http::serve(listen, router, tls, shutdown))
             }
         });
     }

@@ -1,6 +1,6 @@
 //! TLS for the agent's connections: to an MQTT broker (`mqtts://`) and to the gateway
 //! (`https://`), trusting the platform's roots or a CA file of the site's own, with an optional
-//! client certificate for brokers that require one.
+//! client certificate for brokers that require one; and the local ingest port's certificate.
 
 use std::path::{Path, PathBuf};
 
@@ -115,4 +115,23 @@ pub fn http_client(
         (None, None) => Ok(builder),
         _ => anyhow::bail!(BOTH_OR_NEITHER),
     }
+}
+
+/// Checks a server certificate and key (the local ingest port's): both readable, and the key
+/// the certificate's.
+pub fn check_server(tls: &plumbing::server::TlsConfig) -> anyhow::Result<()> {
+    let chain = pem_certificates(&tls.cert)?;
+    let key = PrivateKeyDer::from_pem_file(&tls.key)
+        .with_context(|| format!("cannot read a private key from {}", tls.key.display()))?;
+    rustls::ServerConfig::builder()
+        .with_no_client_auth()
+        .with_single_cert(chain, key)
+        .map(drop)
+        .with_context(|| {
+            format!(
+                "{} is not the key of {}",
+                tls.key.display(),
+                tls.cert.display()
+            )
+        })
 }

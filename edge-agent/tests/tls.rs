@@ -254,3 +254,48 @@ async fn delivers_over_https_with_the_sites_ca_and_a_client_certificate() {
     running.await.unwrap().unwrap();
     assert_exactly_once(&stub.landed(), &expected);
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_local_port_serves_https_with_its_certificate() {
+    let dir = tempfile::tempdir().unwrap();
+    let pki = pki(dir.path());
+    let stub = Stub::start(Faults::default()).await;
+    let port = free_port();
+    let cfg = config(
+        &dir.path().join("state"),
+        &stub.url(),
+        "",
+        &format!(
+            "[[sources]]\ntype = \"http\"\nlisten = \"127.0.0.1:{port}\"\n\
+             tls = {{ cert = {:?}, key = {:?} }}\n",
+            pki.server_cert, pki.server_key
+        ),
+    );
+    let (agent, shutdown) = start(&cfg);
+    let client = reqwest::Client::builder()
+        .tls_certs_only([reqwest::Certificate::from_pem(&std::fs::read(&pki.ca).unwrap()).unwrap()])
+        .build()
+        .unwrap();
+    let (lines, expected) = readings(50, 5, 0, 29);
+    let url = format!("https://127.0.0.1:{port}/v1/streams/sensor_readings/records");
+    let deadline = Instant::now() + Duration::from_secs(20);
+    let answer = loop {
+        let request = client
+            .post(&url)
+            .header("content-type", "application/x-ndjson")
+            .body(lines.join("\n"));
+        match request.send().await {
+            Ok(answer) => break answer,
+            Err(e) => assert!(Instant::now() < deadline, "no HTTPS answer: {e}"),
+        }
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    };
+    assert_eq!(answer.status(), 200);
+    // Plain HTTP gets no answer from a TLS port.
+    let plain = reqwest::get(format!("http://127.0.0.1:{port}/")).await;
+    assert!(plain.is_err(), "{plain:?}");
+    wait_landed(&stub, expected.len()).await;
+    shutdown.cancel();
+    agent.await.unwrap().unwrap();
+    assert_exactly_once(&stub.landed(), &expected);
+}

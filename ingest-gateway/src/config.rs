@@ -40,14 +40,7 @@ pub struct GatewayConfig {
     pub worker_nice: u8,
 }
 
-#[derive(Debug, Clone, Deserialize)]
-#[serde(deny_unknown_fields)]
-pub struct TlsConfig {
-    /// PEM certificate chain.
-    pub cert: PathBuf,
-    /// PEM private key.
-    pub key: PathBuf,
-}
+pub use plumbing::server::TlsConfig;
 
 #[derive(Debug, Clone, Deserialize)]
 #[serde(deny_unknown_fields)]

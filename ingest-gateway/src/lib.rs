@@ -18,7 +18,6 @@ use axum::extract::{MatchedPath, Request};
 use axum::middleware::{self, Next};
 use axum::response::Response;
 use axum::routing::{get, post};
-use axum_server::tls_rustls::RustlsConfig;
 use plumbing::Health;
 use schemas::Streams;
 use tokio::task::JoinHandle;
@@ -131,40 +130,12 @@ pub async fn start(
     let addr = listener.local_addr()?;
     let app = router(state.clone(), health);
     let tls = match &config.tls {
-        Some(tls) => Some(
-            RustlsConfig::from_pem_file(&tls.cert, &tls.key)
-                .await
-                .with_context(|| {
-                    format!(
-                        "cannot load TLS certificate {} and key {}",
-                        tls.cert.display(),
-                        tls.key.display()
-                    )
-                })?,
-        ),
+        Some(tls) => Some(tls.load().await?),
         None => None,
     };
     tracing::info!(%addr, tls = tls.is_some(), brokers = %config.kafka.brokers, "gateway listening");
     let task = tokio::spawn(async move {
-        match tls {
-            None => {
-                axum::serve(tokio::net::TcpListener::from_std(listener)?, app)
-                    .with_graceful_shutdown(shutdown.cancelled_owned())
-                    .await?;
-            }
-            Some(tls) => {
-                let handle = axum_server::Handle::new();
-                let stopper = handle.clone();
-                tokio::spawn(async move {
-                    shutdown.cancelled().await;
-                    stopper.graceful_shutdown(None);
-                });
-                axum_server::from_tcp_rustls(listener, tls)?
-                    .handle(handle)
-                    .serve(app.into_make_service())
-                    .await?;
-            }
-        }
+        plumbing::server::serve(listener, app, tls, shutdown).await?;
         state.producer.flush(Duration::from_secs(10)).await;
         tracing::info!("gateway stopped");
         Ok(())

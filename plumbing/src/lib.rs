@@ -5,6 +5,7 @@ pub mod body;
 pub mod config;
 pub mod kafka;
 pub mod priority;
+pub mod server;
 pub mod telemetry;
 
 pub use config::{load_config, load_streams_dir};

@@ -13,6 +13,7 @@ use axum::http::{HeaderMap, StatusCode, header};
 use axum::response::{IntoResponse, Response};
 use axum::routing::post;
 use plumbing::body::{DecompressError, Encoding, decompress_into};
+use plumbing::server::TlsConfig;
 use schemas::api::{ErrorBody, IngestResponse};
 use schemas::decode::{BodyFormat, split_body};
 use schemas::{DecodeError, Streams};
@@ -82,20 +83,22 @@ pub fn router(
         .with_state(local)
 }
 
-/// Serves the local ingest port until `shutdown`.
+/// Serves the local ingest port until `shutdown`, over TLS when `tls` is given.
 pub async fn serve(
     listen: SocketAddr,
     router: Router,
+    tls: Option<TlsConfig>,
     shutdown: CancellationToken,
 ) -> anyhow::Result<()> {
-    let listener = tokio::net::TcpListener::bind(listen)
-        .await
+    let tls = match tls {
+        Some(tls) => Some(tls.load().await?),
+        None => None,
+    };
+    let listener = std::net::TcpListener::bind(listen)
+        .and_then(|l| l.set_nonblocking(true).map(|()| l))
         .map_err(|e| anyhow::anyhow!("cannot listen on {listen}: {e}"))?;
-    tracing::info!(%listen, "local ingest port listening");
-    axum::serve(listener, router)
-        .with_graceful_shutdown(shutdown.cancelled_owned())
-        .await?;
-    Ok(())
+    tracing::info!(%listen, tls = tls.is_some(), "local ingest port listening");
+    plumbing::server::serve(listener, router, tls, shutdown).await
 }
 
 fn authorized(local: &Local, headers: &HeaderMap) -> bool {
