@@ -159,6 +159,10 @@ enum Command {
         /// Bearer token (none for a gateway that allows anonymous ingest).
         #[arg(long, env = "LOADTEST_TOKEN", hide_env_values = true)]
         token: Option<String>,
+        /// PEM certificates to trust for an https:// gateway instead of the platform's roots
+        /// (a site's own CA).
+        #[arg(long, env = "LOADTEST_CA_FILE")]
+        ca_file: Option<PathBuf>,
         #[command(flatten)]
         fleet: FleetArgs,
         /// Event time of the first reading, epoch milliseconds; now when absent, so that runs
@@ -442,6 +446,7 @@ async fn main() -> anyhow::Result<()> {
         Command::Send {
             gateway,
             token,
+            ca_file,
             fleet,
             start_ms,
             batch_records,
@@ -466,6 +471,7 @@ async fn main() -> anyhow::Result<()> {
                 SendOptions {
                     gateway,
                     token,
+                    ca_file,
                     fleet,
                     batch_records,
                     encoding: match encoding {

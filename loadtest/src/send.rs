@@ -33,6 +33,8 @@ pub struct SendOptions {
     /// Base URL of the gateway.
     pub gateway: String,
     pub token: Option<String>,
+    /// PEM certificates to trust for an https:// gateway instead of the platform's roots.
+    pub ca_file: Option<PathBuf>,
     pub fleet: FleetSpec,
     /// Readings per batch.
     pub batch_records: usize,
@@ -105,7 +107,10 @@ pub async fn run(opts: SendOptions, shutdown: CancellationToken) -> anyhow::Resu
             max_backoff_ms: 10_000,
             // The run stops at the first of these instead (BATCH_INDEPENDENT_REFUSALS).
             retry_statuses: Vec::new(),
-            tls: Default::default(),
+            tls: edge_agent::tls::TlsFiles {
+                ca_file: opts.ca_file.clone(),
+                ..Default::default()
+            },
         }),
         None,
     )?);
