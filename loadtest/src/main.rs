@@ -222,6 +222,9 @@ enum Command {
         /// Path-style S3 addressing, which most S3-compatible servers need.
         #[arg(long, requires = "s3_bucket")]
         s3_path_style: bool,
+        /// PEM certificates to trust for an https:// S3 endpoint instead of the platform's roots.
+        #[arg(long, requires = "s3_bucket")]
+        s3_ca_file: Option<PathBuf>,
         /// The sink's `key_prefix`.
         #[arg(long, default_value = "landing")]
         prefix: String,
@@ -510,6 +513,7 @@ async fn main() -> anyhow::Result<()> {
             s3_endpoint,
             s3_region,
             s3_path_style,
+            s3_ca_file,
             prefix,
             wait,
             allow_unexpected,
@@ -528,6 +532,7 @@ async fn main() -> anyhow::Result<()> {
                     endpoint: s3_endpoint,
                     region: s3_region,
                     force_path_style: s3_path_style,
+                    ca_file: s3_ca_file,
                 },
                 (Some(path), None) => StoreConfig::Local { path },
                 (None, None) => anyhow::bail!("give --landing or --s3-bucket"),

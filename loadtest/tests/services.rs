@@ -65,6 +65,7 @@ impl Stack {
                 endpoint: Some(s3.clone()),
                 region: Some("us-east-1".into()),
                 force_path_style: true,
+                ca_file: None,
             },
             rotation: RotationConfig {
                 idle_ms: 1_000,

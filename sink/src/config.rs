@@ -170,6 +170,10 @@ pub enum StoreConfig {
         /// Path-style addressing (`endpoint/bucket/key`), needed by most S3-compatible servers.
         #[serde(default)]
         force_path_style: bool,
+        /// PEM certificates to trust for an `https://` endpoint instead of the platform's
+        /// roots: an S3-compatible store with a certificate from the site's own CA.
+        #[serde(default)]
+        ca_file: Option<PathBuf>,
     },
 }
 

@@ -51,6 +51,42 @@ pub enum ObjectStore {
     },
 }
 
+/// An HTTPS client (rustls) that trusts the PEM certificates in `path` and nothing else.
+fn https_trusting(
+    path: &std::path::Path,
+) -> Result<aws_sdk_s3::config::SharedHttpClient, StoreError> {
+    use aws_smithy_http_client::tls;
+    let config_error = |message: String| StoreError {
+        retryable: false,
+        message,
+    };
+    let pem = std::fs::read(path)
+        .map_err(|e| config_error(format!("cannot read ca_file {}: {e}", path.display())))?;
+    if !pem
+        .windows(b"-----BEGIN CERTIFICATE-----".len())
+        .any(|w| w == b"-----BEGIN CERTIFICATE-----")
+    {
+        return Err(config_error(format!(
+            "ca_file {} holds no PEM certificate",
+            path.display()
+        )));
+    }
+    let context = tls::TlsContext::builder()
+        .with_trust_store(
+            tls::TrustStore::empty()
+                .with_native_roots(false)
+                .with_pem_certificate(pem),
+        )
+        .build()
+        .map_err(|e| config_error(format!("ca_file {}: {e}", path.display())))?;
+    Ok(aws_smithy_http_client::Builder::new()
+        .tls_provider(tls::Provider::Rustls(
+            tls::rustls_provider::CryptoMode::AwsLc,
+        ))
+        .tls_context(context)
+        .build_https())
+}
+
 impl ObjectStore {
     pub async fn from_config(config: &StoreConfig) -> Result<ObjectStore, StoreError> {
         Ok(match config {
@@ -66,8 +102,12 @@ impl ObjectStore {
                 endpoint,
                 region,
                 force_path_style,
+                ca_file,
             } => {
                 let mut loader = aws_config::defaults(aws_config::BehaviorVersion::latest());
+                if let Some(path) = ca_file {
+                    loader = loader.http_client(https_trusting(path)?);
+                }
                 if let Some(endpoint) = endpoint {
                     loader = loader.endpoint_url(endpoint);
                 }

@@ -102,6 +102,7 @@ async fn confluent_kafka_records_with_duplicates_and_bad_values() {
             endpoint: Some(s3.clone()),
             region: Some("us-east-1".into()),
             force_path_style: true,
+            ca_file: None,
         },
         rotation: RotationConfig {
             max_records: 400,

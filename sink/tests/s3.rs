@@ -30,6 +30,7 @@ fn s3_config(endpoint: &str, bucket: &str) -> StoreConfig {
         endpoint: Some(endpoint.into()),
         region: Some("us-east-1".into()),
         force_path_style: true,
+        ca_file: None,
     }
 }
 
@@ -267,4 +268,82 @@ async fn wait_until(what: &str, done: impl Fn() -> bool) {
         assert!(Instant::now() < deadline, "timed out waiting for {what}");
         tokio::time::sleep(Duration::from_millis(100)).await;
     }
+}
+
+/// A child process that goes when the test does, failed or not.
+struct KillOnDrop(std::process::Child);
+
+impl Drop for KillOnDrop {
+    fn drop(&mut self) {
+        let _ = self.0.kill();
+        let _ = self.0.wait();
+    }
+}
+
+/// An S3-compatible store on HTTPS with a certificate the platform does not know (moto with a
+/// certificate made for the test): with `ca_file` naming it, objects go up and come back;
+/// without, the handshake fails (retryable, as a store out of reach); a `ca_file` without a
+/// certificate is a configuration error.
+#[tokio::test]
+async fn an_https_store_is_trusted_through_its_ca_file() {
+    let dir = tempfile::tempdir().unwrap();
+    let cert = rcgen::generate_simple_self_signed(vec!["127.0.0.1".into()]).unwrap();
+    let (cert_path, key_path) = (dir.path().join("cert.pem"), dir.path().join("key.pem"));
+    std::fs::write(&cert_path, cert.cert.pem()).unwrap();
+    std::fs::write(&key_path, cert.signing_key.serialize_pem()).unwrap();
+    let port = common::free_port();
+    let moto = std::path::Path::new(&common::service_env("EDGE_INGEST_PYTHON"))
+        .with_file_name("moto_server");
+    let _moto = KillOnDrop(
+        std::process::Command::new(moto)
+            .args(["-H", "127.0.0.1", "-p", &port.to_string(), "-c"])
+            .arg(&cert_path)
+            .arg("-k")
+            .arg(&key_path)
+            .stdout(std::process::Stdio::null())
+            .stderr(std::fs::File::create(dir.path().join("moto.log")).unwrap())
+            .spawn()
+            .unwrap(),
+    );
+    wait_until("moto on HTTPS", || {
+        std::net::TcpStream::connect(("127.0.0.1", port)).is_ok()
+    })
+    .await;
+    let endpoint = format!("https://127.0.0.1:{port}");
+    let bucket = unique("tls");
+    let with_ca = |ca: Option<std::path::PathBuf>| {
+        let mut config = s3_config(&endpoint, &bucket);
+        if let StoreConfig::S3 { ca_file, .. } = &mut config {
+            *ca_file = ca;
+        }
+        config
+    };
+    let store = ObjectStore::from_config(&with_ca(Some(cert_path)))
+        .await
+        .unwrap();
+    let ObjectStore::S3 { client, .. } = &store else {
+        panic!("an S3 store")
+    };
+    client.create_bucket().bucket(&bucket).send().await.unwrap();
+    let key = "landing/s/date=2026-01-01/hour=00/s-p0-o00000000000000000000.parquet";
+    let data = bytes::Bytes::from_static(b"over TLS");
+    assert_eq!(
+        store.put_if_absent(key, data.clone()).await.unwrap(),
+        PutOutcome::Created
+    );
+    assert_eq!(store.get(key).await.unwrap().unwrap(), data);
+    // The platform's roots do not know the certificate.
+    let untrusted = ObjectStore::from_config(&with_ca(None)).await.unwrap();
+    let e = untrusted.get(key).await.unwrap_err();
+    assert!(e.retryable, "{}", e.message);
+    let junk = dir.path().join("junk.pem");
+    std::fs::write(&junk, "not a certificate").unwrap();
+    let e = ObjectStore::from_config(&with_ca(Some(junk)))
+        .await
+        .unwrap_err();
+    assert!(
+        !e.retryable && e.message.contains("holds no PEM certificate"),
+        "{}",
+        e.message
+    );
 }
