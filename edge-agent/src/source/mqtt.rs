@@ -1,4 +1,5 @@
-//! MQTT subscription source (rumqttc). The agent is a client of the plant's broker, not a broker.
+//! MQTT subscription source (rumqttc). The agent is a client of the plant's broker, not a broker;
+//! over TLS (rustls) with `mqtts://`, see [`crate::tls`].
 //!
 //! The session is persistent (clean session off), so messages published while the agent is away
 //! wait at the broker. With QoS 1 acknowledgements are manual: the PUBACK of a message goes out
