@@ -335,13 +335,11 @@ async fn local_http_port_answers_once_records_are_spooled() {
     let stub = Stub::start(Faults::default()).await;
     let dir = tempfile::tempdir().unwrap();
     let port = free_port();
-    let cfg = config(
-        &dir.path().join("state"),
+    let cfg = support::http_source_config(
+        dir.path(),
         &stub.url(),
-        "",
-        &format!(
-            "[[sources]]\ntype = \"http\"\nlisten = \"127.0.0.1:{port}\"\ntoken = \"local\"\nmax_body_bytes = 100000\n"
-        ),
+        port,
+        "token = \"local\"\nmax_body_bytes = 100000\n",
     );
     let (agent, shutdown) = start(&cfg);
     let url = format!("http://127.0.0.1:{port}/v1/streams/sensor_readings/records");
@@ -508,11 +506,14 @@ async fn local_http_port_answers_503_when_a_full_spool_drops_records() {
         .text()
         .await
         .unwrap();
+    // Other series exist at zero (registered at start): other streams', and those of agents that
+    // other tests run in this process (the recorder is global), under their own policy.
     let dropped: f64 = metrics
         .lines()
-        // Other streams' series exist at zero (registered at start).
         .find(|l| {
-            l.starts_with(r#"edge_agent_spool_dropped_records_total{stream="sensor_readings""#)
+            l.starts_with(r#"edge_agent_spool_dropped_records_total{"#)
+                && l.contains(r#"stream="sensor_readings""#)
+                && l.contains(r#"policy="drop_newest""#)
         })
         .and_then(|l| l.rsplit(' ').next())
         .and_then(|v| v.parse().ok())

@@ -16,8 +16,8 @@ use rcgen::{
 use rustls::pki_types::pem::PemObject;
 use rustls::pki_types::{CertificateDer, PrivateKeyDer};
 use support::{
-    Faults, Stub, assert_exactly_once, config, free_port, mqtt_publish, readings, service_env,
-    start, wait_landed,
+    Faults, KillOnDrop, Stub, assert_exactly_once, config, free_port, mqtt_publish, readings,
+    service_env, start, wait_landed,
 };
 
 /// A CA and, signed by it, a server certificate for 127.0.0.1 and a client certificate, as PEM
@@ -192,16 +192,6 @@ async fn mqtt_over_tls_with_a_client_certificate() {
     assert_exactly_once(&stub.landed(), &expected);
 }
 
-/// A child process that goes when the test does, failed or not.
-struct KillOnDrop(std::process::Child);
-
-impl Drop for KillOnDrop {
-    fn drop(&mut self) {
-        let _ = self.0.kill();
-        let _ = self.0.wait();
-    }
-}
-
 /// A server config for the stub: the server certificate, and client certificates required and
 /// checked against the CA.
 fn gateway_tls(pki: &Pki) -> rustls::ServerConfig {
@@ -261,13 +251,12 @@ async fn the_local_port_serves_https_with_its_certificate() {
     let pki = pki(dir.path());
     let stub = Stub::start(Faults::default()).await;
     let port = free_port();
-    let cfg = config(
-        &dir.path().join("state"),
+    let cfg = support::http_source_config(
+        dir.path(),
         &stub.url(),
-        "",
+        port,
         &format!(
-            "[[sources]]\ntype = \"http\"\nlisten = \"127.0.0.1:{port}\"\n\
-             tls = {{ cert = {:?}, key = {:?} }}\n",
+            "tls = {{ cert = {:?}, key = {:?} }}\n",
             pki.server_cert, pki.server_key
         ),
     );

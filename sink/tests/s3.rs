@@ -270,16 +270,6 @@ async fn wait_until(what: &str, done: impl Fn() -> bool) {
     }
 }
 
-/// A child process that goes when the test does, failed or not.
-struct KillOnDrop(std::process::Child);
-
-impl Drop for KillOnDrop {
-    fn drop(&mut self) {
-        let _ = self.0.kill();
-        let _ = self.0.wait();
-    }
-}
-
 /// An S3-compatible store on HTTPS with a certificate the platform does not know (moto with a
 /// certificate made for the test): with `ca_file` naming it, objects go up and come back;
 /// without, the handshake fails (retryable, as a store out of reach); a `ca_file` without a
@@ -294,7 +284,7 @@ async fn an_https_store_is_trusted_through_its_ca_file() {
     let port = common::free_port();
     let moto = std::path::Path::new(&common::service_env("EDGE_INGEST_PYTHON"))
         .with_file_name("moto_server");
-    let _moto = KillOnDrop(
+    let _moto = common::KillOnDrop(
         std::process::Command::new(moto)
             .args(["-H", "127.0.0.1", "-p", &port.to_string(), "-c"])
             .arg(&cert_path)

@@ -25,7 +25,7 @@ use schemas::{ContentHash, Streams};
 #[path = "../../../loadtest/tests/common/mod.rs"]
 mod common;
 #[allow(unused_imports)] // not every test file uses both
-pub use common::{free_port, service_env};
+pub use common::{KillOnDrop, free_port, service_env};
 
 /// How often the stub misbehaves, in percent of requests.
 #[derive(Debug, Clone, Copy, Default)]
@@ -369,6 +369,17 @@ pub fn assert_exactly_once(landed: &HashMap<ContentHash, u32>, expected: &[Conte
         expected.len(),
         "records landed that were never sent"
     );
+}
+
+/// A config (state in `dir/state`) for the local HTTP port on `port`, with `more` keys of that
+/// source.
+pub fn http_source_config(dir: &std::path::Path, gateway: &str, port: u16, more: &str) -> String {
+    config(
+        &dir.join("state"),
+        gateway,
+        "",
+        &format!("[[sources]]\ntype = \"http\"\nlisten = \"127.0.0.1:{port}\"\n{more}"),
+    )
 }
 
 /// A config for the agent: `sources` and `extra` are TOML fragments.

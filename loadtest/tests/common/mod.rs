@@ -259,3 +259,14 @@ pub async fn proxy(port: u16, target: u16) -> tokio_util::sync::CancellationToke
     });
     stop
 }
+
+/// A child process (a service a test started for itself) that goes when the test does, failed
+/// or not.
+pub struct KillOnDrop(pub std::process::Child);
+
+impl Drop for KillOnDrop {
+    fn drop(&mut self) {
+        let _ = self.0.kill();
+        let _ = self.0.wait();
+    }
+}
