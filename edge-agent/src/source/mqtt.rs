@@ -152,3 +152,20 @@ pub async fn run(spec: MqttSpec, feed: Feed, shutdown: CancellationToken) -> any
         }
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::endpoint;
+
+    #[test]
+    fn urls_name_the_transport_and_its_default_port() {
+        let parsed = |url: &str| endpoint(url).unwrap();
+        assert_eq!(parsed("mqtt://broker"), ("broker".into(), 1883, false));
+        assert_eq!(parsed("tcp://broker:1884/"), ("broker".into(), 1884, false));
+        assert_eq!(parsed("broker:1885"), ("broker".into(), 1885, false));
+        assert_eq!(parsed("mqtts://broker"), ("broker".into(), 8883, true));
+        assert_eq!(parsed("ssl://broker:8884"), ("broker".into(), 8884, true));
+        assert!(endpoint("mqtt://broker:port").is_err());
+        assert!(endpoint("ws://broker").is_err());
+    }
+}
