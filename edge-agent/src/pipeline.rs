@@ -193,10 +193,6 @@ impl Pipeline {
                 }
             }
         }
-        if let Err(e) = log.flush(true) {
-            // As in the run (`flush_log`): not fatal, and the queue is written with the next batch.
-            tracing::warn!(stream = %def.name, error = %e, "cannot write the dedupe log");
-        }
         metrics::gauge!(m::DEDUPE_ENTRIES, "stream" => def.name.clone()).set(window.len() as f64);
         let zstd = match def.dictionaries.current().filter(|_| batch.zstd_dictionary) {
             Some(dictionary) => {
@@ -205,7 +201,7 @@ impl Pipeline {
             }
             None => zstd::bulk::Compressor::new(batch.zstd_level),
         }?;
-        Ok(Pipeline {
+        let mut pipeline = Pipeline {
             encoding: settings.encoding.unwrap_or(batch.encoding),
             overflow: settings.overflow,
             def,
@@ -224,7 +220,10 @@ impl Pipeline {
             zstd,
             last_batch_records: 0,
             stats: PipelineStats::default(),
-        })
+        };
+        // Writes the digests queued above; a failure (a full disk) is not fatal, as in the run.
+        pipeline.flush_log(true);
+        Ok(pipeline)
     }
 
     pub fn dedupe_memory_bytes(&self) -> usize {

@@ -2,11 +2,12 @@
 //! (`https://`), trusting the platform's roots or a CA file of the site's own, with an optional
 //! client certificate for brokers that require one; and the local ingest port's certificate.
 
-use std::path::{Path, PathBuf};
+use std::path::PathBuf;
 
 use anyhow::Context as _;
+use plumbing::pem::pem_certificates;
+use rustls::pki_types::PrivateKeyDer;
 use rustls::pki_types::pem::PemObject;
-use rustls::pki_types::{CertificateDer, PrivateKeyDer};
 
 /// The `tls` table of an MQTT source or of the gateway: what to trust and what to present.
 #[derive(Debug, Clone, Default, PartialEq, Eq, serde::Deserialize)]
@@ -26,19 +27,6 @@ impl TlsFiles {
     pub fn is_empty(&self) -> bool {
         *self == TlsFiles::default()
     }
-}
-
-/// The certificates of a PEM file; an error when it holds none.
-pub fn pem_certificates(path: &Path) -> anyhow::Result<Vec<CertificateDer<'static>>> {
-    let certs = CertificateDer::pem_file_iter(path)
-        .and_then(|certs| certs.collect::<Result<Vec<_>, _>>())
-        .with_context(|| format!("cannot read certificates from {}", path.display()))?;
-    anyhow::ensure!(
-        !certs.is_empty(),
-        "{} holds no PEM certificate",
-        path.display()
-    );
-    Ok(certs)
 }
 
 /// A client config trusting `files.ca_file` (or the platform's roots) and presenting the client
@@ -86,14 +74,11 @@ pub fn http_client(
     files: &TlsFiles,
 ) -> anyhow::Result<reqwest::ClientBuilder> {
     if let Some(path) = &files.ca_file {
-        let pem = std::fs::read(path).with_context(|| format!("cannot read {}", path.display()))?;
-        let certs = reqwest::Certificate::from_pem_bundle(&pem)
-            .with_context(|| format!("cannot read certificates from {}", path.display()))?;
-        anyhow::ensure!(
-            !certs.is_empty(),
-            "{} holds no PEM certificate",
-            path.display()
-        );
+        let certs = pem_certificates(path)?
+            .iter()
+            .map(|cert| reqwest::Certificate::from_der(cert))
+            .collect::<Result<Vec<_>, _>>()
+            .with_context(|| format!("a certificate of {} is invalid", path.display()))?;
         builder = builder.tls_certs_only(certs);
     }
     match (&files.client_cert, &files.client_key) {

@@ -62,15 +62,8 @@ fn https_trusting(
     };
     let pem = std::fs::read(path)
         .map_err(|e| config_error(format!("cannot read ca_file {}: {e}", path.display())))?;
-    if !pem
-        .windows(b"-----BEGIN CERTIFICATE-----".len())
-        .any(|w| w == b"-----BEGIN CERTIFICATE-----")
-    {
-        return Err(config_error(format!(
-            "ca_file {} holds no PEM certificate",
-            path.display()
-        )));
-    }
+    plumbing::pem::certificates_in(&pem, path)
+        .map_err(|e| config_error(format!("ca_file {e:#}")))?;
     let context = tls::TlsContext::builder()
         .with_trust_store(
             tls::TrustStore::empty()
