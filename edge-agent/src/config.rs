@@ -88,7 +88,15 @@ pub struct KafkaTarget {
     /// Topic prefix (`ingest.` like the gateway).
     #[serde(default = "default_topic_prefix")]
     pub topic_prefix: String,
-    /// Extra librdkafka producer properties (security, timeouts).
+    /// TLS to the brokers: `tls = {}` trusts the platform's roots; `ca_file` a CA of its own;
+    /// `client_cert` and `client_key` for brokers that require a client certificate.
+    #[serde(default)]
+    pub tls: Option<TlsFiles>,
+    /// SASL authentication: `{ mechanism = "SCRAM-SHA-512", username, password_file }`
+    /// (or `password`, e.g. from `EDGE_AGENT_KAFKA__SASL__PASSWORD`).
+    #[serde(default)]
+    pub sasl: Option<plumbing::kafka_security::Sasl>,
+    /// Extra librdkafka producer properties (timeouts), set last: they win over the above.
     #[serde(default)]
     pub properties: BTreeMap<String, String>,
 }
@@ -327,6 +335,14 @@ impl AgentConfig {
                 problems.push(format!("gateway: {e}"));
             }
         }
+        if let Some(k) = &self.kafka {
+            let mut scratch = rdkafka::ClientConfig::new();
+            if let Err(e) =
+                plumbing::kafka_security::apply(&mut scratch, k.tls.as_ref(), k.sasl.as_ref())
+            {
+                problems.push(format!("kafka: {e:#}"));
+            }
+        }
         if self.sources.is_empty() {
             problems.push("no [[sources]] configured".to_owned());
         }
@@ -470,6 +486,28 @@ mod tests {
         with("[401, 409]").unwrap();
         let e = with("[401, 503]").unwrap_err().to_string();
         assert!(e.contains("gateway.retry_statuses holds 503"), "{e}");
+    }
+
+    #[test]
+    fn kafka_security_is_checked_with_the_config() {
+        let with = |security: &str| {
+            super::AgentConfig::parse(&format!(
+                "[kafka]\nbrokers = \"k:9093\"\n{security}\n\
+                 [[sources]]\ntype = \"stdin\"\nstream = \"sensor_readings\"\n"
+            ))
+            .unwrap()
+            .validate(&schemas::example_streams())
+            .map_or_else(|e| e.to_string(), |()| String::new())
+        };
+        assert_eq!(with(""), "");
+        assert_eq!(
+            with("tls = {}\nsasl = { mechanism = \"PLAIN\", username = \"u\", password = \"p\" }"),
+            ""
+        );
+        let e = with("sasl = { mechanism = \"SCRAM-SHA-256\", username = \"u\" }");
+        assert!(e.contains("kafka: give one of kafka.sasl.password"), "{e}");
+        let e = with("tls = { ca_file = \"/nonexistent/ca.pem\" }");
+        assert!(e.contains("kafka: kafka.tls.ca_file"), "{e}");
     }
 
     /// The error `validate` gives for an MQTT source with `url` and `tls`, and a gateway with

@@ -328,6 +328,8 @@ pub struct KafkaOutput {
 impl KafkaOutput {
     pub fn new(target: &KafkaTarget) -> Result<KafkaOutput, SendError> {
         let mut config = plumbing::kafka::producer_config(&target.brokers, 30_000);
+        plumbing::kafka_security::apply(&mut config, target.tls.as_ref(), target.sasl.as_ref())
+            .map_err(|e| SendError::Config(format!("{e:#}")))?;
         for (k, v) in &target.properties {
             config.set(k, v);
         }

@@ -2,32 +2,12 @@
 //! (`https://`), trusting the platform's roots or a CA file of the site's own, with an optional
 //! client certificate for brokers that require one; and the local ingest port's certificate.
 
-use std::path::PathBuf;
-
 use anyhow::Context as _;
 use plumbing::pem::pem_certificates;
 use rustls::pki_types::PrivateKeyDer;
 use rustls::pki_types::pem::PemObject;
 
-/// The `tls` table of an MQTT source or of the gateway: what to trust and what to present.
-#[derive(Debug, Clone, Default, PartialEq, Eq, serde::Deserialize)]
-#[serde(deny_unknown_fields)]
-pub struct TlsFiles {
-    /// PEM certificates to trust instead of the platform's roots.
-    #[serde(default)]
-    pub ca_file: Option<PathBuf>,
-    /// PEM certificate chain and private key the agent presents (mutual TLS).
-    #[serde(default)]
-    pub client_cert: Option<PathBuf>,
-    #[serde(default)]
-    pub client_key: Option<PathBuf>,
-}
-
-impl TlsFiles {
-    pub fn is_empty(&self) -> bool {
-        *self == TlsFiles::default()
-    }
-}
+pub use plumbing::pem::TlsFiles;
 
 /// A client config trusting `files.ca_file` (or the platform's roots) and presenting the client
 /// certificate when one is given.

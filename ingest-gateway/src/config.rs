@@ -4,6 +4,8 @@ use std::collections::BTreeMap;
 use std::net::SocketAddr;
 use std::path::PathBuf;
 
+use plumbing::kafka_security::Sasl;
+use plumbing::pem::TlsFiles;
 use serde::Deserialize;
 
 /// Environment variables with this prefix override config keys (`__` separates nesting).
@@ -107,7 +109,15 @@ pub struct KafkaConfig {
     /// stream topics when `create_topics` is on.
     #[serde(default = "default_dead_letter_topic")]
     pub dead_letter_topic: String,
-    /// Extra librdkafka producer properties, e.g. `"security.protocol" = "ssl"`.
+    /// TLS to the brokers: `tls = {}` trusts the platform's roots; `ca_file` a CA of its own;
+    /// `client_cert` and `client_key` for brokers that require a client certificate.
+    #[serde(default)]
+    pub tls: Option<TlsFiles>,
+    /// SASL authentication: `{ mechanism = "SCRAM-SHA-512", username, password_file }`
+    /// (or `password`, e.g. from `INGEST_GATEWAY_KAFKA__SASL__PASSWORD`).
+    #[serde(default)]
+    pub sasl: Option<Sasl>,
+    /// Extra librdkafka producer properties, set last (they win over the settings above).
     #[serde(default)]
     pub producer: BTreeMap<String, String>,
 }
@@ -122,6 +132,8 @@ impl Default for KafkaConfig {
             topic_replication: default_replication(),
             produce_timeout_ms: default_produce_timeout_ms(),
             dead_letter_topic: default_dead_letter_topic(),
+            tls: None,
+            sasl: None,
             producer: BTreeMap::new(),
         }
     }

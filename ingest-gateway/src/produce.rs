@@ -84,22 +84,23 @@ fn spawn_factory(
     Ok(tx)
 }
 
-/// The base client config for a cluster.
-pub fn client_config(brokers: &str) -> ClientConfig {
-    let mut c = ClientConfig::new();
-    c.set("bootstrap.servers", brokers);
-    c
+/// Sets the security settings (`kafka.tls`, `kafka.sasl`) and then the extra properties
+/// (`kafka.producer`, which so win) of `config` on `c`.
+fn configure(c: &mut ClientConfig, config: &KafkaConfig) -> anyhow::Result<()> {
+    plumbing::kafka_security::apply(c, config.tls.as_ref(), config.sasl.as_ref())?;
+    for (k, v) in &config.producer {
+        c.set(k, v);
+    }
+    Ok(())
 }
 
 impl Producer {
-    pub fn new(config: &KafkaConfig, max_inflight_bytes: usize) -> Result<Producer, KafkaError> {
+    pub fn new(config: &KafkaConfig, max_inflight_bytes: usize) -> anyhow::Result<Producer> {
         let mut c = plumbing::kafka::producer_config(&config.brokers, config.produce_timeout_ms);
         // The in-flight budget is the limit: librdkafka's queue holds at least as much.
         let kib = (max_inflight_bytes / 1024).clamp(1 << 20, i32::MAX as usize);
         c.set("queue.buffering.max.kbytes", kib.to_string());
-        for (k, v) in &config.producer {
-            c.set(k, v);
-        }
+        configure(&mut c, config)?;
         Ok(Producer {
             inner: RwLock::new(Arc::new(plumbing::kafka::group_producer(&c)?)),
             factory: spawn_factory(c).map_err(|e| {
@@ -253,7 +254,10 @@ fn kafka_unavailable(e: &KafkaError) -> ApiError {
 
 /// Creates the topic of every stream that does not exist yet.
 pub async fn ensure_topics(config: &KafkaConfig, streams: &Streams) -> anyhow::Result<()> {
-    let admin: AdminClient<DefaultClientContext> = client_config(&config.brokers).create()?;
+    let mut c = ClientConfig::new();
+    c.set("bootstrap.servers", &config.brokers);
+    configure(&mut c, config)?;
+    let admin: AdminClient<DefaultClientContext> = c.create()?;
     let mut names: Vec<String> = streams
         .iter()
         .map(|s| topic_name(&config.topic_prefix, &s.name))

@@ -4,6 +4,8 @@ use std::collections::BTreeMap;
 use std::net::SocketAddr;
 use std::path::PathBuf;
 
+use plumbing::kafka_security::Sasl;
+use plumbing::pem::TlsFiles;
 use serde::Deserialize;
 
 /// Environment variables with this prefix override config keys (`__` separates nesting).
@@ -114,7 +116,15 @@ pub struct KafkaConfig {
     /// Where a record's ingest time (`_ingest_ts`, and the hour folder of its file) comes from.
     #[serde(default)]
     pub ingest_time: IngestTime,
-    /// Extra librdkafka consumer properties.
+    /// TLS to the brokers: `tls = {}` trusts the platform's roots; `ca_file` a CA of its own;
+    /// `client_cert` and `client_key` for brokers that require a client certificate.
+    #[serde(default)]
+    pub tls: Option<TlsFiles>,
+    /// SASL authentication: `{ mechanism = "SCRAM-SHA-512", username, password_file }`
+    /// (or `password`, e.g. from `SINK_KAFKA__SASL__PASSWORD`).
+    #[serde(default)]
+    pub sasl: Option<Sasl>,
+    /// Extra librdkafka consumer properties, set last (they win over the settings above).
     #[serde(default)]
     pub consumer: BTreeMap<String, String>,
 }
@@ -143,6 +153,8 @@ impl Default for KafkaConfig {
             session_timeout_ms: default_session_timeout_ms(),
             instance_id: None,
             ingest_time: IngestTime::default(),
+            tls: None,
+            sasl: None,
             consumer: BTreeMap::new(),
         }
     }

@@ -220,6 +220,11 @@ pub async fn start(
     if let Some(id) = &config.kafka.instance_id {
         client.set("group.instance.id", id);
     }
+    plumbing::kafka_security::apply(
+        &mut client,
+        config.kafka.tls.as_ref(),
+        config.kafka.sasl.as_ref(),
+    )?;
     for (k, v) in &config.kafka.consumer {
         client.set(k, v);
     }
