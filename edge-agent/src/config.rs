@@ -584,15 +584,16 @@ mod tests {
         let other = rcgen::KeyPair::generate().unwrap();
         let other_key = dir.path().join("other-key.pem");
         std::fs::write(&other_key, other.serialize_pem()).unwrap();
-        let local = |cert: &Path, key: &Path| {
+        let local_with = |cert: &Path, key: &Path, more: &str| {
             super::AgentConfig::parse(&format!(
                 "[gateway]\nurl = \"http://gw\"\n[[sources]]\ntype = \"http\"\n\
-                 listen = \"127.0.0.1:0\"\ntls = {{ cert = {cert:?}, key = {key:?} }}\n"
+                 listen = \"127.0.0.1:0\"\ntls = {{ cert = {cert:?}, key = {key:?}{more} }}\n"
             ))
             .unwrap()
             .validate(&schemas::example_streams())
             .map_or_else(|e| e.to_string(), |()| String::new())
         };
+        let local = |cert: &Path, key: &Path| local_with(cert, key, "");
         assert_eq!(local(&cert, &key), "");
         let e = local(&missing, &key);
         assert!(
@@ -601,5 +602,10 @@ mod tests {
         );
         let e = local(&cert, &other_key);
         assert!(e.contains("other-key.pem is not the key of"), "{e}");
+        // Client certificates required: the CA file must hold certificates.
+        let mtls = |ca: &Path| local_with(&cert, &key, &format!(", client_ca_file = {ca:?}"));
+        assert_eq!(mtls(&cert), "");
+        let e = mtls(&junk);
+        assert!(e.contains("junk.pem holds no PEM certificate"), "{e}");
     }
 }

@@ -82,21 +82,8 @@ pub fn http_client(
     }
 }
 
-/// Checks a server certificate and key (the local ingest port's): both readable, and the key
-/// the certificate's.
+/// Checks a server certificate and key (the local ingest port's): both readable, the key the
+/// certificate's, and the client CA file when one is given.
 pub fn check_server(tls: &plumbing::server::TlsConfig) -> anyhow::Result<()> {
-    let chain = pem_certificates(&tls.cert)?;
-    let key = PrivateKeyDer::from_pem_file(&tls.key)
-        .with_context(|| format!("cannot read a private key from {}", tls.key.display()))?;
-    rustls::ServerConfig::builder()
-        .with_no_client_auth()
-        .with_single_cert(chain, key)
-        .map(drop)
-        .with_context(|| {
-            format!(
-                "{} is not the key of {}",
-                tls.key.display(),
-                tls.cert.display()
-            )
-        })
+    tls.server_config().map(drop)
 }

@@ -6,15 +6,12 @@
 mod support;
 
 use std::path::{Path, PathBuf};
-use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use rcgen::{
     BasicConstraints, CertificateParams, CertifiedIssuer, DnType, ExtendedKeyUsagePurpose, IsCa,
     KeyPair, KeyUsagePurpose,
 };
-use rustls::pki_types::pem::PemObject;
-use rustls::pki_types::{CertificateDer, PrivateKeyDer};
 use support::{
     Faults, KillOnDrop, Stub, assert_exactly_once, config, free_port, mqtt_publish, readings,
     service_env, start, wait_landed,
@@ -192,25 +189,16 @@ async fn mqtt_over_tls_with_a_client_certificate() {
     assert_exactly_once(&stub.landed(), &expected);
 }
 
-/// A server config for the stub: the server certificate, and client certificates required and
-/// checked against the CA.
+/// A server config for the stub, as the gateway makes it from its `[tls]`: the server
+/// certificate, and client certificates required and checked against the CA.
 fn gateway_tls(pki: &Pki) -> rustls::ServerConfig {
-    let mut roots = rustls::RootCertStore::empty();
-    roots
-        .add(CertificateDer::from_pem_file(&pki.ca).unwrap())
-        .unwrap();
-    let verifier = rustls::server::WebPkiClientVerifier::builder(Arc::new(roots))
-        .build()
-        .unwrap();
-    let mut config = rustls::ServerConfig::builder()
-        .with_client_cert_verifier(verifier)
-        .with_single_cert(
-            vec![CertificateDer::from_pem_file(&pki.server_cert).unwrap()],
-            PrivateKeyDer::from_pem_file(&pki.server_key).unwrap(),
-        )
-        .unwrap();
-    config.alpn_protocols = vec![b"h2".to_vec(), b"http/1.1".to_vec()];
-    config
+    plumbing::server::TlsConfig {
+        cert: pki.server_cert.clone(),
+        key: pki.server_key.clone(),
+        client_ca_file: Some(pki.ca.clone()),
+    }
+    .server_config()
+    .unwrap()
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -246,7 +234,7 @@ async fn delivers_over_https_with_the_sites_ca_and_a_client_certificate() {
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn the_local_port_serves_https_with_its_certificate() {
+async fn the_local_port_serves_https_and_requires_client_certificates_from_its_ca() {
     let dir = tempfile::tempdir().unwrap();
     let pki = pki(dir.path());
     let stub = Stub::start(Faults::default()).await;
@@ -256,13 +244,17 @@ async fn the_local_port_serves_https_with_its_certificate() {
         &stub.url(),
         port,
         &format!(
-            "tls = {{ cert = {:?}, key = {:?} }}\n",
-            pki.server_cert, pki.server_key
+            "tls = {{ cert = {:?}, key = {:?}, client_ca_file = {:?} }}\n",
+            pki.server_cert, pki.server_key, pki.ca
         ),
     );
     let (agent, shutdown) = start(&cfg);
+    let ca = reqwest::Certificate::from_pem(&std::fs::read(&pki.ca).unwrap()).unwrap();
+    let mut identity = std::fs::read(&pki.client_cert).unwrap();
+    identity.extend(std::fs::read(&pki.client_key).unwrap());
     let client = reqwest::Client::builder()
-        .tls_certs_only([reqwest::Certificate::from_pem(&std::fs::read(&pki.ca).unwrap()).unwrap()])
+        .tls_certs_only([ca.clone()])
+        .identity(reqwest::Identity::from_pem(&identity).unwrap())
         .build()
         .unwrap();
     let (lines, expected) = readings(50, 5, 0, 29);
@@ -280,6 +272,17 @@ async fn the_local_port_serves_https_with_its_certificate() {
         tokio::time::sleep(Duration::from_millis(100)).await;
     };
     assert_eq!(answer.status(), 200);
+    // A client that trusts the port but has no client certificate gets no TLS session.
+    let anonymous = reqwest::Client::builder()
+        .tls_certs_only([ca])
+        .build()
+        .unwrap()
+        .post(&url)
+        .header("content-type", "application/x-ndjson")
+        .body(lines.join("\n"))
+        .send()
+        .await;
+    assert!(anonymous.is_err(), "{anonymous:?}");
     // Plain HTTP gets no answer from a TLS port.
     let plain = reqwest::get(format!("http://127.0.0.1:{port}/")).await;
     assert!(plain.is_err(), "{plain:?}");

@@ -656,6 +656,7 @@ async fn serves_tls_when_given_a_certificate() {
         c.tls = Some(TlsConfig {
             cert: cert_path,
             key: key_path,
+            client_ca_file: None,
         })
     })
     .await;

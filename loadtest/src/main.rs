@@ -163,6 +163,13 @@ enum Command {
         /// (a site's own CA).
         #[arg(long, env = "LOADTEST_CA_FILE")]
         ca_file: Option<PathBuf>,
+        /// PEM client certificate (chain) to present to a gateway that requires one (its
+        /// `[tls] client_ca_file`), with --client-key.
+        #[arg(long, env = "LOADTEST_CLIENT_CERT", requires = "client_key")]
+        client_cert: Option<PathBuf>,
+        /// PEM private key of --client-cert.
+        #[arg(long, env = "LOADTEST_CLIENT_KEY", requires = "client_cert")]
+        client_key: Option<PathBuf>,
         #[command(flatten)]
         fleet: FleetArgs,
         /// Event time of the first reading, epoch milliseconds; now when absent, so that runs
@@ -450,6 +457,8 @@ async fn main() -> anyhow::Result<()> {
             gateway,
             token,
             ca_file,
+            client_cert,
+            client_key,
             fleet,
             start_ms,
             batch_records,
@@ -474,7 +483,11 @@ async fn main() -> anyhow::Result<()> {
                 SendOptions {
                     gateway,
                     token,
-                    ca_file,
+                    tls: edge_agent::tls::TlsFiles {
+                        ca_file,
+                        client_cert,
+                        client_key,
+                    },
                     fleet,
                     batch_records,
                     encoding: match encoding {

@@ -14,6 +14,7 @@ use anyhow::Context;
 use edge_agent::batch::{Batch, BatchId, BodyEncoding};
 use edge_agent::config::{BATCH_INDEPENDENT_REFUSALS, GatewayTarget};
 use edge_agent::output::{Output, SendError};
+use edge_agent::tls::TlsFiles;
 use schemas::StreamDef;
 use serde::Serialize;
 use tokio::sync::{Mutex, mpsc};
@@ -33,8 +34,9 @@ pub struct SendOptions {
     /// Base URL of the gateway.
     pub gateway: String,
     pub token: Option<String>,
-    /// PEM certificates to trust for an https:// gateway instead of the platform's roots.
-    pub ca_file: Option<PathBuf>,
+    /// For an https:// gateway: PEM certificates to trust instead of the platform's roots, and
+    /// a client certificate and key for a gateway that requires one.
+    pub tls: TlsFiles,
     pub fleet: FleetSpec,
     /// Readings per batch.
     pub batch_records: usize,
@@ -107,10 +109,7 @@ pub async fn run(opts: SendOptions, shutdown: CancellationToken) -> anyhow::Resu
             max_backoff_ms: 10_000,
             // The run stops at the first of these instead (BATCH_INDEPENDENT_REFUSALS).
             retry_statuses: Vec::new(),
-            tls: edge_agent::tls::TlsFiles {
-                ca_file: opts.ca_file.clone(),
-                ..Default::default()
-            },
+            tls: opts.tls.clone(),
         }),
         None,
     )?);

@@ -72,6 +72,7 @@ impl SecureKafka {
         let server = plumbing::server::TlsConfig {
             cert: ca.clone(),
             key,
+            client_ca_file: None,
         };
         let stop = tls_endpoint(tls, plain, &server).await;
         let password_file = dir.join("kafka-password");
