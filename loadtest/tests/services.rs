@@ -66,6 +66,9 @@ impl Stack {
                 region: Some("us-east-1".into()),
                 force_path_style: true,
                 ca_file: None,
+                server_side_encryption: None,
+                kms_key_id: None,
+                storage_class: None,
             },
             rotation: RotationConfig {
                 idle_ms: 1_000,

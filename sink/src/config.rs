@@ -186,6 +186,19 @@ pub enum StoreConfig {
         /// roots: an S3-compatible store with a certificate from the site's own CA.
         #[serde(default)]
         ca_file: Option<PathBuf>,
+        /// Server-side encryption of the objects written: `AES256` (keys S3 manages),
+        /// `aws:kms` or `aws:kms:dsse` (KMS: `kms_key_id`, else the account's S3 key). Buckets
+        /// whose policy demands the header refuse objects without it. The bucket's default
+        /// encryption when absent.
+        #[serde(default)]
+        server_side_encryption: Option<String>,
+        /// KMS key (id, alias or ARN) for `aws:kms` / `aws:kms:dsse`.
+        #[serde(default)]
+        kms_key_id: Option<String>,
+        /// Storage class of the objects written (`STANDARD_IA`, `INTELLIGENT_TIERING`, …);
+        /// the bucket's default (`STANDARD`) when absent.
+        #[serde(default)]
+        storage_class: Option<String>,
     },
 }
 

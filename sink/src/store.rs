@@ -7,6 +7,7 @@ use std::time::{Duration, SystemTime};
 
 use aws_sdk_s3::error::{ProvideErrorMetadata, SdkError};
 use aws_sdk_s3::primitives::ByteStream;
+use aws_sdk_s3::types::{ServerSideEncryption, StorageClass};
 use bytes::Bytes;
 use thiserror::Error;
 
@@ -48,7 +49,62 @@ pub enum ObjectStore {
     S3 {
         client: aws_sdk_s3::Client,
         bucket: String,
+        objects: ObjectSettings,
     },
+}
+
+/// What every object the sink creates in S3 is written with.
+#[derive(Debug, Clone, Default)]
+pub struct ObjectSettings {
+    sse: Option<ServerSideEncryption>,
+    kms_key_id: Option<String>,
+    storage_class: Option<StorageClass>,
+}
+
+impl ObjectSettings {
+    /// Checks the configured names against the ones S3 knows (a clear error at start rather
+    /// than every upload refused).
+    fn new(
+        sse: Option<&str>,
+        kms_key_id: Option<&str>,
+        storage_class: Option<&str>,
+    ) -> Result<ObjectSettings, StoreError> {
+        let config_error = |message: String| StoreError {
+            retryable: false,
+            message,
+        };
+        let known = |value: &str, values: &[&str], key: &str| {
+            if values.contains(&value) {
+                Ok(())
+            } else {
+                Err(config_error(format!(
+                    "store.{key} = {value:?} is not one of {}",
+                    values.join(", ")
+                )))
+            }
+        };
+        if let Some(sse) = sse {
+            known(
+                sse,
+                ServerSideEncryption::values(),
+                "server_side_encryption",
+            )?;
+        }
+        if let Some(class) = storage_class {
+            known(class, StorageClass::values(), "storage_class")?;
+        }
+        if kms_key_id.is_some() && !sse.is_some_and(|s| s.starts_with("aws:kms")) {
+            return Err(config_error(
+                "store.kms_key_id needs server_side_encryption = \"aws:kms\" or \"aws:kms:dsse\""
+                    .into(),
+            ));
+        }
+        Ok(ObjectSettings {
+            sse: sse.map(ServerSideEncryption::from),
+            kms_key_id: kms_key_id.map(str::to_owned),
+            storage_class: storage_class.map(StorageClass::from),
+        })
+    }
 }
 
 /// An HTTPS client (rustls) that trusts the PEM certificates in `path` and nothing else.
@@ -96,7 +152,15 @@ impl ObjectStore {
                 region,
                 force_path_style,
                 ca_file,
+                server_side_encryption,
+                kms_key_id,
+                storage_class,
             } => {
+                let objects = ObjectSettings::new(
+                    server_side_encryption.as_deref(),
+                    kms_key_id.as_deref(),
+                    storage_class.as_deref(),
+                )?;
                 let mut loader = aws_config::defaults(aws_config::BehaviorVersion::latest());
                 if let Some(path) = ca_file {
                     loader = loader.http_client(https_trusting(path)?);
@@ -116,6 +180,7 @@ impl ObjectStore {
                 ObjectStore::S3 {
                     client: aws_sdk_s3::Client::from_conf(builder.build()),
                     bucket: bucket.clone(),
+                    objects,
                 }
             }
         })
@@ -138,12 +203,19 @@ impl ObjectStore {
                     .await
                     .map_err(|e| StoreError::retryable(e.to_string()))?
             }
-            ObjectStore::S3 { client, bucket } => {
+            ObjectStore::S3 {
+                client,
+                bucket,
+                objects,
+            } => {
                 let result = client
                     .put_object()
                     .bucket(bucket)
                     .key(key)
                     .if_none_match("*")
+                    .set_server_side_encryption(objects.sse.clone())
+                    .set_ssekms_key_id(objects.kms_key_id.clone())
+                    .set_storage_class(objects.storage_class.clone())
                     .content_type(if key.ends_with(".parquet") {
                         "application/vnd.apache.parquet"
                     } else {
@@ -205,12 +277,19 @@ impl ObjectStore {
                     .map_err(|e| io("read", e))?;
                 self.put_if_absent(key, data).await
             }
-            ObjectStore::S3 { client, bucket } => {
+            ObjectStore::S3 {
+                client,
+                bucket,
+                objects,
+            } => {
                 let part_bytes = part_bytes.max(MIN_PART_BYTES);
                 let created = client
                     .create_multipart_upload()
                     .bucket(bucket)
                     .key(key)
+                    .set_server_side_encryption(objects.sse.clone())
+                    .set_ssekms_key_id(objects.kms_key_id.clone())
+                    .set_storage_class(objects.storage_class.clone())
                     .content_type("application/vnd.apache.parquet")
                     .send()
                     .await
@@ -239,7 +318,7 @@ impl ObjectStore {
         size: u64,
         part_bytes: usize,
     ) -> Result<PutOutcome, StoreError> {
-        let ObjectStore::S3 { client, bucket } = self else {
+        let ObjectStore::S3 { client, bucket, .. } = self else {
             return Err(StoreError::retryable("not an S3 store"));
         };
         let mut parts = Vec::new();
@@ -292,7 +371,7 @@ impl ObjectStore {
     }
 
     async fn abort_upload(&self, key: &str, upload_id: &str) {
-        let ObjectStore::S3 { client, bucket } = self else {
+        let ObjectStore::S3 { client, bucket, .. } = self else {
             return;
         };
         let aborted = client
@@ -325,7 +404,7 @@ impl ObjectStore {
                     .await
                     .map_err(|e| StoreError::retryable(e.to_string()))?
             }
-            ObjectStore::S3 { client, bucket } => {
+            ObjectStore::S3 { client, bucket, .. } => {
                 let mut removed = 0;
                 let (mut key_marker, mut id_marker) = (None::<String>, None::<String>);
                 loop {
@@ -407,7 +486,7 @@ impl ObjectStore {
                 .await
                 .map_err(|e| StoreError::retryable(e.to_string()))?
             }
-            ObjectStore::S3 { client, bucket } => {
+            ObjectStore::S3 { client, bucket, .. } => {
                 let mut out = Vec::new();
                 let mut pages = client
                     .list_objects_v2()
@@ -442,7 +521,7 @@ impl ObjectStore {
                     ))),
                 }
             }
-            ObjectStore::S3 { client, bucket } => {
+            ObjectStore::S3 { client, bucket, .. } => {
                 match client.get_object().bucket(bucket).key(key).send().await {
                     Ok(out) => {
                         let body = out.body.collect().await.map_err(|e| {

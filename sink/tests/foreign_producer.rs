@@ -103,6 +103,9 @@ async fn confluent_kafka_records_with_duplicates_and_bad_values() {
             region: Some("us-east-1".into()),
             force_path_style: true,
             ca_file: None,
+            server_side_encryption: None,
+            kms_key_id: None,
+            storage_class: None,
         },
         rotation: RotationConfig {
             max_records: 400,

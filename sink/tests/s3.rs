@@ -31,6 +31,9 @@ fn s3_config(endpoint: &str, bucket: &str) -> StoreConfig {
         region: Some("us-east-1".into()),
         force_path_style: true,
         ca_file: None,
+        server_side_encryption: None,
+        kms_key_id: None,
+        storage_class: None,
     }
 }
 
@@ -124,6 +127,73 @@ async fn large_files_go_up_in_equal_parts_only_if_absent() {
         .await
         .unwrap();
     assert_eq!(head.content_length(), Some(5));
+}
+
+#[tokio::test]
+async fn objects_are_written_with_the_configured_encryption_and_storage_class() {
+    let endpoint = common::service_env("EDGE_INGEST_S3");
+    let (_, client, bucket) = bucket_store(&endpoint).await;
+    let kms_key = "arn:aws:kms:us-east-1:123456789012:key/landing-zone";
+    let configured = |sse: &str, kms: Option<&str>, class: &str| {
+        let mut config = s3_config(&endpoint, &bucket);
+        if let StoreConfig::S3 {
+            server_side_encryption,
+            kms_key_id,
+            storage_class,
+            ..
+        } = &mut config
+        {
+            *server_side_encryption = Some(sse.into());
+            *kms_key_id = kms.map(Into::into);
+            *storage_class = Some(class.into());
+        }
+        config
+    };
+    const PART: usize = 5 << 20;
+    let cases = [
+        ("aws:kms", Some(kms_key), "STANDARD_IA", 2 * PART + 10),
+        ("AES256", None, "INTELLIGENT_TIERING", 100),
+    ];
+    for (i, (sse, kms, class, size)) in cases.into_iter().enumerate() {
+        let store = ObjectStore::from_config(&configured(sse, kms, class))
+            .await
+            .unwrap();
+        // A multipart upload, then a single put: both carry the settings.
+        let key = format!("landing/s/date=2026-01-01/hour=00/s-p0-o{i:020}.parquet");
+        let outcome = store
+            .put_file_if_absent(&key, &staged(&vec![i as u8; size]), PART)
+            .await
+            .unwrap();
+        assert_eq!(outcome, PutOutcome::Created);
+        let head = client
+            .head_object()
+            .bucket(&bucket)
+            .key(&key)
+            .send()
+            .await
+            .unwrap();
+        assert_eq!(head.server_side_encryption().map(|s| s.as_str()), Some(sse));
+        assert_eq!(head.ssekms_key_id(), kms, "{sse}");
+        assert_eq!(head.storage_class().map(|c| c.as_str()), Some(class));
+    }
+
+    for (config, expected) in [
+        (
+            configured("aws:kmz", None, "STANDARD"),
+            "store.server_side_encryption = \"aws:kmz\" is not one of",
+        ),
+        (
+            configured("AES256", None, "COLD"),
+            "store.storage_class = \"COLD\" is not one of",
+        ),
+        (
+            configured("AES256", Some(kms_key), "STANDARD"),
+            "store.kms_key_id needs server_side_encryption",
+        ),
+    ] {
+        let e = ObjectStore::from_config(&config).await.unwrap_err();
+        assert!(!e.retryable && e.message.contains(expected), "{e}");
+    }
 }
 
 #[tokio::test]
