@@ -1,52 +1,16 @@
 //! Bandwidth caps (global and per stream) and stream priority on the uplink.
 //!
-//! A cap is a token bucket of one second's worth of bytes. A batch may take the bucket below zero
-//! (batches are larger than a second's budget on slow links); the next sender then waits until
-//! the debt is paid. Under the global cap, the waiting stream with the highest priority goes
-//! next (ties: the one that waited longest).
+//! A cap is a token bucket of one second's worth of bytes (`plumbing::rate::Bucket`): a batch may
+//! take it below zero, and the next sender then waits until the debt is paid. Under the global
+//! cap, the waiting stream with the highest priority goes next (ties: the one that waited
+//! longest).
 
 use std::cmp::Reverse;
 use std::collections::BTreeSet;
 use std::sync::Mutex;
 use std::sync::atomic::{AtomicU64, Ordering};
-use std::time::{Duration, Instant};
 
-#[derive(Debug)]
-struct Bucket {
-    rate: f64,
-    tokens: f64,
-    last: Instant,
-}
-
-impl Bucket {
-    fn new(bytes_per_sec: u64) -> Bucket {
-        Bucket {
-            rate: bytes_per_sec as f64,
-            tokens: bytes_per_sec as f64,
-            last: Instant::now(),
-        }
-    }
-
-    fn refill(&mut self) {
-        let now = Instant::now();
-        self.tokens = (self.tokens + self.rate * (now - self.last).as_secs_f64()).min(self.rate);
-        self.last = now;
-    }
-
-    /// Time until the bucket is out of debt.
-    fn debt_wait(&mut self) -> Duration {
-        self.refill();
-        if self.tokens >= 0.0 {
-            Duration::ZERO
-        } else {
-            Duration::from_secs_f64(-self.tokens / self.rate)
-        }
-    }
-
-    fn take(&mut self, bytes: u64) {
-        self.tokens -= bytes as f64;
-    }
-}
+use plumbing::rate::Bucket;
 
 /// A per-stream cap.
 #[derive(Debug)]
@@ -168,6 +132,7 @@ impl Link {
 #[cfg(test)]
 mod tests {
     use std::sync::Arc;
+    use std::time::{Duration, Instant};
 
     use super::*;
 

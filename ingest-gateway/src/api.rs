@@ -375,6 +375,7 @@ pub async fn ingest(
     let who = state.auth.authenticate(&headers)?;
     validate_stream_name(&stream).map_err(|e| ApiError::bad_request(e.to_string()))?;
     state.auth.authorize(who, &stream)?;
+    state.auth.admit(who)?;
     let def = state.streams.get(&stream).cloned().ok_or_else(|| {
         ApiError::new(
             StatusCode::NOT_FOUND,
@@ -435,6 +436,7 @@ pub async fn ingest(
                 ));
             }
         };
+    state.auth.charge(who, body.len());
     let _compressed = Inflight::acquire(&state.inflight, body.len())?;
     let labels = [("stream", stream.clone())];
     metrics::counter!(m::RECEIVED_BYTES, &labels).increment(body.len() as u64);

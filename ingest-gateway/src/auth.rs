@@ -1,10 +1,14 @@
 //! Bearer-token authentication. Tokens are configured as BLAKE3 hashes; a presented token is
 //! hashed and compared with every configured hash in constant time.
 
-use axum::http::{HeaderMap, header};
+use std::sync::Mutex;
+
+use axum::http::{HeaderMap, StatusCode, header};
+use plumbing::rate::Bucket;
 
 use crate::api::ApiError;
 use crate::config::AuthConfig;
+use crate::metrics as m;
 
 #[derive(Debug)]
 struct Token {
@@ -12,6 +16,8 @@ struct Token {
     hash: blake3::Hash,
     all_streams: bool,
     streams: Vec<String>,
+    /// `max_bytes_per_sec`, when set.
+    limit: Option<Mutex<Bucket>>,
 }
 
 /// Who made a request.
@@ -33,11 +39,16 @@ impl Auth {
         let mut errors = Vec::new();
         for t in &config.tokens {
             match blake3::Hash::from_hex(t.blake3.trim()) {
+                Ok(_) if t.max_bytes_per_sec == Some(0) => errors.push(format!(
+                    "auth.tokens '{}': max_bytes_per_sec must be more than 0 (leave it out for no limit)",
+                    t.name
+                )),
                 Ok(hash) => tokens.push(Token {
                     name: t.name.clone(),
                     hash,
                     all_streams: t.streams.iter().any(|s| s == "*"),
                     streams: t.streams.clone(),
+                    limit: t.max_bytes_per_sec.map(|rate| Mutex::new(Bucket::new(rate))),
                 }),
                 Err(_) => errors.push(format!(
                     "auth.tokens '{}': blake3 must be 64 hex digits",
@@ -52,6 +63,9 @@ impl Auth {
         }
         if !errors.is_empty() {
             anyhow::bail!("{}", errors.join("; "));
+        }
+        for t in tokens.iter().filter(|t| t.limit.is_some()) {
+            metrics::counter!(m::RATE_LIMITED, "token" => t.name.clone()).increment(0);
         }
         Ok(Auth {
             allow_anonymous: config.allow_anonymous,
@@ -94,6 +108,50 @@ impl Auth {
                 index,
             }),
             None => Err(ApiError::unauthorized("unknown token")),
+        }
+    }
+
+    /// 429 with `Retry-After` when the caller's token is over its rate limit: it sent more than
+    /// `max_bytes_per_sec` allows and has not waited the debt off yet.
+    pub fn admit(&self, who: Principal<'_>) -> Result<(), ApiError> {
+        let Some(limit) = self.limit(who) else {
+            return Ok(());
+        };
+        let wait = limit
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner)
+            .debt_wait();
+        if wait.is_zero() {
+            return Ok(());
+        }
+        let Principal::Token { name, .. } = who else {
+            unreachable!("only tokens have limits")
+        };
+        metrics::counter!(m::RATE_LIMITED, "token" => name.to_owned()).increment(1);
+        Err(ApiError {
+            retry_after_secs: Some(wait.as_secs_f64().ceil().max(1.0) as u64),
+            ..ApiError::new(
+                StatusCode::TOO_MANY_REQUESTS,
+                "rate_limited",
+                format!("token '{name}' is over its max_bytes_per_sec; retry later"),
+            )
+        })
+    }
+
+    /// Counts `bytes` (a body as sent) against the caller's rate limit.
+    pub fn charge(&self, who: Principal<'_>, bytes: usize) {
+        if let Some(limit) = self.limit(who) {
+            limit
+                .lock()
+                .unwrap_or_else(std::sync::PoisonError::into_inner)
+                .take(bytes as u64);
+        }
+    }
+
+    fn limit(&self, who: Principal<'_>) -> Option<&Mutex<Bucket>> {
+        match who {
+            Principal::Anonymous => None,
+            Principal::Token { index, .. } => self.tokens[index].limit.as_ref(),
         }
     }
 

@@ -203,6 +203,11 @@ pub struct TokenConfig {
     pub blake3: String,
     /// Streams this token may write; `"*"` for all.
     pub streams: Vec<String>,
+    /// Rate limit of this token's requests in body bytes as sent, per second (a token bucket
+    /// of one second's bytes; one request may overdraw it). A request while the token is in
+    /// debt answers 429 with `Retry-After`. No limit when absent.
+    #[serde(default)]
+    pub max_bytes_per_sec: Option<u64>,
 }
 
 fn default_listen() -> SocketAddr {

@@ -106,8 +106,8 @@ pub async fn start(
     streams: Streams,
     shutdown: CancellationToken,
 ) -> anyhow::Result<Gateway> {
-    let auth = Auth::from_config(&config.auth)?;
     metrics::register(&streams);
+    let auth = Auth::from_config(&config.auth)?;
     if config.auth.allow_anonymous {
         tracing::warn!("anonymous ingest is allowed (auth.allow_anonymous = true)");
     }

@@ -10,6 +10,8 @@ pub const REJECTED: &str = "gateway_rejected_records_total";
 pub const INFLIGHT_BYTES: &str = "gateway_inflight_bytes";
 pub const PRODUCER_REPLACED: &str = "gateway_producer_replaced_total";
 pub const PRODUCED_BYTES: &str = "gateway_produced_bytes_total";
+/// Requests answered 429 because their token was over its `max_bytes_per_sec`, by token name.
+pub const RATE_LIMITED: &str = "gateway_rate_limited_requests_total";
 
 /// Creates, at zero, the series that alerts and dashboards watch: Prometheus sees no increase in
 /// a counter whose first sample is already 1, so the first rejected record of a stream would

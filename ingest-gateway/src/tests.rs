@@ -20,6 +20,7 @@ fn app(limits: LimitsConfig) -> axum::Router {
             name: "sensors".into(),
             blake3: blake3::hash(TOKEN.as_bytes()).to_hex().to_string(),
             streams: vec!["sensor_readings".into()],
+            max_bytes_per_sec: None,
         }],
     };
     app_with(&auth, limits)
@@ -280,6 +281,7 @@ async fn unknown_stream_is_404_for_a_wildcard_token() {
             name: "all".into(),
             blake3: blake3::hash(b"t").to_hex().to_string(),
             streams: vec!["*".into()],
+            max_bytes_per_sec: None,
         }],
     };
     let app = app_with(&auth, LimitsConfig::default());
@@ -304,6 +306,7 @@ fn auth_config_errors() {
             name: "x".into(),
             blake3: "abc".into(),
             streams: vec![],
+            max_bytes_per_sec: None,
         }],
     };
     assert!(
@@ -312,6 +315,62 @@ fn auth_config_errors() {
             .to_string()
             .contains("64 hex digits")
     );
+    let zero = AuthConfig {
+        allow_anonymous: false,
+        tokens: vec![TokenConfig {
+            name: "z".into(),
+            blake3: blake3::hash(b"z").to_hex().to_string(),
+            streams: vec![],
+            max_bytes_per_sec: Some(0),
+        }],
+    };
+    let e = Auth::from_config(&zero).unwrap_err().to_string();
+    assert!(e.contains("max_bytes_per_sec must be more than 0"), "{e}");
+}
+
+#[tokio::test]
+async fn a_token_over_its_rate_limit_gets_429_with_retry_after_and_others_do_not() {
+    let token = |name: &str, limit: Option<u64>| TokenConfig {
+        name: name.into(),
+        blake3: blake3::hash(name.as_bytes()).to_hex().to_string(),
+        streams: vec!["*".into()],
+        max_bytes_per_sec: limit,
+    };
+    let auth = AuthConfig {
+        allow_anonymous: false,
+        tokens: vec![token("slow", Some(1_000)), token("free", None)],
+    };
+    let app = app_with(&auth, LimitsConfig::default());
+    // 5,000 bytes that are not zstd: refused as a bad body (no broker needed), but sent all
+    // the same, so they count against the token's 1,000 bytes a second.
+    let garbage = || vec![b'x'; 5_000];
+    let send = |token: &'static str| {
+        let app = app.clone();
+        async move {
+            app.oneshot(post(PATH, Some(token), NDJSON, Some("zstd"), garbage()))
+                .await
+                .unwrap()
+        }
+    };
+    assert_eq!(send("slow").await.status(), StatusCode::BAD_REQUEST);
+    let limited = send("slow").await;
+    assert_eq!(limited.status(), StatusCode::TOO_MANY_REQUESTS);
+    // 4,000 bytes of debt at 1,000 a second: about 4 seconds.
+    let retry: u64 = limited.headers()["retry-after"]
+        .to_str()
+        .unwrap()
+        .parse()
+        .unwrap();
+    assert!((3..=4).contains(&retry), "Retry-After {retry}");
+    let body = axum::body::to_bytes(limited.into_body(), 1 << 20)
+        .await
+        .unwrap();
+    let body: serde_json::Value = serde_json::from_slice(&body).unwrap();
+    assert_eq!(body["error"], "rate_limited");
+    // The other token is not held back by the first one's debt.
+    for _ in 0..3 {
+        assert_eq!(send("free").await.status(), StatusCode::BAD_REQUEST);
+    }
 }
 
 #[test]
@@ -407,8 +466,14 @@ fn request_workers_run_below_the_kafka_threads() {
                 .unwrap();
             assert_eq!(blocking, lowered, "a blocking-pool thread");
             let fresh = fresh.unwrap();
-            let threads = kafka_thread_nices();
-            // Two producers: librdkafka's main and broker threads and rdkafka's pollers.
+            // Two producers: librdkafka's main and broker threads and rdkafka's pollers (a
+            // poller thread may take a moment to start).
+            let deadline = std::time::Instant::now() + std::time::Duration::from_secs(5);
+            let mut threads = kafka_thread_nices();
+            while threads.len() < 6 && std::time::Instant::now() < deadline {
+                tokio::time::sleep(std::time::Duration::from_millis(20)).await;
+                threads = kafka_thread_nices();
+            }
             assert!(threads.len() >= 6, "{threads:?}");
             for (name, nice) in &threads {
                 assert_eq!(*nice, base, "thread {name}: {threads:?}");

@@ -72,6 +72,7 @@ fn config(
                 name: "test".into(),
                 blake3: blake3::hash(TOKEN.as_bytes()).to_hex().to_string(),
                 streams: vec!["*".into()],
+                max_bytes_per_sec: None,
             }],
         },
         ..GatewayConfig::default()

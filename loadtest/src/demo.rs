@@ -242,6 +242,7 @@ fn gateway_config(brokers: &str) -> GatewayConfig {
                 name: "demo".into(),
                 blake3: blake3_hex(DEMO_TOKEN),
                 streams: vec!["*".into()],
+                max_bytes_per_sec: None,
             }],
         },
         ..GatewayConfig::default()

@@ -298,6 +298,16 @@ async fn the_dashboards_and_alerts_read_the_components_metrics() {
         ..GatewayConfig::default()
     };
     gateway.auth.allow_anonymous = true;
+    // A token with a rate limit, so that the limit's series exists (at zero) for its panel.
+    gateway
+        .auth
+        .tokens
+        .push(ingest_gateway::config::TokenConfig {
+            name: "limited".into(),
+            blake3: loadtest::demo::blake3_hex("limited-token"),
+            streams: vec!["*".into()],
+            max_bytes_per_sec: Some(1 << 20),
+        });
     gateway.kafka.brokers = kafka.clone();
     gateway.kafka.topic_prefix = topic_prefix.clone();
     gateway.kafka.create_topics = true;

@@ -47,6 +47,7 @@ impl Stack {
                     name: "e2e".into(),
                     blake3: blake3_hex("e2e-secret"),
                     streams: vec!["sensor_readings".into()],
+                    max_bytes_per_sec: None,
                 }],
             },
             ..GatewayConfig::default()

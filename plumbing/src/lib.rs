@@ -7,6 +7,7 @@ pub mod kafka;
 pub mod kafka_security;
 pub mod pem;
 pub mod priority;
+pub mod rate;
 pub mod server;
 pub mod telemetry;
 
