@@ -17,6 +17,11 @@ pub struct GatewayConfig {
     /// Address the HTTP API, `/metrics`, `/healthz` and `/readyz` listen on.
     #[serde(default = "default_listen")]
     pub listen: SocketAddr,
+    /// Serve `/metrics`, `/healthz` and `/readyz` here (plain HTTP) instead of on `listen`: an
+    /// internal port for Prometheus and probes when the API faces the internet (its metrics name
+    /// tokens and streams) or requires client certificates.
+    #[serde(default)]
+    pub admin_listen: Option<SocketAddr>,
     /// Directory of stream definitions (`<stream>.toml`).
     #[serde(default = "default_streams_dir")]
     pub streams_dir: PathBuf,
@@ -68,6 +73,7 @@ impl Default for GatewayConfig {
     fn default() -> Self {
         GatewayConfig {
             listen: default_listen(),
+            admin_listen: None,
             streams_dir: default_streams_dir(),
             kafka: KafkaConfig::default(),
             limits: LimitsConfig::default(),

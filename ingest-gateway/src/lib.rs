@@ -52,20 +52,27 @@ pub fn runtime(worker_nice: u8) -> std::io::Result<tokio::runtime::Runtime> {
 pub struct Gateway {
     /// The address the API listens on.
     pub addr: SocketAddr,
+    /// The address of `/metrics`, `/healthz` and `/readyz` when `admin_listen` puts them on a
+    /// listener of their own.
+    pub admin_addr: Option<SocketAddr>,
     /// Ends when the server stopped (after `shutdown` and draining).
     pub task: JoinHandle<anyhow::Result<()>>,
 }
 
-/// Builds the router: the ingest API plus `/metrics`, `/healthz` and `/readyz`.
-pub fn router(state: Arc<AppState>, health: Health) -> Router {
-    Router::new()
+/// Builds the router: the ingest API, plus `/metrics`, `/healthz` and `/readyz` when `admin` is
+/// given (they are served on the API's listener).
+pub fn router(state: Arc<AppState>, admin: Option<Health>) -> Router {
+    let api = Router::new()
         .route("/v1/streams/{stream}/records", post(api::ingest))
         .with_state(state)
-        .route("/openapi.json", get(openapi))
-        .merge(plumbing::admin_router(health))
-        .fallback(api::not_found)
-        .method_not_allowed_fallback(api::method_not_allowed)
-        .layer(middleware::from_fn(track_requests))
+        .route("/openapi.json", get(openapi));
+    match admin {
+        Some(health) => api.merge(plumbing::admin_router(health)),
+        None => api,
+    }
+    .fallback(api::not_found)
+    .method_not_allowed_fallback(api::method_not_allowed)
+    .layer(middleware::from_fn(track_requests))
 }
 
 /// The OpenAPI 3 description of the API.
@@ -128,7 +135,15 @@ pub async fn start(
         .with_context(|| format!("cannot listen on {}", config.listen))?;
     listener.set_nonblocking(true)?;
     let addr = listener.local_addr()?;
-    let app = router(state.clone(), health);
+    let admin_addr = match config.admin_listen {
+        Some(admin) => Some(
+            plumbing::serve_admin(admin, health.clone(), shutdown.clone())
+                .await
+                .with_context(|| format!("cannot listen on {admin} (admin_listen)"))?,
+        ),
+        None => None,
+    };
+    let app = router(state.clone(), admin_addr.is_none().then_some(health));
     let tls = match &config.tls {
         Some(tls) => Some(tls.load().await?),
         None => None,
@@ -140,7 +155,11 @@ pub async fn start(
         tracing::info!("gateway stopped");
         Ok(())
     });
-    Ok(Gateway { addr, task })
+    Ok(Gateway {
+        addr,
+        admin_addr,
+        task,
+    })
 }
 
 fn spawn_readiness_probe(state: Arc<AppState>, health: Health, shutdown: CancellationToken) {

@@ -40,7 +40,7 @@ fn app_with(auth: &AuthConfig, limits: LimitsConfig) -> axum::Router {
         producer,
         &Default::default(),
     ));
-    crate::router(state, plumbing::Health::default())
+    crate::router(state, Some(plumbing::Health::default()))
 }
 
 fn post(

@@ -646,6 +646,55 @@ async fn broker_outage_answers_503_with_retry_after_then_recovers() {
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn admin_listen_moves_metrics_and_health_off_the_api_port() {
+    let brokers = env("EDGE_INGEST_KAFKA");
+    let (c, ..) = config(&brokers, |c| {
+        c.admin_listen = Some(([127, 0, 0, 1], 0).into());
+    });
+    let shutdown = CancellationToken::new();
+    let g = ingest_gateway::start(c, schemas::example_streams(), shutdown.clone())
+        .await
+        .unwrap();
+    let admin = g.admin_addr.expect("an admin listener");
+    let client = reqwest::Client::new();
+    for path in ["/metrics", "/healthz", "/readyz"] {
+        let api = client
+            .get(format!("http://{}{path}", g.addr))
+            .send()
+            .await
+            .unwrap();
+        assert_eq!(api.status(), 404, "{path} on the API port");
+    }
+    let url = format!("http://{}/v1/streams/sensor_readings/records", g.addr);
+    assert_eq!(
+        post(&client, &url, ndjson(&[reading(1)]), None)
+            .await
+            .status(),
+        200
+    );
+    let health = client
+        .get(format!("http://{admin}/healthz"))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(health.status(), 200);
+    let metrics = client
+        .get(format!("http://{admin}/metrics"))
+        .send()
+        .await
+        .unwrap()
+        .text()
+        .await
+        .unwrap();
+    assert!(
+        metrics.contains("gateway_records_total{stream=\"sensor_readings\",outcome=\"accepted\"}"),
+        "{metrics}"
+    );
+    shutdown.cancel();
+    g.task.await.unwrap().unwrap();
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn serves_tls_when_given_a_certificate() {
     let brokers = env("EDGE_INGEST_KAFKA");
     let cert = rcgen::generate_simple_self_signed(vec!["localhost".into()]).unwrap();
