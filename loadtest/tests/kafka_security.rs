@@ -74,7 +74,8 @@ impl SecureKafka {
             key,
             client_ca_file: None,
         };
-        let stop = tls_endpoint(tls, plain, &server).await;
+        let acceptor = tokio_rustls::TlsAcceptor::from(server.load().await.unwrap().get_inner());
+        let stop = common::tls_proxy(tls, plain, acceptor).await;
         let password_file = dir.join("kafka-password");
         // As a mounted secret often is: with a trailing newline, which is not the password's.
         std::fs::write(&password_file, format!("{password}\n")).unwrap();
@@ -129,44 +130,6 @@ fn spawn_tansu(port: u16, advertised: u16, dir: &Path, logins: bool) -> KillOnDr
         std::thread::sleep(Duration::from_millis(50));
     }
     child
-}
-
-/// TLS on `port` with `cert`, forwarding the decrypted bytes to `target`.
-async fn tls_endpoint(
-    port: u16,
-    target: u16,
-    cert: &plumbing::server::TlsConfig,
-) -> CancellationToken {
-    let acceptor = tokio_rustls::TlsAcceptor::from(cert.load().await.unwrap().get_inner());
-    let listener = tokio::net::TcpListener::bind(("127.0.0.1", port))
-        .await
-        .unwrap();
-    let stop = CancellationToken::new();
-    let token = stop.clone();
-    tokio::spawn(async move {
-        loop {
-            let (client, _) = tokio::select! {
-                _ = token.cancelled() => return,
-                accepted = listener.accept() => accepted.unwrap(),
-            };
-            let (acceptor, token) = (acceptor.clone(), token.clone());
-            tokio::spawn(async move {
-                // A client that does not trust the certificate ends the handshake here.
-                let Ok(mut client) = acceptor.accept(client).await else {
-                    return;
-                };
-                let Ok(mut upstream) = tokio::net::TcpStream::connect(("127.0.0.1", target)).await
-                else {
-                    return;
-                };
-                tokio::select! {
-                    _ = token.cancelled() => {}
-                    _ = tokio::io::copy_bidirectional(&mut client, &mut upstream) => {}
-                }
-            });
-        }
-    });
-    stop
 }
 
 fn gateway_config(kafka: &SecureKafka, prefix: &str) -> GatewayConfig {

@@ -233,6 +233,24 @@ pub fn free_port() -> u16 {
 /// A TCP proxy on `port` in front of `target`: stopping it is an outage as clients see it
 /// (refused and reset connections), and it can come back on the same port.
 pub async fn proxy(port: u16, target: u16) -> tokio_util::sync::CancellationToken {
+    relay(port, target, None).await
+}
+
+/// A TLS endpoint on `port` (the certificate of `acceptor`) forwarding the decrypted bytes to
+/// `target`. A client that does not trust the certificate ends its handshake here.
+pub async fn tls_proxy(
+    port: u16,
+    target: u16,
+    acceptor: tokio_rustls::TlsAcceptor,
+) -> tokio_util::sync::CancellationToken {
+    relay(port, target, Some(acceptor)).await
+}
+
+async fn relay(
+    port: u16,
+    target: u16,
+    tls: Option<tokio_rustls::TlsAcceptor>,
+) -> tokio_util::sync::CancellationToken {
     let stop = tokio_util::sync::CancellationToken::new();
     let listener = tokio::net::TcpListener::bind(("127.0.0.1", port))
         .await
@@ -240,24 +258,38 @@ pub async fn proxy(port: u16, target: u16) -> tokio_util::sync::CancellationToke
     let token = stop.clone();
     tokio::spawn(async move {
         loop {
-            let (mut client, _) = tokio::select! {
+            let (client, _) = tokio::select! {
                 _ = token.cancelled() => return,
                 accepted = listener.accept() => accepted.unwrap(),
             };
-            let token = token.clone();
+            let (token, tls) = (token.clone(), tls.clone());
             tokio::spawn(async move {
-                let Ok(mut upstream) = tokio::net::TcpStream::connect(("127.0.0.1", target)).await
-                else {
-                    return;
-                };
-                tokio::select! {
-                    _ = token.cancelled() => {}
-                    _ = tokio::io::copy_bidirectional(&mut client, &mut upstream) => {}
+                match tls {
+                    None => pipe(client, target, &token).await,
+                    Some(acceptor) => {
+                        if let Ok(client) = acceptor.accept(client).await {
+                            pipe(client, target, &token).await;
+                        }
+                    }
                 }
             });
         }
     });
     stop
+}
+
+/// Copies between `client` and a new connection to `target` until either ends or `token`.
+async fn pipe<S>(mut client: S, target: u16, token: &tokio_util::sync::CancellationToken)
+where
+    S: tokio::io::AsyncRead + tokio::io::AsyncWrite + Unpin,
+{
+    let Ok(mut upstream) = tokio::net::TcpStream::connect(("127.0.0.1", target)).await else {
+        return;
+    };
+    tokio::select! {
+        _ = token.cancelled() => {}
+        _ = tokio::io::copy_bidirectional(&mut client, &mut upstream) => {}
+    }
 }
 
 /// A child process (a service a test started for itself) that goes when the test does, failed
