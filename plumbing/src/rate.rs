@@ -73,5 +73,8 @@ mod tests {
         b.take(1_100);
         let wait = b.debt_wait();
         assert!(wait > Duration::from_millis(50), "{wait:?}");
+        // Time pays the debt.
+        std::thread::sleep(Duration::from_millis(150));
+        assert_eq!(b.debt_wait(), Duration::ZERO);
     }
 }
