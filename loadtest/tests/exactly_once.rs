@@ -182,6 +182,67 @@ async fn clear_of_an_hour_boundary(margin: Duration) {
     }
 }
 
+/// A partition that never goes idle still lands its records within `rotation.max_age_ms`: a
+/// reading every 100 ms for 6 s, all in one ingest hour, with no idle period, size or record
+/// limit in reach. Without the age limit nothing would land before the sink stops.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_steady_trickle_lands_within_the_max_age() {
+    let streams = schemas::example_streams();
+    let (cluster, producer) = mock_cluster(1);
+    let readings = sensor_readings(&FleetSpec {
+        records: 60,
+        duplicate_ratio: 0.0,
+        ..FleetSpec::default()
+    });
+    let landing = tempfile::tempdir().unwrap();
+    let shutdown = CancellationToken::new();
+    let config = local_sink(
+        &cluster,
+        landing.path(),
+        "max-age",
+        RotationConfig {
+            idle_ms: 600_000,
+            max_age_ms: 1_000,
+            ..RotationConfig::default()
+        },
+    );
+    let sink = sink::start(config, streams.clone(), shutdown.clone())
+        .await
+        .unwrap();
+    for (i, r) in readings.iter().enumerate() {
+        let ts = (BASE_TS + i as i64).to_string();
+        let headers = OwnedHeaders::new().insert(Header {
+            key: "ingest-ts",
+            value: Some(&ts),
+        });
+        let value = r.to_string();
+        producer
+            .send(
+                FutureRecord::to(TOPIC)
+                    .key("k")
+                    .payload(&value)
+                    .headers(headers),
+                Duration::from_secs(5),
+            )
+            .await
+            .unwrap();
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    // Everything lands while the sink runs, by age alone.
+    wait_written(&sink, readings.len() as u64).await;
+    let files = sink.stats.files_written.load(Ordering::Relaxed);
+    shutdown.cancel();
+    sink.task.await.unwrap().unwrap();
+    assert!(
+        files >= 3,
+        "{files} files for 6 s of readings at a 1 s age limit"
+    );
+    let landed = assert_exactly_once(&readings, landing.path());
+    assert_eq!(landed.files.len() as u64, files, "{:?}", landed.files.len());
+    assert!(landed.files.iter().all(|f| f.rows < readings.len()));
+    drop(cluster);
+}
+
 /// 400 records over 4 partitions with a memory budget of 8 kB: open files write their row
 /// groups early instead of holding them, and files still close only by rotation (here: at
 /// shutdown, one per partition).

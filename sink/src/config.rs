@@ -3,6 +3,7 @@
 use std::collections::BTreeMap;
 use std::net::SocketAddr;
 use std::path::PathBuf;
+use std::time::Duration;
 
 use plumbing::kafka_security::Sasl;
 use plumbing::pem::TlsFiles;
@@ -225,6 +226,18 @@ pub struct RotationConfig {
     /// Close a file when its partition received nothing for this many milliseconds.
     #[serde(default = "default_idle_ms")]
     pub idle_ms: u64,
+    /// Close a file this many milliseconds after its first record was read, however steadily
+    /// records keep coming: how late a record may land in the landing zone. 0: no limit (a
+    /// file of a steady partition then closes at its size targets or the ingest-hour boundary).
+    #[serde(default = "default_max_age_ms")]
+    pub max_age_ms: u64,
+}
+
+impl RotationConfig {
+    /// `max_age_ms` as a duration, `None` when there is no limit.
+    pub fn max_age(&self) -> Option<Duration> {
+        (self.max_age_ms > 0).then(|| Duration::from_millis(self.max_age_ms))
+    }
 }
 
 impl Default for RotationConfig {
@@ -234,6 +247,7 @@ impl Default for RotationConfig {
             max_bytes: default_max_bytes(),
             row_group_bytes: default_row_group_bytes(),
             idle_ms: default_idle_ms(),
+            max_age_ms: default_max_age_ms(),
         }
     }
 }
@@ -279,6 +293,9 @@ fn default_abandoned_after_hours() -> u64 {
 }
 fn default_idle_ms() -> u64 {
     60_000
+}
+fn default_max_age_ms() -> u64 {
+    0
 }
 fn default_memory_budget() -> usize {
     256 << 20

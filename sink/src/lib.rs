@@ -390,6 +390,7 @@ impl Worker {
     async fn run(mut self) -> anyhow::Result<()> {
         let mut tick = tokio::time::interval(Duration::from_millis(250));
         let idle = Duration::from_millis(self.config.rotation.idle_ms);
+        let max_age = self.config.rotation.max_age();
         let consumer = self.consumer.clone();
         loop {
             tokio::select! {
@@ -398,14 +399,14 @@ impl Worker {
                 _ = tick.tick() => {
                     self.drop_revoked();
                     self.sweep_if_due().await;
-                    let idle_parts: Vec<PartKey> = self
+                    let now = Instant::now();
+                    let due: Vec<(PartKey, FlushReason)> = self
                         .parts
                         .iter()
-                        .filter(|(_, p)| p.has_pending() && p.last_append.elapsed() >= idle)
-                        .map(|(k, _)| k.clone())
+                        .filter_map(|(k, p)| Some((k.clone(), p.due(now, idle, max_age)?)))
                         .collect();
-                    for key in idle_parts {
-                        self.flush(&key, FlushReason::Idle).await?;
+                    for (key, reason) in due {
+                        self.flush(&key, reason).await?;
                     }
                 }
                 msg = consumer.recv() => {

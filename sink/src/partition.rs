@@ -3,7 +3,7 @@
 
 use std::path::Path;
 use std::sync::Arc;
-use std::time::Instant;
+use std::time::{Duration, Instant};
 
 use anyhow::Context as _;
 use schemas::arrow::RowMeta;
@@ -46,6 +46,9 @@ pub struct PartitionState {
 pub struct RangeStart {
     pub offset: i64,
     pub ingest_ts: i64,
+    /// When this sink consumed the range's first record: the file's age for
+    /// `rotation.max_age_ms`.
+    pub opened: Instant,
 }
 
 /// Why a file was closed (a metric label).
@@ -55,6 +58,7 @@ pub enum FlushReason {
     Bytes,
     Hour,
     Idle,
+    Age,
     Shutdown,
 }
 
@@ -65,6 +69,7 @@ impl FlushReason {
             FlushReason::Bytes => "bytes",
             FlushReason::Hour => "hour",
             FlushReason::Idle => "idle",
+            FlushReason::Age => "age",
             FlushReason::Shutdown => "shutdown",
         }
     }
@@ -164,8 +169,12 @@ impl PartitionState {
     /// Marks `offset` as consumed: its record is a row of the open file, a duplicate or a dead
     /// letter.
     pub fn consumed(&mut self, offset: i64, ingest_ts: i64) {
-        self.range_start
-            .get_or_insert(RangeStart { offset, ingest_ts });
+        // The clock is read once per range, not per record.
+        self.range_start.get_or_insert_with(|| RangeStart {
+            offset,
+            ingest_ts,
+            opened: Instant::now(),
+        });
         self.next_offset = Some(offset + 1);
     }
 
@@ -199,6 +208,27 @@ impl PartitionState {
         self.rows() > 0 || self.next_offset > self.committed
     }
 
+    /// Why the open range is due to be written by the clock alone, as of `now`: nothing
+    /// arrived for `idle`, or its first record was read `max_age` ago or longer (`None`: no
+    /// age limit).
+    pub fn due(
+        &self,
+        now: Instant,
+        idle: Duration,
+        max_age: Option<Duration>,
+    ) -> Option<FlushReason> {
+        if !self.has_pending() {
+            return None;
+        }
+        if now.saturating_duration_since(self.last_append) >= idle {
+            return Some(FlushReason::Idle);
+        }
+        let opened = self.range_start?.opened;
+        max_age
+            .is_some_and(|age| now.saturating_duration_since(opened) >= age)
+            .then_some(FlushReason::Age)
+    }
+
     /// Adopts an existing object that accounts for offsets up to and including `last`, after
     /// the open file was taken out: continues the range chain after it. When offsets past
     /// `last` were consumed, the next range starts at `last + 1` with the ingest time of the
@@ -207,9 +237,12 @@ impl PartitionState {
         if self.next_offset.is_some_and(|n| n > last + 1) {
             let ingest_ts =
                 first_ingest_ts.unwrap_or_else(|| self.range_start.map_or(0, |r| r.ingest_ts));
+            // The rows left were read when the range opened: its age stays.
+            let opened = self.range_start.map_or_else(Instant::now, |r| r.opened);
             self.range_start = Some(RangeStart {
                 offset: last + 1,
                 ingest_ts,
+                opened,
             });
         } else {
             self.next_offset = Some(last + 1);
