@@ -243,6 +243,124 @@ async fn a_steady_trickle_lands_within_the_max_age() {
     drop(cluster);
 }
 
+/// Two sinks, each with a group of its own and a stream selection of its own (a pattern and a
+/// name), land the two streams' topics between them: each only its own stream, exactly once.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn sinks_split_the_streams_by_selection() {
+    let streams = schemas::example_streams();
+    let (cluster, producer) = mock_cluster(1);
+    let vehicle_topic = "ingest.vehicle_telemetry";
+    cluster.create_topic(vehicle_topic, 2, 1).unwrap();
+    let readings = sensor_readings(&FleetSpec {
+        records: 50,
+        duplicate_ratio: 0.0,
+        ..FleetSpec::default()
+    });
+    let reports: Vec<serde_json::Value> = (0..30)
+        .map(|i| {
+            serde_json::json!({
+                "vehicle_id": format!("truck-{}", i % 3),
+                "recorded_at": BASE_TS / 1_000 + i * 1_000,
+                "lat": 52.0 + i as f64 / 100.0,
+                "lon": 13.0,
+            })
+        })
+        .collect();
+    for (topic, records) in [(TOPIC, &readings), (vehicle_topic, &reports)] {
+        for r in records.iter() {
+            let value = r.to_string();
+            producer
+                .send(
+                    FutureRecord::to(topic).key("k").payload(&value),
+                    Duration::from_secs(5),
+                )
+                .await
+                .unwrap();
+        }
+    }
+
+    let shutdown = CancellationToken::new();
+    let mut sinks = Vec::new();
+    let mut landings = Vec::new();
+    for (group, selection, records) in [
+        ("sensors", "sensor_*", readings.len()),
+        ("vehicles", "vehicle_telemetry", reports.len()),
+    ] {
+        let landing = tempfile::tempdir().unwrap();
+        let mut config = local_sink(
+            &cluster,
+            landing.path(),
+            group,
+            RotationConfig {
+                idle_ms: 300,
+                ..RotationConfig::default()
+            },
+        );
+        config.streams = vec![selection.into()];
+        let sink = sink::start(config, streams.clone(), shutdown.clone())
+            .await
+            .unwrap();
+        wait_written(&sink, records as u64).await;
+        sinks.push(sink);
+        landings.push(landing);
+    }
+    // Time for a sink that wrongly read the other stream's topic too to have done so.
+    tokio::time::sleep(Duration::from_millis(1_000)).await;
+    shutdown.cancel();
+    for sink in &mut sinks {
+        (&mut sink.task).await.unwrap().unwrap();
+    }
+    assert_eq!(
+        sinks[0].stats.records_received.load(Ordering::Relaxed),
+        readings.len() as u64
+    );
+    assert_eq!(
+        sinks[1].stats.records_received.load(Ordering::Relaxed),
+        reports.len() as u64
+    );
+
+    let sensor = assert_exactly_once(&readings, landings[0].path());
+    assert!(
+        sensor
+            .files
+            .iter()
+            .all(|f| f.key.starts_with("landing/sensor_readings/")),
+        "{:?}",
+        sensor.files.iter().map(|f| &f.key).collect::<Vec<_>>()
+    );
+    let def = streams.get("vehicle_telemetry").unwrap();
+    let expected: HashSet<_> = reports
+        .iter()
+        .map(|r| schemas::check(def, r.clone()).unwrap().hash)
+        .collect();
+    let vehicles = read_landing_dir(landings[1].path()).unwrap();
+    assert!(compare(&expected, &vehicles).exactly_once());
+    assert!(
+        vehicles
+            .files
+            .iter()
+            .all(|f| f.key.starts_with("landing/vehicle_telemetry/"))
+    );
+
+    // A selection that names no defined stream stops the start.
+    let mut config = local_sink(
+        &cluster,
+        landings[0].path(),
+        "typo",
+        RotationConfig::default(),
+    );
+    config.streams = vec!["sensor_reading".into()];
+    let err = sink::start(config, streams.clone(), shutdown.clone())
+        .await
+        .err()
+        .unwrap();
+    assert!(
+        err.to_string().contains("'sensor_reading' selects none"),
+        "{err}"
+    );
+    drop(cluster);
+}
+
 /// 400 records over 4 partitions with a memory budget of 8 kB: open files write their row
 /// groups early instead of holding them, and files still close only by rotation (here: at
 /// shutdown, one per partition).

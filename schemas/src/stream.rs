@@ -407,6 +407,11 @@ impl Streams {
         self.by_name.len()
     }
 
+    /// Keeps only the streams for which `keep` is true.
+    pub fn retain(&mut self, mut keep: impl FnMut(&StreamDef) -> bool) {
+        self.by_name.retain(|_, def| keep(def));
+    }
+
     pub fn is_empty(&self) -> bool {
         self.by_name.is_empty()
     }

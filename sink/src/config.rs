@@ -7,6 +7,7 @@ use std::time::Duration;
 
 use plumbing::kafka_security::Sasl;
 use plumbing::pem::TlsFiles;
+use schemas::Streams;
 use serde::Deserialize;
 
 /// Environment variables with this prefix override config keys (`__` separates nesting).
@@ -18,6 +19,12 @@ pub struct SinkConfig {
     /// Directory of stream definitions (`<stream>.toml`).
     #[serde(default = "default_streams_dir")]
     pub streams_dir: PathBuf,
+    /// The streams of `streams_dir` this sink lands: names or glob patterns (`*` any run of
+    /// characters, `?` one character). Each entry must select at least one stream. Sinks with
+    /// a group id of their own and a selection of their own split the streams between them,
+    /// e.g. for rotation settings per stream or to keep a busy stream from delaying the others.
+    #[serde(default = "default_streams")]
+    pub streams: Vec<String>,
     /// Address of `/metrics`, `/healthz` and `/readyz`.
     #[serde(default = "default_admin_listen")]
     pub admin_listen: SocketAddr,
@@ -81,6 +88,7 @@ impl Default for SinkConfig {
     fn default() -> Self {
         SinkConfig {
             streams_dir: default_streams_dir(),
+            streams: default_streams(),
             admin_listen: default_admin_listen(),
             kafka: KafkaConfig::default(),
             store: StoreConfig::default(),
@@ -94,6 +102,37 @@ impl Default for SinkConfig {
     }
 }
 
+impl SinkConfig {
+    /// The streams of `all` that [`SinkConfig::streams`] selects. Every entry must be a valid
+    /// pattern that selects at least one stream: a misspelt name would otherwise land nothing
+    /// without a word. All problems are reported together.
+    pub fn select_streams(&self, mut all: Streams) -> anyhow::Result<Streams> {
+        let mut patterns = Vec::new();
+        let mut problems = Vec::new();
+        for entry in &self.streams {
+            match glob::Pattern::new(entry) {
+                Ok(p) if all.iter().any(|def| p.matches(&def.name)) => patterns.push(p),
+                Ok(_) => problems.push(format!(
+                    "'{entry}' selects none of the defined streams ({})",
+                    all.iter()
+                        .map(|def| def.name.as_str())
+                        .collect::<Vec<_>>()
+                        .join(", ")
+                )),
+                Err(e) => problems.push(format!("'{entry}' is not a glob pattern: {e}")),
+            }
+        }
+        if self.streams.is_empty() {
+            problems.push("the list is empty".into());
+        }
+        if !problems.is_empty() {
+            anyhow::bail!("streams: {}", problems.join("; "));
+        }
+        all.retain(|def| patterns.iter().any(|p| p.matches(&def.name)));
+        Ok(all)
+    }
+}
+
 #[derive(Debug, Clone, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub struct KafkaConfig {
@@ -103,7 +142,8 @@ pub struct KafkaConfig {
     /// Consumer group; every sink process of one landing zone uses the same group.
     #[serde(default = "default_group_id")]
     pub group_id: String,
-    /// Topic of a stream = prefix + stream name. The sink reads the topics of all known streams.
+    /// Topic of a stream = prefix + stream name. The sink reads the topics of the streams it
+    /// selects (`streams`).
     #[serde(default = "default_topic_prefix")]
     pub topic_prefix: String,
     /// How long a sink may be silent before the group gives its partitions to the others
@@ -252,6 +292,9 @@ impl Default for RotationConfig {
     }
 }
 
+fn default_streams() -> Vec<String> {
+    vec!["*".into()]
+}
 fn default_streams_dir() -> PathBuf {
     PathBuf::from("streams")
 }
@@ -321,6 +364,38 @@ mod tests {
         assert_eq!(c.dedupe_window, defaults.dedupe_window);
         assert_eq!(c.dedupe_memory_bytes, defaults.dedupe_memory_bytes);
         assert_eq!(c.memory_budget_bytes, defaults.memory_budget_bytes);
+    }
+
+    fn select(entries: &[&str]) -> anyhow::Result<Vec<String>> {
+        let c = super::SinkConfig {
+            streams: entries.iter().map(|e| e.to_string()).collect(),
+            ..super::SinkConfig::default()
+        };
+        let picked = c.select_streams(schemas::example_streams())?;
+        Ok(picked.iter().map(|d| d.name.clone()).collect())
+    }
+
+    #[test]
+    fn streams_are_selected_by_name_or_pattern() {
+        assert_eq!(
+            select(&["*"]).unwrap(),
+            ["sensor_readings", "vehicle_telemetry"]
+        );
+        assert_eq!(select(&["vehicle_*"]).unwrap(), ["vehicle_telemetry"]);
+        assert_eq!(
+            select(&["sensor_readings", "vehicle_telemetr?"]).unwrap(),
+            ["sensor_readings", "vehicle_telemetry"]
+        );
+        // Every problem at once: a name defined nowhere, a broken pattern, a pattern that
+        // matches nothing.
+        let e = select(&["sensor_reading", "[", "truck_*", "sensor_*"])
+            .unwrap_err()
+            .to_string();
+        assert!(e.contains("'sensor_reading' selects none"), "{e}");
+        assert!(e.contains("'[' is not a glob pattern"), "{e}");
+        assert!(e.contains("'truck_*' selects none"), "{e}");
+        assert!(!e.contains("sensor_*"), "{e}");
+        assert!(select(&[]).unwrap_err().to_string().contains("empty"));
     }
 
     #[test]

@@ -196,6 +196,7 @@ pub async fn start(
     streams: Streams,
     shutdown: CancellationToken,
 ) -> anyhow::Result<Sink> {
+    let streams = config.select_streams(streams)?;
     m::register(&streams);
     let store = ObjectStore::from_config(&config.store).await?;
     let staging = store.staging_dir(&config.upload.staging_dir);
