@@ -361,6 +361,36 @@ async fn sinks_split_the_streams_by_selection() {
     drop(cluster);
 }
 
+/// The sink's readiness (`/readyz`) follows the broker: ready while it answers, not ready while
+/// it is down, ready again once it is back.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn sink_readiness_follows_the_broker() {
+    let (cluster, _producer) = mock_cluster(1);
+    let landing = tempfile::tempdir().unwrap();
+    let shutdown = CancellationToken::new();
+    let config = local_sink(
+        &cluster,
+        landing.path(),
+        "readiness",
+        RotationConfig::default(),
+    );
+    let sink = sink::start(config, schemas::example_streams(), shutdown.clone())
+        .await
+        .unwrap();
+    assert!(sink.readiness.check().await);
+    cluster.broker_down(1).unwrap();
+    assert!(!sink.readiness.check().await, "ready with the broker down");
+    cluster.broker_up(1).unwrap();
+    let deadline = Instant::now() + Duration::from_secs(30);
+    while !sink.readiness.check().await {
+        assert!(Instant::now() < deadline, "not ready with the broker back");
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    }
+    shutdown.cancel();
+    sink.task.await.unwrap().unwrap();
+    drop(cluster);
+}
+
 /// 400 records over 4 partitions with a memory budget of 8 kB: open files write their row
 /// groups early instead of holding them, and files still close only by rotation (here: at
 /// shutdown, one per partition).

@@ -331,13 +331,15 @@ async fn the_dashboards_and_alerts_read_the_components_metrics() {
     sink.kafka.topic_prefix = topic_prefix.clone();
     sink.kafka.group_id = format!("mon-sink-{id}");
     let sink_health = plumbing::Health::default();
-    sink_health.set_ready(true);
-    plumbing::serve_admin(sink.admin_listen, sink_health, shutdown.clone())
+    plumbing::serve_admin(sink.admin_listen, sink_health.clone(), shutdown.clone())
         .await
         .unwrap();
     let sink = sink::start(sink, streams.clone(), shutdown.clone())
         .await
         .unwrap();
+    sink.readiness
+        .clone()
+        .spawn_probe(sink_health, shutdown.clone());
 
     // The agent: a file of readings with re-sent duplicates, delivered through the gateway.
     let records = sensor_readings(&FleetSpec {

@@ -60,6 +60,8 @@ pub struct SinkStats {
     pub decompression_regrowths: AtomicU64,
     /// Hour folders listed to warm dedupe windows ([`m::LANDING_LISTINGS`]).
     pub landing_listings: AtomicU64,
+    /// The last write to the object store failed and is being retried.
+    pub store_failing: AtomicBool,
 }
 
 impl SinkStats {
@@ -89,6 +91,45 @@ impl SinkStats {
 pub struct Sink {
     pub task: JoinHandle<anyhow::Result<()>>,
     pub stats: Arc<SinkStats>,
+    pub readiness: Readiness,
+}
+
+/// Whether the sink's dependencies are reachable, for `/readyz`.
+#[derive(Clone)]
+pub struct Readiness {
+    consumer: Arc<StreamConsumer<SinkContext>>,
+    stats: Arc<SinkStats>,
+}
+
+impl Readiness {
+    /// Kafka answers a metadata request within 3 s, and the object store's last write did not
+    /// fail (a failing write is retried until it succeeds, which makes the sink ready again).
+    pub async fn check(&self) -> bool {
+        if self.stats.store_failing.load(Ordering::Relaxed) {
+            return false;
+        }
+        let consumer = self.consumer.clone();
+        tokio::task::spawn_blocking(move || {
+            consumer
+                .fetch_metadata(None, Duration::from_secs(3))
+                .is_ok()
+        })
+        .await
+        .unwrap_or(false)
+    }
+
+    /// Sets `health` from [`Readiness::check`] now and every 5 s until `shutdown`.
+    pub fn spawn_probe(self, health: plumbing::Health, shutdown: CancellationToken) {
+        tokio::spawn(async move {
+            loop {
+                health.set_ready(self.check().await);
+                tokio::select! {
+                    _ = shutdown.cancelled() => break,
+                    _ = tokio::time::sleep(Duration::from_secs(5)) => {}
+                }
+            }
+        });
+    }
 }
 
 type PartKey = (String, i32);
@@ -243,8 +284,13 @@ pub async fn start(
         .subscribe(&topic_refs)
         .context("cannot subscribe to the stream topics")?;
     tracing::info!(topics = ?topics, store = %store.describe(), group = %config.kafka.group_id, "sink started");
+    let consumer = Arc::new(consumer);
+    let readiness = Readiness {
+        consumer: consumer.clone(),
+        stats: stats.clone(),
+    };
     let worker = Worker {
-        consumer: Arc::new(consumer),
+        consumer,
         store,
         streams,
         config,
@@ -261,6 +307,7 @@ pub async fn start(
     Ok(Sink {
         task: tokio::spawn(worker.run()),
         stats,
+        readiness,
     })
 }
 
@@ -887,7 +934,11 @@ impl Worker {
     {
         let mut attempt = 0;
         loop {
-            match write().await {
+            let result = write().await;
+            self.stats
+                .store_failing
+                .store(result.is_err(), Ordering::Relaxed);
+            match result {
                 Ok(outcome) => return Some(outcome),
                 Err(e) => {
                     ::metrics::counter!(m::STORE_ERRORS, "retryable" => if e.retryable { "true" } else { "false" }).increment(1);

@@ -44,7 +44,7 @@ async fn main() -> anyhow::Result<()> {
         plumbing::serve_admin(config.admin_listen, health.clone(), shutdown.clone()).await?;
     tracing::info!(%admin, "admin endpoints listening");
     let sink = sink::start(config, streams, shutdown.clone()).await?;
-    health.set_ready(true);
+    sink.readiness.clone().spawn_probe(health, shutdown.clone());
     let mut task = sink.task;
     tokio::select! {
         result = &mut task => return result.context("sink task failed")?,

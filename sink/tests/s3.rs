@@ -274,6 +274,7 @@ async fn s3_outage_delays_files_but_loses_and_repeats_nothing() {
         sink.stats.records_written.load(Ordering::Relaxed) > 0
     })
     .await;
+    assert!(sink.readiness.check().await, "ready while S3 takes files");
 
     // S3 goes away while records keep arriving: uploads fail and are retried. An upload
     // answered just before the cut is counted a moment later: let that settle first (the
@@ -287,6 +288,10 @@ async fn s3_outage_delays_files_but_loses_and_repeats_nothing() {
     assert_eq!(
         written_during, written_before,
         "nothing lands while S3 is unreachable"
+    );
+    assert!(
+        !sink.readiness.check().await,
+        "not ready while uploads fail"
     );
 
     let _back = common::proxy(front, moto_port).await;
@@ -317,6 +322,10 @@ async fn s3_outage_delays_files_but_loses_and_repeats_nothing() {
         );
         tokio::time::sleep(Duration::from_secs(1)).await;
     }
+    assert!(
+        sink.readiness.check().await,
+        "ready again once S3 takes files"
+    );
     shutdown.cancel();
     sink.task.await.unwrap().unwrap();
     let landed = common::pyarrow_s3(&endpoint, &bucket, "landing/");
