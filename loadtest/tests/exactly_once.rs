@@ -42,11 +42,7 @@ async fn adoption_case(max_records: usize) {
     let (cluster, producer) = mock_cluster(1);
 
     // 150 distinct readings; offsets 100..110 re-send earlier ones, offset 120 is garbage.
-    let readings = sensor_readings(&FleetSpec {
-        records: 150,
-        duplicate_ratio: 0.0,
-        ..FleetSpec::default()
-    });
+    let readings = distinct_readings(150);
     let mut values: Vec<Vec<u8>> = readings
         .iter()
         .map(|r| r.to_string().into_bytes())
@@ -189,11 +185,7 @@ async fn clear_of_an_hour_boundary(margin: Duration) {
 async fn a_steady_trickle_lands_within_the_max_age() {
     let streams = schemas::example_streams();
     let (cluster, producer) = mock_cluster(1);
-    let readings = sensor_readings(&FleetSpec {
-        records: 60,
-        duplicate_ratio: 0.0,
-        ..FleetSpec::default()
-    });
+    let readings = distinct_readings(60);
     let landing = tempfile::tempdir().unwrap();
     let shutdown = CancellationToken::new();
     let config = local_sink(
@@ -251,11 +243,7 @@ async fn sinks_split_the_streams_by_selection() {
     let (cluster, producer) = mock_cluster(1);
     let vehicle_topic = "ingest.vehicle_telemetry";
     cluster.create_topic(vehicle_topic, 2, 1).unwrap();
-    let readings = sensor_readings(&FleetSpec {
-        records: 50,
-        duplicate_ratio: 0.0,
-        ..FleetSpec::default()
-    });
+    let readings = distinct_readings(50);
     let reports: Vec<serde_json::Value> = (0..30)
         .map(|i| {
             serde_json::json!({
@@ -400,11 +388,7 @@ async fn memory_budget_spills_row_groups_not_small_files() {
     clear_of_an_hour_boundary(Duration::from_secs(60)).await;
     let streams = schemas::example_streams();
     let (cluster, producer) = mock_cluster(4);
-    let readings = sensor_readings(&FleetSpec {
-        records: 400,
-        duplicate_ratio: 0.0,
-        ..FleetSpec::default()
-    });
+    let readings = distinct_readings(400);
     for r in &readings {
         let key = r["device_id"].as_str().unwrap().to_owned();
         producer
@@ -451,11 +435,7 @@ async fn memory_budget_spills_row_groups_not_small_files() {
 async fn dedupe_window_is_warmed_after_a_restart() {
     let streams = schemas::example_streams();
     let (cluster, producer) = mock_cluster(4);
-    let readings = sensor_readings(&FleetSpec {
-        records: 120,
-        duplicate_ratio: 0.0,
-        ..FleetSpec::default()
-    });
+    let readings = distinct_readings(120);
     let send = |r: &serde_json::Value| {
         let value = r.to_string();
         let key = r["device_id"].as_str().unwrap().to_owned();
@@ -623,11 +603,7 @@ async fn files_close_at_the_target_parquet_size() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn ingest_time_from_the_header_or_the_kafka_timestamp() {
     let (cluster, producer) = mock_cluster(2);
-    let readings = sensor_readings(&FleetSpec {
-        records: 20,
-        duplicate_ratio: 0.0,
-        ..FleetSpec::default()
-    });
+    let readings = distinct_readings(20);
     // 2020-01-01T05:06:07Z.
     let header_ts = "1577855167000000";
     // Before the records get their Kafka timestamps.
@@ -851,4 +827,13 @@ async fn wait_written(sink: &sink::Sink, n: u64) {
         );
         tokio::time::sleep(Duration::from_millis(100)).await;
     }
+}
+
+/// `records` generated readings, none of them re-sent.
+fn distinct_readings(records: usize) -> Vec<serde_json::Value> {
+    sensor_readings(&FleetSpec {
+        records,
+        duplicate_ratio: 0.0,
+        ..FleetSpec::default()
+    })
 }
