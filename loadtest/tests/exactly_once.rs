@@ -376,6 +376,10 @@ async fn sink_readiness_follows_the_broker() {
     }
     shutdown.cancel();
     sink.task.await.unwrap().unwrap();
+    // A stopped sink is not ready, and its consumer is closed with it: a probe does not keep it
+    // (the demo's mock cluster, dropped after the sink stopped, logged a consumer's failing
+    // reconnects when it did).
+    assert!(!sink.readiness.check().await, "ready after the stop");
     drop(cluster);
 }
 

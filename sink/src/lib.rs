@@ -97,18 +97,22 @@ pub struct Sink {
 /// Whether the sink's dependencies are reachable, for `/readyz`.
 #[derive(Clone)]
 pub struct Readiness {
-    consumer: Arc<StreamConsumer<SinkContext>>,
+    /// Weak: the consumer closes when the worker ends, not when the last probe goes.
+    consumer: std::sync::Weak<StreamConsumer<SinkContext>>,
     stats: Arc<SinkStats>,
 }
 
 impl Readiness {
-    /// Kafka answers a metadata request within 3 s, and the object store's last write did not
-    /// fail (a failing write is retried until it succeeds, which makes the sink ready again).
+    /// The sink runs, Kafka answers a metadata request within 3 s, and the object store's last
+    /// write did not fail (a failing write is retried until it succeeds, which makes the sink
+    /// ready again).
     pub async fn check(&self) -> bool {
         if self.stats.store_failing.load(Ordering::Relaxed) {
             return false;
         }
-        let consumer = self.consumer.clone();
+        let Some(consumer) = self.consumer.upgrade() else {
+            return false;
+        };
         tokio::task::spawn_blocking(move || {
             consumer
                 .fetch_metadata(None, Duration::from_secs(3))
@@ -286,7 +290,7 @@ pub async fn start(
     tracing::info!(topics = ?topics, store = %store.describe(), group = %config.kafka.group_id, "sink started");
     let consumer = Arc::new(consumer);
     let readiness = Readiness {
-        consumer: consumer.clone(),
+        consumer: Arc::downgrade(&consumer),
         stats: stats.clone(),
     };
     let worker = Worker {
