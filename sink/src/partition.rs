@@ -250,3 +250,36 @@ impl PartitionState {
         }
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_clock_makes_a_range_due_when_idle_or_old() {
+        let def = schemas::example_streams()
+            .get("sensor_readings")
+            .unwrap()
+            .clone();
+        let mut part = PartitionState::new(def, "ingest.sensor_readings".into(), 0, 10);
+        let (idle, age) = (Duration::from_secs(60), Some(Duration::from_secs(300)));
+        let t0 = Instant::now();
+        // Nothing consumed: nothing to write or commit, however long it stood.
+        assert_eq!(part.due(t0 + Duration::from_secs(3_600), idle, age), None);
+
+        part.consumed(7, 0);
+        part.last_append = part.range_start.unwrap().opened;
+        let opened = part.last_append;
+        let at = |secs| opened + Duration::from_secs(secs);
+        assert_eq!(part.due(at(59), idle, age), None);
+        assert_eq!(part.due(at(60), idle, age), Some(FlushReason::Idle));
+        // Records keep coming: never idle, due by age once the first is 300 s old.
+        part.last_append = at(299);
+        assert_eq!(part.due(at(299), idle, age), None);
+        assert_eq!(part.due(at(300), idle, age), Some(FlushReason::Age));
+        assert_eq!(part.due(at(300), idle, None), None, "no age limit");
+        // Later records do not make the range younger.
+        part.consumed(8, 0);
+        assert_eq!(part.range_start.unwrap().opened, opened);
+    }
+}
