@@ -228,6 +228,20 @@ async fn bad_requests_get_exact_statuses_and_json_errors() {
             "bad_request",
         ),
         (
+            // Found by fuzzing: the parquet crate panics on its metadata.
+            "Parquet that panics the reader",
+            post(
+                PATH,
+                Some(TOKEN),
+                PARQUET,
+                None,
+                include_bytes!("../../schemas/src/testdata/parquet-negative-column-start.bin")
+                    .to_vec(),
+            ),
+            StatusCode::BAD_REQUEST,
+            "bad_request",
+        ),
+        (
             "Parquet of another stream",
             post(PATH, Some(TOKEN), PARQUET, None, other_stream),
             StatusCode::BAD_REQUEST,

@@ -769,6 +769,17 @@ fn parquet_bodies_fail_clearly() {
     assert!(wrong.contains("is not a field of the stream"), "{wrong}");
 }
 
+/// Bodies the fuzzer (`schemas/fuzz`, target `parquet_body`) found to panic the parquet crate
+/// are malformed bodies like any other.
+#[test]
+fn parquet_bodies_that_panic_the_reader_are_malformed() {
+    let body: &[u8] = include_bytes!("testdata/parquet-negative-column-start.bin");
+    for def in example_streams().iter() {
+        let e = crate::columnar::parquet_to_ndjson(def, body.to_vec().into(), 1 << 20).unwrap_err();
+        assert!(matches!(e, DecodeError::Malformed(_)), "{e:?}");
+    }
+}
+
 /// `n` valid NDJSON lines of `def` (sensor readings or vehicle telemetry): few series, so rows
 /// share keys and times, with nulls, empty and missing lists and maps among them.
 pub(crate) fn sample_lines(def: &StreamDef, n: usize) -> Vec<Vec<u8>> {

@@ -1,0 +1,17 @@
+//! Hostile Parquet request bodies: decoding one must end in NDJSON or an error, never a panic,
+//! and never in more NDJSON than the limit allows.
+#![no_main]
+
+use libfuzzer_sys::fuzz_target;
+
+const MAX_BYTES: usize = 1 << 20;
+
+fuzz_target!(|data: &[u8]| {
+    let streams = schemas::example_streams();
+    for def in streams.iter() {
+        let body = bytes::Bytes::copy_from_slice(data);
+        if let Ok(ndjson) = schemas::columnar::parquet_to_ndjson(def, body, MAX_BYTES) {
+            assert!(ndjson.len() <= MAX_BYTES);
+        }
+    }
+});
