@@ -327,14 +327,15 @@ pub fn parquet_to_ndjson(
     body: Bytes,
     max_bytes: usize,
 ) -> Result<Vec<u8>, DecodeError> {
-    // The parquet crate asserts on some malformed metadata instead of returning an error (a
-    // column chunk whose start is negative, found by fuzzing: `schemas/fuzz`). A hostile body
-    // must get a 400 like any other malformed one, not take down the thread decoding it (the
-    // gateway answered 503, which clients retry for ever).
+    // The parquet crate panics on some malformed files instead of returning an error (found
+    // by fuzzing, `schemas/fuzz`: an assertion that a column chunk's start is not negative, a
+    // division by zero in its byte-array reader, and arithmetic overflows where overflow checks
+    // are on). A hostile body must get a 400 like any other malformed one, not take down the
+    // thread decoding it (the gateway answered 503, which clients retry for ever).
     std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
         decode_parquet(def, body, max_bytes)
     }))
-    .unwrap_or_else(|_| Err(malformed("the Parquet reader failed on its metadata")))
+    .unwrap_or_else(|_| Err(malformed("the Parquet reader failed on it")))
 }
 
 fn decode_parquet(def: &StreamDef, body: Bytes, max_bytes: usize) -> Result<Vec<u8>, DecodeError> {

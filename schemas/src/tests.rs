@@ -773,10 +773,18 @@ fn parquet_bodies_fail_clearly() {
 /// are malformed bodies like any other.
 #[test]
 fn parquet_bodies_that_panic_the_reader_are_malformed() {
-    let body: &[u8] = include_bytes!("testdata/parquet-negative-column-start.bin");
-    for def in example_streams().iter() {
-        let e = crate::columnar::parquet_to_ndjson(def, body.to_vec().into(), 1 << 20).unwrap_err();
-        assert!(matches!(e, DecodeError::Malformed(_)), "{e:?}");
+    let bodies: [&[u8]; 2] = [
+        // An assertion on the footer's metadata.
+        include_bytes!("testdata/parquet-negative-column-start.bin"),
+        // A division by zero in the byte-array column reader.
+        include_bytes!("testdata/parquet-divide-by-zero.bin"),
+    ];
+    for body in bodies {
+        for def in example_streams().iter() {
+            let e =
+                crate::columnar::parquet_to_ndjson(def, body.to_vec().into(), 1 << 20).unwrap_err();
+            assert!(matches!(e, DecodeError::Malformed(_)), "{e:?}");
+        }
     }
 }
 

@@ -11,9 +11,12 @@ fuzz_target!(
         // `parquet_to_ndjson` catches the panics of the parquet crate; libfuzzer-sys's hook would
         // abort on them all the same. A panic that escapes still ends the run and keeps the
         // input (libfuzzer-sys catches it and aborts); FUZZ_SHOW_PANICS=1 prints every panic.
-        if std::env::var_os("FUZZ_SHOW_PANICS").is_none() {
-            std::panic::set_hook(Box::new(|_| {}));
-        }
+        let show = std::env::var_os("FUZZ_SHOW_PANICS").is_some();
+        std::panic::set_hook(Box::new(move |info| {
+            if show {
+                eprintln!("{info}");
+            }
+        }));
     },
     |data: &[u8]| {
         let streams = schemas::example_streams();
