@@ -130,7 +130,11 @@ pub async fn start(
         &config.idempotency,
     ));
     let health = Health::default();
-    spawn_readiness_probe(state.clone(), health.clone(), shutdown.clone());
+    let probed = state.clone();
+    plumbing::spawn_readiness_probe(health.clone(), shutdown.clone(), move || {
+        let state = probed.clone();
+        async move { state.producer.is_reachable().await }
+    });
     let listener = std::net::TcpListener::bind(config.listen)
         .with_context(|| format!("cannot listen on {}", config.listen))?;
     listener.set_nonblocking(true)?;
@@ -160,18 +164,6 @@ pub async fn start(
         admin_addr,
         task,
     })
-}
-
-fn spawn_readiness_probe(state: Arc<AppState>, health: Health, shutdown: CancellationToken) {
-    tokio::spawn(async move {
-        loop {
-            health.set_ready(state.producer.is_reachable().await);
-            tokio::select! {
-                _ = shutdown.cancelled() => break,
-                _ = tokio::time::sleep(Duration::from_secs(5)) => {}
-            }
-        }
-    });
 }
 
 #[cfg(test)]

@@ -52,18 +52,7 @@ async fn adoption_case(max_records: usize) {
     }
     values.insert(120, b"{not json".to_vec());
     for (i, v) in values.iter().enumerate() {
-        let ts = (BASE_TS + i as i64).to_string();
-        let headers = OwnedHeaders::new().insert(Header {
-            key: "ingest-ts",
-            value: Some(&ts),
-        });
-        producer
-            .send(
-                FutureRecord::to(TOPIC).key("k").payload(v).headers(headers),
-                Duration::from_secs(5),
-            )
-            .await
-            .unwrap();
+        send_with_ingest_ts(&producer, "k", v, &(BASE_TS + i as i64).to_string()).await;
     }
 
     // The crashed sink's file: offsets 0..=39, never committed.
@@ -203,21 +192,7 @@ async fn a_steady_trickle_lands_within_the_max_age() {
         .unwrap();
     for (i, r) in readings.iter().enumerate() {
         let ts = (BASE_TS + i as i64).to_string();
-        let headers = OwnedHeaders::new().insert(Header {
-            key: "ingest-ts",
-            value: Some(&ts),
-        });
-        let value = r.to_string();
-        producer
-            .send(
-                FutureRecord::to(TOPIC)
-                    .key("k")
-                    .payload(&value)
-                    .headers(headers),
-                Duration::from_secs(5),
-            )
-            .await
-            .unwrap();
+        send_with_ingest_ts(&producer, "k", r.to_string().as_bytes(), &ts).await;
         tokio::time::sleep(Duration::from_millis(100)).await;
     }
     // Everything lands while the sink runs, by age alone.
@@ -275,15 +250,7 @@ async fn sinks_split_the_streams_by_selection() {
         ("vehicles", "vehicle_telemetry", reports.len()),
     ] {
         let landing = tempfile::tempdir().unwrap();
-        let mut config = local_sink(
-            &cluster,
-            landing.path(),
-            group,
-            RotationConfig {
-                idle_ms: 300,
-                ..RotationConfig::default()
-            },
-        );
+        let mut config = local_sink(&cluster, landing.path(), group, quick_rotation());
         config.streams = vec![selection.into()];
         let sink = sink::start(config, streams.clone(), shutdown.clone())
             .await
@@ -613,31 +580,15 @@ async fn ingest_time_from_the_header_or_the_kafka_timestamp() {
     // Before the records get their Kafka timestamps.
     let before = chrono::Utc::now();
     for r in &readings {
-        let (value, key) = (r.to_string(), r["device_id"].as_str().unwrap().to_owned());
-        let headers = OwnedHeaders::new().insert(Header {
-            key: "ingest-ts",
-            value: Some(header_ts),
-        });
-        let record = FutureRecord::to(TOPIC)
-            .key(&key)
-            .payload(&value)
-            .headers(headers);
-        producer.send(record, Duration::from_secs(5)).await.unwrap();
+        let key = r["device_id"].as_str().unwrap();
+        send_with_ingest_ts(&producer, key, r.to_string().as_bytes(), header_ts).await;
     }
     for (from, group) in [
         (IngestTime::Header, "from-header"),
         (IngestTime::Timestamp, "from-timestamp"),
     ] {
         let landing = tempfile::tempdir().unwrap();
-        let mut config = local_sink(
-            &cluster,
-            landing.path(),
-            group,
-            RotationConfig {
-                idle_ms: 300,
-                ..RotationConfig::default()
-            },
-        );
+        let mut config = local_sink(&cluster, landing.path(), group, quick_rotation());
         config.kafka.ingest_time = from;
         let shutdown = CancellationToken::new();
         let sink = sink::start(config, schemas::example_streams(), shutdown.clone())
@@ -686,15 +637,7 @@ async fn verify_checks_a_local_landing_directory() {
         producer.send(record, Duration::from_secs(5)).await.unwrap();
     }
     let landing = tempfile::tempdir().unwrap();
-    let config = local_sink(
-        &cluster,
-        landing.path(),
-        "verify",
-        RotationConfig {
-            idle_ms: 300,
-            ..RotationConfig::default()
-        },
-    );
+    let config = local_sink(&cluster, landing.path(), "verify", quick_rotation());
     let shutdown = CancellationToken::new();
     let sink = sink::start(config, schemas::example_streams(), shutdown.clone())
         .await
@@ -840,4 +783,30 @@ fn distinct_readings(records: usize) -> Vec<serde_json::Value> {
         duplicate_ratio: 0.0,
         ..FleetSpec::default()
     })
+}
+
+/// Files close 300 ms after their partition's last record.
+fn quick_rotation() -> RotationConfig {
+    RotationConfig {
+        idle_ms: 300,
+        ..RotationConfig::default()
+    }
+}
+
+/// Produces `value` with `key` and the gateway's `ingest-ts` header.
+async fn send_with_ingest_ts(producer: &FutureProducer, key: &str, value: &[u8], ingest_ts: &str) {
+    let headers = OwnedHeaders::new().insert(Header {
+        key: "ingest-ts",
+        value: Some(ingest_ts),
+    });
+    producer
+        .send(
+            FutureRecord::to(TOPIC)
+                .key(key)
+                .payload(value)
+                .headers(headers),
+            Duration::from_secs(5),
+        )
+        .await
+        .unwrap();
 }

@@ -337,9 +337,11 @@ async fn the_dashboards_and_alerts_read_the_components_metrics() {
     let sink = sink::start(sink, streams.clone(), shutdown.clone())
         .await
         .unwrap();
-    sink.readiness
-        .clone()
-        .spawn_probe(sink_health, shutdown.clone());
+    let readiness = sink.readiness.clone();
+    plumbing::spawn_readiness_probe(sink_health, shutdown.clone(), move || {
+        let readiness = readiness.clone();
+        async move { readiness.check().await }
+    });
 
     // The agent: a file of readings with re-sent duplicates, delivered through the gateway.
     let records = sensor_readings(&FleetSpec {

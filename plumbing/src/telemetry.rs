@@ -97,6 +97,24 @@ impl Health {
     }
 }
 
+/// Sets `health` from `check` now and every 5 s until `shutdown`: the readiness probe of the
+/// gateway (Kafka reachable) and the sink (Kafka reachable, store writes succeeding).
+pub fn spawn_readiness_probe<F, Fut>(health: Health, shutdown: CancellationToken, check: F)
+where
+    F: Fn() -> Fut + Send + 'static,
+    Fut: std::future::Future<Output = bool> + Send,
+{
+    tokio::spawn(async move {
+        loop {
+            health.set_ready(check().await);
+            tokio::select! {
+                _ = shutdown.cancelled() => break,
+                _ = tokio::time::sleep(std::time::Duration::from_secs(5)) => {}
+            }
+        }
+    });
+}
+
 /// `/metrics` (Prometheus text), `/healthz` (alive) and `/readyz` (dependencies reachable).
 pub fn admin_router(health: Health) -> Router {
     let handle = install_metrics();

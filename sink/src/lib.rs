@@ -121,19 +121,6 @@ impl Readiness {
         .await
         .unwrap_or(false)
     }
-
-    /// Sets `health` from [`Readiness::check`] now and every 5 s until `shutdown`.
-    pub fn spawn_probe(self, health: plumbing::Health, shutdown: CancellationToken) {
-        tokio::spawn(async move {
-            loop {
-                health.set_ready(self.check().await);
-                tokio::select! {
-                    _ = shutdown.cancelled() => break,
-                    _ = tokio::time::sleep(Duration::from_secs(5)) => {}
-                }
-            }
-        });
-    }
 }
 
 type PartKey = (String, i32);

@@ -44,7 +44,11 @@ async fn main() -> anyhow::Result<()> {
         plumbing::serve_admin(config.admin_listen, health.clone(), shutdown.clone()).await?;
     tracing::info!(%admin, "admin endpoints listening");
     let sink = sink::start(config, streams, shutdown.clone()).await?;
-    sink.readiness.clone().spawn_probe(health, shutdown.clone());
+    let readiness = sink.readiness.clone();
+    plumbing::spawn_readiness_probe(health, shutdown.clone(), move || {
+        let readiness = readiness.clone();
+        async move { readiness.check().await }
+    });
     let mut task = sink.task;
     tokio::select! {
         result = &mut task => return result.context("sink task failed")?,
