@@ -173,6 +173,12 @@ pub struct SpoolConfig {
     pub fsync: FsyncPolicy,
     #[serde(default = "default_fsync_interval_ms")]
     pub fsync_interval_ms: u64,
+    /// Size limit of `rejected/` in the state directory (batches the receiver refused for
+    /// good, kept with its answer), in MiB. When it is reached, a refused batch stays first in
+    /// its stream's spool until there is room (the spool's limit and overflow policy then
+    /// apply); nothing kept is deleted.
+    #[serde(default = "default_rejected_mb")]
+    pub rejected_max_mb: u64,
 }
 
 impl Default for SpoolConfig {
@@ -182,6 +188,7 @@ impl Default for SpoolConfig {
             segment_mb: default_segment_mb(),
             fsync: FsyncPolicy::default(),
             fsync_interval_ms: default_fsync_interval_ms(),
+            rejected_max_mb: default_rejected_mb(),
         }
     }
 }
@@ -195,6 +202,11 @@ impl SpoolConfig {
             fsync: self.fsync,
             fsync_interval: Duration::from_millis(self.fsync_interval_ms),
         }
+    }
+
+    /// `rejected_max_mb` in bytes.
+    pub fn rejected_max_bytes(&self) -> u64 {
+        self.rejected_max_mb.saturating_mul(1 << 20)
     }
 }
 
@@ -435,6 +447,9 @@ fn default_dedupe_secs() -> u32 {
 }
 fn default_spool_mb() -> u64 {
     256
+}
+fn default_rejected_mb() -> u64 {
+    64
 }
 fn default_segment_mb() -> u64 {
     8

@@ -1,7 +1,6 @@
 //! The delivery loop of one stream: oldest spooled batch first, one at a time, acknowledged in
 //! the spool only after the output acknowledged it.
 
-use std::path::PathBuf;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::Duration;
@@ -9,10 +8,15 @@ use std::time::Duration;
 use schemas::StreamDef;
 use tokio_util::sync::CancellationToken;
 
+use crate::batch::Batch;
 use crate::link::{Link, StreamCap};
 use crate::metrics as m;
-use crate::output::{Output, SendError, keep_rejected};
+use crate::output::{Output, SendError};
+use crate::rejected::{Kept, RejectedDir};
 use crate::spool::Spool;
+
+/// How often a refused batch that found no room under `rejected/` looks again.
+pub const REJECTED_RECHECK: Duration = Duration::from_secs(2);
 
 /// What one stream's delivery did.
 #[derive(Debug, Default, Clone, PartialEq, Eq)]
@@ -34,7 +38,8 @@ pub struct Delivery {
     pub link: Arc<Link>,
     pub cap: StreamCap,
     pub priority: i32,
-    pub rejected_dir: PathBuf,
+    /// Where refused batches are kept aside (shared by the streams).
+    pub rejected: Arc<RejectedDir>,
     /// Set once the stream's pipeline has finished: the loop ends when the spool is empty.
     pub inputs_done: Arc<AtomicBool>,
 }
@@ -81,19 +86,9 @@ impl Delivery {
                         .increment(response.rejected.len() as u64);
                 }
                 Err(SendError::Rejected { status, body }) => {
-                    let kept = {
-                        let (dir, stream, batch, body) = (
-                            self.rejected_dir.clone(),
-                            self.def.name.clone(),
-                            batch.clone(),
-                            body.clone(),
-                        );
-                        tokio::task::spawn_blocking(move || {
-                            keep_rejected(&dir, &stream, &batch, status, &body)
-                        })
-                        .await?
-                    };
-                    tracing::error!(stream = %self.def.name, batch = %batch.id, status, answer = %body, kept = ?kept, "batch refused for good; kept aside, not retried");
+                    if !self.put_aside(&batch, status, body, &shutdown).await? {
+                        return Ok(stats);
+                    }
                     stats.rejected_batches += 1;
                     metrics::counter!(m::BATCHES_REJECTED, &labels).increment(1);
                 }
@@ -110,6 +105,56 @@ impl Delivery {
             metrics::counter!(m::RECORDS_SENT, &labels).increment(u64::from(batch.records));
             metrics::counter!(m::SENT_BYTES, &labels).increment(wire);
             metrics::counter!(m::SENT_RAW_BYTES, &labels).increment(u64::from(batch.raw_bytes));
+        }
+    }
+
+    /// Keeps a refused batch under `rejected/`, waiting (the batch still first in the spool)
+    /// while there is no room or the files cannot be written. False when shut down first.
+    async fn put_aside(
+        &self,
+        batch: &Batch,
+        status: u16,
+        answer: String,
+        shutdown: &CancellationToken,
+    ) -> anyhow::Result<bool> {
+        let (batch, answer) = (Arc::new(batch.clone()), Arc::new(answer));
+        let labels = [("stream", self.def.name.clone())];
+        let mut waiting = false;
+        loop {
+            let kept = {
+                let (dir, stream) = (self.rejected.clone(), self.def.name.clone());
+                let (batch, answer) = (batch.clone(), answer.clone());
+                tokio::task::spawn_blocking(move || dir.keep(&stream, &batch, status, &answer))
+                    .await?
+            };
+            let why = match kept {
+                Ok(Kept::Kept(path)) => {
+                    tracing::error!(stream = %self.def.name, batch = %batch.id, status, answer = %answer, kept = %path.display(), "batch refused for good; kept aside, not retried");
+                    if waiting {
+                        metrics::gauge!(m::REJECTED_WAITING, &labels).set(0.0);
+                    }
+                    return Ok(true);
+                }
+                Ok(Kept::NoRoom {
+                    used,
+                    needed,
+                    limit,
+                }) => format!(
+                    "{} holds {used} bytes; {needed} more would pass its limit of {limit} (spool.rejected_max_mb)",
+                    self.rejected.path().display()
+                ),
+                Err(e) => format!("cannot write to {}: {e}", self.rejected.path().display()),
+            };
+            if !waiting {
+                // Logged once per batch: the wait can last until an operator makes room.
+                tracing::error!(stream = %self.def.name, batch = %batch.id, status, answer = %answer, reason = %why, "batch refused for good but cannot be kept aside; it stays in the spool, and the stream's later batches wait behind it, until it can");
+                metrics::gauge!(m::REJECTED_WAITING, &labels).set(1.0);
+                waiting = true;
+            }
+            tokio::select! {
+                _ = tokio::time::sleep(REJECTED_RECHECK) => {}
+                _ = shutdown.cancelled() => return Ok(false),
+            }
         }
     }
 }

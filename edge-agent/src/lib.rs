@@ -18,6 +18,7 @@ pub mod link;
 pub mod metrics;
 pub mod output;
 pub mod pipeline;
+pub mod rejected;
 pub mod source;
 pub mod spool;
 pub mod tls;
@@ -41,6 +42,7 @@ use crate::deliver::{Delivery, DeliveryStats};
 use crate::link::{Link, StreamCap};
 use crate::output::Output;
 use crate::pipeline::{Pipeline, PipelineStats};
+use crate::rejected::RejectedDir;
 use crate::source::file::{FileSpec, Positions};
 use crate::source::mqtt::MqttSpec;
 use crate::source::{Feed, Feeds, feed_lines, verbatim};
@@ -166,6 +168,11 @@ pub async fn run(
     metrics::register(config.spool.options().max_bytes);
     let output = Arc::new(Output::new(config.gateway.as_ref(), config.kafka.as_ref())?);
     let link = Arc::new(Link::new(config.max_bytes_per_sec));
+    let rejected = Arc::new(RejectedDir::new(
+        state.join("rejected"),
+        config.spool.rejected_max_bytes(),
+    ));
+    ::metrics::gauge!(metrics::REJECTED_BYTES).set(rejected.used().unwrap_or(0) as f64);
     let mut feeds = Feeds::new();
     let mut running = BTreeMap::new();
     for name in active_streams(&config, &streams, &spool_root) {
@@ -210,7 +217,7 @@ pub async fn run(
             link: link.clone(),
             cap: StreamCap::new(settings.max_bytes_per_sec),
             priority: settings.priority,
-            rejected_dir: state.join("rejected"),
+            rejected: rejected.clone(),
             inputs_done,
         };
         let delivery = tokio::spawn(delivery.run(shutdown.child_token()));

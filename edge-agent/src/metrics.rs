@@ -28,6 +28,11 @@ pub const SEND_DURATION: &str = "edge_agent_send_duration_seconds";
 pub const SEND_ERRORS: &str = "edge_agent_send_errors_total";
 /// Batches the gateway refused for good (kept under `rejected/` in the state directory).
 pub const BATCHES_REJECTED: &str = "edge_agent_batches_rejected_total";
+/// Bytes of the refused batches kept under `rejected/` (limit `spool.rejected_max_mb`).
+pub const REJECTED_BYTES: &str = "edge_agent_rejected_bytes";
+/// 1 while a stream's refused batch waits in the spool for room under `rejected/` (the
+/// directory is at its limit or cannot be written), else 0.
+pub const REJECTED_WAITING: &str = "edge_agent_rejected_waiting_batches";
 /// Records the gateway rejected individually inside accepted batches.
 pub const RECORDS_REJECTED: &str = "edge_agent_records_rejected_total";
 /// The spool's size limit over all streams (`spool.max_mb`), for "spool filling up" alerts.
@@ -49,6 +54,7 @@ pub fn register_stream(stream: &str, policy: &'static str) {
     }
     metrics::counter!(SPOOL_DROPPED_RECORDS, "stream" => stream.to_owned(), "policy" => policy)
         .increment(0);
+    metrics::gauge!(REJECTED_WAITING, &labels).set(0.0);
     for (reason, intentional) in [("invalid", "false"), ("duplicate", "true")] {
         metrics::counter!(DISCARDED, "stream" => stream.to_owned(), "reason" => reason, "intentional" => intentional)
             .increment(0);

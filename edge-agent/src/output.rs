@@ -13,7 +13,6 @@
 //! them. A batch retried after a failure may put some records into Kafka twice; they carry the
 //! same content hash and the sink drops them.
 
-use std::path::{Path, PathBuf};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
@@ -384,28 +383,4 @@ fn backoff(attempt: u32, max: Duration) -> Duration {
         .min(max.as_millis() as u64)
         .max(1);
     Duration::from_millis(rand::rng().random_range(base / 2..=base + base / 2))
-}
-
-/// Keeps a refused batch aside: its body and a JSON note with the answer.
-pub fn keep_rejected(
-    dir: &Path,
-    stream: &str,
-    batch: &Batch,
-    status: u16,
-    body: &str,
-) -> std::io::Result<PathBuf> {
-    std::fs::create_dir_all(dir)?;
-    let base = dir.join(format!("{stream}-{}", batch.id));
-    let note = serde_json::json!({
-        "stream": stream,
-        "batch": batch.id.to_string(),
-        "records": batch.records,
-        "content_type": batch.encoding.content_type(),
-        "content_encoding": batch.encoding.content_encoding(),
-        "status": status,
-        "answer": body,
-    });
-    std::fs::write(base.with_extension("body"), &batch.body)?;
-    std::fs::write(base.with_extension("json"), note.to_string())?;
-    Ok(base.with_extension("body"))
 }

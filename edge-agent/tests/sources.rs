@@ -267,6 +267,79 @@ async fn refused_batches_are_kept_aside_and_the_rest_goes_on() {
     assert_eq!(note["records"], 100);
 }
 
+/// A refused batch leaves the spool only once it is kept under `rejected/`: while that cannot
+/// be written, or is at `spool.rejected_max_mb`, the batch waits first in the spool (not sent
+/// again) with the stream's later batches behind it; once there is room it goes aside and the
+/// rest lands. Before, a batch that could not be kept was dropped from the spool all the same,
+/// and `rejected/` grew without a bound.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_refused_batch_waits_in_the_spool_until_rejected_has_room() {
+    let stub = Stub::start(Faults {
+        refuse_device: Some("dev-3\""),
+        ..Faults::default()
+    })
+    .await;
+    let dir = tempfile::tempdir().unwrap();
+    let (lines, _) = readings(600, 6, 0, 7);
+    let mut by_device = lines.clone();
+    by_device.sort_by_key(|l| l[..20].to_owned());
+    let file = dir.path().join("r.ndjson");
+    append(&file, &by_device);
+    // Nothing can be written under rejected/: a file stands where the directory goes.
+    let rejected = dir.path().join("state/rejected");
+    std::fs::create_dir_all(dir.path().join("state")).unwrap();
+    std::fs::write(&rejected, b"").unwrap();
+    let cfg = file_source(dir.path(), &stub, "max_records = 100", &file, "")
+        .replace("[batch]", "[spool]\nrejected_max_mb = 1\n[batch]");
+    let (agent, _shutdown) = start(&cfg);
+    let arrived = || stub.recorded.lock().unwrap().arrived.len();
+    let deadline = Instant::now() + Duration::from_secs(30);
+    while arrived() < 4 {
+        assert!(Instant::now() < deadline, "the refused batch never arrived");
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    let waits = edge_agent::deliver::REJECTED_RECHECK + Duration::from_millis(500);
+    tokio::time::sleep(waits).await;
+    assert_eq!(
+        arrived(),
+        4,
+        "a refused batch is not sent again while it waits"
+    );
+    assert_eq!(stub.landed_total(), 300, "the batches behind it wait");
+    assert!(!agent.is_finished());
+
+    // Now a directory, but full: an operator's 1 MiB leftover.
+    std::fs::remove_file(&rejected).unwrap();
+    std::fs::create_dir(&rejected).unwrap();
+    let leftover = rejected.join("leftover.body");
+    std::fs::write(&leftover, vec![0u8; 1 << 20]).unwrap();
+    tokio::time::sleep(waits).await;
+    assert_eq!((arrived(), stub.landed_total()), (4, 300));
+    assert!(!agent.is_finished());
+    assert_eq!(std::fs::read_dir(&rejected).unwrap().count(), 1);
+
+    // Room made: the batch goes aside and the rest lands.
+    std::fs::remove_file(&leftover).unwrap();
+    let stats = tokio::time::timeout(Duration::from_secs(30), agent)
+        .await
+        .expect("the agent finishes once the batch is kept")
+        .unwrap()
+        .unwrap()
+        .total();
+    assert_eq!(stats.delivery.rejected_batches, 1);
+    assert_eq!(stub.landed_total(), 500);
+    let mut kept: Vec<_> = std::fs::read_dir(&rejected)
+        .unwrap()
+        .map(|e| e.unwrap().path())
+        .collect();
+    kept.sort();
+    assert_eq!(kept.len(), 2, "{kept:?}");
+    let body = std::fs::read(&kept[0]).unwrap();
+    let ndjson = zstd::decode_all(&body[..]).unwrap();
+    assert_eq!(ndjson.iter().filter(|&&b| b == b'\n').count(), 100);
+    assert!(String::from_utf8_lossy(&ndjson).contains("dev-3\""));
+}
+
 /// An agent tailing `n` readings (seed `seed`, batches of 100) into a stub with `faults`, once
 /// the stub has had four requests from it. Returns the stub, the agent's directory, the running
 /// agent and the distinct readings' hashes.
