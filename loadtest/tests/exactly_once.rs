@@ -111,6 +111,25 @@ async fn adoption_case(max_records: usize) {
     assert_eq!(sink.stats.records_received.load(Ordering::Relaxed), 161);
     assert_eq!(sink.stats.duplicates_dropped.load(Ordering::Relaxed), 10);
     assert_eq!(sink.stats.dead_letters.load(Ordering::Relaxed), 1);
+    // The same counts on /metrics, where this test has the process to itself (nextest's
+    // default; under `cargo test` the two adoption tests share the recorder).
+    let own_process = std::env::var("NEXTEST_EXECUTION_MODE").as_deref() == Ok("process-per-test");
+    let metrics = plumbing::install_metrics().render();
+    for (series, value) in [
+        (
+            r#"sink_discarded_records_total{stream="sensor_readings",reason="duplicate",intentional="true"}"#,
+            10,
+        ),
+        (
+            r#"sink_dead_letter_records_total{stream="sensor_readings"}"#,
+            1,
+        ),
+    ] {
+        assert!(
+            !own_process || metrics.lines().any(|l| l == format!("{series} {value}")),
+            "{series} {value} not in:\n{metrics}"
+        );
+    }
     let expected: HashSet<_> = readings
         .iter()
         .map(|r| schemas::check(&def, r.clone()).unwrap().hash)

@@ -743,7 +743,7 @@ impl Worker {
         let full = match part.append(payload, offset, ingest_ts, &self.staging, targets)? {
             Appended::Row { full } => full,
             Appended::Duplicate => {
-                ::metrics::counter!(m::DISCARDED, "stream" => part.def.name.clone(), "reason" => "duplicate", "intentional" => "true").increment(1);
+                part.duplicates.increment(1);
                 self.stats
                     .duplicates_dropped
                     .fetch_add(1, Ordering::Relaxed);

@@ -47,7 +47,11 @@ pub fn register(streams: &schemas::Streams) {
     for def in streams.iter() {
         ::metrics::counter!(DEAD_LETTERS, "stream" => def.name.clone()).increment(0);
         ::metrics::counter!(ADOPTED_RECORDS, "stream" => def.name.clone()).increment(0);
-        ::metrics::counter!(DISCARDED, "stream" => def.name.clone(), "reason" => "duplicate", "intentional" => "true")
-            .increment(0);
+        duplicates(&def.name).increment(0);
     }
+}
+
+/// `DISCARDED` for the duplicates of `stream`.
+pub fn duplicates(stream: &str) -> ::metrics::Counter {
+    ::metrics::counter!(DISCARDED, "stream" => stream.to_owned(), "reason" => "duplicate", "intentional" => "true")
 }

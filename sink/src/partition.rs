@@ -27,6 +27,9 @@ pub struct PartitionState {
     /// `sink_adopted_records_total` of the stream, registered once: records read again below
     /// an adopted object's last offset are counted one by one.
     pub adopted: metrics::Counter,
+    /// `sink_discarded_records_total{reason="duplicate"}` of the stream, registered once: a
+    /// lookup by labels for every dropped duplicate cost a string copy and a registry search.
+    pub duplicates: metrics::Counter,
     /// The next offset to read: every record before it is in a written file or was dropped.
     pub next_offset: Option<i64>,
     /// First offset of the open file's range: the first offset consumed after the last file or
@@ -142,6 +145,7 @@ impl PartitionState {
             metrics::counter!(crate::metrics::RECORDS_RECEIVED, "stream" => def.name.clone());
         let adopted =
             metrics::counter!(crate::metrics::ADOPTED_RECORDS, "stream" => def.name.clone());
+        let duplicates = crate::metrics::duplicates(&def.name);
         PartitionState {
             def,
             topic,
@@ -150,6 +154,7 @@ impl PartitionState {
             size_ratio: SizeRatio::default(),
             received,
             adopted,
+            duplicates,
             next_offset: None,
             range_start: None,
             committed: None,
