@@ -418,6 +418,93 @@ async fn memory_budget_spills_row_groups_not_small_files() {
     drop(cluster);
 }
 
+/// A producer writing garbage to a busy partition: the dead letters a range holds in memory
+/// close it (file and dead-letter object) at `rotation.max_dead_letter_bytes`, or when they are
+/// most of what the partition over the memory budget holds, instead of growing until the
+/// partition goes idle or the hour ends. Every reading lands once and every dead letter is
+/// written once.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn dead_letters_close_their_range_by_size_and_budget() {
+    clear_of_an_hour_boundary(Duration::from_secs(60)).await;
+    for by_budget in [false, true] {
+        dead_letter_flood(by_budget).await;
+    }
+}
+
+async fn dead_letter_flood(by_budget: bool) {
+    let streams = schemas::example_streams();
+    let (cluster, producer) = mock_cluster(1);
+    let readings = distinct_readings(200);
+    for (i, r) in readings.iter().enumerate() {
+        let garbage = format!("garbage {i}: not the JSON of a reading at all");
+        for value in [r.to_string(), garbage] {
+            producer
+                .send(
+                    FutureRecord::to(TOPIC).key("k").payload(&value),
+                    Duration::from_secs(5),
+                )
+                .await
+                .unwrap();
+        }
+    }
+    let landing = tempfile::tempdir().unwrap();
+    let shutdown = CancellationToken::new();
+    // No idle period, age or size target closes a range within this test.
+    let mut config = local_sink(
+        &cluster,
+        landing.path(),
+        "dead-letters",
+        RotationConfig {
+            idle_ms: 600_000,
+            max_dead_letter_bytes: if by_budget { 1 << 30 } else { 8_000 },
+            ..RotationConfig::default()
+        },
+    );
+    if by_budget {
+        config.memory_budget_bytes = 8_000;
+    }
+    let sink = sink::start(config, streams.clone(), shutdown.clone())
+        .await
+        .unwrap();
+    wait_received(&sink, 400).await;
+    let dead_dir = landing.path().join("landing/_dead_letters");
+    let objects = || {
+        if dead_dir.exists() {
+            walk(&dead_dir)
+        } else {
+            Vec::new()
+        }
+    };
+    let deadline = Instant::now() + Duration::from_secs(10);
+    while objects().len() < 3 {
+        assert!(
+            Instant::now() < deadline,
+            "budget {by_budget}: {} dead-letter objects while the sink runs",
+            objects().len()
+        );
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    shutdown.cancel();
+    sink.task.await.unwrap().unwrap();
+    assert!(sink.stats.files_written.load(Ordering::Relaxed) >= 3);
+    let mut offsets = Vec::new();
+    for object in objects() {
+        let text = std::fs::read_to_string(&object).unwrap();
+        if !by_budget {
+            assert!(text.len() < 8_000 + 400, "{} bytes", text.len());
+        }
+        for line in text.lines() {
+            let v: serde_json::Value = serde_json::from_str(line).unwrap();
+            offsets.push(v["offset"].as_i64().unwrap());
+        }
+    }
+    offsets.sort_unstable();
+    let garbage: Vec<i64> = (0..200).map(|i| 2 * i + 1).collect();
+    assert_eq!(offsets, garbage, "every dead letter once");
+    assert_exactly_once(&readings, landing.path());
+    drop(cluster);
+}
+
 /// Duplicates that straddle a restart: the second sink's dedupe windows are warmed from the
 /// landing files of the first, so records re-sent after the restart do not land twice. The
 /// partitions share one listing of each hour folder (24 listings, not 24 per partition).

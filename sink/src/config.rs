@@ -271,6 +271,12 @@ pub struct RotationConfig {
     /// file of a steady partition then closes at its size targets or the ingest-hour boundary).
     #[serde(default = "default_max_age_ms")]
     pub max_age_ms: u64,
+    /// Close the open range (its file and its dead-letter object) when the dead letters it
+    /// holds in memory reach this many bytes (each is a JSON line with the payload in hex), so
+    /// that a producer writing garbage to a busy topic cannot fill the sink's memory before the
+    /// range closes for another reason.
+    #[serde(default = "default_max_dead_letter_bytes")]
+    pub max_dead_letter_bytes: usize,
 }
 
 impl RotationConfig {
@@ -288,8 +294,13 @@ impl Default for RotationConfig {
             row_group_bytes: default_row_group_bytes(),
             idle_ms: default_idle_ms(),
             max_age_ms: default_max_age_ms(),
+            max_dead_letter_bytes: default_max_dead_letter_bytes(),
         }
     }
+}
+
+fn default_max_dead_letter_bytes() -> usize {
+    4 << 20
 }
 
 fn default_streams() -> Vec<String> {

@@ -507,8 +507,7 @@ impl Worker {
         if !fast {
             return Ok(Next::Slow(msg.detach()));
         }
-        let flush = self.handle(&fields)?;
-        self.count_received()?;
+        let flush = self.handle(&fields)?.or(self.count_received()?);
         Ok(flush.map_or(Next::Done, |(key, reason)| Next::Flush(key, reason)))
     }
 
@@ -519,31 +518,39 @@ impl Worker {
             self.flush(&key, FlushReason::Hour).await?;
         }
         self.round_start = Instant::now();
-        if let Some((key, reason)) = self.handle(&fields)? {
+        if let Some((key, reason)) = self.handle(&fields)?.or(self.count_received()?) {
             self.flush(&key, reason).await?;
-        }
-        self.count_received()
-    }
-
-    fn count_received(&mut self) -> anyhow::Result<()> {
-        self.received += 1;
-        if self.received.is_multiple_of(BUDGET_CHECK_EVERY) {
-            self.enforce_budget()?;
         }
         Ok(())
     }
 
-    /// When the open files together hold more memory than the budget, the one holding the
-    /// most writes its row group in progress to its staged file.
-    fn enforce_budget(&mut self) -> anyhow::Result<()> {
+    /// Counts a message; every [`BUDGET_CHECK_EVERY`] the memory budget is checked, which may
+    /// name a partition to flush.
+    fn count_received(&mut self) -> anyhow::Result<Option<(PartKey, FlushReason)>> {
+        self.received += 1;
+        if self.received.is_multiple_of(BUDGET_CHECK_EVERY) {
+            return self.enforce_budget();
+        }
+        Ok(None)
+    }
+
+    /// When the open files and dead letters together hold more memory than the budget, the
+    /// partition holding the most writes its row group in progress to its staged file, or,
+    /// when dead letters are most of what it holds, is to be flushed (they are only written
+    /// with their range).
+    fn enforce_budget(&mut self) -> anyhow::Result<Option<(PartKey, FlushReason)>> {
         let total: usize = self.parts.values().map(PartitionState::memory).sum();
         ::metrics::gauge!(m::BUFFERED_BYTES).set(total as f64);
         if total <= self.config.memory_budget_bytes {
-            return Ok(());
+            return Ok(None);
         }
-        if let Some(part) = self.parts.values_mut().max_by_key(|p| p.memory())
-            && let Some(file) = part.file.as_mut()
-        {
+        let Some(part) = self.parts.values_mut().max_by_key(|p| p.memory()) else {
+            return Ok(None);
+        };
+        if part.dead.len() * 2 >= part.memory() {
+            return Ok(Some((part.key(), FlushReason::DeadLetters)));
+        }
+        if let Some(file) = part.file.as_mut() {
             file.spill()
                 .context("cannot write a row group to the staged file")?;
             ::metrics::counter!(m::SPILLED_ROW_GROUPS).increment(1);
@@ -551,7 +558,7 @@ impl Worker {
                 .spilled_row_groups
                 .fetch_add(1, Ordering::Relaxed);
         }
-        Ok(())
+        Ok(None)
     }
 
     /// Aborts abandoned multipart uploads and removes abandoned staged files, at start and
@@ -756,7 +763,8 @@ impl Worker {
                 ::metrics::counter!(m::DEAD_LETTERS, "stream" => part.def.name.clone())
                     .increment(1);
                 self.stats.dead_letters.fetch_add(1, Ordering::Relaxed);
-                return Ok(None);
+                let full = part.dead.len() >= self.config.rotation.max_dead_letter_bytes;
+                return Ok(full.then(|| (part.key(), FlushReason::DeadLetters)));
             }
         };
         Ok(if part.rows() >= self.config.rotation.max_records {

@@ -62,6 +62,9 @@ pub enum FlushReason {
     Hour,
     Idle,
     Age,
+    /// The range's dead letters reached `rotation.max_dead_letter_bytes`, or took the most of
+    /// the memory budget.
+    DeadLetters,
     Shutdown,
 }
 
@@ -73,6 +76,7 @@ impl FlushReason {
             FlushReason::Hour => "hour",
             FlushReason::Idle => "idle",
             FlushReason::Age => "age",
+            FlushReason::DeadLetters => "dead_letters",
             FlushReason::Shutdown => "shutdown",
         }
     }
@@ -188,9 +192,9 @@ impl PartitionState {
         self.file.as_ref().map_or(0, OpenFile::rows)
     }
 
-    /// Memory held by the open file.
+    /// Memory held by the open file and the range's dead letters.
     pub fn memory(&self) -> usize {
-        self.file.as_ref().map_or(0, OpenFile::memory)
+        self.file.as_ref().map_or(0, OpenFile::memory) + self.dead.len()
     }
 
     /// Keeps an undecodable or invalid record for the dead-letter object, with its reason.
