@@ -124,6 +124,11 @@ pub struct BatchConfig {
     /// without.
     #[serde(default = "default_true")]
     pub zstd_dictionary: bool,
+    /// Longest line the file and stdin sources take, in bytes with its line break (the
+    /// gateway's `limits.max_line_bytes` is the same 1 MiB by default). A longer line is
+    /// skipped as it is read, never held whole, and counted as discarded (`line_too_long`).
+    #[serde(default = "default_max_line_bytes")]
+    pub max_line_bytes: usize,
 }
 
 impl Default for BatchConfig {
@@ -135,6 +140,7 @@ impl Default for BatchConfig {
             zstd_level: default_zstd_level(),
             encoding: BodyEncoding::default(),
             zstd_dictionary: true,
+            max_line_bytes: default_max_line_bytes(),
         }
     }
 }
@@ -431,6 +437,9 @@ fn default_true() -> bool {
 }
 
 fn default_max_bytes() -> usize {
+    1 << 20
+}
+fn default_max_line_bytes() -> usize {
     1 << 20
 }
 fn default_max_age_ms() -> u64 {

@@ -198,7 +198,10 @@ pub async fn run(
         )?;
         tracing::info!(stream = %name, dedupe_bytes = pipeline.dedupe_memory_bytes(), "stream ready");
         let (tx, rx) = std::sync::mpsc::sync_channel(QUEUED_CHUNKS);
-        feeds.insert(name.clone(), Feed::new(tx));
+        feeds.insert(
+            name.clone(),
+            Feed::new(tx, &name, config.batch.max_line_bytes),
+        );
         let inputs_done = Arc::new(AtomicBool::new(false));
         let pipeline = {
             let (cancel, inputs_done) = (cancel.clone(), inputs_done.clone());

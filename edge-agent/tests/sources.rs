@@ -267,6 +267,34 @@ async fn refused_batches_are_kept_aside_and_the_rest_goes_on() {
     assert_eq!(note["records"], 100);
 }
 
+/// A file with lines past `batch.max_line_bytes` (a run of 3 MiB without a line break among
+/// them): each is skipped and consumed, every reading around them lands once, and the agent
+/// finishes the file.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn over_long_lines_are_skipped_and_the_rest_lands() {
+    let stub = Stub::start(Faults::default()).await;
+    let dir = tempfile::tempdir().unwrap();
+    let (mut lines, expected) = readings(300, 5, 0, 8);
+    lines.insert(100, "x".repeat(3 << 20));
+    lines.insert(200, format!("{{\"device_id\":\"{}\"}}", "d".repeat(5_000)));
+    let file = dir.path().join("r.ndjson");
+    append(&file, &lines);
+    let cfg = file_source(
+        dir.path(),
+        &stub,
+        "max_records = 100\nmax_line_bytes = 4096",
+        &file,
+        "",
+    );
+    let (agent, _shutdown) = start(&cfg);
+    let stats = agent.await.unwrap().unwrap().total();
+    assert_eq!(
+        stats.pipeline.read, 300,
+        "the two long lines never reach the pipeline"
+    );
+    assert_exactly_once(&stub.landed(), &expected);
+}
+
 /// A refused batch leaves the spool only once it is kept under `rejected/`: while that cannot
 /// be written, or is at `spool.rejected_max_mb`, the batch waits first in the spool (not sent
 /// again) with the stream's later batches behind it; once there is room it goes aside and the

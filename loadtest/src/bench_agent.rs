@@ -359,6 +359,7 @@ pub fn agent_worker(
         encoding,
         ..BatchConfig::default()
     };
+    let max_line = batch.max_line_bytes;
     let pipeline = Pipeline::new(
         def.clone(),
         &StreamSettings::default(),
@@ -371,9 +372,10 @@ pub fn agent_worker(
     let raw = std::fs::metadata(input)?.len();
     let (tx, rx) = std::sync::mpsc::sync_channel::<Chunk>(edge_agent::QUEUED_CHUNKS);
     let file = std::fs::File::open(input)?;
+    let feed = Feed::new(tx, &def.name, max_line);
     let reader = std::thread::spawn(move || -> std::io::Result<u64> {
         let mut reader = BufReader::with_capacity(256 * 1024, file);
-        feed_lines(&mut reader, &Feed::new(tx), 0, true, |_| None, verbatim)
+        feed_lines(&mut reader, &feed, 0, true, |_| None, verbatim)
     });
     let stats = pipeline.run(rx, &AtomicBool::new(false))?;
     reader

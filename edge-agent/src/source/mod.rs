@@ -7,8 +7,10 @@ pub mod mqtt;
 
 use std::collections::BTreeMap;
 use std::io::{BufRead, BufReader, Read};
+use std::sync::Arc;
 use std::sync::mpsc::{SyncSender, TrySendError};
 
+use crate::metrics as m;
 use crate::pipeline::{Chunk, Done};
 
 /// Largest chunk a line-reading source hands over at once.
@@ -18,6 +20,9 @@ pub const CHUNK_BYTES: usize = 256 * 1024;
 #[derive(Clone)]
 pub struct Feed {
     tx: SyncSender<Chunk>,
+    stream: Arc<str>,
+    /// Longest line a line-reading source takes (`batch.max_line_bytes`).
+    max_line: usize,
 }
 
 /// The pipeline is gone (the agent is stopping).
@@ -26,8 +31,12 @@ pub struct Feed {
 pub struct Closed;
 
 impl Feed {
-    pub fn new(tx: SyncSender<Chunk>) -> Feed {
-        Feed { tx }
+    pub fn new(tx: SyncSender<Chunk>, stream: &str, max_line: usize) -> Feed {
+        Feed {
+            tx,
+            stream: stream.into(),
+            max_line: max_line.max(1),
+        }
     }
 
     /// Blocking send, for source threads.
@@ -57,6 +66,12 @@ pub type Feeds = BTreeMap<String, Feed>;
 /// when no more input is buffered (so a slow producer's lines are not held back). `done` makes
 /// the callback of a chunk from the number of bytes consumed so far. Returns the bytes consumed.
 /// A last line without a newline is taken only if `take_partial_tail`.
+///
+/// A line longer than the feed's `max_line` is skipped as it is read (never held whole: a file
+/// without line breaks must not take the agent's memory), counted as discarded
+/// (`line_too_long`) and consumed. One that the input ends in the middle of is consumed so far,
+/// so the rest of it, once written, is read as a line of its own (and is then most likely
+/// invalid JSON, counted as such).
 pub fn feed_lines<R: Read>(
     reader: &mut BufReader<R>,
     feed: &Feed,
@@ -71,6 +86,8 @@ pub fn feed_lines<R: Read>(
     let mut chunk = Vec::with_capacity(capacity);
     // The start of a line that the reader's buffer ended in the middle of.
     let mut partial = Vec::new();
+    // Bytes of an over-long line skipped so far (0: none is being skipped).
+    let mut skipped = 0usize;
     let mut pending = 0u64;
     loop {
         // Lines are taken straight from the reader's buffer (only one split across two fills
@@ -81,25 +98,32 @@ pub fn feed_lines<R: Read>(
                 Err(e) if e.kind() == std::io::ErrorKind::Interrupted => continue,
                 Err(e) => return Err(e),
             };
-            match memchr::memchr(b'\n', buf) {
-                Some(end) if partial.is_empty() => {
-                    transform(&buf[..=end], &mut chunk);
-                    (end + 1, true)
-                }
-                Some(end) => {
-                    partial.extend_from_slice(&buf[..=end]);
+            let end = memchr::memchr(b'\n', buf);
+            let taken = end.map_or(buf.len(), |end| end + 1);
+            if skipped > 0 || partial.len() + taken > feed.max_line {
+                // Dropped as it is read: only its length is kept.
+                skipped += std::mem::take(&mut partial).len() + taken;
+            } else if end.is_some() && partial.is_empty() {
+                transform(&buf[..taken], &mut chunk);
+            } else {
+                partial.extend_from_slice(&buf[..taken]);
+                if end.is_some() {
                     transform(&partial, &mut chunk);
-                    (end + 1, true)
-                }
-                None => {
-                    partial.extend_from_slice(buf);
-                    (buf.len(), false)
                 }
             }
+            (taken, end.is_some())
         };
         reader.consume(taken);
         let eof = taken == 0;
-        let line = if complete {
+        let line = if skipped > 0 {
+            // An over-long line: consumed once it ends, or as far as it goes at the end of
+            // the input; nothing of it goes into the chunk.
+            if complete || eof {
+                skipped_line(feed, skipped, complete);
+                pending += std::mem::take(&mut skipped) as u64;
+            }
+            None
+        } else if complete {
             // Its bytes: all in `partial` if it began in an earlier fill.
             Some(if partial.is_empty() {
                 taken
@@ -140,6 +164,14 @@ pub fn feed_lines<R: Read>(
     Ok(consumed)
 }
 
+/// Counts and reports a line longer than the feed's limit (`bytes` of it read; `ended`: its
+/// line break was seen).
+fn skipped_line(feed: &Feed, bytes: usize, ended: bool) {
+    tracing::warn!(stream = %feed.stream, bytes, limit = feed.max_line, ended, "line longer than batch.max_line_bytes skipped");
+    metrics::counter!(m::DISCARDED, "stream" => feed.stream.to_string(), "reason" => "line_too_long", "intentional" => "false")
+        .increment(1);
+}
+
 /// Copies a line as it is (NDJSON).
 pub fn verbatim(line: &[u8], out: &mut Vec<u8>) {
     out.extend_from_slice(line);
@@ -154,11 +186,21 @@ mod tests {
     /// Feeds `input` through a reader buffer of `capacity` bytes: the chunks' bytes and the
     /// bytes counted as consumed.
     fn feed(input: &[u8], capacity: usize, take_partial_tail: bool) -> (Vec<u8>, u64) {
+        feed_limited(input, capacity, take_partial_tail, 1 << 20)
+    }
+
+    /// [`feed`] with lines of at most `max_line` bytes.
+    fn feed_limited(
+        input: &[u8],
+        capacity: usize,
+        take_partial_tail: bool,
+        max_line: usize,
+    ) -> (Vec<u8>, u64) {
         let (tx, rx) = std::sync::mpsc::sync_channel(1024);
         let mut reader = BufReader::with_capacity(capacity, input);
         let consumed = feed_lines(
             &mut reader,
-            &Feed::new(tx),
+            &Feed::new(tx, "s", max_line),
             0,
             take_partial_tail,
             |_| None,
@@ -193,6 +235,31 @@ mod tests {
                     feed(input, capacity, *take),
                     (bytes.to_vec(), *consumed as u64),
                     "case {i}, buffer of {capacity}"
+                );
+            }
+        }
+    }
+
+    /// A line of more than `max_line` bytes (with its line break) is skipped wherever the
+    /// reader's fills cut it, and consumed: the lines around it go on. One the input ends in
+    /// is consumed as far as it goes, whether or not a partial tail is taken.
+    #[test]
+    fn over_long_lines_are_skipped_and_consumed() {
+        let long = "x".repeat(25);
+        let input = format!("123456789\n{long}\nok\n{long}{long}\n\nend\n");
+        let kept = "123456789\nok\n\nend\n";
+        let torn = format!("ok\n{long}");
+        for capacity in [1, 2, 3, 7, 10, 11, 16, 64, 8192] {
+            for take in [false, true] {
+                assert_eq!(
+                    feed_limited(input.as_bytes(), capacity, take, 10),
+                    (kept.as_bytes().to_vec(), input.len() as u64),
+                    "buffer of {capacity}, take {take}"
+                );
+                assert_eq!(
+                    feed_limited(torn.as_bytes(), capacity, take, 10),
+                    (b"ok\n".to_vec(), torn.len() as u64),
+                    "buffer of {capacity}, take {take}"
                 );
             }
         }
