@@ -231,6 +231,23 @@ async fn abandoned_multipart_uploads_are_aborted() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn s3_outage_delays_files_but_loses_and_repeats_nothing() {
+    s3_outage(None).await;
+}
+
+/// An outage longer than librdkafka's `max.poll.interval.ms`: the worker, retrying an upload,
+/// takes no message for that long, so librdkafka takes its partitions away and the group
+/// rebalances. The flush that retried all along finishes once S3 is back; its commit is
+/// refused, the partitions come back, and the records re-read from the committed offsets
+/// find their objects and adopt them instead of landing twice.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_outage_past_the_poll_interval_rebalances_and_still_lands_once() {
+    // librdkafka's least: the session timeout (10 s, the default).
+    s3_outage(Some(Duration::from_secs(10))).await;
+}
+
+/// S3 unreachable for a while (longer than `poll_interval`, which it then sets as
+/// `max.poll.interval.ms`) as records keep arriving.
+async fn s3_outage(poll_interval: Option<Duration>) {
     let endpoint = common::service_env("EDGE_INGEST_S3");
     let bucket = unique("outage");
     common::pyarrow(&[
@@ -264,6 +281,13 @@ async fn s3_outage_delays_files_but_loses_and_repeats_nothing() {
     };
     config.kafka.brokers = cluster.bootstrap_servers();
     config.kafka.group_id = "outage".into();
+    if let Some(interval) = poll_interval {
+        config.kafka.consumer.insert(
+            "max.poll.interval.ms".into(),
+            interval.as_millis().to_string(),
+        );
+    }
+    let outage = poll_interval.map_or(Duration::from_secs(3), |i| i * 3 / 2);
     let shutdown = CancellationToken::new();
     let streams = schemas::example_streams();
     let sink = sink::start(config, streams, shutdown.clone())
@@ -283,7 +307,7 @@ async fn s3_outage_delays_files_but_loses_and_repeats_nothing() {
     tokio::time::sleep(Duration::from_secs(1)).await;
     let written_before = sink.stats.records_written.load(Ordering::Relaxed);
     support::produce(&producer, TOPIC, &sent[1_000..2_000]).await;
-    tokio::time::sleep(Duration::from_secs(3)).await;
+    tokio::time::sleep(outage).await;
     let written_during = sink.stats.records_written.load(Ordering::Relaxed);
     assert_eq!(
         written_during, written_before,
@@ -328,6 +352,19 @@ async fn s3_outage_delays_files_but_loses_and_repeats_nothing() {
     );
     shutdown.cancel();
     sink.task.await.unwrap().unwrap();
+    if poll_interval.is_some() {
+        // The group did rebalance (a second round of landing listings, 24 hour folders each),
+        // and records read again after it found their objects.
+        let stats = &sink.stats;
+        assert!(
+            stats.landing_listings.load(Ordering::Relaxed) >= 48,
+            "no rebalance: {stats:?}"
+        );
+        assert!(
+            stats.adopted_files.load(Ordering::Relaxed) >= 1,
+            "{stats:?}"
+        );
+    }
     let landed = common::pyarrow_s3(&endpoint, &bucket, "landing/");
     common::assert_landed_exactly(&sent, &landed);
     // Every record read is accounted for: written, held by an adopted object (an upload whose
