@@ -234,20 +234,25 @@ async fn csv_files_are_typed_by_the_stream() {
     assert_exactly_once(&stub.landed(), &expected);
 }
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn refused_batches_are_kept_aside_and_the_rest_goes_on() {
+/// A stub that refuses (400) the batches of dev-3, and a file of 600 readings (`seed`) of six
+/// devices in device order: with 100 records a batch, one device per batch, one refused.
+async fn one_device_refused(seed: u64) -> (Stub, tempfile::TempDir, std::path::PathBuf) {
     let stub = Stub::start(Faults {
         refuse_device: Some("dev-3\""),
         ..Faults::default()
     })
     .await;
     let dir = tempfile::tempdir().unwrap();
-    // One device per batch: batches of dev-3 are refused, the others land.
-    let (lines, _) = readings(600, 6, 0, 0);
-    let mut by_device = lines.clone();
-    by_device.sort_by_key(|l| l[..20].to_owned());
+    let (mut lines, _) = readings(600, 6, 0, seed);
+    lines.sort_by_key(|l| l[..20].to_owned());
     let file = dir.path().join("r.ndjson");
-    append(&file, &by_device);
+    append(&file, &lines);
+    (stub, dir, file)
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn refused_batches_are_kept_aside_and_the_rest_goes_on() {
+    let (stub, dir, file) = one_device_refused(0).await;
     let cfg = file_source(dir.path(), &stub, "max_records = 100", &file, "");
     let (agent, _shutdown) = start(&cfg);
     let stats = agent.await.unwrap().unwrap().total();
@@ -302,17 +307,7 @@ async fn over_long_lines_are_skipped_and_the_rest_lands() {
 /// and `rejected/` grew without a bound.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_refused_batch_waits_in_the_spool_until_rejected_has_room() {
-    let stub = Stub::start(Faults {
-        refuse_device: Some("dev-3\""),
-        ..Faults::default()
-    })
-    .await;
-    let dir = tempfile::tempdir().unwrap();
-    let (lines, _) = readings(600, 6, 0, 7);
-    let mut by_device = lines.clone();
-    by_device.sort_by_key(|l| l[..20].to_owned());
-    let file = dir.path().join("r.ndjson");
-    append(&file, &by_device);
+    let (stub, dir, file) = one_device_refused(7).await;
     // Nothing can be written under rejected/: a file stands where the directory goes.
     let rejected = dir.path().join("state/rejected");
     std::fs::create_dir_all(dir.path().join("state")).unwrap();

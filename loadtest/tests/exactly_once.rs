@@ -380,14 +380,7 @@ async fn memory_budget_spills_row_groups_not_small_files() {
     let (cluster, producer) = mock_cluster(4);
     let readings = distinct_readings(400);
     for r in &readings {
-        let key = r["device_id"].as_str().unwrap().to_owned();
-        producer
-            .send(
-                FutureRecord::to(TOPIC).key(&key).payload(&r.to_string()),
-                Duration::from_secs(5),
-            )
-            .await
-            .unwrap();
+        send_plain(&producer, r["device_id"].as_str().unwrap(), &r.to_string()).await;
     }
     let landing = tempfile::tempdir().unwrap();
     let shutdown = CancellationToken::new();
@@ -438,13 +431,7 @@ async fn dead_letter_flood(by_budget: bool) {
     for (i, r) in readings.iter().enumerate() {
         let garbage = format!("garbage {i}: not the JSON of a reading at all");
         for value in [r.to_string(), garbage] {
-            producer
-                .send(
-                    FutureRecord::to(TOPIC).key("k").payload(&value),
-                    Duration::from_secs(5),
-                )
-                .await
-                .unwrap();
+            send_plain(&producer, "k", &value).await;
         }
     }
     let landing = tempfile::tempdir().unwrap();
@@ -513,20 +500,12 @@ async fn dedupe_window_is_warmed_after_a_restart() {
     let streams = schemas::example_streams();
     let (cluster, producer) = mock_cluster(4);
     let readings = distinct_readings(120);
+    // No ingest-ts header: the sink uses the Kafka timestamp (now), like for any producer.
     let send = |r: &serde_json::Value| {
         let value = r.to_string();
         let key = r["device_id"].as_str().unwrap().to_owned();
         let producer = producer.clone();
-        async move {
-            // No ingest-ts header: the sink uses the Kafka timestamp (now), like for any producer.
-            producer
-                .send(
-                    FutureRecord::to(TOPIC).key(&key).payload(&value),
-                    Duration::from_secs(5),
-                )
-                .await
-                .unwrap();
-        }
+        async move { send_plain(&producer, &key, &value).await }
     };
     let landing = tempfile::tempdir().unwrap();
     let config = || {
@@ -897,6 +876,17 @@ fn quick_rotation() -> RotationConfig {
         idle_ms: 300,
         ..RotationConfig::default()
     }
+}
+
+/// Produces `value` with `key` and no headers, as any producer may.
+async fn send_plain(producer: &FutureProducer, key: &str, value: &str) {
+    producer
+        .send(
+            FutureRecord::to(TOPIC).key(key).payload(value),
+            Duration::from_secs(5),
+        )
+        .await
+        .unwrap();
 }
 
 /// Produces `value` with `key` and the gateway's `ingest-ts` header.
