@@ -94,20 +94,25 @@ impl RejectedDir {
 
     /// Bytes held by the files in the directory (0 when it does not exist yet).
     pub fn used(&self) -> io::Result<u64> {
-        let entries = match fs::read_dir(&self.dir) {
-            Ok(entries) => entries,
-            Err(e) if e.kind() == io::ErrorKind::NotFound => return Ok(0),
-            Err(e) => return Err(e),
-        };
-        let mut total = 0;
-        for entry in entries {
-            let meta = entry?.metadata()?;
-            if meta.is_file() {
-                total += meta.len();
-            }
-        }
-        Ok(total)
+        dir_bytes(&self.dir)
     }
+}
+
+/// Bytes held by the files in `dir` (0 when it does not exist).
+pub fn dir_bytes(dir: &Path) -> io::Result<u64> {
+    let entries = match fs::read_dir(dir) {
+        Ok(entries) => entries,
+        Err(e) if e.kind() == io::ErrorKind::NotFound => return Ok(0),
+        Err(e) => return Err(e),
+    };
+    let mut total = 0;
+    for entry in entries {
+        let meta = entry?.metadata()?;
+        if meta.is_file() {
+            total += meta.len();
+        }
+    }
+    Ok(total)
 }
 
 fn file_len(path: &Path) -> u64 {

@@ -33,6 +33,9 @@ const META: usize = 8 + 8 + 4 + 4 + 1 + 32;
 const MAX_PAYLOAD: usize = 1 << 30;
 const ACKED_FILE: &str = "acked";
 const QUARANTINE_DIR: &str = "quarantine";
+/// Most bytes a stream's `quarantine/` keeps; damaged regions past it are counted and dropped
+/// without a copy.
+pub const QUARANTINE_MAX_BYTES: u64 = 64 << 20;
 
 #[derive(Debug, Error)]
 pub enum SpoolError {
@@ -548,7 +551,7 @@ impl Spool {
                 loc.offset,
                 &entry,
                 &mut Recovery::default(),
-            )?;
+            );
             self.ack(loc.seq)?;
         }
     }
@@ -736,11 +739,11 @@ fn scan_segment(
                 break;
             }
             None => {
-                quarantine(dir, path, pos as u64, &data[pos..], recovery)?;
+                quarantine(dir, path, pos as u64, &data[pos..], recovery);
                 break;
             }
             Some(next) => {
-                quarantine(dir, path, pos as u64, &data[pos..next], recovery)?;
+                quarantine(dir, path, pos as u64, &data[pos..next], recovery);
                 pos = next;
             }
         }
@@ -777,26 +780,50 @@ fn entry_at(data: &[u8], pos: usize) -> Option<Loc> {
     })
 }
 
-fn quarantine(
+fn quarantine(dir: &Path, segment: &Path, offset: u64, bytes: &[u8], recovery: &mut Recovery) {
+    recovery.quarantined_regions += 1;
+    recovery.quarantined_bytes += bytes.len() as u64;
+    metrics::counter!(m::SPOOL_QUARANTINED).increment(1);
+    let (segment_path, len) = (segment.display(), bytes.len());
+    match keep_quarantined(dir, segment, offset, bytes, QUARANTINE_MAX_BYTES) {
+        Ok(Some(path)) => {
+            tracing::error!(segment = %segment_path, offset, bytes = len, quarantine = %path.display(), "damaged spool region quarantined");
+        }
+        Ok(None) => {
+            tracing::error!(segment = %segment_path, offset, bytes = len, limit = QUARANTINE_MAX_BYTES, "damaged spool region dropped without a copy: quarantine/ is at its limit");
+        }
+        Err(e) => {
+            tracing::error!(segment = %segment_path, offset, bytes = len, error = %e, "damaged spool region dropped without a copy: it could not be written");
+        }
+    }
+}
+
+/// Copies a damaged region to `quarantine/` for a post-mortem, unless that would take the
+/// directory past `limit` bytes (None). What the region held is lost either way (it fails its
+/// checksum), so the copy is best effort: a full disk or a full quarantine never stops the
+/// spool.
+fn keep_quarantined(
     dir: &Path,
     segment: &Path,
     offset: u64,
     bytes: &[u8],
-    recovery: &mut Recovery,
-) -> Result<(), SpoolError> {
+    limit: u64,
+) -> std::io::Result<Option<PathBuf>> {
     let qdir = dir.join(QUARANTINE_DIR);
-    fs::create_dir_all(&qdir).map_err(io(&qdir))?;
+    if crate::rejected::dir_bytes(&qdir)? + bytes.len() as u64 > limit {
+        return Ok(None);
+    }
+    fs::create_dir_all(&qdir)?;
     let name = segment
         .file_name()
         .and_then(|n| n.to_str())
         .unwrap_or("segment");
     let path = qdir.join(format!("{name}.at-{offset}"));
-    fs::write(&path, bytes).map_err(io(&path))?;
-    recovery.quarantined_regions += 1;
-    recovery.quarantined_bytes += bytes.len() as u64;
-    tracing::error!(segment = %segment.display(), offset, bytes = bytes.len(), quarantine = %path.display(), "damaged spool region quarantined");
-    metrics::counter!(m::SPOOL_QUARANTINED).increment(1);
-    Ok(())
+    if let Err(e) = fs::write(&path, bytes) {
+        let _ = fs::remove_file(&path);
+        return Err(e);
+    }
+    Ok(Some(path))
 }
 
 fn read_acked(dir: &Path) -> Result<u64, SpoolError> {

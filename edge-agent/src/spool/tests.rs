@@ -386,6 +386,44 @@ fn damage_before_the_end_is_quarantined_not_cut_as_a_torn_tail() {
     }
 }
 
+/// The copy of a damaged region is best effort: where `quarantine/` cannot be written (here a
+/// file stands in its place; a full disk alike), the region is still counted and skipped, and
+/// the spool opens and delivers the rest. Before, the spool failed to open.
+#[test]
+fn an_unwritable_quarantine_does_not_stop_the_spool() {
+    let dir = tempfile::tempdir().unwrap();
+    let opts = options(1 << 20, 2 * entry_len(100));
+    let (spool, _) = open(dir.path(), opts.clone());
+    append_all(&spool, 0..4, 100);
+    drop(spool);
+    let file = &segment_files(dir.path())[0];
+    let mut bytes = fs::read(file).unwrap();
+    bytes[HEADER + META + 10] ^= 0x40;
+    fs::write(file, &bytes).unwrap();
+    fs::write(dir.path().join("s").join(QUARANTINE_DIR), b"").unwrap();
+    let (spool, recovery) = open(dir.path(), opts);
+    assert_eq!(recovery.quarantined_regions, 1);
+    assert_eq!(
+        drain(&spool),
+        (1..4).map(|i| batch(i, 100)).collect::<Vec<_>>()
+    );
+}
+
+/// `quarantine/` keeps copies up to its limit and then no more.
+#[test]
+fn quarantine_copies_stop_at_the_limit() {
+    let dir = tempfile::tempdir().unwrap();
+    let segment = dir.path().join("00000001.seg");
+    let keep = |offset, len| keep_quarantined(dir.path(), &segment, offset, &vec![7; len], 1_000);
+    assert!(keep(0, 600).unwrap().is_some());
+    assert!(keep(600, 400).unwrap().is_some(), "exactly at the limit");
+    assert!(keep(1_000, 1).unwrap().is_none());
+    assert_eq!(
+        crate::rejected::dir_bytes(&dir.path().join(QUARANTINE_DIR)).unwrap(),
+        1_000
+    );
+}
+
 #[test]
 fn the_limit_is_exact_and_drop_oldest_takes_a_partly_acknowledged_segment() {
     let dir = tempfile::tempdir().unwrap();
