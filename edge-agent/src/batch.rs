@@ -39,6 +39,13 @@ impl BodyEncoding {
         }
     }
 
+    /// The encoding whose [`BodyEncoding::content_type`] this is.
+    pub fn from_content_type(content_type: &str) -> Option<BodyEncoding> {
+        [BodyEncoding::Ndjson, BodyEncoding::Parquet]
+            .into_iter()
+            .find(|e| e.content_type() == content_type)
+    }
+
     /// The `Content-Encoding` of the body: Parquet compresses its own pages.
     pub fn content_encoding(self) -> &'static str {
         match self {

@@ -121,6 +121,84 @@ fn active_streams(config: &AgentConfig, streams: &Streams, spool_root: &Path) ->
     names
 }
 
+/// Creates the state directory and takes its lock, held while the returned file is open: one
+/// process at a time works on a state directory.
+fn lock_state(state: &Path) -> anyhow::Result<std::fs::File> {
+    std::fs::create_dir_all(state)
+        .with_context(|| format!("cannot create state directory {}", state.display()))?;
+    let lock = std::fs::File::create(state.join("lock"))?;
+    if lock.try_lock().is_err() {
+        anyhow::bail!(
+            "another agent is running with state directory {}",
+            state.display()
+        );
+    }
+    Ok(lock)
+}
+
+/// What [`resend_rejected`] put back.
+#[derive(Debug, Default, Clone, PartialEq, Eq)]
+pub struct Resent {
+    pub batches: u64,
+    pub records: u64,
+}
+
+/// Puts the batches kept under `rejected/` (of `stream`, or of every stream) back into their
+/// streams' spools, oldest first, and removes them from `rejected/` once the spool holds them
+/// durably: the agent delivers them at its next start, with their own Idempotency-Keys. For
+/// once the cause of the refusal is fixed. Refuses while an agent runs on the state directory,
+/// and stops at the first batch the spool has no room for (it and the rest stay kept).
+pub fn resend_rejected(
+    config: &AgentConfig,
+    streams: &Streams,
+    stream: Option<&str>,
+) -> anyhow::Result<Resent> {
+    let state = &config.state_dir;
+    let _lock = lock_state(state)?;
+    let rejected =
+        rejected::RejectedDir::new(state.join("rejected"), config.spool.rejected_max_bytes());
+    let kept = rejected.list(stream)?;
+    let spool_root = state.join("spool");
+    // Every stream's spool counts towards the shared limit, not only those taking batches.
+    let usage = Arc::new(Usage::default());
+    let mut names = active_streams(config, streams, &spool_root);
+    names.extend(kept.iter().map(|k| k.stream.clone()));
+    let mut spools = BTreeMap::new();
+    for name in names {
+        if streams.get(&name).is_none() {
+            anyhow::bail!(
+                "kept batches of stream '{name}', which is not defined in {}",
+                config.streams_dir.display()
+            );
+        }
+        let (spool, _) = Spool::open(&spool_root, &name, config.spool.options(), usage.clone())?;
+        spools.insert(name, spool);
+    }
+    let never = AtomicBool::new(false);
+    let mut resent = Resent::default();
+    for k in kept {
+        let spool = &spools[&k.stream];
+        if spool.append(&k.batch, spool::Overflow::DropNewest, &never)? == spool::Appended::Dropped
+        {
+            anyhow::bail!(
+                "the spool has no room for batch {} of stream '{}' ({} bytes; spool.max_mb): {} batches were put back, the rest stay under {}",
+                k.batch.id,
+                k.stream,
+                k.batch.body.len(),
+                resent.batches,
+                rejected.path().display()
+            );
+        }
+        spool.sync(true)?;
+        k.remove()
+            .with_context(|| format!("cannot remove {} from rejected/", k.note.display()))?;
+        tracing::info!(stream = %k.stream, batch = %k.batch.id, records = k.batch.records, status = k.status, "refused batch put back into the spool");
+        resent.batches += 1;
+        resent.records += u64::from(k.batch.records);
+    }
+    Ok(resent)
+}
+
 struct Running {
     pipeline: std::thread::JoinHandle<Result<PipelineStats, pipeline::PipelineError>>,
     delivery: JoinHandle<anyhow::Result<DeliveryStats>>,
@@ -137,15 +215,7 @@ pub async fn run(
 ) -> anyhow::Result<AgentStats> {
     config.validate(&streams)?;
     let state = &config.state_dir;
-    std::fs::create_dir_all(state)
-        .with_context(|| format!("cannot create state directory {}", state.display()))?;
-    let lock = std::fs::File::create(state.join("lock"))?;
-    if lock.try_lock().is_err() {
-        anyhow::bail!(
-            "another agent is running with state directory {}",
-            state.display()
-        );
-    }
+    let lock = lock_state(state)?;
     let spool_root = state.join("spool");
     let dedupe_dir = state.join("dedupe");
     std::fs::create_dir_all(&dedupe_dir)?;

@@ -39,6 +39,16 @@ enum Command {
         #[arg(long, short)]
         config: PathBuf,
     },
+    /// Puts the batches the gateway refused for good (kept under <state_dir>/rejected/) back
+    /// into their streams' spools, oldest first, once the cause is fixed; the agent delivers
+    /// them at its next start. Run it while the agent is stopped.
+    ResendRejected {
+        #[arg(long, short)]
+        config: PathBuf,
+        /// Only this stream's batches (default: every stream's).
+        #[arg(long)]
+        stream: Option<String>,
+    },
     /// Trains a zstd dictionary on a stream's own records (an NDJSON file) and installs it as
     /// <streams-dir>/<stream>.zdict, where agents compress small batches with it and gateways
     /// decode them (deploy it to the gateways first). A dictionary already there is kept as
@@ -120,6 +130,15 @@ async fn main() -> anyhow::Result<()> {
                 "configuration is valid: {} sources, {} streams known",
                 config.sources.len(),
                 streams.len()
+            );
+            Ok(())
+        }
+        Command::ResendRejected { config, stream } => {
+            let (config, streams) = load(&config)?;
+            let resent = edge_agent::resend_rejected(&config, &streams, stream.as_deref())?;
+            println!(
+                "put {} batches ({} records) back into the spool; the agent sends them at its next start",
+                resent.batches, resent.records
             );
             Ok(())
         }

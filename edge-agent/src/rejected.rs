@@ -12,7 +12,9 @@ use std::io::{self, Write as _};
 use std::path::{Path, PathBuf};
 use std::sync::Mutex;
 
-use crate::batch::Batch;
+use anyhow::Context as _;
+
+use crate::batch::{Batch, BatchId, BodyEncoding};
 use crate::metrics as m;
 
 /// The `rejected/` directory and its size limit.
@@ -58,6 +60,8 @@ impl RejectedDir {
             "stream": stream,
             "batch": batch.id.to_string(),
             "records": batch.records,
+            "raw_bytes": batch.raw_bytes,
+            "created_ms": batch.created_ms,
             "content_type": batch.encoding.content_type(),
             "content_encoding": batch.encoding.content_encoding(),
             "status": status,
@@ -96,6 +100,95 @@ impl RejectedDir {
     pub fn used(&self) -> io::Result<u64> {
         dir_bytes(&self.dir)
     }
+
+    /// The batches kept here (of `stream`, or of all streams), oldest first. A note without its
+    /// body, or one that does not parse, is an error naming the file.
+    pub fn list(&self, stream: Option<&str>) -> anyhow::Result<Vec<KeptBatch>> {
+        let mut kept = Vec::new();
+        let entries = match fs::read_dir(&self.dir) {
+            Ok(entries) => entries,
+            Err(e) if e.kind() == io::ErrorKind::NotFound => return Ok(kept),
+            Err(e) => return Err(e.into()),
+        };
+        for entry in entries {
+            let note = entry?.path();
+            if note.extension().is_none_or(|e| e != "json") {
+                continue;
+            }
+            let batch = KeptBatch::read(&note)
+                .with_context(|| format!("cannot read the kept batch {}", note.display()))?;
+            if stream.is_none_or(|s| s == batch.stream) {
+                kept.push(batch);
+            }
+        }
+        kept.sort_by_key(|k| (k.batch.created_ms, k.note.clone()));
+        Ok(kept)
+    }
+}
+
+/// A batch kept under `rejected/`, read back from its note and body.
+#[derive(Debug)]
+pub struct KeptBatch {
+    pub stream: String,
+    pub batch: Batch,
+    /// The receiver's answer when it refused the batch.
+    pub status: u16,
+    pub note: PathBuf,
+    pub body: PathBuf,
+}
+
+impl KeptBatch {
+    fn read(note_path: &Path) -> anyhow::Result<KeptBatch> {
+        let note: serde_json::Value = serde_json::from_slice(&fs::read(note_path)?)?;
+        let text = |key: &str| {
+            note[key]
+                .as_str()
+                .with_context(|| format!("the note has no '{key}'"))
+        };
+        let number = |key: &str| note[key].as_u64();
+        let encoding = BodyEncoding::from_content_type(text("content_type")?)
+            .context("unknown content_type")?;
+        let mut id = [0u8; 32];
+        hex::decode_to_slice(text("batch")?, &mut id)
+            .context("the batch id is not 64 hex digits")?;
+        let body_path = note_path.with_extension("body");
+        let body =
+            fs::read(&body_path).with_context(|| format!("cannot read {}", body_path.display()))?;
+        let small = |key: &str| number(key).and_then(|n| u32::try_from(n).ok());
+        Ok(KeptBatch {
+            stream: text("stream")?.to_owned(),
+            batch: Batch {
+                id: BatchId(id),
+                encoding,
+                body,
+                records: small("records").context("the note has no 'records'")?,
+                // Notes written before these were kept: 0 and now.
+                raw_bytes: small("raw_bytes").unwrap_or(0),
+                created_ms: number("created_ms").unwrap_or_else(now_ms),
+            },
+            status: number("status")
+                .and_then(|s| u16::try_from(s).ok())
+                .unwrap_or(0),
+            note: note_path.to_path_buf(),
+            body: body_path,
+        })
+    }
+
+    /// Removes the batch's files (after it went back into the spool).
+    pub fn remove(&self) -> io::Result<()> {
+        fs::remove_file(&self.body)?;
+        fs::remove_file(&self.note)?;
+        if let Some(dir) = self.note.parent() {
+            File::open(dir)?.sync_all()?;
+        }
+        Ok(())
+    }
+}
+
+fn now_ms() -> u64 {
+    std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map_or(0, |d| d.as_millis() as u64)
 }
 
 /// Bytes held by the files in `dir` (0 when it does not exist).

@@ -236,23 +236,70 @@ async fn csv_files_are_typed_by_the_stream() {
 
 /// A stub that refuses (400) the batches of dev-3, and a file of 600 readings (`seed`) of six
 /// devices in device order: with 100 records a batch, one device per batch, one refused.
-async fn one_device_refused(seed: u64) -> (Stub, tempfile::TempDir, std::path::PathBuf) {
+async fn one_device_refused(
+    seed: u64,
+) -> (
+    Stub,
+    tempfile::TempDir,
+    std::path::PathBuf,
+    Vec<schemas::ContentHash>,
+) {
     let stub = Stub::start(Faults {
         refuse_device: Some("dev-3\""),
         ..Faults::default()
     })
     .await;
     let dir = tempfile::tempdir().unwrap();
-    let (mut lines, _) = readings(600, 6, 0, seed);
+    let (mut lines, expected) = readings(600, 6, 0, seed);
     lines.sort_by_key(|l| l[..20].to_owned());
     let file = dir.path().join("r.ndjson");
     append(&file, &lines);
-    (stub, dir, file)
+    (stub, dir, file, expected)
+}
+
+/// Once the cause of a refusal is fixed, `resend-rejected` puts the kept batch back into the
+/// spool (and out of `rejected/`), and the agent's next start delivers it: every reading once.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn refused_batches_are_resent_once_the_cause_is_fixed() {
+    let (stub, dir, file, expected) = one_device_refused(9).await;
+    let cfg = file_source(dir.path(), &stub, "max_records = 100", &file, "");
+    let (agent, _shutdown) = start(&cfg);
+    let stats = agent.await.unwrap().unwrap().total();
+    assert_eq!(
+        (stats.delivery.rejected_batches, stub.landed_total()),
+        (1, 500)
+    );
+
+    stub.set_faults(Faults::default());
+    let config = edge_agent::AgentConfig::parse(&cfg).unwrap();
+    let streams = schemas::example_streams();
+    assert_eq!(
+        edge_agent::resend_rejected(&config, &streams, Some("vehicle_telemetry")).unwrap(),
+        edge_agent::Resent::default(),
+        "another stream's batches stay"
+    );
+    let resent = edge_agent::resend_rejected(&config, &streams, None).unwrap();
+    assert_eq!((resent.batches, resent.records), (1, 100));
+    let rejected = dir.path().join("state/rejected");
+    assert_eq!(std::fs::read_dir(&rejected).unwrap().count(), 0);
+
+    let (agent, _shutdown) = start(&cfg);
+    let stats = agent.await.unwrap().unwrap().total();
+    assert_eq!(
+        (
+            stats.pipeline.read,
+            stats.delivery.batches,
+            stats.delivery.rejected_batches
+        ),
+        (0, 1, 0),
+        "nothing read again; the batch put back is delivered"
+    );
+    assert_exactly_once(&stub.landed(), &expected);
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn refused_batches_are_kept_aside_and_the_rest_goes_on() {
-    let (stub, dir, file) = one_device_refused(0).await;
+    let (stub, dir, file, _) = one_device_refused(0).await;
     let cfg = file_source(dir.path(), &stub, "max_records = 100", &file, "");
     let (agent, _shutdown) = start(&cfg);
     let stats = agent.await.unwrap().unwrap().total();
@@ -307,7 +354,7 @@ async fn over_long_lines_are_skipped_and_the_rest_lands() {
 /// and `rejected/` grew without a bound.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_refused_batch_waits_in_the_spool_until_rejected_has_room() {
-    let (stub, dir, file) = one_device_refused(7).await;
+    let (stub, dir, file, _) = one_device_refused(7).await;
     // Nothing can be written under rejected/: a file stands where the directory goes.
     let rejected = dir.path().join("state/rejected");
     std::fs::create_dir_all(dir.path().join("state")).unwrap();
