@@ -257,18 +257,25 @@ async fn one_device_refused(
     (stub, dir, file, expected)
 }
 
+/// [`one_device_refused`], then an agent in batches of 100 (its config returned) run to the end:
+/// one batch refused, the other 500 readings landed.
+async fn one_device_refused_and_run(
+    seed: u64,
+) -> (Stub, tempfile::TempDir, String, Vec<schemas::ContentHash>) {
+    let (stub, dir, file, expected) = one_device_refused(seed).await;
+    let cfg = file_source(dir.path(), &stub, "max_records = 100", &file, "");
+    let (agent, _shutdown) = start(&cfg);
+    let stats = agent.await.unwrap().unwrap().total();
+    assert_eq!(stats.delivery.rejected_batches, 1);
+    assert_eq!(stub.landed_total(), 500);
+    (stub, dir, cfg, expected)
+}
+
 /// Once the cause of a refusal is fixed, `resend-rejected` puts the kept batch back into the
 /// spool (and out of `rejected/`), and the agent's next start delivers it: every reading once.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn refused_batches_are_resent_once_the_cause_is_fixed() {
-    let (stub, dir, file, expected) = one_device_refused(9).await;
-    let cfg = file_source(dir.path(), &stub, "max_records = 100", &file, "");
-    let (agent, _shutdown) = start(&cfg);
-    let stats = agent.await.unwrap().unwrap().total();
-    assert_eq!(
-        (stats.delivery.rejected_batches, stub.landed_total()),
-        (1, 500)
-    );
+    let (stub, dir, cfg, expected) = one_device_refused_and_run(9).await;
 
     stub.set_faults(Faults::default());
     let config = edge_agent::AgentConfig::parse(&cfg).unwrap();
@@ -299,12 +306,7 @@ async fn refused_batches_are_resent_once_the_cause_is_fixed() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn refused_batches_are_kept_aside_and_the_rest_goes_on() {
-    let (stub, dir, file, _) = one_device_refused(0).await;
-    let cfg = file_source(dir.path(), &stub, "max_records = 100", &file, "");
-    let (agent, _shutdown) = start(&cfg);
-    let stats = agent.await.unwrap().unwrap().total();
-    assert_eq!(stats.delivery.rejected_batches, 1);
-    assert_eq!(stub.landed_total(), 500);
+    let (_stub, dir, _, _) = one_device_refused_and_run(0).await;
     let kept: Vec<_> = std::fs::read_dir(dir.path().join("state/rejected"))
         .unwrap()
         .map(|e| e.unwrap().file_name().to_string_lossy().into_owned())
