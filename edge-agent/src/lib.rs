@@ -155,8 +155,7 @@ pub fn resend_rejected(
 ) -> anyhow::Result<Resent> {
     let state = &config.state_dir;
     let _lock = lock_state(state)?;
-    let rejected =
-        rejected::RejectedDir::new(state.join("rejected"), config.spool.rejected_max_bytes());
+    let rejected = RejectedDir::new(state.join("rejected"), config.spool.rejected_max_bytes());
     let kept = rejected.list(stream)?;
     let spool_root = state.join("spool");
     // Every stream's spool counts towards the shared limit, not only those taking batches.

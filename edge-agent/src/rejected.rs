@@ -221,7 +221,6 @@ fn write_synced(path: &Path, data: &[u8]) -> io::Result<()> {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::batch::{BatchId, BodyEncoding};
 
     fn batch(id: u8, body_len: usize) -> Batch {
         Batch {
