@@ -38,14 +38,16 @@ install_python() {
 }
 
 # Debian packages: mosquitto (MQTT broker), prometheus (server and promtool, for the
-# monitoring test), docker-compose (only to validate docker-compose.yml) and systemd (only
-# systemd-analyze, to check the agent's unit file).
+# monitoring test), docker-compose (only to validate docker-compose.yml), systemd (only
+# systemd-analyze, to check the agent's unit file) and tinyproxy (a forward proxy, started by
+# the agent's proxy tests themselves).
 install_debian() {
   local missing=()
   command -v mosquitto >/dev/null 2>&1 || [ -x /usr/sbin/mosquitto ] || missing+=(mosquitto)
   command -v prometheus >/dev/null 2>&1 || missing+=(prometheus)
   command -v docker-compose >/dev/null 2>&1 || missing+=(docker-compose)
   command -v systemd-analyze >/dev/null 2>&1 || missing+=(systemd)
+  command -v tinyproxy >/dev/null 2>&1 || [ -x /usr/bin/tinyproxy ] || missing+=(tinyproxy)
   if [ ${#missing[@]} -eq 0 ]; then return; fi
   log "installing ${missing[*]} (Debian packages)"
   local sudo=""
@@ -110,6 +112,7 @@ export EDGE_INGEST_PROMETHEUS=$(command -v prometheus)
 export EDGE_INGEST_PROMTOOL=$(command -v promtool)
 export EDGE_INGEST_DOCKER_COMPOSE=$(command -v docker-compose)
 export EDGE_INGEST_SYSTEMD_ANALYZE=$(command -v systemd-analyze)
+export EDGE_INGEST_TINYPROXY=$(command -v tinyproxy || echo /usr/bin/tinyproxy)
 export AWS_ACCESS_KEY_ID=test
 export AWS_SECRET_ACCESS_KEY=test
 export AWS_REGION=us-east-1

@@ -78,6 +78,61 @@ pub struct GatewayTarget {
     /// certificate and key for gateways (or proxies) that require one.
     #[serde(default)]
     pub tls: TlsFiles,
+    /// A forward proxy between the agent and the gateway. Without this table the agent uses
+    /// the proxy that `HTTPS_PROXY`, `HTTP_PROXY` or `ALL_PROXY` in its environment names,
+    /// except for the hosts of `NO_PROXY`.
+    #[serde(default)]
+    pub proxy: Option<ProxyConfig>,
+}
+
+/// `[gateway.proxy]`: the forward proxy the agent reaches the gateway through (an HTTP
+/// `CONNECT` tunnel for an `https://` gateway, so TLS still ends at the gateway).
+#[derive(Clone, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct ProxyConfig {
+    /// `http://host:port` (or `https://` for a proxy reached over TLS); `"direct"` connects
+    /// straight to the gateway and ignores the environment's proxy variables.
+    pub url: String,
+    /// Basic credentials for the proxy: the user, and the password inline (best from
+    /// `EDGE_AGENT_GATEWAY__PROXY__PASSWORD`) or in `password_file`.
+    #[serde(default)]
+    pub username: Option<String>,
+    #[serde(default)]
+    pub password: Option<String>,
+    #[serde(default)]
+    pub password_file: Option<PathBuf>,
+    /// Hosts reached without the proxy, comma-separated as in `NO_PROXY`: names (a leading
+    /// dot or none matches subdomains too), IP addresses and CIDR ranges.
+    #[serde(default)]
+    pub no_proxy: Option<String>,
+}
+
+/// `url` value of [`ProxyConfig`] for no proxy at all.
+pub const DIRECT: &str = "direct";
+
+impl std::fmt::Debug for ProxyConfig {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("ProxyConfig")
+            .field("url", &redacted_url(&self.url))
+            .field("username", &self.username)
+            .field("password", &self.password.as_ref().map(|_| "<redacted>"))
+            .field("password_file", &self.password_file)
+            .field("no_proxy", &self.no_proxy)
+            .finish()
+    }
+}
+
+/// `url` without the password it may carry (`http://user:secret@host` → `http://user:***@host`),
+/// for logs and errors.
+pub fn redacted_url(url: &str) -> String {
+    match url.parse::<reqwest::Url>() {
+        Ok(mut parsed) if parsed.password().is_some() => {
+            let _ = parsed.set_password(Some("***"));
+            parsed.to_string()
+        }
+        Ok(_) => url.to_owned(),
+        Err(_) => "<not a URL>".to_owned(),
+    }
 }
 
 #[derive(Debug, Clone, Deserialize)]
@@ -496,33 +551,33 @@ mod tests {
         assert_eq!(c.gateway.unwrap().retry_statuses, [401, 403, 404]);
     }
 
+    /// What `validate` says of a config with `output` (its `[gateway]` or `[kafka]` tables) and
+    /// a stdin source: nothing when it is valid.
+    fn problems(output: &str) -> String {
+        super::AgentConfig::parse(&format!(
+            "{output}\n[[sources]]\ntype = \"stdin\"\nstream = \"sensor_readings\"\n"
+        ))
+        .unwrap()
+        .validate(&schemas::example_streams())
+        .map_or_else(|e| e.to_string(), |()| String::new())
+    }
+
     #[test]
     fn retry_statuses_are_4xx_only() {
         let with = |statuses: &str| {
-            super::AgentConfig::parse(&format!(
-                "[gateway]\nurl = \"http://gw\"\nretry_statuses = {statuses}\n\
-                 [[sources]]\ntype = \"stdin\"\nstream = \"sensor_readings\"\n"
+            problems(&format!(
+                "[gateway]\nurl = \"http://gw\"\nretry_statuses = {statuses}"
             ))
-            .unwrap()
-            .validate(&schemas::example_streams())
         };
-        with("[]").unwrap();
-        with("[401, 409]").unwrap();
-        let e = with("[401, 503]").unwrap_err().to_string();
+        assert_eq!(with("[]"), "");
+        assert_eq!(with("[401, 409]"), "");
+        let e = with("[401, 503]");
         assert!(e.contains("gateway.retry_statuses holds 503"), "{e}");
     }
 
     #[test]
     fn kafka_security_is_checked_with_the_config() {
-        let with = |security: &str| {
-            super::AgentConfig::parse(&format!(
-                "[kafka]\nbrokers = \"k:9093\"\n{security}\n\
-                 [[sources]]\ntype = \"stdin\"\nstream = \"sensor_readings\"\n"
-            ))
-            .unwrap()
-            .validate(&schemas::example_streams())
-            .map_or_else(|e| e.to_string(), |()| String::new())
-        };
+        let with = |security: &str| problems(&format!("[kafka]\nbrokers = \"k:9093\"\n{security}"));
         assert_eq!(with(""), "");
         assert_eq!(
             with("tls = {}\nsasl = { mechanism = \"PLAIN\", username = \"u\", password = \"p\" }"),
@@ -532,6 +587,62 @@ mod tests {
         assert!(e.contains("kafka: give one of kafka.sasl.password"), "{e}");
         let e = with("tls = { ca_file = \"/nonexistent/ca.pem\" }");
         assert!(e.contains("kafka: kafka.tls.ca_file"), "{e}");
+    }
+
+    #[test]
+    fn the_gateway_proxy_is_checked_with_the_config() {
+        let dir = tempfile::tempdir().unwrap();
+        let secret = dir.path().join("proxy-password");
+        std::fs::write(&secret, "s3cret\n").unwrap();
+        let with = |proxy: &str| {
+            problems(&format!(
+                "[gateway]\nurl = \"http://gw\"\n[gateway.proxy]\n{proxy}"
+            ))
+        };
+        assert_eq!(
+            with("url = \"http://proxy:3128\"\nno_proxy = \"gw.local,10.0.0.0/8\""),
+            ""
+        );
+        assert_eq!(with("url = \"direct\""), "");
+        let file = format!("password_file = {secret:?}");
+        assert_eq!(
+            with(&format!(
+                "url = \"https://proxy:3129\"\nusername = \"edge\"\n{file}"
+            )),
+            ""
+        );
+        for (proxy, expected) in [
+            ("url = \"socks5://proxy:1080\"", "give http://host:port"),
+            ("url = \"proxy:3128\"", "give http://host:port"),
+            (
+                "url = \"http://proxy\"\nusername = \"u\"",
+                "give one of gateway.proxy.password",
+            ),
+            (
+                "url = \"http://proxy\"\npassword = \"p\"",
+                "a password needs a username",
+            ),
+            ("url = \"http://u:hunter2@\"", "<not a URL>"),
+            ("url = \"ftp://u:hunter2@proxy\"", "ftp://u:***@proxy"),
+        ] {
+            let e = with(proxy);
+            assert!(
+                e.contains("gateway: ") && e.contains(expected),
+                "{proxy}: {e}"
+            );
+            assert!(!e.contains("hunter2"), "{proxy}: {e}");
+        }
+        let config = super::AgentConfig::parse(
+            "[gateway]\nurl = \"http://gw\"\n[gateway.proxy]\nurl = \"http://u:hunter2@proxy\"\n\
+             username = \"u\"\npassword = \"hunter2\"\n[[sources]]\ntype = \"stdin\"\n\
+             stream = \"sensor_readings\"\n",
+        )
+        .unwrap();
+        let shown = format!("{:?}", config.gateway.unwrap().proxy.unwrap());
+        assert!(
+            !shown.contains("hunter2") && shown.contains("u:***@proxy"),
+            "{shown}"
+        );
     }
 
     /// The error `validate` gives for an MQTT source with `url` and `tls`, and a gateway with

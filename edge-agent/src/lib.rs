@@ -236,6 +236,9 @@ pub async fn run(
     let usage = Arc::new(Usage::default());
     metrics::register(config.spool.options().max_bytes);
     let output = Arc::new(Output::new(config.gateway.as_ref(), config.kafka.as_ref())?);
+    if let Some(proxy) = config.gateway.as_ref().and_then(|g| g.proxy.as_ref()) {
+        tracing::info!(proxy = %config::redacted_url(&proxy.url), no_proxy = proxy.no_proxy.as_deref().unwrap_or(""), "gateway proxy");
+    }
     let link = Arc::new(Link::new(config.max_bytes_per_sec));
     let rejected = Arc::new(RejectedDir::new(
         state.join("rejected"),

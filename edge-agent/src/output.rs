@@ -2,7 +2,7 @@
 //!
 //! HTTP: every attempt of a batch carries the same `Idempotency-Key` (the batch id), so a retry
 //! after a lost answer, or after a restart, never lands twice. Retryable failures (connection
-//! errors, timeouts, 408, 409 in-progress, 429, 5xx) are retried with exponential backoff and
+//! errors, timeouts, 407 from a proxy, 408, 409 in-progress, 429, 5xx) are retried with exponential backoff and
 //! jitter, honouring `Retry-After`, until they succeed or the agent stops; so are the 4xx answers
 //! that every batch would get (`retry_statuses`: 401, 403, 404 by default), which a fix of the
 //! token or the gateway's streams ends. Other 4xx answers are final: the batch is kept aside
@@ -27,7 +27,7 @@ use thiserror::Error;
 use tokio_util::sync::CancellationToken;
 
 use crate::batch::Batch;
-use crate::config::{GatewayTarget, KafkaTarget};
+use crate::config::{GatewayTarget, KafkaTarget, ProxyConfig};
 use crate::metrics as m;
 
 #[derive(Debug, Error)]
@@ -182,6 +182,7 @@ impl HttpOutput {
     pub fn new(target: &GatewayTarget) -> Result<HttpOutput, SendError> {
         let builder = reqwest::Client::builder().timeout(Duration::from_millis(target.timeout_ms));
         let client = crate::tls::http_client(builder, &target.tls)
+            .and_then(|builder| with_proxy(builder, target.proxy.as_ref()))
             .map_err(|e| SendError::Config(format!("{e:#}")))?
             .build()
             .map_err(|e| SendError::Config(e.to_string()))?;
@@ -261,10 +262,15 @@ impl HttpOutput {
                 retry_after: Some(Duration::ZERO),
             });
         }
+        // 407 comes from a proxy on the way that wants (other) credentials: it says nothing of
+        // the batch, and every batch would get it.
         let retryable = status.is_server_error()
             || matches!(
                 status,
-                StatusCode::REQUEST_TIMEOUT | StatusCode::CONFLICT | StatusCode::TOO_MANY_REQUESTS
+                StatusCode::PROXY_AUTHENTICATION_REQUIRED
+                    | StatusCode::REQUEST_TIMEOUT
+                    | StatusCode::CONFLICT
+                    | StatusCode::TOO_MANY_REQUESTS
             )
             || self.retry_statuses.contains(&status.as_u16());
         if !retryable {
@@ -276,6 +282,7 @@ impl HttpOutput {
         let kind = match status {
             _ if status.is_server_error() => "5xx",
             StatusCode::UNAUTHORIZED | StatusCode::FORBIDDEN => "auth",
+            StatusCode::PROXY_AUTHENTICATION_REQUIRED => "proxy_auth",
             StatusCode::NOT_FOUND => "not_found",
             _ => "4xx",
         };
@@ -287,6 +294,54 @@ impl HttpOutput {
             retry_after,
         })
     }
+}
+
+/// Sets up the gateway's client to go through `proxy` ([`ProxyConfig`]), or, without one, to
+/// use the proxy of the environment (`HTTPS_PROXY`, `HTTP_PROXY`, `ALL_PROXY`, `NO_PROXY`), as
+/// reqwest does by default.
+fn with_proxy(
+    builder: reqwest::ClientBuilder,
+    proxy: Option<&ProxyConfig>,
+) -> anyhow::Result<reqwest::ClientBuilder> {
+    let Some(config) = proxy else {
+        return Ok(builder);
+    };
+    if config.url == crate::config::DIRECT {
+        return Ok(builder.no_proxy());
+    }
+    let shown = crate::config::redacted_url(&config.url);
+    let url: reqwest::Url = config
+        .url
+        .parse()
+        .map_err(|e| anyhow::anyhow!("gateway.proxy.url {shown}: {e}"))?;
+    anyhow::ensure!(
+        matches!(url.scheme(), "http" | "https") && url.host().is_some(),
+        "gateway.proxy.url {shown}: give http://host:port or https://host:port, or \"{}\"",
+        crate::config::DIRECT
+    );
+    let mut proxy = reqwest::Proxy::all(url)
+        .map_err(|e| anyhow::anyhow!("gateway.proxy.url {shown}: {e}"))?
+        .no_proxy(
+            config
+                .no_proxy
+                .as_deref()
+                .and_then(reqwest::NoProxy::from_string),
+        );
+    match &config.username {
+        Some(user) => {
+            let password = plumbing::secret::password(
+                config.password.as_deref(),
+                config.password_file.as_deref(),
+                "gateway.proxy",
+            )?;
+            proxy = proxy.basic_auth(user, &password);
+        }
+        None => anyhow::ensure!(
+            config.password.is_none() && config.password_file.is_none(),
+            "gateway.proxy: a password needs a username"
+        ),
+    }
+    Ok(builder.proxy(proxy))
 }
 
 /// The batch recompressed without its dictionary, on the blocking pool (up to a MiB of zstd

@@ -435,25 +435,34 @@ async fn retried_four_times(
     (stub, dir, agent, expected)
 }
 
-/// A 401 is the agent's token, not the batch: every batch would get it. The batch stays in the
-/// spool and is retried until the token is accepted, instead of going aside with all the rest.
+/// A 401 is the agent's token, not the batch, and a 407 the credentials of a proxy on the way:
+/// every batch would get them. The batch stays in the spool and is retried until the token or
+/// the proxy login is accepted, instead of going aside with all the rest.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn a_refused_token_holds_the_batches_until_it_is_accepted() {
-    let faults = Faults {
-        unauthorized: true,
-        ..Faults::default()
-    };
-    let (stub, dir, agent, expected) = retried_four_times(faults, 300, 6).await;
-    assert_eq!(stub.landed_total(), 0);
-    assert!(
-        !dir.path().join("state/rejected").exists(),
-        "nothing is put aside"
-    );
-    assert!(!agent.is_finished());
-    stub.set_faults(Faults::default());
-    let stats = agent.await.unwrap().unwrap().total();
-    assert_eq!(stats.delivery.rejected_batches, 0);
-    assert_exactly_once(&stub.landed(), &expected);
+async fn a_refused_token_or_proxy_login_holds_the_batches_until_accepted() {
+    let refusals = [
+        Faults {
+            unauthorized: true,
+            ..Faults::default()
+        },
+        Faults {
+            proxy_auth: true,
+            ..Faults::default()
+        },
+    ];
+    for (seed, faults) in (6..).zip(refusals) {
+        let (stub, dir, agent, expected) = retried_four_times(faults, 300, seed).await;
+        assert_eq!(stub.landed_total(), 0);
+        assert!(
+            !dir.path().join("state/rejected").exists(),
+            "{faults:?}: nothing is put aside"
+        );
+        assert!(!agent.is_finished());
+        stub.set_faults(Faults::default());
+        let stats = agent.await.unwrap().unwrap().total();
+        assert_eq!(stats.delivery.rejected_batches, 0);
+        assert_exactly_once(&stub.landed(), &expected);
+    }
 }
 
 /// A 429's `Retry-After` (1 s from the stub) sets the wait before the next attempt; the agent's

@@ -233,6 +233,41 @@ async fn delivers_over_https_with_the_sites_ca_and_a_client_certificate() {
     assert_exactly_once(&stub.landed(), &expected);
 }
 
+/// Through a forward proxy (tests/proxy.rs) an `https://` gateway is reached by a `CONNECT`
+/// tunnel: TLS, with the site's CA and the client certificate, still ends at the gateway.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn delivers_over_https_through_a_proxys_tunnel() {
+    let dir = tempfile::tempdir().unwrap();
+    let pki = pki(dir.path());
+    let proxy = support::Proxy::start(dir.path(), Some(("edge", "s3cret"))).await;
+    let stub = Stub::start_tls(Faults::default(), gateway_tls(&pki)).await;
+    let (lines, expected) = readings(300, 5, 0, 41);
+    let input = dir.path().join("r.ndjson");
+    std::fs::write(&input, lines.join("\n") + "\n").unwrap();
+    let cfg = config(
+        &dir.path().join("state"),
+        &stub.url(),
+        &format!(
+            "tls = {}\n[gateway.proxy]\nurl = \"{}\"\nusername = \"edge\"\npassword = \"s3cret\"\n\
+             [batch]\nmax_records = 100\n",
+            tls_table(&pki, true),
+            proxy.url
+        ),
+        &support::file_source_toml(&input, "follow = true\n"),
+    );
+    let (running, shutdown) = start(&cfg);
+    wait_landed(&stub, expected.len()).await;
+    shutdown.cancel();
+    running.await.unwrap().unwrap();
+    assert_exactly_once(&stub.landed(), &expected);
+    let tunnel = format!("CONNECT {} HTTP/1.1", stub.addr);
+    assert!(
+        proxy.log().contains(&tunnel),
+        "no tunnel to the gateway in the proxy's log:\n{}",
+        proxy.log()
+    );
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn the_local_port_serves_https_and_requires_client_certificates_from_its_ca() {
     let dir = tempfile::tempdir().unwrap();

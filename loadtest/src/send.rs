@@ -110,6 +110,7 @@ pub async fn run(opts: SendOptions, shutdown: CancellationToken) -> anyhow::Resu
             // The run stops at the first of these instead (BATCH_INDEPENDENT_REFUSALS).
             retry_statuses: Vec::new(),
             tls: opts.tls.clone(),
+            proxy: None,
         }),
         None,
     )?);

@@ -110,20 +110,11 @@ pub fn apply(
         }
     }
     if let Some(sasl) = sasl {
-        let password = match (&sasl.password, &sasl.password_file) {
-            (Some(password), None) => password.clone(),
-            (None, Some(file)) => {
-                let text = std::fs::read_to_string(file).with_context(|| {
-                    format!("kafka.sasl.password_file: cannot read {}", file.display())
-                })?;
-                text.strip_suffix('\n')
-                    .map(|t| t.strip_suffix('\r').unwrap_or(t))
-                    .unwrap_or(&text)
-                    .to_owned()
-            }
-            _ => anyhow::bail!("give one of kafka.sasl.password and kafka.sasl.password_file"),
-        };
-        anyhow::ensure!(!password.is_empty(), "the kafka.sasl password is empty");
+        let password = crate::secret::password(
+            sasl.password.as_deref(),
+            sasl.password_file.as_deref(),
+            "kafka.sasl",
+        )?;
         config
             .set("sasl.mechanisms", sasl.mechanism.name())
             .set("sasl.username", &sasl.username)

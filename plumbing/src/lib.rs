@@ -8,6 +8,7 @@ pub mod kafka_security;
 pub mod pem;
 pub mod priority;
 pub mod rate;
+pub mod secret;
 pub mod server;
 pub mod telemetry;
 

@@ -39,6 +39,8 @@ pub struct Faults {
     pub refuse_device: Option<&'static str>,
     /// Answer every request 401, as the gateway does for an unknown token.
     pub unauthorized: bool,
+    /// Answer every request 407, as a proxy on the way does without (the right) credentials.
+    pub proxy_auth: bool,
 }
 
 /// An accepted request.
@@ -181,6 +183,14 @@ async fn ingest(
         return (
             StatusCode::UNAUTHORIZED,
             r#"{"error":"unauthorized","message":"unknown token"}"#,
+        )
+            .into_response();
+    }
+    if faults.proxy_auth {
+        return (
+            StatusCode::PROXY_AUTHENTICATION_REQUIRED,
+            [("proxy-authenticate", "Basic realm=\"site proxy\"")],
+            "<html><body>Proxy Authentication Required</body></html>",
         )
             .into_response();
     }
@@ -576,5 +586,73 @@ pub async fn wait_for_port(port: u16) {
             "the local port never opened"
         );
         tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+}
+
+/// A forward proxy (tinyproxy, from Debian) on a free loopback port. With `credentials` it asks
+/// for Basic credentials (407 without them, 401 for wrong ones). It logs every request it
+/// forwards and every tunnel it opens to [`Proxy::log`].
+pub struct Proxy {
+    pub url: String,
+    log: std::path::PathBuf,
+    _process: KillOnDrop,
+}
+
+impl Proxy {
+    pub async fn start(dir: &std::path::Path, credentials: Option<(&str, &str)>) -> Proxy {
+        let port = free_port();
+        let (conf, log) = (
+            dir.join(format!("tinyproxy-{port}.conf")),
+            dir.join(format!("tinyproxy-{port}.log")),
+        );
+        let auth = credentials.map_or(String::new(), |(u, p)| format!("BasicAuth {u} {p}\n"));
+        std::fs::write(
+            &conf,
+            format!(
+                "Port {port}\nListen 127.0.0.1\nAllow 127.0.0.1\nTimeout 60\nLogLevel Info\n\
+                 LogFile \"{}\"\n{auth}",
+                log.display()
+            ),
+        )
+        .unwrap();
+        let process = std::process::Command::new(service_env("EDGE_INGEST_TINYPROXY"))
+            .arg("-d")
+            .arg("-c")
+            .arg(&conf)
+            .stdout(std::process::Stdio::null())
+            .stderr(std::process::Stdio::null())
+            .spawn()
+            .expect("cannot start tinyproxy");
+        let process = KillOnDrop(process);
+        let deadline = std::time::Instant::now() + Duration::from_secs(20);
+        while tokio::net::TcpStream::connect(("127.0.0.1", port))
+            .await
+            .is_err()
+        {
+            assert!(
+                std::time::Instant::now() < deadline,
+                "tinyproxy did not open port {port}"
+            );
+            tokio::time::sleep(Duration::from_millis(50)).await;
+        }
+        Proxy {
+            url: format!("http://127.0.0.1:{port}"),
+            log,
+            _process: process,
+        }
+    }
+
+    /// What the proxy logged so far.
+    pub fn log(&self) -> String {
+        std::fs::read_to_string(&self.log).unwrap_or_default()
+    }
+
+    /// How many of the agent's requests for `stub` (plain HTTP) reached the proxy.
+    pub fn posts_to(&self, stub: &Stub) -> usize {
+        let request = format!(
+            "POST http://{}/v1/streams/sensor_readings/records",
+            stub.addr
+        );
+        self.log().matches(&request).count()
     }
 }
