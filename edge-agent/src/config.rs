@@ -349,6 +349,10 @@ pub enum SourceConfig {
         /// certificate and key for brokers that require one.
         #[serde(default)]
         tls: TlsFiles,
+        /// Fields taken from each message's topic, e.g. `plant/+/{device_id}/{sensor}`
+        /// ([`crate::source::topic`]).
+        #[serde(default)]
+        topic_fields: Option<String>,
     },
     /// The gateway's ingest API on a local port, for devices on the box or the plant network.
     /// Answers after the records are in the spool.
@@ -430,12 +434,25 @@ impl AgentConfig {
             {
                 problems.push(format!("http source: {e:#}"));
             }
-            if let SourceConfig::Mqtt { qos, url, tls, .. } = source {
+            if let SourceConfig::Mqtt {
+                qos,
+                url,
+                tls,
+                topic_fields,
+                stream,
+                ..
+            } = source
+            {
                 if *qos > 1 {
                     problems.push("mqtt qos must be 0 or 1".to_owned());
                 }
                 if let Err(e) = crate::source::mqtt::check(url, tls) {
                     problems.push(format!("{e:#}"));
+                }
+                if let (Some(pattern), Some(def)) = (topic_fields, streams.get(stream))
+                    && let Err(e) = crate::source::topic::TopicFields::parse(pattern, def)
+                {
+                    problems.push(format!("mqtt source: {e}"));
                 }
             }
         }
@@ -642,6 +659,26 @@ mod tests {
         assert!(
             !shown.contains("hunter2") && shown.contains("u:***@proxy"),
             "{shown}"
+        );
+    }
+
+    #[test]
+    fn mqtt_topic_fields_are_checked_with_the_config() {
+        let with = |pattern: &str| {
+            super::AgentConfig::parse(&format!(
+                "[gateway]\nurl = \"http://gw\"\n[[sources]]\ntype = \"mqtt\"\n\
+                 url = \"mqtt://broker\"\ntopics = [\"plant/#\"]\nstream = \"sensor_readings\"\n\
+                 topic_fields = \"{pattern}\"\n"
+            ))
+            .unwrap()
+            .validate(&schemas::example_streams())
+            .map_or_else(|e| e.to_string(), |()| String::new())
+        };
+        assert_eq!(with("plant/+/{device_id}/{sensor}"), "");
+        let e = with("plant/{site}/{device_id}");
+        assert!(
+            e.contains("mqtt source: topic_fields") && e.contains("no field 'site'"),
+            "{e}"
         );
     }
 

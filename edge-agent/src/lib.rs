@@ -45,6 +45,7 @@ use crate::pipeline::{Pipeline, PipelineStats};
 use crate::rejected::RejectedDir;
 use crate::source::file::{FileSpec, Positions};
 use crate::source::mqtt::MqttSpec;
+use crate::source::topic::TopicFields;
 use crate::source::{Feed, Feeds, feed_lines, verbatim};
 use crate::spool::{Recovery, Spool, Usage};
 
@@ -465,8 +466,13 @@ fn start_sources(
                 password,
                 max_unacked,
                 tls,
+                topic_fields,
                 ..
             } => {
+                let topic_fields = match (topic_fields, &def) {
+                    (Some(pattern), Some(def)) => Some(TopicFields::parse(&pattern, def)?),
+                    _ => None,
+                };
                 let spec = MqttSpec {
                     url,
                     topics,
@@ -476,6 +482,7 @@ fn start_sources(
                     password,
                     max_unacked,
                     tls,
+                    topic_fields,
                 };
                 on_task(source::mqtt::run(
                     spec,

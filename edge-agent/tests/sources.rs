@@ -844,3 +844,64 @@ async fn mqtt_messages_land_once_including_those_sent_while_the_agent_was_down()
     agent.await.unwrap().unwrap();
     assert_exactly_once(&stub.landed(), &expected);
 }
+
+/// `topic_fields` fills fields from the topic's levels: readings published with their device and
+/// sensor only in the topic land with the same content hashes as the complete readings. A
+/// payload's own value wins over its topic's, and a topic the pattern does not match passes its
+/// payload unchanged.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn mqtt_topic_levels_fill_the_records_fields() {
+    let broker = support::service_env("EDGE_INGEST_MQTT");
+    let stub = Stub::start(Faults::default()).await;
+    let dir = tempfile::tempdir().unwrap();
+    let site = format!("site-{}", rand::random::<u32>());
+    let cfg = config(
+        &dir.path().join("state"),
+        &stub.url(),
+        "[batch]\nmax_age_ms = 200\n",
+        &format!(
+            "[[sources]]\ntype = \"mqtt\"\nurl = \"mqtt://{broker}\"\n\
+             topics = [\"{site}/+/+\", \"{site}/legacy\"]\nstream = \"sensor_readings\"\n\
+             client_id = \"agent-{site}\"\nqos = 1\n\
+             topic_fields = \"{site}/{{device_id}}/{{sensor}}\"\n"
+        ),
+    );
+    let (lines, expected) = readings(120, 4, 0, 43);
+    let mut messages = Vec::new();
+    for (i, line) in lines.iter().enumerate() {
+        let mut record: serde_json::Map<String, serde_json::Value> =
+            serde_json::from_str(line).unwrap();
+        let device = record["device_id"].as_str().unwrap().to_owned();
+        let sensor = record["sensor"].as_str().unwrap().to_owned();
+        let (topic, payload) = match i % 10 {
+            // Complete readings on a topic the pattern does not match.
+            0 => (format!("{site}/legacy"), line.clone()),
+            // The payload names its device; the topic says another.
+            1 => (format!("{site}/elsewhere/{sensor}"), line.clone()),
+            _ => {
+                record.remove("device_id");
+                record.remove("sensor");
+                let payload = serde_json::to_string(&record).unwrap();
+                (format!("{site}/{device}/{sensor}"), payload)
+            }
+        };
+        messages.push((topic, payload));
+    }
+    let (agent, shutdown) = start(&cfg);
+    // The session must exist before anything is published to it.
+    let deadline = Instant::now() + Duration::from_secs(20);
+    while stub.landed_total() == 0 {
+        support::mqtt_publish_to(&broker, messages[..1].to_vec(), Duration::ZERO).await;
+        tokio::time::sleep(Duration::from_millis(300)).await;
+        assert!(
+            Instant::now() < deadline,
+            "the agent never received anything"
+        );
+    }
+    support::mqtt_publish_to(&broker, messages[1..].to_vec(), Duration::ZERO).await;
+    wait_landed(&stub, expected.len()).await;
+    tokio::time::sleep(Duration::from_millis(500)).await;
+    shutdown.cancel();
+    agent.await.unwrap().unwrap();
+    assert_exactly_once(&stub.landed(), &expected);
+}

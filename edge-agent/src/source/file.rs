@@ -462,9 +462,8 @@ fn csv_header(file: &File) -> anyhow::Result<(Vec<String>, u64)> {
     ))
 }
 
-/// Turns one CSV line into a JSON record, typing cells by the stream's fields. Empty cells are
-/// missing values; cells that do not parse as their type are passed as strings, so validation
-/// rejects them with its usual message.
+/// Turns one CSV line into a JSON record, typing cells by the stream's fields
+/// ([`typed_text`]). Empty cells are missing values.
 pub fn csv_to_json(def: &StreamDef, header: &[String], line: &[u8], out: &mut Vec<u8>) {
     let mut reader = csv::ReaderBuilder::new()
         .has_headers(false)
@@ -479,24 +478,28 @@ pub fn csv_to_json(def: &StreamDef, header: &[String], line: &[u8], out: &mut Ve
         if cell.is_empty() {
             continue;
         }
-        let ty = def.field_index(name).map(|i| &def.fields[i].ty);
-        let value = match ty {
-            Some(FieldType::Int64) => cell.parse::<i64>().map(Json::from).ok(),
-            Some(FieldType::Float64) => cell
-                .parse::<f64>()
-                .ok()
-                .and_then(|f| serde_json::Number::from_f64(f).map(Json::Number)),
-            Some(FieldType::Bool) => cell.parse::<bool>().map(Json::from).ok(),
-            Some(FieldType::Timestamp) => cell.parse::<i64>().map(Json::from).ok(),
-            Some(FieldType::List(_) | FieldType::Map(_)) => serde_json::from_str(cell).ok(),
-            _ => None,
-        };
-        object.insert(
-            name.clone(),
-            value.unwrap_or_else(|| Json::String(cell.to_owned())),
-        );
+        object.insert(name.clone(), typed_text(def, name, cell));
     }
     let _ = serde_json::to_writer(&mut *out, &Json::Object(object));
+}
+
+/// The JSON value of `text` for field `name` of the stream, typed by the field (a CSV cell, a
+/// level of an MQTT topic). Text that does not parse as its type, and text for a field the
+/// stream lacks, stays a string, so validation rejects it with its usual message.
+pub fn typed_text(def: &StreamDef, name: &str, text: &str) -> Json {
+    let ty = def.field_index(name).map(|i| &def.fields[i].ty);
+    let value = match ty {
+        Some(FieldType::Int64) => text.parse::<i64>().map(Json::from).ok(),
+        Some(FieldType::Float64) => text
+            .parse::<f64>()
+            .ok()
+            .and_then(|f| serde_json::Number::from_f64(f).map(Json::Number)),
+        Some(FieldType::Bool) => text.parse::<bool>().map(Json::from).ok(),
+        Some(FieldType::Timestamp) => text.parse::<i64>().map(Json::from).ok(),
+        Some(FieldType::List(_) | FieldType::Map(_)) => serde_json::from_str(text).ok(),
+        _ => None,
+    };
+    value.unwrap_or_else(|| Json::String(text.to_owned()))
 }
 
 #[cfg(test)]

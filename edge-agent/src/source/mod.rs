@@ -4,6 +4,7 @@
 pub mod file;
 pub mod http;
 pub mod mqtt;
+pub mod topic;
 
 use std::collections::BTreeMap;
 use std::io::{BufRead, BufReader, Read};

@@ -19,6 +19,7 @@ use rumqttc::{AsyncClient, Event, MqttOptions, Packet, QoS, TlsConfiguration, Tr
 use tokio_util::sync::CancellationToken;
 
 use super::Feed;
+use super::topic::TopicFields;
 use crate::pipeline::Chunk;
 use crate::tls::TlsFiles;
 
@@ -33,6 +34,8 @@ pub struct MqttSpec {
     pub max_unacked: usize,
     /// Certificates for an `mqtts://` url.
     pub tls: TlsFiles,
+    /// Fields filled in from each message's topic.
+    pub topic_fields: Option<TopicFields>,
 }
 
 /// Host, port and whether `url` asks for TLS: `mqtt://` or `tcp://` (port 1883 by default),
@@ -104,6 +107,7 @@ pub async fn run(spec: MqttSpec, feed: Feed, shutdown: CancellationToken) -> any
     let (client, mut events) = AsyncClient::new(options, 256);
     let unacked = Arc::new(AtomicUsize::new(0));
     let mut failures = 0u32;
+    let mut mismatches = Mismatches::default();
     loop {
         let event = tokio::select! {
             e = events.poll() => e,
@@ -118,7 +122,16 @@ pub async fn run(spec: MqttSpec, feed: Feed, shutdown: CancellationToken) -> any
                 }
             }
             Ok(Event::Incoming(Packet::Publish(publish))) => {
-                let data = publish.payload.to_vec();
+                let data = match &spec.topic_fields {
+                    None => publish.payload.to_vec(),
+                    Some(fields) => {
+                        let filled = fields.fill(&publish.topic, &publish.payload);
+                        if !filled.matched || filled.conflicts > 0 {
+                            mismatches.note(&publish.topic, &filled);
+                        }
+                        filled.data
+                    }
+                };
                 let done: Option<crate::pipeline::Done> = if publish.qos == QoS::AtMostOnce {
                     None
                 } else {
@@ -150,6 +163,34 @@ pub async fn run(spec: MqttSpec, feed: Feed, shutdown: CancellationToken) -> any
                 }
             }
         }
+    }
+}
+
+/// Warnings about topics `topic_fields` does not match and payloads that disagree with their
+/// topic: the first at once, then at most one a minute with the count since the last.
+#[derive(Default)]
+struct Mismatches {
+    since_warned: u64,
+    warned_at: Option<std::time::Instant>,
+}
+
+impl Mismatches {
+    fn note(&mut self, topic: &str, filled: &super::topic::Filled) {
+        self.since_warned += 1;
+        if self
+            .warned_at
+            .is_some_and(|at| at.elapsed() < Duration::from_secs(60))
+        {
+            return;
+        }
+        let what = if filled.matched {
+            "the payload sets fields of topic_fields to other values; the payload's are kept"
+        } else {
+            "the topic does not match topic_fields; the payload is taken as it is"
+        };
+        tracing::warn!(topic, messages = self.since_warned, "{what}");
+        self.since_warned = 0;
+        self.warned_at = Some(std::time::Instant::now());
     }
 }
 

@@ -547,6 +547,15 @@ pub async fn mqtt_publish(
     messages: Vec<String>,
     pace: Duration,
 ) {
+    let messages = messages
+        .into_iter()
+        .map(|m| (topic.to_owned(), m))
+        .collect();
+    mqtt_publish_to(broker, messages, pace).await;
+}
+
+/// Publishes (topic, payload) messages with QoS 1, `pace` apart, and waits for every PUBACK.
+pub async fn mqtt_publish_to(broker: &str, messages: Vec<(String, String)>, pace: Duration) {
     let (host, port) = broker.rsplit_once(':').unwrap();
     let id = format!("pub-{}", rand::random::<u32>());
     let mut options = rumqttc::MqttOptions::new(id, host, port.parse().unwrap());
@@ -554,7 +563,7 @@ pub async fn mqtt_publish(
     let (client, mut events) = rumqttc::AsyncClient::new(options, 64);
     let n = messages.len();
     let sender = tokio::spawn(async move {
-        for m in messages {
+        for (topic, m) in messages {
             client
                 .publish(topic, rumqttc::QoS::AtLeastOnce, false, m)
                 .await
