@@ -172,6 +172,11 @@ pub struct LimitsConfig {
     /// Reading the body past it answers 408; producing past it answers 503.
     #[serde(default = "default_request_timeout_ms")]
     pub request_timeout_ms: u64,
+    /// Time a connection has to send a request head, in milliseconds: a new connection, and a
+    /// kept-alive one between requests. A client that sends nothing, trickles its headers or
+    /// leaves its connection idle is disconnected after it.
+    #[serde(default = "default_header_timeout_ms")]
+    pub header_timeout_ms: u64,
 }
 
 impl Default for LimitsConfig {
@@ -184,6 +189,7 @@ impl Default for LimitsConfig {
             max_concurrent_requests: default_max_concurrent(),
             max_inflight_bytes: default_max_inflight(),
             request_timeout_ms: default_request_timeout_ms(),
+            header_timeout_ms: default_header_timeout_ms(),
         }
     }
 }
@@ -254,6 +260,9 @@ fn default_max_concurrent() -> usize {
 }
 fn default_max_inflight() -> usize {
     1 << 30
+}
+fn default_header_timeout_ms() -> u64 {
+    plumbing::server::DEFAULT_HEADER_TIMEOUT.as_millis() as u64
 }
 fn default_request_timeout_ms() -> u64 {
     60_000

@@ -153,8 +153,11 @@ pub async fn start(
         None => None,
     };
     tracing::info!(%addr, tls = tls.is_some(), brokers = %config.kafka.brokers, "gateway listening");
+    let options = plumbing::server::ServeOptions {
+        header_timeout: Duration::from_millis(config.limits.header_timeout_ms.max(1)),
+    };
     let task = tokio::spawn(async move {
-        plumbing::server::serve(listener, app, tls, shutdown).await?;
+        plumbing::server::serve(listener, app, tls, options, shutdown).await?;
         state.producer.flush(Duration::from_secs(10)).await;
         tracing::info!("gateway stopped");
         Ok(())

@@ -1,15 +1,30 @@
 //! Serving an axum router on a listener, over plain HTTP or TLS (rustls), until shutdown: the
-//! gateway's API and the edge agent's local ingest port.
+//! gateway's API, the edge agent's local ingest port and every component's admin endpoints.
+//!
+//! A connection must send each request head within [`ServeOptions::header_timeout`], the first
+//! one and every later one on a kept-alive connection: a client that connects and sends nothing,
+//! trickles its headers (slowloris) or keeps an idle connection open is disconnected, instead of
+//! holding a connection, a task and its buffers for good. hyper's header timeout starts only
+//! once a connection is known to be HTTP/1, which takes its first bytes, so [`FirstByteWithin`]
+//! closes a connection (after its TLS handshake, which has its own 10 s limit) that sends none
+//! in that time. HTTP/2 connections are pinged at that interval and closed when the peer does
+//! not answer.
 
+use std::future::Future;
 use std::path::PathBuf;
+use std::pin::Pin;
 use std::sync::Arc;
+use std::task::{Context, Poll};
+use std::time::Duration;
 
 use anyhow::Context as _;
 use axum::Router;
+use axum_server::accept::Accept;
 use axum_server::tls_rustls::RustlsConfig;
 use rustls_pki_types::PrivateKeyDer;
 use rustls_pki_types::pem::PemObject;
 use serde::Deserialize;
+use tokio::io::{AsyncRead, AsyncWrite, ReadBuf};
 use tokio_util::sync::CancellationToken;
 
 use crate::pem::pem_certificates;
@@ -75,32 +90,263 @@ impl TlsConfig {
     }
 }
 
+/// How connections are served.
+#[derive(Debug, Clone, Copy)]
+pub struct ServeOptions {
+    /// Longest time a connection may take to send a request head (see the module's docs).
+    pub header_timeout: Duration,
+}
+
+/// hyper's own default header timeout, which takes effect only with a timer, as here.
+pub const DEFAULT_HEADER_TIMEOUT: Duration = Duration::from_secs(30);
+
+impl Default for ServeOptions {
+    fn default() -> Self {
+        ServeOptions {
+            header_timeout: DEFAULT_HEADER_TIMEOUT,
+        }
+    }
+}
+
 /// Serves `app` on `listener` (non-blocking), with TLS when `tls` is given, until `shutdown`;
 /// requests in progress are finished.
 pub async fn serve(
     listener: std::net::TcpListener,
     app: Router,
     tls: Option<RustlsConfig>,
+    options: ServeOptions,
     shutdown: CancellationToken,
 ) -> anyhow::Result<()> {
+    let handle = axum_server::Handle::new();
+    let stopper = handle.clone();
+    tokio::spawn(async move {
+        shutdown.cancelled().await;
+        stopper.graceful_shutdown(None);
+    });
+    let service = app.into_make_service();
     match tls {
         None => {
-            axum::serve(tokio::net::TcpListener::from_std(listener)?, app)
-                .with_graceful_shutdown(shutdown.cancelled_owned())
-                .await?;
+            let server = axum_server::from_tcp(listener)?.handle(handle);
+            let mut server = server.map(|inner| FirstByteWithin::new(inner, options));
+            set_up(server.http_builder(), options);
+            server.serve(service).await?;
         }
         Some(tls) => {
-            let handle = axum_server::Handle::new();
-            let stopper = handle.clone();
-            tokio::spawn(async move {
-                shutdown.cancelled().await;
-                stopper.graceful_shutdown(None);
-            });
-            axum_server::from_tcp_rustls(listener, tls)?
-                .handle(handle)
-                .serve(app.into_make_service())
-                .await?;
+            let server = axum_server::from_tcp_rustls(listener, tls)?.handle(handle);
+            let mut server = server.map(|inner| FirstByteWithin::new(inner, options));
+            set_up(server.http_builder(), options);
+            server.serve(service).await?;
         }
     }
     Ok(())
+}
+
+/// An acceptor that hands on the connections of `inner` as [`FirstByteDeadline`] streams.
+#[derive(Debug, Clone)]
+struct FirstByteWithin<A> {
+    inner: A,
+    timeout: Duration,
+}
+
+impl<A> FirstByteWithin<A> {
+    fn new(inner: A, options: ServeOptions) -> Self {
+        FirstByteWithin {
+            inner,
+            timeout: options.header_timeout,
+        }
+    }
+}
+
+impl<A, I, S> Accept<I, S> for FirstByteWithin<A>
+where
+    A: Accept<I, S>,
+    A::Future: Send + 'static,
+{
+    type Stream = FirstByteDeadline<A::Stream>;
+    type Service = A::Service;
+    type Future = Pin<
+        Box<dyn Future<Output = std::io::Result<(Self::Stream, Self::Service)>> + Send + 'static>,
+    >;
+
+    fn accept(&self, stream: I, service: S) -> Self::Future {
+        let (accepted, timeout) = (self.inner.accept(stream, service), self.timeout);
+        Box::pin(async move {
+            let (stream, service) = accepted.await?;
+            let deadline = Some(Box::pin(tokio::time::sleep(timeout)));
+            Ok((FirstByteDeadline { stream, deadline }, service))
+        })
+    }
+}
+
+/// A connection whose reads fail with `TimedOut` if its first byte has not come by the
+/// deadline; after that byte it is the connection itself.
+struct FirstByteDeadline<S> {
+    stream: S,
+    /// Gone once a byte came.
+    deadline: Option<Pin<Box<tokio::time::Sleep>>>,
+}
+
+impl<S: AsyncRead + Unpin> AsyncRead for FirstByteDeadline<S> {
+    fn poll_read(
+        mut self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+        buf: &mut ReadBuf<'_>,
+    ) -> Poll<std::io::Result<()>> {
+        let before = buf.filled().len();
+        match Pin::new(&mut self.stream).poll_read(cx, buf) {
+            Poll::Ready(read) => {
+                if buf.filled().len() > before {
+                    self.deadline = None;
+                }
+                Poll::Ready(read)
+            }
+            Poll::Pending => {
+                let late = self
+                    .deadline
+                    .as_mut()
+                    .is_some_and(|deadline| deadline.as_mut().poll(cx).is_ready());
+                if late {
+                    return Poll::Ready(Err(std::io::Error::new(
+                        std::io::ErrorKind::TimedOut,
+                        "no request within the header timeout",
+                    )));
+                }
+                Poll::Pending
+            }
+        }
+    }
+}
+
+impl<S: AsyncWrite + Unpin> AsyncWrite for FirstByteDeadline<S> {
+    fn poll_write(
+        mut self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+        buf: &[u8],
+    ) -> Poll<std::io::Result<usize>> {
+        Pin::new(&mut self.stream).poll_write(cx, buf)
+    }
+
+    fn poll_flush(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<std::io::Result<()>> {
+        Pin::new(&mut self.stream).poll_flush(cx)
+    }
+
+    fn poll_shutdown(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<std::io::Result<()>> {
+        Pin::new(&mut self.stream).poll_shutdown(cx)
+    }
+
+    fn poll_write_vectored(
+        mut self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+        bufs: &[std::io::IoSlice<'_>],
+    ) -> Poll<std::io::Result<usize>> {
+        Pin::new(&mut self.stream).poll_write_vectored(cx, bufs)
+    }
+
+    fn is_write_vectored(&self) -> bool {
+        self.stream.is_write_vectored()
+    }
+}
+
+fn set_up(
+    builder: &mut hyper_util::server::conn::auto::Builder<hyper_util::rt::TokioExecutor>,
+    options: ServeOptions,
+) {
+    let timer = hyper_util::rt::TokioTimer::new;
+    builder
+        .http1()
+        .timer(timer())
+        .header_read_timeout(options.header_timeout);
+    builder
+        .http2()
+        .timer(timer())
+        .keep_alive_interval(options.header_timeout)
+        .keep_alive_timeout(options.header_timeout);
+}
+
+#[cfg(test)]
+mod tests {
+    use std::time::Instant;
+
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+    use tokio::net::TcpStream;
+
+    use super::*;
+
+    const TIMEOUT: Duration = Duration::from_millis(600);
+
+    /// Reads until the server closes the connection (or 10 s pass); returns what it sent and
+    /// how long the connection lasted from `since`.
+    async fn until_closed(conn: &mut TcpStream, since: Instant) -> (String, Duration) {
+        let mut got = Vec::new();
+        let read = tokio::time::timeout(Duration::from_secs(10), async {
+            let mut buf = [0u8; 1024];
+            while let Ok(n @ 1..) = conn.read(&mut buf).await {
+                got.extend_from_slice(&buf[..n]);
+            }
+        });
+        assert!(read.await.is_ok(), "the server kept the connection open");
+        (String::from_utf8_lossy(&got).into_owned(), since.elapsed())
+    }
+
+    /// A connection that sends nothing, one that trickles its header a byte at a time and one
+    /// left idle after a request are closed after the header timeout, while a prompt client is
+    /// served all along.
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn silent_trickling_and_idle_connections_are_closed_after_the_header_timeout() {
+        let listener = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+        listener.set_nonblocking(true).unwrap();
+        let addr = listener.local_addr().unwrap();
+        let app = Router::new().route("/", axum::routing::get(|| async { "ok" }));
+        let shutdown = CancellationToken::new();
+        let options = ServeOptions {
+            header_timeout: TIMEOUT,
+        };
+        let server = tokio::spawn(serve(listener, app, None, options, shutdown.clone()));
+        let request = b"GET / HTTP/1.1\r\nHost: t\r\n\r\n";
+
+        let started = Instant::now();
+        let mut silent = TcpStream::connect(addr).await.unwrap();
+        let mut trickling = TcpStream::connect(addr).await.unwrap();
+        let trickle = tokio::spawn(async move {
+            for b in b"GET / HTTP/1.1\r\nHost: t\r\nX-Slow: ".iter().cycle() {
+                if trickling.write_all(&[*b]).await.is_err() {
+                    break;
+                }
+                tokio::time::sleep(Duration::from_millis(50)).await;
+            }
+            until_closed(&mut trickling, started).await
+        });
+        let mut idle = TcpStream::connect(addr).await.unwrap();
+        idle.write_all(request).await.unwrap();
+        let mut answer = [0u8; 512];
+        let n = idle.read(&mut answer).await.unwrap();
+        assert!(answer[..n].starts_with(b"HTTP/1.1 200"));
+        let idle_since = Instant::now();
+        // A prompt client is served while the others hold their connections.
+        for _ in 0..3 {
+            let mut prompt = TcpStream::connect(addr).await.unwrap();
+            prompt.write_all(request).await.unwrap();
+            let n = prompt.read(&mut answer).await.unwrap();
+            assert!(answer[..n].starts_with(b"HTTP/1.1 200"));
+        }
+
+        let (_, lasted) = until_closed(&mut silent, started).await;
+        assert!(
+            lasted >= TIMEOUT && lasted < TIMEOUT * 8,
+            "silent: {lasted:?}"
+        );
+        let (_, lasted) = until_closed(&mut idle, idle_since).await;
+        assert!(
+            lasted >= TIMEOUT / 2 && lasted < TIMEOUT * 8,
+            "idle: {lasted:?}"
+        );
+        let (sent, lasted) = trickle.await.unwrap();
+        assert!(lasted < TIMEOUT * 8, "trickling: {lasted:?}");
+        assert!(
+            !sent.contains("200"),
+            "a trickled request was served: {sent}"
+        );
+        shutdown.cancel();
+        server.await.unwrap().unwrap();
+    }
 }

@@ -139,12 +139,13 @@ pub async fn serve_admin(
     health: Health,
     shutdown: CancellationToken,
 ) -> std::io::Result<SocketAddr> {
-    let listener = tokio::net::TcpListener::bind(addr).await?;
+    let listener = std::net::TcpListener::bind(addr)?;
+    listener.set_nonblocking(true)?;
     let local = listener.local_addr()?;
     tokio::spawn(async move {
-        let result = axum::serve(listener, admin_router(health))
-            .with_graceful_shutdown(shutdown.cancelled_owned())
-            .await;
+        let options = crate::server::ServeOptions::default();
+        let result =
+            crate::server::serve(listener, admin_router(health), None, options, shutdown).await;
         if let Err(e) = result {
             tracing::error!(error = %e, "admin server failed");
         }

@@ -98,7 +98,8 @@ pub async fn serve(
         .and_then(|l| l.set_nonblocking(true).map(|()| l))
         .map_err(|e| anyhow::anyhow!("cannot listen on {listen}: {e}"))?;
     tracing::info!(%listen, tls = tls.is_some(), "local ingest port listening");
-    plumbing::server::serve(listener, router, tls, shutdown).await
+    let options = plumbing::server::ServeOptions::default();
+    plumbing::server::serve(listener, router, tls, options, shutdown).await
 }
 
 fn authorized(local: &Local, headers: &HeaderMap) -> bool {
