@@ -21,6 +21,7 @@ pub mod pipeline;
 pub mod rejected;
 pub mod source;
 pub mod spool;
+pub mod status;
 pub mod tls;
 
 use std::collections::{BTreeMap, BTreeSet};

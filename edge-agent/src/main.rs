@@ -49,6 +49,17 @@ enum Command {
         #[arg(long)]
         stream: Option<String>,
     },
+    /// Shows what waits on this box, read from the state directory without changing anything
+    /// (also while the agent runs): per stream the batches not yet delivered (records, bytes,
+    /// the oldest one's age) and the refused ones kept under rejected/, the spool's use of its
+    /// limit, and how far the file sources have read.
+    Status {
+        #[arg(long, short)]
+        config: PathBuf,
+        /// Print JSON instead of a table.
+        #[arg(long)]
+        json: bool,
+    },
     /// Trains a zstd dictionary on a stream's own records (an NDJSON file) and installs it as
     /// <streams-dir>/<stream>.zdict, where agents compress small batches with it and gateways
     /// decode them (deploy it to the gateways first). A dictionary already there is kept as
@@ -131,6 +142,16 @@ async fn main() -> anyhow::Result<()> {
                 config.sources.len(),
                 streams.len()
             );
+            Ok(())
+        }
+        Command::Status { config, json } => {
+            let (config, _) = load(&config)?;
+            let status = edge_agent::status::status(&config)?;
+            if json {
+                println!("{}", serde_json::to_string_pretty(&status)?);
+            } else {
+                print!("{status}");
+            }
             Ok(())
         }
         Command::ResendRejected { config, stream } => {

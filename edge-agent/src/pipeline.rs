@@ -152,7 +152,8 @@ pub fn now_secs() -> u32 {
         .unwrap_or(0)
 }
 
-fn now_ms() -> u64 {
+/// Milliseconds since the epoch (0 before it).
+pub(crate) fn now_ms() -> u64 {
     SystemTime::now()
         .duration_since(UNIX_EPOCH)
         .map(|d| d.as_millis() as u64)

@@ -164,7 +164,7 @@ impl KeptBatch {
                 records: small("records").context("the note has no 'records'")?,
                 // Notes written before these were kept: 0 and now.
                 raw_bytes: small("raw_bytes").unwrap_or(0),
-                created_ms: number("created_ms").unwrap_or_else(now_ms),
+                created_ms: number("created_ms").unwrap_or_else(crate::pipeline::now_ms),
             },
             status: number("status")
                 .and_then(|s| u16::try_from(s).ok())
@@ -183,12 +183,6 @@ impl KeptBatch {
         }
         Ok(())
     }
-}
-
-fn now_ms() -> u64 {
-    std::time::SystemTime::now()
-        .duration_since(std::time::UNIX_EPOCH)
-        .map_or(0, |d| d.as_millis() as u64)
 }
 
 /// Bytes held by the files in `dir` (0 when it does not exist).

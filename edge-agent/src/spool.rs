@@ -207,21 +207,7 @@ impl Spool {
             .open(&acked_path)
             .map_err(io(&acked_path))?;
         write_acked(&acked_file, &acked_path, acked)?;
-        let mut names: Vec<(u64, PathBuf)> = Vec::new();
-        for entry in fs::read_dir(&dir).map_err(io(&dir))? {
-            let path = entry.map_err(io(&dir))?.path();
-            let Some(name) = path.file_name().and_then(|n| n.to_str()) else {
-                continue;
-            };
-            if let Some(first) = name
-                .strip_prefix("seg-")
-                .and_then(|n| n.strip_suffix(".spool"))
-                .and_then(|n| n.parse::<u64>().ok())
-            {
-                names.push((first, path));
-            }
-        }
-        names.sort();
+        let names = segment_names(&dir)?;
         let mut recovery = Recovery::default();
         let mut segments = VecDeque::new();
         let mut pending = VecDeque::new();
@@ -649,6 +635,76 @@ impl Spool {
         metrics::gauge!(m::SPOOL_BYTES, &labels).set(bytes as f64);
         metrics::gauge!(m::SPOOL_TOTAL_BYTES).set(self.usage.bytes() as f64);
     }
+}
+
+/// The segment files of a stream's spool directory with their first sequence numbers, in order.
+fn segment_names(dir: &Path) -> Result<Vec<(u64, PathBuf)>, SpoolError> {
+    let mut names: Vec<(u64, PathBuf)> = Vec::new();
+    for entry in fs::read_dir(dir).map_err(io(dir))? {
+        let path = entry.map_err(io(dir))?.path();
+        let Some(name) = path.file_name().and_then(|n| n.to_str()) else {
+            continue;
+        };
+        if let Some(first) = name
+            .strip_prefix("seg-")
+            .and_then(|n| n.strip_suffix(".spool"))
+            .and_then(|n| n.parse::<u64>().ok())
+        {
+            names.push((first, path));
+        }
+    }
+    names.sort();
+    Ok(names)
+}
+
+/// What a stream's spool holds, as [`peek`] reads it.
+#[derive(Debug, Default, Clone, PartialEq, Eq, serde::Serialize)]
+pub struct Peek {
+    /// Batches not yet acknowledged by the receiver, their records and body bytes.
+    pub batches: u64,
+    pub records: u64,
+    pub body_bytes: u64,
+    /// When the oldest of them was closed (ms since the epoch).
+    pub oldest_created_ms: Option<u64>,
+    /// Bytes of the segment files.
+    pub disk_bytes: u64,
+    /// Bytes after the last whole entry of a segment: an append in progress, or damage that
+    /// the agent's next start truncates or quarantines.
+    pub unread_bytes: u64,
+}
+
+/// Reads the spool of `stream` under `root` without changing anything, also while an agent
+/// appends to it and acknowledges: what waits there for delivery. A segment is read up to its
+/// first region that is not a whole entry; a segment deleted meanwhile counts as empty.
+pub fn peek(root: &Path, stream: &str) -> Result<Peek, SpoolError> {
+    let dir = root.join(stream);
+    let mut peek = Peek::default();
+    if !dir.is_dir() {
+        return Ok(peek);
+    }
+    let acked = read_acked(&dir)?;
+    for (_, path) in segment_names(&dir)? {
+        let data = match fs::read(&path) {
+            Ok(data) => data,
+            Err(e) if e.kind() == std::io::ErrorKind::NotFound => continue,
+            Err(e) => return Err(io(&path)(e)),
+        };
+        peek.disk_bytes += data.len() as u64;
+        let mut pos = 0;
+        while let Some(loc) = entry_at(&data, pos) {
+            if loc.seq >= acked {
+                let created = u64_at(&data, pos + HEADER + 8);
+                peek.batches += 1;
+                peek.records += u64::from(loc.records);
+                peek.body_bytes += (loc.len as usize - META) as u64;
+                peek.oldest_created_ms =
+                    Some(peek.oldest_created_ms.map_or(created, |o| o.min(created)));
+            }
+            pos += HEADER + loc.len as usize;
+        }
+        peek.unread_bytes += (data.len() - pos) as u64;
+    }
+    Ok(peek)
 }
 
 fn encode_entry(seq: u64, batch: &Batch) -> Vec<u8> {

@@ -72,7 +72,7 @@ impl Positions {
     }
 
     /// Every saved position: the file's id, the path it was read under, the offset.
-    fn entries(&self) -> Vec<(FileId, PathBuf, u64)> {
+    pub(crate) fn entries(&self) -> Vec<(FileId, PathBuf, u64)> {
         let map = self.map.lock().unwrap_or_else(|e| e.into_inner());
         map.0
             .iter()
@@ -266,7 +266,7 @@ fn missed_rotations(
     found
 }
 
-fn file_id(m: &fs::Metadata) -> FileId {
+pub(crate) fn file_id(m: &fs::Metadata) -> FileId {
     (m.dev(), m.ino())
 }
 

@@ -459,3 +459,46 @@ fn the_limit_is_exact_and_drop_oldest_takes_a_partly_acknowledged_segment() {
             .unwrap(),
     );
 }
+
+/// `peek` sees the batches not yet acknowledged across segments, stops at a partial entry (an
+/// append in progress) and changes nothing on disk.
+#[test]
+fn peek_reads_what_waits_without_changing_the_spool() {
+    let dir = tempfile::tempdir().unwrap();
+    assert_eq!(peek(dir.path(), "s").unwrap(), Peek::default());
+    let (spool, _) = open(dir.path(), options(1 << 20, 4096));
+    append_all(&spool, 0..6, 1000);
+    let (seq, _) = spool.first_pending().unwrap().unwrap();
+    spool.ack(seq).unwrap();
+    spool.ack(seq + 1).unwrap();
+    let segments = segment_files(dir.path());
+    assert!(segments.len() > 1, "{segments:?}");
+    let last = segments.last().unwrap();
+    let mut partial = encode_entry(99, &batch(99, 500));
+    partial.truncate(300);
+    OpenOptions::new()
+        .append(true)
+        .open(last)
+        .unwrap()
+        .write_all(&partial)
+        .unwrap();
+    let sizes = |segments: &[PathBuf]| -> Vec<u64> {
+        segments
+            .iter()
+            .map(|p| fs::metadata(p).unwrap().len())
+            .collect()
+    };
+    let before = sizes(&segments);
+    let seen = peek(dir.path(), "s").unwrap();
+    assert_eq!(sizes(&segments), before, "peek changed a segment");
+    assert_eq!(seen.batches, 4);
+    assert_eq!(
+        seen.records,
+        (3..=6).sum::<u64>(),
+        "records of batches 2 to 5"
+    );
+    assert_eq!(seen.body_bytes, 4 * 1000);
+    assert_eq!(seen.oldest_created_ms, Some(batch(2, 0).created_ms));
+    assert_eq!(seen.unread_bytes, 300);
+    assert_eq!(seen.disk_bytes, before.iter().sum::<u64>());
+}
