@@ -793,6 +793,19 @@ async fn publish(broker: &str, messages: Vec<String>) {
     support::mqtt_publish(broker, TOPIC, messages, Duration::ZERO).await;
 }
 
+/// Publishes `first` until something lands: the agent's subscription exists from then on.
+async fn first_lands(broker: &str, stub: &Stub, first: Vec<(String, String)>) {
+    let deadline = Instant::now() + Duration::from_secs(20);
+    while stub.landed_total() == 0 {
+        support::mqtt_publish_to(broker, first.clone(), Duration::ZERO).await;
+        tokio::time::sleep(Duration::from_millis(300)).await;
+        assert!(
+            Instant::now() < deadline,
+            "the agent never received anything"
+        );
+    }
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn mqtt_messages_land_once_including_those_sent_while_the_agent_was_down() {
     let broker = support::service_env("EDGE_INGEST_MQTT");
@@ -812,18 +825,8 @@ async fn mqtt_messages_land_once_including_those_sent_while_the_agent_was_down()
     let messages: Vec<String> = lines.chunks(2).map(|c| c.join("\n")).collect();
     let (agent, shutdown) = start(&cfg);
     // The session must exist before anything is published to it.
-    let deadline = Instant::now() + Duration::from_secs(20);
-    loop {
-        publish(&broker, messages[..1].to_vec()).await;
-        tokio::time::sleep(Duration::from_millis(300)).await;
-        if stub.landed_total() > 0 {
-            break;
-        }
-        assert!(
-            Instant::now() < deadline,
-            "the agent never received anything"
-        );
-    }
+    let first = messages[..1].iter().map(|m| (TOPIC.to_owned(), m.clone()));
+    first_lands(&broker, &stub, first.collect()).await;
     // 150 messages: far more than mosquitto's 20 unacknowledged messages in flight, with a
     // batch age of 5 s. Only closing batches at max_unacked keeps this moving.
     let started = Instant::now();
@@ -889,15 +892,7 @@ async fn mqtt_topic_levels_fill_the_records_fields() {
     }
     let (agent, shutdown) = start(&cfg);
     // The session must exist before anything is published to it.
-    let deadline = Instant::now() + Duration::from_secs(20);
-    while stub.landed_total() == 0 {
-        support::mqtt_publish_to(&broker, messages[..1].to_vec(), Duration::ZERO).await;
-        tokio::time::sleep(Duration::from_millis(300)).await;
-        assert!(
-            Instant::now() < deadline,
-            "the agent never received anything"
-        );
-    }
+    first_lands(&broker, &stub, messages[..1].to_vec()).await;
     support::mqtt_publish_to(&broker, messages[1..].to_vec(), Duration::ZERO).await;
     wait_landed(&stub, expected.len()).await;
     tokio::time::sleep(Duration::from_millis(500)).await;
