@@ -177,6 +177,10 @@ pub struct LimitsConfig {
     /// leaves its connection idle is disconnected after it.
     #[serde(default = "default_header_timeout_ms")]
     pub header_timeout_ms: u64,
+    /// Connections open at once (keep it below the process's open-file limit); more are closed
+    /// as they come, before any TLS work.
+    #[serde(default = "default_max_connections")]
+    pub max_connections: usize,
 }
 
 impl Default for LimitsConfig {
@@ -190,6 +194,7 @@ impl Default for LimitsConfig {
             max_inflight_bytes: default_max_inflight(),
             request_timeout_ms: default_request_timeout_ms(),
             header_timeout_ms: default_header_timeout_ms(),
+            max_connections: default_max_connections(),
         }
     }
 }
@@ -260,6 +265,9 @@ fn default_max_concurrent() -> usize {
 }
 fn default_max_inflight() -> usize {
     1 << 30
+}
+fn default_max_connections() -> usize {
+    4096
 }
 fn default_header_timeout_ms() -> u64 {
     plumbing::server::DEFAULT_HEADER_TIMEOUT.as_millis() as u64

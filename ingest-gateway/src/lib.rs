@@ -155,6 +155,7 @@ pub async fn start(
     tracing::info!(%addr, tls = tls.is_some(), brokers = %config.kafka.brokers, "gateway listening");
     let options = plumbing::server::ServeOptions {
         header_timeout: Duration::from_millis(config.limits.header_timeout_ms.max(1)),
+        max_connections: config.limits.max_connections,
     };
     let task = tokio::spawn(async move {
         plumbing::server::serve(listener, app, tls, options, shutdown).await?;

@@ -5,10 +5,14 @@
 //! one and every later one on a kept-alive connection: a client that connects and sends nothing,
 //! trickles its headers (slowloris) or keeps an idle connection open is disconnected, instead of
 //! holding a connection, a task and its buffers for good. hyper's header timeout starts only
-//! once a connection is known to be HTTP/1, which takes its first bytes, so [`FirstByteWithin`]
+//! once a connection is known to be HTTP/1, which takes its first bytes, so [`ConnectionGuard`]
 //! closes a connection (after its TLS handshake, which has its own 10 s limit) that sends none
 //! in that time. HTTP/2 connections are pinged at that interval and closed when the peer does
 //! not answer.
+//!
+//! At most [`ServeOptions::max_connections`] connections are open at once; one more is closed
+//! as it is accepted (before any TLS work), so many clients cost a bounded number of
+//! connections, tasks and buffers.
 
 use std::future::Future;
 use std::path::PathBuf;
@@ -95,15 +99,20 @@ impl TlsConfig {
 pub struct ServeOptions {
     /// Longest time a connection may take to send a request head (see the module's docs).
     pub header_timeout: Duration,
+    /// Connections open at once; more are closed as they come.
+    pub max_connections: usize,
 }
 
 /// hyper's own default header timeout, which takes effect only with a timer, as here.
 pub const DEFAULT_HEADER_TIMEOUT: Duration = Duration::from_secs(30);
+/// The default of [`ServeOptions::max_connections`].
+pub const DEFAULT_MAX_CONNECTIONS: usize = 1024;
 
 impl Default for ServeOptions {
     fn default() -> Self {
         ServeOptions {
             header_timeout: DEFAULT_HEADER_TIMEOUT,
+            max_connections: DEFAULT_MAX_CONNECTIONS,
         }
     }
 }
@@ -124,16 +133,17 @@ pub async fn serve(
         stopper.graceful_shutdown(None);
     });
     let service = app.into_make_service();
+    let slots = Arc::new(tokio::sync::Semaphore::new(options.max_connections.max(1)));
     match tls {
         None => {
             let server = axum_server::from_tcp(listener)?.handle(handle);
-            let mut server = server.map(|inner| FirstByteWithin::new(inner, options));
+            let mut server = server.map(|inner| ConnectionGuard::new(inner, options, &slots));
             set_up(server.http_builder(), options);
             server.serve(service).await?;
         }
         Some(tls) => {
             let server = axum_server::from_tcp_rustls(listener, tls)?.handle(handle);
-            let mut server = server.map(|inner| FirstByteWithin::new(inner, options));
+            let mut server = server.map(|inner| ConnectionGuard::new(inner, options, &slots));
             set_up(server.http_builder(), options);
             server.serve(service).await?;
         }
@@ -141,52 +151,86 @@ pub async fn serve(
     Ok(())
 }
 
-/// An acceptor that hands on the connections of `inner` as [`FirstByteDeadline`] streams.
+/// An acceptor that takes one of the connection slots for each connection of `inner` (closing
+/// it when none is free) and hands it on as a [`GuardedStream`].
 #[derive(Debug, Clone)]
-struct FirstByteWithin<A> {
+struct ConnectionGuard<A> {
     inner: A,
-    timeout: Duration,
+    options: ServeOptions,
+    slots: Arc<tokio::sync::Semaphore>,
+    /// Connections closed for want of a slot since the last warning, and when that was.
+    refused: Arc<std::sync::Mutex<(u64, Option<std::time::Instant>)>>,
 }
 
-impl<A> FirstByteWithin<A> {
-    fn new(inner: A, options: ServeOptions) -> Self {
-        FirstByteWithin {
+impl<A> ConnectionGuard<A> {
+    fn new(inner: A, options: ServeOptions, slots: &Arc<tokio::sync::Semaphore>) -> Self {
+        ConnectionGuard {
             inner,
-            timeout: options.header_timeout,
+            options,
+            slots: slots.clone(),
+            refused: Arc::default(),
+        }
+    }
+
+    fn warn_refused(&self) {
+        let mut refused = self.refused.lock().unwrap_or_else(|e| e.into_inner());
+        refused.0 += 1;
+        if refused
+            .1
+            .is_none_or(|at| at.elapsed() >= Duration::from_secs(10))
+        {
+            tracing::warn!(
+                max_connections = self.options.max_connections,
+                closed = refused.0,
+                "connection limit reached; closing new connections"
+            );
+            *refused = (0, Some(std::time::Instant::now()));
         }
     }
 }
 
-impl<A, I, S> Accept<I, S> for FirstByteWithin<A>
+impl<A, I, S> Accept<I, S> for ConnectionGuard<A>
 where
     A: Accept<I, S>,
     A::Future: Send + 'static,
 {
-    type Stream = FirstByteDeadline<A::Stream>;
+    type Stream = GuardedStream<A::Stream>;
     type Service = A::Service;
     type Future = Pin<
         Box<dyn Future<Output = std::io::Result<(Self::Stream, Self::Service)>> + Send + 'static>,
     >;
 
     fn accept(&self, stream: I, service: S) -> Self::Future {
-        let (accepted, timeout) = (self.inner.accept(stream, service), self.timeout);
+        let Ok(slot) = self.slots.clone().try_acquire_owned() else {
+            drop(stream);
+            self.warn_refused();
+            return Box::pin(async { Err(std::io::Error::other("connection limit reached")) });
+        };
+        let accepted = self.inner.accept(stream, service);
+        let timeout = self.options.header_timeout;
         Box::pin(async move {
             let (stream, service) = accepted.await?;
             let deadline = Some(Box::pin(tokio::time::sleep(timeout)));
-            Ok((FirstByteDeadline { stream, deadline }, service))
+            let stream = GuardedStream {
+                stream,
+                deadline,
+                _slot: slot,
+            };
+            Ok((stream, service))
         })
     }
 }
 
-/// A connection whose reads fail with `TimedOut` if its first byte has not come by the
-/// deadline; after that byte it is the connection itself.
-struct FirstByteDeadline<S> {
+/// A connection holding its slot, whose reads fail with `TimedOut` if its first byte has not
+/// come by the deadline; after that byte it is the connection itself.
+struct GuardedStream<S> {
     stream: S,
     /// Gone once a byte came.
     deadline: Option<Pin<Box<tokio::time::Sleep>>>,
+    _slot: tokio::sync::OwnedSemaphorePermit,
 }
 
-impl<S: AsyncRead + Unpin> AsyncRead for FirstByteDeadline<S> {
+impl<S: AsyncRead + Unpin> AsyncRead for GuardedStream<S> {
     fn poll_read(
         mut self: Pin<&mut Self>,
         cx: &mut Context<'_>,
@@ -217,7 +261,7 @@ impl<S: AsyncRead + Unpin> AsyncRead for FirstByteDeadline<S> {
     }
 }
 
-impl<S: AsyncWrite + Unpin> AsyncWrite for FirstByteDeadline<S> {
+impl<S: AsyncWrite + Unpin> AsyncWrite for GuardedStream<S> {
     fn poll_write(
         mut self: Pin<&mut Self>,
         cx: &mut Context<'_>,
@@ -274,6 +318,56 @@ mod tests {
 
     const TIMEOUT: Duration = Duration::from_millis(600);
 
+    /// Serves a router answering `ok` on `/` on a loopback port with `options`.
+    fn ok_server(options: ServeOptions) -> (std::net::SocketAddr, CancellationToken) {
+        let listener = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+        listener.set_nonblocking(true).unwrap();
+        let addr = listener.local_addr().unwrap();
+        let app = Router::new().route("/", axum::routing::get(|| async { "ok" }));
+        let shutdown = CancellationToken::new();
+        tokio::spawn(serve(listener, app, None, options, shutdown.clone()));
+        (addr, shutdown)
+    }
+
+    /// Sends a GET on `conn` and returns the start of the answer (empty when it was closed).
+    async fn get(conn: &mut TcpStream) -> String {
+        let _ = conn.write_all(b"GET / HTTP/1.1\r\nHost: t\r\n\r\n").await;
+        let mut answer = [0u8; 512];
+        let n = tokio::time::timeout(Duration::from_secs(5), conn.read(&mut answer))
+            .await
+            .expect("no answer and not closed")
+            .unwrap_or(0);
+        String::from_utf8_lossy(&answer[..n]).into_owned()
+    }
+
+    /// Past `max_connections` a new connection is closed at once; once one closes, its slot
+    /// takes the next.
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn connections_past_the_limit_are_closed_until_a_slot_frees() {
+        let (addr, shutdown) = ok_server(ServeOptions {
+            max_connections: 2,
+            ..ServeOptions::default()
+        });
+        let mut first = TcpStream::connect(addr).await.unwrap();
+        let mut second = TcpStream::connect(addr).await.unwrap();
+        assert!(get(&mut first).await.starts_with("HTTP/1.1 200"));
+        assert!(get(&mut second).await.starts_with("HTTP/1.1 200"));
+        let mut third = TcpStream::connect(addr).await.unwrap();
+        assert_eq!(get(&mut third).await, "", "a third connection was served");
+        drop(first);
+        let deadline = Instant::now() + Duration::from_secs(5);
+        loop {
+            let mut next = TcpStream::connect(addr).await.unwrap();
+            if get(&mut next).await.starts_with("HTTP/1.1 200") {
+                break;
+            }
+            assert!(Instant::now() < deadline, "the freed slot was not taken");
+            tokio::time::sleep(Duration::from_millis(50)).await;
+        }
+        assert!(get(&mut second).await.starts_with("HTTP/1.1 200"));
+        shutdown.cancel();
+    }
+
     /// Reads until the server closes the connection (or 10 s pass); returns what it sent and
     /// how long the connection lasted from `since`.
     async fn until_closed(conn: &mut TcpStream, since: Instant) -> (String, Duration) {
@@ -293,17 +387,10 @@ mod tests {
     /// served all along.
     #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
     async fn silent_trickling_and_idle_connections_are_closed_after_the_header_timeout() {
-        let listener = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
-        listener.set_nonblocking(true).unwrap();
-        let addr = listener.local_addr().unwrap();
-        let app = Router::new().route("/", axum::routing::get(|| async { "ok" }));
-        let shutdown = CancellationToken::new();
-        let options = ServeOptions {
+        let (addr, shutdown) = ok_server(ServeOptions {
             header_timeout: TIMEOUT,
-        };
-        let server = tokio::spawn(serve(listener, app, None, options, shutdown.clone()));
-        let request = b"GET / HTTP/1.1\r\nHost: t\r\n\r\n";
-
+            ..ServeOptions::default()
+        });
         let started = Instant::now();
         let mut silent = TcpStream::connect(addr).await.unwrap();
         let mut trickling = TcpStream::connect(addr).await.unwrap();
@@ -317,17 +404,12 @@ mod tests {
             until_closed(&mut trickling, started).await
         });
         let mut idle = TcpStream::connect(addr).await.unwrap();
-        idle.write_all(request).await.unwrap();
-        let mut answer = [0u8; 512];
-        let n = idle.read(&mut answer).await.unwrap();
-        assert!(answer[..n].starts_with(b"HTTP/1.1 200"));
+        assert!(get(&mut idle).await.starts_with("HTTP/1.1 200"));
         let idle_since = Instant::now();
         // A prompt client is served while the others hold their connections.
         for _ in 0..3 {
             let mut prompt = TcpStream::connect(addr).await.unwrap();
-            prompt.write_all(request).await.unwrap();
-            let n = prompt.read(&mut answer).await.unwrap();
-            assert!(answer[..n].starts_with(b"HTTP/1.1 200"));
+            assert!(get(&mut prompt).await.starts_with("HTTP/1.1 200"));
         }
 
         let (_, lasted) = until_closed(&mut silent, started).await;
@@ -347,6 +429,5 @@ mod tests {
             "a trickled request was served: {sent}"
         );
         shutdown.cancel();
-        server.await.unwrap().unwrap();
     }
 }
