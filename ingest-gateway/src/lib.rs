@@ -156,6 +156,10 @@ pub async fn start(
     let options = plumbing::server::ServeOptions {
         header_timeout: Duration::from_millis(config.limits.header_timeout_ms.max(1)),
         max_connections: config.limits.max_connections,
+        metrics: Some(plumbing::server::ConnectionMetrics {
+            open: metrics::OPEN_CONNECTIONS,
+            refused: metrics::REFUSED_CONNECTIONS,
+        }),
     };
     let task = tokio::spawn(async move {
         plumbing::server::serve(listener, app, tls, options, shutdown).await?;

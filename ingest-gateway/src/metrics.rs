@@ -12,6 +12,9 @@ pub const PRODUCER_REPLACED: &str = "gateway_producer_replaced_total";
 pub const PRODUCED_BYTES: &str = "gateway_produced_bytes_total";
 /// Requests answered 429 because their token was over its `max_bytes_per_sec`, by token name.
 pub const RATE_LIMITED: &str = "gateway_rate_limited_requests_total";
+pub const OPEN_CONNECTIONS: &str = "gateway_open_connections";
+/// Connections closed as they came because `limits.max_connections` were open.
+pub const REFUSED_CONNECTIONS: &str = "gateway_refused_connections_total";
 
 /// Creates, at zero, the series that alerts and dashboards watch: Prometheus sees no increase in
 /// a counter whose first sample is already 1, so the first rejected record of a stream would
@@ -20,6 +23,8 @@ pub const RATE_LIMITED: &str = "gateway_rate_limited_requests_total";
 pub fn register(streams: &schemas::Streams) {
     plumbing::install_metrics();
     ::metrics::counter!(PRODUCER_REPLACED).increment(0);
+    ::metrics::counter!(REFUSED_CONNECTIONS).increment(0);
+    ::metrics::gauge!(OPEN_CONNECTIONS).set(0.0);
     for def in streams.iter() {
         for outcome in ["accepted", "duplicate", "rejected"] {
             ::metrics::counter!(RECORDS, "stream" => def.name.clone(), "outcome" => outcome)

@@ -101,6 +101,16 @@ pub struct ServeOptions {
     pub header_timeout: Duration,
     /// Connections open at once; more are closed as they come.
     pub max_connections: usize,
+    /// Metric names for the open connections (a gauge) and those closed at the limit (a
+    /// counter); none for servers whose component does not report them.
+    pub metrics: Option<ConnectionMetrics>,
+}
+
+/// See [`ServeOptions::metrics`].
+#[derive(Debug, Clone, Copy)]
+pub struct ConnectionMetrics {
+    pub open: &'static str,
+    pub refused: &'static str,
 }
 
 /// hyper's own default header timeout, which takes effect only with a timer, as here.
@@ -113,6 +123,7 @@ impl Default for ServeOptions {
         ServeOptions {
             header_timeout: DEFAULT_HEADER_TIMEOUT,
             max_connections: DEFAULT_MAX_CONNECTIONS,
+            metrics: None,
         }
     }
 }
@@ -173,6 +184,9 @@ impl<A> ConnectionGuard<A> {
     }
 
     fn warn_refused(&self) {
+        if let Some(names) = self.options.metrics {
+            metrics::counter!(names.refused).increment(1);
+        }
         let mut refused = self.refused.lock().unwrap_or_else(|e| e.into_inner());
         refused.0 += 1;
         if refused
@@ -201,11 +215,12 @@ where
     >;
 
     fn accept(&self, stream: I, service: S) -> Self::Future {
-        let Ok(slot) = self.slots.clone().try_acquire_owned() else {
+        let Ok(permit) = self.slots.clone().try_acquire_owned() else {
             drop(stream);
             self.warn_refused();
             return Box::pin(async { Err(std::io::Error::other("connection limit reached")) });
         };
+        let slot = Slot::new(permit, self.options.metrics);
         let accepted = self.inner.accept(stream, service);
         let timeout = self.options.header_timeout;
         Box::pin(async move {
@@ -221,13 +236,41 @@ where
     }
 }
 
+/// One of the connection slots, taken from accepting a connection (before its TLS handshake)
+/// until it closes, counted in the open connections' gauge.
+struct Slot {
+    _permit: tokio::sync::OwnedSemaphorePermit,
+    open: Option<&'static str>,
+}
+
+impl Slot {
+    fn new(permit: tokio::sync::OwnedSemaphorePermit, names: Option<ConnectionMetrics>) -> Slot {
+        let open = names.map(|n| n.open);
+        if let Some(open) = open {
+            metrics::gauge!(open).increment(1.0);
+        }
+        Slot {
+            _permit: permit,
+            open,
+        }
+    }
+}
+
+impl Drop for Slot {
+    fn drop(&mut self) {
+        if let Some(open) = self.open {
+            metrics::gauge!(open).decrement(1.0);
+        }
+    }
+}
+
 /// A connection holding its slot, whose reads fail with `TimedOut` if its first byte has not
 /// come by the deadline; after that byte it is the connection itself.
 struct GuardedStream<S> {
     stream: S,
     /// Gone once a byte came.
     deadline: Option<Pin<Box<tokio::time::Sleep>>>,
-    _slot: tokio::sync::OwnedSemaphorePermit,
+    _slot: Slot,
 }
 
 impl<S: AsyncRead + Unpin> AsyncRead for GuardedStream<S> {
@@ -340,20 +383,38 @@ mod tests {
         String::from_utf8_lossy(&answer[..n]).into_owned()
     }
 
-    /// Past `max_connections` a new connection is closed at once; once one closes, its slot
-    /// takes the next.
+    /// The value of the unlabelled series `name` in the process's `/metrics` text.
+    fn metric(name: &str) -> f64 {
+        let text = crate::install_metrics().render();
+        text.lines()
+            .find_map(|l| l.strip_prefix(name)?.strip_prefix(' ')?.parse().ok())
+            .unwrap_or_else(|| panic!("no {name} in\n{text}"))
+    }
+
+    /// Past `max_connections` a new connection is closed at once, and counted; once one closes,
+    /// its slot takes the next.
     #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
     async fn connections_past_the_limit_are_closed_until_a_slot_frees() {
+        const OPEN: &str = "server_test_open_connections";
+        const REFUSED: &str = "server_test_refused_connections_total";
+        crate::install_metrics();
         let (addr, shutdown) = ok_server(ServeOptions {
             max_connections: 2,
+            metrics: Some(ConnectionMetrics {
+                open: OPEN,
+                refused: REFUSED,
+            }),
             ..ServeOptions::default()
         });
         let mut first = TcpStream::connect(addr).await.unwrap();
         let mut second = TcpStream::connect(addr).await.unwrap();
         assert!(get(&mut first).await.starts_with("HTTP/1.1 200"));
         assert!(get(&mut second).await.starts_with("HTTP/1.1 200"));
+        assert_eq!(metric(OPEN), 2.0);
         let mut third = TcpStream::connect(addr).await.unwrap();
         assert_eq!(get(&mut third).await, "", "a third connection was served");
+        assert_eq!(metric(REFUSED), 1.0);
+        assert_eq!(metric(OPEN), 2.0);
         drop(first);
         let deadline = Instant::now() + Duration::from_secs(5);
         loop {
