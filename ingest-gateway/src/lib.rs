@@ -108,6 +108,20 @@ async fn track_requests(request: Request, next: Next) -> Response {
 
 /// Starts the gateway: creates topics if configured, binds the listener and serves until
 /// `shutdown` is cancelled, then drains in-flight requests and flushes the producer.
+/// Checks what `start` would refuse, without connecting to Kafka or listening: the tokens, the
+/// Kafka client settings (TLS and SASL files included) and the server certificate. Returns the
+/// number of streams served.
+pub fn check(config: &GatewayConfig, streams: &Streams) -> anyhow::Result<usize> {
+    Auth::from_config(&config.auth)?;
+    let mut kafka = rdkafka::ClientConfig::new();
+    produce::configure(&mut kafka, &config.kafka)?;
+    if let Some(tls) = &config.tls {
+        tls.server_config()
+            .with_context(|| format!("tls: cannot load {}", tls.cert.display()))?;
+    }
+    Ok(streams.iter().count())
+}
+
 pub async fn start(
     config: GatewayConfig,
     streams: Streams,

@@ -27,12 +27,22 @@ struct Args {
     /// Seconds to wait for in-flight requests and the producer on shutdown.
     #[arg(long, default_value_t = 30)]
     graceful_shutdown_timeout: u64,
+    /// Check the config, the stream definitions, the tokens and the certificate files, then
+    /// exit (0 when valid) without connecting to Kafka.
+    #[arg(long)]
+    check: bool,
 }
 
 fn main() -> anyhow::Result<()> {
     let args = Args::parse();
     plumbing::init_tracing();
     let config: GatewayConfig = plumbing::load_config(args.config.as_deref(), ENV_PREFIX)?;
+    if args.check {
+        let streams = plumbing::load_streams_dir(&config.streams_dir)?;
+        let served = ingest_gateway::check(&config, &streams)?;
+        println!("configuration is valid: {served} streams");
+        return Ok(());
+    }
     // Built here, on the main thread: `serve` runs on this thread (block_on), so the Kafka
     // clients it creates keep the process's priority while the runtime's workers run lower.
     let runtime =

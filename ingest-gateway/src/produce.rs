@@ -86,7 +86,7 @@ fn spawn_factory(
 
 /// Sets the security settings (`kafka.tls`, `kafka.sasl`) and then the extra properties
 /// (`kafka.producer`, which so win) of `config` on `c`.
-fn configure(c: &mut ClientConfig, config: &KafkaConfig) -> anyhow::Result<()> {
+pub(crate) fn configure(c: &mut ClientConfig, config: &KafkaConfig) -> anyhow::Result<()> {
     plumbing::kafka_security::apply(c, config.tls.as_ref(), config.sasl.as_ref())?;
     for (k, v) in &config.producer {
         c.set(k, v);

@@ -223,6 +223,21 @@ impl ConsumerContext for SinkContext {
 
 /// Starts the sink: connects the store, joins the consumer group and runs until `shutdown`,
 /// then writes and commits what is buffered.
+/// Checks what `start` would refuse, without connecting to Kafka or the object store: the
+/// stream selection, the Kafka client settings (TLS and SASL files included) and the store's
+/// settings. Returns the names of the streams the sink would consume.
+pub fn check(config: &SinkConfig, streams: Streams) -> anyhow::Result<Vec<String>> {
+    let streams = config.select_streams(streams)?;
+    let mut client = ClientConfig::new();
+    plumbing::kafka_security::apply(
+        &mut client,
+        config.kafka.tls.as_ref(),
+        config.kafka.sasl.as_ref(),
+    )?;
+    store::check_config(&config.store)?;
+    Ok(streams.iter().map(|s| s.name.clone()).collect())
+}
+
 pub async fn start(
     config: SinkConfig,
     streams: Streams,

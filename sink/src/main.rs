@@ -28,15 +28,24 @@ struct Args {
     /// Seconds to wait for buffered files to be written and committed on shutdown.
     #[arg(long, default_value_t = 60)]
     graceful_shutdown_timeout: u64,
+    /// Check the config, the stream definitions and selection and the certificate files, then
+    /// exit (0 when valid) without connecting to Kafka or the object store.
+    #[arg(long)]
+    check: bool,
 }
 
 #[tokio::main]
 async fn main() -> anyhow::Result<()> {
     let args = Args::parse();
     plumbing::init_tracing();
-    plumbing::install_metrics();
     let config: SinkConfig = plumbing::load_config(args.config.as_deref(), ENV_PREFIX)?;
     let streams = plumbing::load_streams_dir(&config.streams_dir)?;
+    if args.check {
+        let selected = sink::check(&config, streams)?;
+        println!("configuration is valid: streams {}", selected.join(", "));
+        return Ok(());
+    }
+    plumbing::install_metrics();
     let shutdown = CancellationToken::new();
     plumbing::cancel_on_signal(shutdown.clone());
     let health = plumbing::Health::default();

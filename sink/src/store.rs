@@ -136,6 +136,42 @@ fn https_trusting(
         .build_https())
 }
 
+/// Checks a store's settings as [`ObjectStore::from_config`] reads them, without creating
+/// anything or contacting the store: the object settings, the CA file, the endpoint's URL.
+pub fn check_config(config: &StoreConfig) -> Result<(), StoreError> {
+    let StoreConfig::S3 {
+        endpoint,
+        ca_file,
+        server_side_encryption,
+        kms_key_id,
+        storage_class,
+        ..
+    } = config
+    else {
+        return Ok(());
+    };
+    ObjectSettings::new(
+        server_side_encryption.as_deref(),
+        kms_key_id.as_deref(),
+        storage_class.as_deref(),
+    )?;
+    if let Some(path) = ca_file {
+        https_trusting(path)?;
+    }
+    if let Some(endpoint) = endpoint {
+        let scheme = endpoint.split_once("://").map(|(scheme, _)| scheme);
+        if !matches!(scheme, Some("http" | "https")) {
+            return Err(StoreError {
+                retryable: false,
+                message: format!(
+                    "store.endpoint {endpoint}: give http://host:port or https://host:port"
+                ),
+            });
+        }
+    }
+    Ok(())
+}
+
 impl ObjectStore {
     pub async fn from_config(config: &StoreConfig) -> Result<ObjectStore, StoreError> {
         Ok(match config {

@@ -1,0 +1,55 @@
+//! `ingest-gateway --check`: the shipped config is valid; a broken token, certificate or Kafka
+//! setting is named, with a non-zero exit, and nothing connects or listens.
+
+use std::process::Command;
+
+/// Runs `ingest-gateway --check` on the shipped config with `env` overrides, from the
+/// repository's root; returns whether it passed and what it printed.
+fn check(env: &[(&str, &str)]) -> (bool, String) {
+    let root = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("..");
+    let out = Command::new(env!("CARGO_BIN_EXE_ingest-gateway"))
+        .args(["--check", "--config", "config/ingest-gateway.toml"])
+        .current_dir(root)
+        .env("RUST_BACKTRACE", "0")
+        .envs(env.iter().copied())
+        .output()
+        .unwrap();
+    let text =
+        String::from_utf8_lossy(&out.stdout).into_owned() + &String::from_utf8_lossy(&out.stderr);
+    (out.status.success(), text)
+}
+
+#[test]
+fn the_check_passes_the_shipped_config_and_names_what_is_wrong() {
+    let (ok, text) = check(&[]);
+    assert!(ok, "{text}");
+    assert!(text.contains("configuration is valid: 2 streams"), "{text}");
+    // The Kafka brokers of the shipped config are not running: the check does not connect.
+    let cases: [(&[(&str, &str)], &str); 3] = [
+        (
+            &[
+                ("INGEST_GATEWAY_TLS__CERT", "/nonexistent/cert.pem"),
+                ("INGEST_GATEWAY_TLS__KEY", "/nonexistent/key.pem"),
+            ],
+            "/nonexistent/cert.pem",
+        ),
+        (
+            &[(
+                "INGEST_GATEWAY_KAFKA__SASL",
+                "{ mechanism = \"PLAIN\", username = \"u\" }",
+            )],
+            "give one of kafka.sasl.password",
+        ),
+        (
+            &[(
+                "INGEST_GATEWAY_AUTH__TOKENS",
+                "[{ name = \"site\", blake3 = \"not-hex\", streams = [\"*\"] }]",
+            )],
+            "auth.tokens 'site': blake3 must be 64 hex digits",
+        ),
+    ];
+    for (env, expected) in cases {
+        let (ok, text) = check(env);
+        assert!(!ok && text.contains(expected), "{env:?}: {text}");
+    }
+}

@@ -1,0 +1,68 @@
+//! `sink --check`: the shipped config is valid and names the streams it would consume; a
+//! selection that matches no stream, a bad store endpoint or a missing CA file is named, with a
+//! non-zero exit, and nothing connects.
+
+use std::process::Command;
+
+/// Runs `sink --check` on `config` (a file) with `env` overrides, from the repository's root;
+/// returns whether it passed and what it printed.
+fn check_file(config: &std::path::Path, env: &[(&str, &str)]) -> (bool, String) {
+    let root = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("..");
+    let out = Command::new(env!("CARGO_BIN_EXE_sink"))
+        .arg("--check")
+        .arg("--config")
+        .arg(config)
+        .current_dir(root)
+        .env("RUST_BACKTRACE", "0")
+        .envs(env.iter().copied())
+        .output()
+        .unwrap();
+    let text =
+        String::from_utf8_lossy(&out.stdout).into_owned() + &String::from_utf8_lossy(&out.stderr);
+    (out.status.success(), text)
+}
+
+/// [`check_file`] on the shipped config.
+fn check(env: &[(&str, &str)]) -> (bool, String) {
+    check_file(std::path::Path::new("config/sink.toml"), env)
+}
+
+#[test]
+fn the_check_passes_the_shipped_config_and_names_what_is_wrong() {
+    let (ok, text) = check(&[]);
+    assert!(ok, "{text}");
+    assert!(
+        text.contains("configuration is valid: streams sensor_readings, vehicle_telemetry"),
+        "{text}"
+    );
+    let (ok, text) = check(&[("SINK_STREAMS", "[\"vehicle_*\"]")]);
+    assert!(ok && text.contains("streams vehicle_telemetry"), "{text}");
+    let (ok, text) = check(&[("SINK_STREAMS", "[\"nope*\"]")]);
+    assert!(!ok && text.contains("'nope*' selects none"), "{text}");
+    // An S3 store instead of the shipped local one.
+    let dir = tempfile::tempdir().unwrap();
+    let shipped = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("../config/sink.toml");
+    let shipped = std::fs::read_to_string(shipped).unwrap();
+    let local = "type = \"local\"\npath = \"landing\"\n";
+    assert!(shipped.contains(local));
+    let s3 = |more: &str| {
+        let path = dir.path().join(format!("sink-{}.toml", more.len()));
+        let store = format!("type = \"s3\"\nbucket = \"landing\"\n{more}\n");
+        std::fs::write(&path, shipped.replace(local, &store)).unwrap();
+        check_file(&path, &[])
+    };
+    let (ok, text) = s3("endpoint = \"http://127.0.0.1:9000\"\nforce_path_style = true");
+    assert!(ok, "{text}");
+    let cases = [
+        ("endpoint = \"minio:9000\"", "give http://host:port"),
+        ("ca_file = \"/nonexistent/ca.pem\"", "/nonexistent/ca.pem"),
+        (
+            "storage_class = \"COLD\"",
+            "store.storage_class = \"COLD\" is not one of",
+        ),
+    ];
+    for (more, expected) in cases {
+        let (ok, text) = s3(more);
+        assert!(!ok && text.contains(expected), "{more}: {text}");
+    }
+}
