@@ -2,11 +2,11 @@
 //!
 //! HTTP: every attempt of a batch carries the same `Idempotency-Key` (the batch id), so a retry
 //! after a lost answer, or after a restart, never lands twice. Retryable failures (connection
-//! errors, timeouts, 407 from a proxy, 408, 409 in-progress, 429, 5xx) are retried with exponential backoff and
-//! jitter, honouring `Retry-After`, until they succeed or the agent stops; so are the 4xx answers
-//! that every batch would get (`retry_statuses`: 401, 403, 404 by default), which a fix of the
-//! token or the gateway's streams ends. Other 4xx answers are final: the batch is kept aside
-//! under `rejected/` and not retried.
+//! errors, timeouts, 407 from a proxy, 408, 409 in-progress, 429, 5xx) are retried with
+//! exponential backoff and jitter, honouring `Retry-After`, until they succeed or the agent
+//! stops; so are the 4xx answers that every batch would get (`retry_statuses`: 401, 403, 404 by
+//! default), which a fix of the token or the gateway's streams ends. Other 4xx answers are
+//! final: the batch is kept aside under `rejected/` and not retried.
 //!
 //! Kafka: the records of the batch are produced like the gateway does (topic, key, value,
 //! headers) by an idempotent producer; the batch is acknowledged once Kafka acknowledged all of
