@@ -170,20 +170,21 @@ async fn main() -> anyhow::Result<()> {
             plumbing::cancel_on_signal(shutdown.clone());
             let stats = edge_agent::run(config, streams, shutdown).await?;
             let t = stats.total();
-            eprintln!(
-                "read {} records: {} invalid, {} duplicates and {} filtered dropped, {} dropped on a full spool; spooled {} in {} batches; delivered {} batches ({} accepted, {} refused batches); {} raw bytes as {} bytes on the wire",
-                t.pipeline.read,
-                t.pipeline.invalid,
-                t.pipeline.duplicates,
-                t.pipeline.filtered,
-                t.pipeline.spool_dropped,
-                t.pipeline.batched,
-                t.pipeline.batches,
-                t.delivery.batches,
-                t.delivery.accepted,
-                t.delivery.rejected_batches,
-                t.delivery.raw_bytes,
-                t.delivery.wire_bytes
+            // A log event, so that it is one JSON object too with LOG_FORMAT=json.
+            tracing::info!(
+                read = t.pipeline.read,
+                invalid = t.pipeline.invalid,
+                duplicates = t.pipeline.duplicates,
+                filtered = t.pipeline.filtered,
+                dropped_on_full_spool = t.pipeline.spool_dropped,
+                spooled = t.pipeline.batched,
+                spooled_batches = t.pipeline.batches,
+                delivered_batches = t.delivery.batches,
+                accepted = t.delivery.accepted,
+                refused_batches = t.delivery.rejected_batches,
+                raw_bytes = t.delivery.raw_bytes,
+                wire_bytes = t.delivery.wire_bytes,
+                "run finished"
             );
             // A source blocked on stdin must not keep the process alive.
             std::process::exit(0)

@@ -11,20 +11,38 @@ use axum::routing::get;
 use metrics_exporter_prometheus::{Matcher, PrometheusBuilder, PrometheusHandle};
 use tokio_util::sync::CancellationToken;
 
-/// Installs a `tracing` subscriber that logs to stderr, filtered by `RUST_LOG` (default `info`).
+/// Installs a `tracing` subscriber that logs to stderr, filtered by `RUST_LOG` (default `info`):
+/// as text, coloured only on a terminal, or as one JSON object per line with `LOG_FORMAT=json`
+/// (for log shippers).
 pub fn init_tracing() {
     init_tracing_with_default("info");
 }
 
 /// Like [`init_tracing`] with another default filter when `RUST_LOG` is unset.
 pub fn init_tracing_with_default(default: &str) {
+    use std::io::IsTerminal as _;
     let filter = tracing_subscriber::EnvFilter::try_from_default_env()
         .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new(default));
-    let _ = tracing_subscriber::fmt()
+    let builder = tracing_subscriber::fmt()
         .with_env_filter(filter)
-        .with_writer(std::io::stderr)
-        .try_init();
+        .with_writer(std::io::stderr);
+    let format = std::env::var(LOG_FORMAT).unwrap_or_default();
+    let _ = match format.as_str() {
+        "json" => builder.json().try_init(),
+        _ => builder
+            .with_ansi(std::io::stderr().is_terminal())
+            .try_init(),
+    };
+    if !matches!(format.as_str(), "" | "text" | "json") {
+        tracing::warn!(
+            value = %format,
+            "{LOG_FORMAT} is neither text nor json; logging text"
+        );
+    }
 }
+
+/// The environment variable that picks the log format: `text` (the default) or `json`.
+pub const LOG_FORMAT: &str = "LOG_FORMAT";
 
 /// Installs the process-wide Prometheus recorder once and returns its handle.
 pub fn install_metrics() -> PrometheusHandle {
