@@ -322,9 +322,16 @@ pub enum SourceConfig {
         /// Poll interval when following, in milliseconds.
         #[serde(default = "default_poll_ms")]
         poll_ms: u64,
+        /// Fields added to every record that lacks them ([`StaticFieldsConfig`]).
+        #[serde(default)]
+        fields: StaticFieldsConfig,
     },
     /// NDJSON on standard input, until end of input.
-    Stdin { stream: String },
+    Stdin {
+        stream: String,
+        #[serde(default)]
+        fields: StaticFieldsConfig,
+    },
     /// An MQTT subscription. Messages are NDJSON (one or more records). With QoS 1 the PUBACK
     /// goes out only after the records are in the spool.
     Mqtt {
@@ -350,9 +357,11 @@ pub enum SourceConfig {
         #[serde(default)]
         tls: TlsFiles,
         /// Fields taken from each message's topic, e.g. `plant/+/{device_id}/{sensor}`
-        /// ([`crate::source::topic`]).
+        /// ([`crate::source::fields`]).
         #[serde(default)]
         topic_fields: Option<String>,
+        #[serde(default)]
+        fields: StaticFieldsConfig,
     },
     /// The gateway's ingest API on a local port, for devices on the box or the plant network.
     /// Answers after the records are in the spool.
@@ -370,13 +379,28 @@ pub enum SourceConfig {
     },
 }
 
+/// A source's `fields` table: field name → value, added to each of its records that lacks the
+/// field (a record's own value wins), e.g. `fields = { device_id = "press-07" }` for a file of
+/// one machine's readings. Checked against the stream at start.
+pub type StaticFieldsConfig = BTreeMap<String, serde_json::Value>;
+
 impl SourceConfig {
     /// The stream the source feeds; none for the HTTP source (the URL names it).
     pub fn stream(&self) -> Option<&str> {
         match self {
             SourceConfig::File { stream, .. }
-            | SourceConfig::Stdin { stream }
+            | SourceConfig::Stdin { stream, .. }
             | SourceConfig::Mqtt { stream, .. } => Some(stream),
+            SourceConfig::Http { .. } => None,
+        }
+    }
+
+    /// The source's `fields` table (none for the HTTP source).
+    pub fn fields(&self) -> Option<&StaticFieldsConfig> {
+        match self {
+            SourceConfig::File { fields, .. }
+            | SourceConfig::Stdin { fields, .. }
+            | SourceConfig::Mqtt { fields, .. } => Some(fields),
             SourceConfig::Http { .. } => None,
         }
     }
@@ -429,6 +453,14 @@ impl AgentConfig {
             {
                 problems.push(format!("a source refers to unknown stream '{stream}'"));
             }
+            if let (Some(fields), Some(def)) = (
+                source.fields(),
+                source.stream().and_then(|s| streams.get(s)),
+            ) && !fields.is_empty()
+                && let Err(e) = crate::source::fields::StaticFields::new(fields, def)
+            {
+                problems.push(format!("a source of stream '{}': {e}", def.name));
+            }
             if let SourceConfig::Http { tls: Some(tls), .. } = source
                 && let Err(e) = crate::tls::check_server(tls)
             {
@@ -450,7 +482,7 @@ impl AgentConfig {
                     problems.push(format!("{e:#}"));
                 }
                 if let (Some(pattern), Some(def)) = (topic_fields, streams.get(stream))
-                    && let Err(e) = crate::source::topic::TopicFields::parse(pattern, def)
+                    && let Err(e) = crate::source::fields::TopicFields::parse(pattern, def)
                 {
                     problems.push(format!("mqtt source: {e}"));
                 }
@@ -680,6 +712,28 @@ mod tests {
             e.contains("mqtt source: topic_fields") && e.contains("no field 'site'"),
             "{e}"
         );
+    }
+
+    #[test]
+    fn a_sources_fields_are_checked_against_its_stream() {
+        let with = |fields: &str| {
+            problems(&format!(
+                "[gateway]\nurl = \"http://gw\"\n[[sources]]\ntype = \"file\"\npath = \"x\"\n\
+                 stream = \"sensor_readings\"\nfields = {fields}"
+            ))
+        };
+        assert_eq!(with("{ device_id = \"press-07\", quality = 192 }"), "");
+        for (fields, expected) in [
+            ("{ site = \"x\" }", "site"),
+            ("{ quality = \"good\" }", "quality"),
+            ("{ device_id = 7 }", "device_id"),
+        ] {
+            let e = with(fields);
+            assert!(
+                e.contains("a source of stream 'sensor_readings': fields:") && e.contains(expected),
+                "{fields}: {e}"
+            );
+        }
     }
 
     /// The error `validate` gives for an MQTT source with `url` and `tls`, and a gateway with

@@ -44,10 +44,10 @@ use crate::link::{Link, StreamCap};
 use crate::output::Output;
 use crate::pipeline::{Pipeline, PipelineStats};
 use crate::rejected::RejectedDir;
+use crate::source::fields::{StaticFields, TopicFields};
 use crate::source::file::{FileSpec, Positions};
 use crate::source::mqtt::MqttSpec;
-use crate::source::topic::TopicFields;
-use crate::source::{Feed, Feeds, feed_lines, verbatim};
+use crate::source::{Feed, Feeds, feed_lines_with, verbatim};
 use crate::spool::{Recovery, Spool, Usage};
 
 /// Chunks queued between the sources and a stream's pipeline (each at most 256 KiB from line
@@ -423,6 +423,12 @@ fn start_sources(
                 .clone()
         });
         let def = source.stream().and_then(|s| streams.get(s)).cloned();
+        let fields = match (source.fields(), &def) {
+            (Some(fields), Some(def)) if !fields.is_empty() => {
+                Some(StaticFields::new(fields, def)?)
+            }
+            _ => None,
+        };
         let shutdown = shutdown.clone();
         tasks.push(match source.clone() {
             SourceConfig::File {
@@ -439,6 +445,7 @@ fn start_sources(
                     follow,
                     suffix,
                     poll: Duration::from_millis(poll_ms),
+                    fields,
                 };
                 let (feed, def, positions) = (
                     feed.expect("file source"),
@@ -454,7 +461,15 @@ fn start_sources(
                 let feed: Feed = feed.expect("stdin source");
                 on_thread("source-stdin", move || {
                     let mut reader = BufReader::with_capacity(64 * 1024, std::io::stdin());
-                    feed_lines(&mut reader, &feed, 0, true, |_| None, verbatim)?;
+                    feed_lines_with(
+                        &mut reader,
+                        &feed,
+                        0,
+                        true,
+                        |_| None,
+                        fields.as_ref(),
+                        verbatim,
+                    )?;
                     Ok(())
                 })?
             }
@@ -484,6 +499,7 @@ fn start_sources(
                     max_unacked,
                     tls,
                     topic_fields,
+                    fields,
                 };
                 on_task(source::mqtt::run(
                     spec,

@@ -234,6 +234,57 @@ async fn csv_files_are_typed_by_the_stream() {
     assert_exactly_once(&stub.landed(), &expected);
 }
 
+/// A source's `fields` fill what its records lack, after the CSV cells are typed: NDJSON and CSV
+/// files of one machine without its device id land as the complete readings; a record's own
+/// value wins.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_sources_fields_fill_what_its_records_lack() {
+    let stub = Stub::start(Faults::default()).await;
+    let dir = tempfile::tempdir().unwrap();
+    let (ndjson, csv) = (dir.path().join("press.ndjson"), dir.path().join("oven.csv"));
+    std::fs::write(
+        &ndjson,
+        "{\"sensor\":\"temp\",\"ts\":1714564800000,\"value\":21.5}\n\
+         {\"sensor\":\"temp\",\"ts\":1714564801000,\"value\":21.75,\"quality\":0}\n\
+         {\"device_id\":\"own\",\"sensor\":\"rpm\",\"ts\":1714564802000,\"value\":1500}\n",
+    )
+    .unwrap();
+    std::fs::write(&csv, "sensor,ts,value\ntemp,1714564803000,180.5\n").unwrap();
+    let source = |path: &Path, format: &str, fields: &str| {
+        format!(
+            "[[sources]]\ntype = \"file\"\npath = {path:?}\nformat = \"{format}\"\n\
+             stream = \"sensor_readings\"\nfields = {fields}\n"
+        )
+    };
+    let cfg = config(
+        &dir.path().join("state"),
+        &stub.url(),
+        "",
+        &(source(
+            &ndjson,
+            "ndjson",
+            "{ device_id = \"press-07\", quality = 192 }",
+        ) + &source(&csv, "csv", "{ device_id = \"oven-2\" }")),
+    );
+    let (agent, _shutdown) = start(&cfg);
+    let stats = agent.await.unwrap().unwrap().total();
+    assert_eq!((stats.pipeline.read, stats.pipeline.invalid), (4, 0));
+    let def = schemas::example_streams()
+        .get("sensor_readings")
+        .unwrap()
+        .clone();
+    let expected: Vec<_> = [
+        r#"{"device_id":"press-07","sensor":"temp","ts":1714564800000,"value":21.5,"quality":192}"#,
+        r#"{"device_id":"press-07","sensor":"temp","ts":1714564801000,"value":21.75,"quality":0}"#,
+        r#"{"device_id":"own","sensor":"rpm","ts":1714564802000,"value":1500,"quality":192}"#,
+        r#"{"device_id":"oven-2","sensor":"temp","ts":1714564803000,"value":180.5}"#,
+    ]
+    .iter()
+    .map(|l| schemas::check_bytes(&def, l.as_bytes()).unwrap().hash)
+    .collect();
+    assert_exactly_once(&stub.landed(), &expected);
+}
+
 /// A stub that refuses (400) the batches of dev-3, and a file of 600 readings (`seed`) of six
 /// devices in device order: with 100 records a batch, one device per batch, one refused.
 async fn one_device_refused(

@@ -24,7 +24,8 @@ use serde::{Deserialize, Serialize};
 use serde_json::{Map, Value as Json};
 use tokio_util::sync::CancellationToken;
 
-use super::{Feed, feed_lines, verbatim};
+use super::fields::StaticFields;
+use super::{Feed, feed_lines_with, verbatim};
 use crate::config::FileFormat;
 use crate::pipeline::Done;
 
@@ -142,6 +143,8 @@ pub struct FileSpec {
     pub follow: bool,
     pub suffix: Option<String>,
     pub poll: Duration,
+    /// Fields filled into every record.
+    pub fields: Option<StaticFields>,
 }
 
 struct Tailed {
@@ -427,16 +430,21 @@ fn read_new(
         Some(Box::new(move |_| positions.set(id, &path, offset)))
     };
     let header = t.header.clone();
+    let (offset, fields) = (t.offset, spec.fields.as_ref());
     let consumed = match (spec.format, header) {
-        (FileFormat::Csv, Some(header)) => feed_lines(
+        (FileFormat::Csv, Some(header)) => {
+            let csv = |line: &[u8], out: &mut Vec<u8>| csv_to_json(def, &header, line, out);
+            feed_lines_with(&mut reader, feed, offset, !spec.follow, done, fields, csv)
+        }
+        _ => feed_lines_with(
             &mut reader,
             feed,
-            t.offset,
+            offset,
             !spec.follow,
             done,
-            |line, out| csv_to_json(def, &header, line, out),
+            fields,
+            verbatim,
         ),
-        _ => feed_lines(&mut reader, feed, t.offset, !spec.follow, done, verbatim),
     };
     t.offset = consumed?;
     Ok(())

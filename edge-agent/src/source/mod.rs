@@ -1,10 +1,10 @@
 //! Sources: files and directories (tailed, with persisted positions), stdin, MQTT and a local
 //! HTTP port. Each hands NDJSON chunks to the pipeline of its stream through a [`Feed`].
 
+pub mod fields;
 pub mod file;
 pub mod http;
 pub mod mqtt;
-pub mod topic;
 
 use std::collections::BTreeMap;
 use std::io::{BufRead, BufReader, Read};
@@ -171,6 +171,30 @@ fn skipped_line(feed: &Feed, bytes: usize, ended: bool) {
     tracing::warn!(stream = %feed.stream, bytes, limit = feed.max_line, ended, "line longer than batch.max_line_bytes skipped");
     metrics::counter!(m::DISCARDED, "stream" => feed.stream.to_string(), "reason" => "line_too_long", "intentional" => "false")
         .increment(1);
+}
+
+/// [`feed_lines`] with `transform`, and with `fields` filled into each record it makes when
+/// given.
+pub fn feed_lines_with<R: Read>(
+    reader: &mut BufReader<R>,
+    feed: &Feed,
+    consumed: u64,
+    take_partial_tail: bool,
+    done: impl FnMut(u64) -> Option<Done>,
+    fields: Option<&fields::StaticFields>,
+    transform: impl Fn(&[u8], &mut Vec<u8>),
+) -> std::io::Result<u64> {
+    match fields {
+        None => feed_lines(reader, feed, consumed, take_partial_tail, done, transform),
+        Some(fields) => feed_lines(
+            reader,
+            feed,
+            consumed,
+            take_partial_tail,
+            done,
+            |line, out| fields.fill_line(line, out, &transform),
+        ),
+    }
 }
 
 /// Copies a line as it is (NDJSON).

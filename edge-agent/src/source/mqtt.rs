@@ -19,7 +19,7 @@ use rumqttc::{AsyncClient, Event, MqttOptions, Packet, QoS, TlsConfiguration, Tr
 use tokio_util::sync::CancellationToken;
 
 use super::Feed;
-use super::topic::TopicFields;
+use super::fields::{StaticFields, TopicFields};
 use crate::pipeline::Chunk;
 use crate::tls::TlsFiles;
 
@@ -36,6 +36,8 @@ pub struct MqttSpec {
     pub tls: TlsFiles,
     /// Fields filled in from each message's topic.
     pub topic_fields: Option<TopicFields>,
+    /// Fields filled into every record (after the topic's).
+    pub fields: Option<StaticFields>,
 }
 
 /// Host, port and whether `url` asks for TLS: `mqtt://` or `tcp://` (port 1883 by default),
@@ -132,6 +134,10 @@ pub async fn run(spec: MqttSpec, feed: Feed, shutdown: CancellationToken) -> any
                         filled.data
                     }
                 };
+                let data = match &spec.fields {
+                    None => data,
+                    Some(fields) => fields.fill(&data),
+                };
                 let done: Option<crate::pipeline::Done> = if publish.qos == QoS::AtMostOnce {
                     None
                 } else {
@@ -175,7 +181,7 @@ struct Mismatches {
 }
 
 impl Mismatches {
-    fn note(&mut self, topic: &str, filled: &super::topic::Filled) {
+    fn note(&mut self, topic: &str, filled: &super::fields::Filled) {
         self.since_warned += 1;
         if self
             .warned_at

@@ -1,4 +1,7 @@
-//! Record fields taken from an MQTT message's topic (the source's `topic_fields`), for plants
+//! Fields a source fills into its records where they lack them: fixed values (a source's
+//! `fields` table, [`StaticFields`]), and, for MQTT, values taken from a message's topic.
+//!
+//! Topic fields (the MQTT source's `topic_fields`, [`TopicFields`]) are for plants
 //! whose devices publish `plant/hall-2/press-07/temperature` with only the reading in the
 //! payload. The pattern names the topic's levels: a level in braces fills the field of that
 //! name, `+` is any level, `#` (last) any rest, and other levels must be equal. With
@@ -119,34 +122,96 @@ impl TopicFields {
             .into_iter()
             .map(|(name, text)| (name, typed_text(&self.def, name, text)))
             .collect();
-        let mut filled = Filled {
-            data: Vec::with_capacity(payload.len() + 64),
+        let (data, conflicts) = fill_lines(payload, &values);
+        Filled {
+            data,
             matched: true,
-            conflicts: 0,
-        };
-        for line in payload.split(|&b| b == b'\n') {
-            let line = line.strip_suffix(b"\r").unwrap_or(line);
-            if line.iter().all(u8::is_ascii_whitespace) {
-                continue;
-            }
-            match serde_json::from_slice::<Map<String, Json>>(line) {
-                Ok(mut record) => {
-                    for (name, value) in &values {
-                        match record.get(*name) {
-                            None => {
-                                record.insert((*name).to_owned(), value.clone());
-                            }
-                            Some(own) if own != value => filled.conflicts += 1,
-                            Some(_) => {}
-                        }
-                    }
-                    let _ = serde_json::to_writer(&mut filled.data, &record);
-                }
-                Err(_) => filled.data.extend_from_slice(line),
-            }
-            filled.data.push(b'\n');
+            conflicts,
         }
-        filled
+    }
+}
+
+/// `payload` (NDJSON lines) with `values` filled into every record ([`fill_record`]), and how
+/// many values the records set otherwise themselves. Blank lines are left out.
+fn fill_lines<S: AsRef<str>>(payload: &[u8], values: &[(S, Json)]) -> (Vec<u8>, usize) {
+    let mut data = Vec::with_capacity(payload.len() + 64);
+    let mut conflicts = 0;
+    for line in payload.split(|&b| b == b'\n') {
+        let line = line.strip_suffix(b"\r").unwrap_or(line);
+        if line.iter().all(u8::is_ascii_whitespace) {
+            continue;
+        }
+        conflicts += fill_record(line, values, &mut data);
+        data.push(b'\n');
+    }
+    (data, conflicts)
+}
+
+/// Appends `line` (one record) to `out` with `values` filled in where it lacks them, and returns
+/// how many of them it set to another value itself (it keeps its own). A line that is not a JSON
+/// object is appended as it is, for validation to judge.
+fn fill_record<S: AsRef<str>>(line: &[u8], values: &[(S, Json)], out: &mut Vec<u8>) -> usize {
+    let Ok(mut record) = serde_json::from_slice::<Map<String, Json>>(line) else {
+        out.extend_from_slice(line);
+        return 0;
+    };
+    let mut conflicts = 0;
+    for (name, value) in values {
+        let name = name.as_ref();
+        match record.get(name) {
+            None => {
+                record.insert(name.to_owned(), value.clone());
+            }
+            Some(own) if own != value => conflicts += 1,
+            Some(_) => {}
+        }
+    }
+    let _ = serde_json::to_writer(&mut *out, &record);
+    conflicts
+}
+
+/// Fields a source adds to each of its records (the source's `fields` table), for records that
+/// lack them: a file of one machine's readings without its device id, or a site's name.
+#[derive(Debug, Clone)]
+pub struct StaticFields {
+    values: Vec<(String, Json)>,
+}
+
+impl StaticFields {
+    /// Checks `fields` against stream `def`: each must be one of its fields, with a value of its
+    /// type.
+    pub fn new(
+        fields: &std::collections::BTreeMap<String, Json>,
+        def: &StreamDef,
+    ) -> anyhow::Result<StaticFields> {
+        let object: Map<String, Json> = fields.clone().into_iter().collect();
+        match schemas::validate(def, Json::Object(object)) {
+            Ok(_) | Err(schemas::RecordError::Missing { .. }) => {}
+            Err(e) => anyhow::bail!("fields: {e}"),
+        }
+        Ok(StaticFields {
+            values: fields.clone().into_iter().collect(),
+        })
+    }
+
+    /// `payload` (NDJSON lines) with the fields filled into every record (an MQTT message).
+    pub fn fill(&self, payload: &[u8]) -> Vec<u8> {
+        fill_lines(payload, &self.values).0
+    }
+
+    /// A line transform for [`super::feed_lines`]: `line` with the fields filled in, appended
+    /// to `out` after whatever `inner` makes of it.
+    pub fn fill_line(
+        &self,
+        line: &[u8],
+        out: &mut Vec<u8>,
+        inner: impl FnOnce(&[u8], &mut Vec<u8>),
+    ) {
+        let mut record = Vec::with_capacity(line.len());
+        inner(line, &mut record);
+        let record = record.strip_suffix(b"\n").unwrap_or(&record);
+        let record = record.strip_suffix(b"\r").unwrap_or(record);
+        fill_record(record, &self.values, out);
     }
 }
 
@@ -208,6 +273,32 @@ mod tests {
         // A value that does not parse as its type stays text, for validation to refuse.
         let q = TopicFields::parse("q/{quality}", &def()).unwrap();
         assert_eq!(records(&q.fill("q/good", b"{}"))[0]["quality"], "good");
+    }
+
+    #[test]
+    fn static_fields_fill_messages_and_lines_and_records_keep_their_own() {
+        let fields: std::collections::BTreeMap<String, Json> = [
+            ("device_id".to_owned(), Json::from("press-07")),
+            ("quality".to_owned(), Json::from(192)),
+        ]
+        .into();
+        let fields = StaticFields::new(&fields, &def()).unwrap();
+        let message = fields.fill(b"{\"ts\":1}\n{\"ts\":2,\"device_id\":\"own\"}\n");
+        let got = records(&Filled {
+            data: message,
+            ..Filled::default()
+        });
+        assert_eq!(got[0]["device_id"], "press-07");
+        assert_eq!(got[0]["quality"], 192);
+        assert_eq!(got[1]["device_id"], "own");
+        // As a line transform, after the source's own (here one that upper-cases a key).
+        let mut out = Vec::new();
+        fields.fill_line(b"{\"x\":1}\r\n", &mut out, |line, out| {
+            out.extend_from_slice(&line.to_ascii_uppercase());
+        });
+        let line: Json = serde_json::from_slice(&out).unwrap();
+        assert_eq!(line["X"], 1);
+        assert_eq!(line["device_id"], "press-07");
     }
 
     #[test]
