@@ -73,6 +73,12 @@ pub fn router(state: Arc<AppState>, admin: Option<Health>) -> Router {
     .fallback(api::not_found)
     .method_not_allowed_fallback(api::method_not_allowed)
     .layer(middleware::from_fn(track_requests))
+    // Outermost: every request gets an `x-request-id` (the client's own, or a new UUID), and
+    // every answer carries it back, for a client to quote and the logs to find.
+    .layer(tower_http::request_id::PropagateRequestIdLayer::x_request_id())
+    .layer(tower_http::request_id::SetRequestIdLayer::x_request_id(
+        tower_http::request_id::MakeRequestUuid,
+    ))
 }
 
 /// The OpenAPI 3 description of the API.
@@ -97,17 +103,31 @@ async fn track_requests(request: Request, next: Next) -> Response {
             "/openapi.json" => "openapi",
             _ => "other",
         });
+    let request_id = request
+        .headers()
+        .get("x-request-id")
+        .and_then(|v| v.to_str().ok())
+        .map(schemas::stream::printable)
+        .unwrap_or_default();
+    let method = request.method().clone();
+    let path = schemas::stream::printable(request.uri().path());
     let started = Instant::now();
     let response = next.run(request).await;
-    let status = response.status().as_u16().to_string();
+    let code = response.status();
+    // Failed requests, with the id the client got back: 5xx as warnings, 4xx (a client's
+    // mistake, or an attack's) only with RUST_LOG=ingest_gateway=debug.
+    if code.is_server_error() {
+        tracing::warn!(%request_id, %method, %path, status = code.as_u16(), "request failed");
+    } else if code.is_client_error() {
+        tracing::debug!(%request_id, %method, %path, status = code.as_u16(), "request refused");
+    }
+    let status = code.as_u16().to_string();
     ::metrics::counter!(metrics::HTTP_REQUESTS, "route" => route, "status" => status).increment(1);
     ::metrics::histogram!(metrics::HTTP_DURATION, "route" => route)
         .record(started.elapsed().as_secs_f64());
     response
 }
 
-/// Starts the gateway: creates topics if configured, binds the listener and serves until
-/// `shutdown` is cancelled, then drains in-flight requests and flushes the producer.
 /// Checks what `start` would refuse, without connecting to Kafka or listening: the tokens, the
 /// Kafka client settings (TLS and SASL files included) and the server certificate. Returns the
 /// number of streams served.
@@ -122,6 +142,8 @@ pub fn check(config: &GatewayConfig, streams: &Streams) -> anyhow::Result<usize>
     Ok(streams.iter().count())
 }
 
+/// Starts the gateway: creates topics if configured, binds the listener and serves until
+/// `shutdown` is cancelled, then drains in-flight requests and flushes the producer.
 pub async fn start(
     config: GatewayConfig,
     streams: Streams,

@@ -503,3 +503,32 @@ fn request_workers_run_below_the_kafka_threads() {
     .join()
     .unwrap();
 }
+
+/// Every answer carries an `x-request-id`: the client's own, or a new UUID per request.
+#[tokio::test]
+async fn answers_carry_the_request_id() {
+    let id = |res: &axum::response::Response| {
+        res.headers()
+            .get("x-request-id")
+            .map(|v| v.to_str().unwrap().to_owned())
+    };
+    let anonymous = || post(PATH, None, NDJSON, None, b"{}".to_vec());
+    let first = app(LimitsConfig::default())
+        .oneshot(anonymous())
+        .await
+        .unwrap();
+    let second = app(LimitsConfig::default())
+        .oneshot(anonymous())
+        .await
+        .unwrap();
+    assert_eq!(first.status(), StatusCode::UNAUTHORIZED);
+    let (a, b) = (id(&first).unwrap(), id(&second).unwrap());
+    assert_eq!(a.len(), 36, "{a}");
+    assert_ne!(a, b);
+    let mut own = post(PATH, Some(TOKEN), "text/plain", None, b"{}".to_vec());
+    own.headers_mut()
+        .insert("x-request-id", "box-7/batch-42".parse().unwrap());
+    let res = app(LimitsConfig::default()).oneshot(own).await.unwrap();
+    assert_eq!(res.status(), StatusCode::UNSUPPORTED_MEDIA_TYPE);
+    assert_eq!(id(&res).as_deref(), Some("box-7/batch-42"));
+}
