@@ -221,6 +221,9 @@ impl HttpOutput {
             .header(CONTENT_TYPE, batch.encoding.content_type())
             .header(CONTENT_ENCODING, batch.encoding.content_encoding())
             .header("Idempotency-Key", batch.id.to_string())
+            // The gateway logs a failed request with it: every attempt of a batch is found by
+            // the batch id that the agent's own logs name.
+            .header("X-Request-Id", batch.id.to_string())
             .body(body);
         if let Some(token) = &self.token {
             request = request.bearer_auth(token);

@@ -219,6 +219,11 @@ async fn ingest(
         .to_str()
         .unwrap()
         .to_owned();
+    assert_eq!(
+        headers.get("x-request-id").and_then(|v| v.to_str().ok()),
+        Some(key.as_str()),
+        "the agent names its requests by the batch id"
+    );
     let ndjson = match content_type.as_str() {
         "application/x-ndjson" => {
             assert_eq!(headers.get("content-encoding").unwrap(), "zstd");
