@@ -1,22 +1,14 @@
 //! `ingest-gateway --check`: the shipped config is valid; a broken token, certificate or Kafka
 //! setting is named, with a non-zero exit, and nothing connects or listens.
 
-use std::process::Command;
+#[path = "../../loadtest/tests/common/mod.rs"]
+mod common;
 
-/// Runs `ingest-gateway --check` on the shipped config with `env` overrides, from the
-/// repository's root; returns whether it passed and what it printed.
+/// Runs `ingest-gateway --check` on the shipped config with `env` overrides; returns whether
+/// it passed and what it printed.
 fn check(env: &[(&str, &str)]) -> (bool, String) {
-    let root = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("..");
-    let out = Command::new(env!("CARGO_BIN_EXE_ingest-gateway"))
-        .args(["--check", "--config", "config/ingest-gateway.toml"])
-        .current_dir(root)
-        .env("RUST_BACKTRACE", "0")
-        .envs(env.iter().copied())
-        .output()
-        .unwrap();
-    let text =
-        String::from_utf8_lossy(&out.stdout).into_owned() + &String::from_utf8_lossy(&out.stderr);
-    (out.status.success(), text)
+    let args = ["--check", "--config", "config/ingest-gateway.toml"].map(std::ffi::OsStr::new);
+    common::run_from_root(env!("CARGO_BIN_EXE_ingest-gateway"), &args, env)
 }
 
 #[test]

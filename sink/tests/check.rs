@@ -2,24 +2,14 @@
 //! selection that matches no stream, a bad store endpoint or a missing CA file is named, with a
 //! non-zero exit, and nothing connects.
 
-use std::process::Command;
+#[path = "../../loadtest/tests/common/mod.rs"]
+mod common;
 
-/// Runs `sink --check` on `config` (a file) with `env` overrides, from the repository's root;
-/// returns whether it passed and what it printed.
+/// Runs `sink --check` on `config` (a file) with `env` overrides; returns whether it passed and
+/// what it printed.
 fn check_file(config: &std::path::Path, env: &[(&str, &str)]) -> (bool, String) {
-    let root = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("..");
-    let out = Command::new(env!("CARGO_BIN_EXE_sink"))
-        .arg("--check")
-        .arg("--config")
-        .arg(config)
-        .current_dir(root)
-        .env("RUST_BACKTRACE", "0")
-        .envs(env.iter().copied())
-        .output()
-        .unwrap();
-    let text =
-        String::from_utf8_lossy(&out.stdout).into_owned() + &String::from_utf8_lossy(&out.stderr);
-    (out.status.success(), text)
+    let args = ["--check".as_ref(), "--config".as_ref(), config.as_os_str()];
+    common::run_from_root(env!("CARGO_BIN_EXE_sink"), &args, env)
 }
 
 /// [`check_file`] on the shipped config.

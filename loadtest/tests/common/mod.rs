@@ -21,6 +21,21 @@ pub fn repo_root() -> PathBuf {
     Path::new(env!("CARGO_MANIFEST_DIR")).join("..")
 }
 
+/// Runs the binary `exe` with `args` from the repository's root, with `env` overrides and no
+/// backtraces; returns whether it succeeded and what it printed (stdout, then stderr).
+pub fn run_from_root(exe: &str, args: &[&std::ffi::OsStr], env: &[(&str, &str)]) -> (bool, String) {
+    let out = Command::new(exe)
+        .args(args)
+        .current_dir(repo_root())
+        .env("RUST_BACKTRACE", "0")
+        .envs(env.iter().copied())
+        .output()
+        .unwrap_or_else(|e| panic!("cannot run {exe}: {e}"));
+    let text =
+        String::from_utf8_lossy(&out.stdout).into_owned() + &String::from_utf8_lossy(&out.stderr);
+    (out.status.success(), text)
+}
+
 /// Runs `scripts/read_landing.py` with the test venv's Python and returns its JSON output.
 pub fn pyarrow(args: &[&str]) -> Value {
     let python = service_env("EDGE_INGEST_PYTHON");
