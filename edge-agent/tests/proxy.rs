@@ -72,7 +72,8 @@ async fn delivers_through_a_proxy_and_waits_out_its_407s() {
 }
 
 /// Without `[gateway.proxy]` the agent goes through the proxy that `HTTP_PROXY` names;
-/// `url = "direct"` ignores it (here it names a port where nothing listens).
+/// `url = "direct"` ignores it, and so does a configured proxy whose `no_proxy` names the
+/// gateway's host (here `HTTP_PROXY` and that proxy name a port where nothing listens).
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn the_environments_proxy_is_used_unless_the_config_says_direct() {
     let dir = tempfile::tempdir().unwrap();
@@ -81,14 +82,14 @@ async fn the_environments_proxy_is_used_unless_the_config_says_direct() {
     let input = dir.path().join("r.ndjson");
     std::fs::write(&input, lines.join("\n") + "\n").unwrap();
     let nowhere = format!("http://127.0.0.1:{}", support::free_port());
-    for (env_proxy, table) in [
-        (&proxy.url, ""),
-        (&nowhere, "[gateway.proxy]\nurl = \"direct\"\n"),
+    let bypassed = format!("[gateway.proxy]\nurl = \"{nowhere}\"\nno_proxy = \"127.0.0.1\"\n");
+    for (run, env_proxy, table) in [
+        ("env", &proxy.url, ""),
+        ("direct", &nowhere, "[gateway.proxy]\nurl = \"direct\"\n"),
+        ("no_proxy", &nowhere, bypassed.as_str()),
     ] {
         let stub = Stub::start(Faults::default()).await;
-        let run = dir
-            .path()
-            .join(if table.is_empty() { "env" } else { "direct" });
+        let run = dir.path().join(run);
         std::fs::create_dir_all(&run).unwrap();
         let cfg = run.join("agent.toml");
         std::fs::write(
