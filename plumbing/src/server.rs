@@ -5,10 +5,11 @@
 //! one and every later one on a kept-alive connection: a client that connects and sends nothing,
 //! trickles its headers (slowloris) or keeps an idle connection open is disconnected, instead of
 //! holding a connection, a task and its buffers for good. hyper's header timeout starts only
-//! once a connection is known to be HTTP/1, which takes its first bytes, so [`ConnectionGuard`]
-//! closes a connection (after its TLS handshake, which has its own 10 s limit) that sends none
-//! in that time. HTTP/2 connections are pinged at that interval and closed when the peer does
-//! not answer.
+//! once a connection is known to be HTTP/1, which takes its first bytes, and HTTP/2 has none,
+//! so [`ConnectionGuard`] also closes a connection (after its TLS handshake, which has its own
+//! 10 s limit) that has had no request in flight and started none for that time: a silent one,
+//! or an HTTP/2 one that only answers pings. HTTP/2 connections are pinged every half of that
+//! time and closed when the peer does not answer within it.
 //!
 //! At most [`ServeOptions::max_connections`] connections are open at once; one more is closed
 //! as it is accepted (before any TLS work), so many clients cost a bounded number of
@@ -209,7 +210,7 @@ where
     A::Future: Send + 'static,
 {
     type Stream = GuardedStream<A::Stream>;
-    type Service = A::Service;
+    type Service = Counted<A::Service>;
     type Future = Pin<
         Box<dyn Future<Output = std::io::Result<(Self::Stream, Self::Service)>> + Send + 'static>,
     >;
@@ -222,16 +223,107 @@ where
         };
         let slot = Slot::new(permit, self.options.metrics);
         let accepted = self.inner.accept(stream, service);
-        let timeout = self.options.header_timeout;
+        let idle = self.options.header_timeout;
         Box::pin(async move {
             let (stream, service) = accepted.await?;
-            let deadline = Some(Box::pin(tokio::time::sleep(timeout)));
+            let activity = Arc::new(Activity::new());
             let stream = GuardedStream {
                 stream,
-                deadline,
+                activity: activity.clone(),
+                timer: Box::pin(tokio::time::sleep(idle)),
+                idle,
                 _slot: slot,
             };
-            Ok((stream, service))
+            Ok((
+                stream,
+                Counted {
+                    inner: service,
+                    activity,
+                },
+            ))
+        })
+    }
+}
+
+/// What a connection's requests are doing: how many are being answered, and when the last one
+/// started or ended.
+struct Activity {
+    accepted: std::time::Instant,
+    in_flight: std::sync::atomic::AtomicUsize,
+    /// Milliseconds after `accepted`.
+    last_ms: std::sync::atomic::AtomicU64,
+}
+
+impl Activity {
+    fn new() -> Activity {
+        Activity {
+            accepted: std::time::Instant::now(),
+            in_flight: Default::default(),
+            last_ms: Default::default(),
+        }
+    }
+
+    fn touch(&self) {
+        let ms = self.accepted.elapsed().as_millis() as u64;
+        self.last_ms.store(ms, std::sync::atomic::Ordering::Relaxed);
+    }
+
+    /// When the connection has been idle for `idle`: none in flight, none since.
+    fn idle_until(&self, idle: Duration) -> Option<std::time::Instant> {
+        use std::sync::atomic::Ordering::Relaxed;
+        (self.in_flight.load(Relaxed) == 0)
+            .then(|| self.accepted + Duration::from_millis(self.last_ms.load(Relaxed)) + idle)
+    }
+}
+
+/// A connection's service, counting its requests in its [`Activity`].
+#[derive(Clone)]
+struct Counted<S> {
+    inner: S,
+    activity: Arc<Activity>,
+}
+
+/// A request being answered, until its answer is made (or dropped).
+struct Busy(Arc<Activity>);
+
+impl Busy {
+    fn new(activity: Arc<Activity>) -> Busy {
+        activity
+            .in_flight
+            .fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+        activity.touch();
+        Busy(activity)
+    }
+}
+
+impl Drop for Busy {
+    fn drop(&mut self) {
+        self.0.touch();
+        self.0
+            .in_flight
+            .fetch_sub(1, std::sync::atomic::Ordering::Relaxed);
+    }
+}
+
+impl<S, R> tower::Service<R> for Counted<S>
+where
+    S: tower::Service<R>,
+    S::Future: Send + 'static,
+{
+    type Response = S::Response;
+    type Error = S::Error;
+    type Future = Pin<Box<dyn Future<Output = Result<S::Response, S::Error>> + Send + 'static>>;
+
+    fn poll_ready(&mut self, cx: &mut Context<'_>) -> Poll<Result<(), S::Error>> {
+        self.inner.poll_ready(cx)
+    }
+
+    fn call(&mut self, request: R) -> Self::Future {
+        let busy = Busy::new(self.activity.clone());
+        let answer = self.inner.call(request);
+        Box::pin(async move {
+            let _busy = busy;
+            answer.await
         })
     }
 }
@@ -264,13 +356,32 @@ impl Drop for Slot {
     }
 }
 
-/// A connection holding its slot, whose reads fail with `TimedOut` if its first byte has not
-/// come by the deadline; after that byte it is the connection itself.
+/// A connection holding its slot, whose reads fail with `TimedOut` once it has been idle (no
+/// request answered, none started) for the header timeout: a connection that never sends a
+/// request (whatever its protocol: hyper's own header timeout starts only once the first bytes
+/// told HTTP/1 from HTTP/2), or an HTTP/2 one that only answers pings.
 struct GuardedStream<S> {
     stream: S,
-    /// Gone once a byte came.
-    deadline: Option<Pin<Box<tokio::time::Sleep>>>,
+    activity: Arc<Activity>,
+    timer: Pin<Box<tokio::time::Sleep>>,
+    idle: Duration,
     _slot: Slot,
+}
+
+impl<S> GuardedStream<S> {
+    /// Whether the connection has been idle too long; otherwise the timer is set to wake this
+    /// task when it might have been.
+    fn idle_too_long(&mut self, cx: &mut Context<'_>) -> bool {
+        while self.timer.as_mut().poll(cx).is_ready() {
+            let now = tokio::time::Instant::now();
+            match self.activity.idle_until(self.idle) {
+                Some(until) if until <= now.into_std() => return true,
+                Some(until) => self.timer.as_mut().reset(until.into()),
+                None => self.timer.as_mut().reset(now + self.idle),
+            }
+        }
+        false
+    }
 }
 
 impl<S: AsyncRead + Unpin> AsyncRead for GuardedStream<S> {
@@ -279,28 +390,14 @@ impl<S: AsyncRead + Unpin> AsyncRead for GuardedStream<S> {
         cx: &mut Context<'_>,
         buf: &mut ReadBuf<'_>,
     ) -> Poll<std::io::Result<()>> {
-        let before = buf.filled().len();
-        match Pin::new(&mut self.stream).poll_read(cx, buf) {
-            Poll::Ready(read) => {
-                if buf.filled().len() > before {
-                    self.deadline = None;
-                }
-                Poll::Ready(read)
-            }
-            Poll::Pending => {
-                let late = self
-                    .deadline
-                    .as_mut()
-                    .is_some_and(|deadline| deadline.as_mut().poll(cx).is_ready());
-                if late {
-                    return Poll::Ready(Err(std::io::Error::new(
-                        std::io::ErrorKind::TimedOut,
-                        "no request within the header timeout",
-                    )));
-                }
-                Poll::Pending
-            }
+        let read = Pin::new(&mut self.stream).poll_read(cx, buf);
+        if read.is_pending() && self.idle_too_long(cx) {
+            return Poll::Ready(Err(std::io::Error::new(
+                std::io::ErrorKind::TimedOut,
+                "no request within the header timeout",
+            )));
         }
+        read
     }
 }
 
@@ -346,7 +443,7 @@ fn set_up(
     builder
         .http2()
         .timer(timer())
-        .keep_alive_interval(options.header_timeout)
+        .keep_alive_interval(options.header_timeout / 2)
         .keep_alive_timeout(options.header_timeout);
 }
 
@@ -366,7 +463,13 @@ mod tests {
         let listener = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
         listener.set_nonblocking(true).unwrap();
         let addr = listener.local_addr().unwrap();
-        let app = Router::new().route("/", axum::routing::get(|| async { "ok" }));
+        let slow = || async {
+            tokio::time::sleep(Duration::from_millis(1500)).await;
+            "slow"
+        };
+        let app = Router::new()
+            .route("/", axum::routing::get(|| async { "ok" }))
+            .route("/slow", axum::routing::get(slow));
         let shutdown = CancellationToken::new();
         tokio::spawn(serve(listener, app, None, options, shutdown.clone()));
         (addr, shutdown)
@@ -381,6 +484,100 @@ mod tests {
             .expect("no answer and not closed")
             .unwrap_or(0);
         String::from_utf8_lossy(&answer[..n]).into_owned()
+    }
+
+    /// An HTTP/2 connection (prior knowledge, plain TCP) that sends one request, then only
+    /// acknowledges the server's settings and answers its pings, as any HTTP/2 client library
+    /// does by itself, is closed once it has had no request for the header timeout.
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn an_http2_connection_that_only_answers_pings_is_closed() {
+        const TIMEOUT: Duration = Duration::from_millis(500);
+        let (addr, shutdown) = ok_server(ServeOptions {
+            header_timeout: TIMEOUT,
+            ..ServeOptions::default()
+        });
+        let mut conn = TcpStream::connect(addr).await.unwrap();
+        // The preface and empty settings, then GET / on stream 1 (HPACK: :method GET = 0x82,
+        // :path / = 0x84, :scheme http = 0x86, :authority t = literal without indexing of
+        // name 1).
+        let mut hello = b"PRI * HTTP/2.0\r\n\r\nSM\r\n\r\n".to_vec();
+        hello.extend_from_slice(&[0, 0, 0, 4, 0, 0, 0, 0, 0]);
+        let block = [0x82, 0x84, 0x86, 0x01, 0x01, b't'];
+        hello.extend_from_slice(&[0, 0, block.len() as u8, 1, 0x05, 0, 0, 0, 1]);
+        hello.extend_from_slice(&block);
+        conn.write_all(&hello).await.unwrap();
+        let started = Instant::now();
+        let (mut pings, mut answered) = (0, false);
+        let closed = tokio::time::timeout(Duration::from_secs(10), async {
+            loop {
+                let mut head = [0u8; 9];
+                if conn.read_exact(&mut head).await.is_err() {
+                    return;
+                }
+                let len =
+                    usize::from(head[0]) << 16 | usize::from(head[1]) << 8 | usize::from(head[2]);
+                let mut payload = vec![0u8; len];
+                if conn.read_exact(&mut payload).await.is_err() {
+                    return;
+                }
+                let (kind, flags) = (head[3], head[4]);
+                let reply = match (kind, flags & 1) {
+                    (1, _) => {
+                        answered = true;
+                        None
+                    }
+                    // SETTINGS: acknowledge.
+                    (4, 0) => Some(vec![0, 0, 0, 4, 1, 0, 0, 0, 0]),
+                    // PING: answer with its payload.
+                    (6, 0) => {
+                        pings += 1;
+                        let mut ack = vec![0, 0, 8, 6, 1, 0, 0, 0, 0];
+                        ack.extend_from_slice(&payload);
+                        Some(ack)
+                    }
+                    _ => None,
+                };
+                if let Some(reply) = reply
+                    && conn.write_all(&reply).await.is_err()
+                {
+                    return;
+                }
+            }
+        });
+        assert!(
+            closed.await.is_ok(),
+            "the idle HTTP/2 connection stayed open"
+        );
+        let lasted = started.elapsed();
+        assert!(answered, "the request got no answer");
+        assert!(
+            lasted >= TIMEOUT && lasted < TIMEOUT * 8,
+            "lasted {lasted:?}"
+        );
+        assert!(pings >= 1, "the server sent no ping to answer");
+        shutdown.cancel();
+    }
+
+    /// A request answered after three header timeouts is not cut: a connection with a request
+    /// in flight is not idle.
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn a_slow_answer_is_not_cut_by_the_idle_rule() {
+        let (addr, shutdown) = ok_server(ServeOptions {
+            header_timeout: Duration::from_millis(500),
+            ..ServeOptions::default()
+        });
+        let mut conn = TcpStream::connect(addr).await.unwrap();
+        conn.write_all(b"GET /slow HTTP/1.1\r\nHost: t\r\n\r\n")
+            .await
+            .unwrap();
+        let mut answer = [0u8; 512];
+        let n = conn.read(&mut answer).await.unwrap();
+        let answer = String::from_utf8_lossy(&answer[..n]);
+        assert!(
+            answer.starts_with("HTTP/1.1 200") && answer.ends_with("slow"),
+            "{answer}"
+        );
+        shutdown.cancel();
     }
 
     /// The value of the unlabelled series `name` in the process's `/metrics` text.
