@@ -222,9 +222,14 @@ pub async fn run(
     std::fs::create_dir_all(&dedupe_dir)?;
     let health = plumbing::Health::default();
     if let Some(addr) = config.admin_listen {
-        let local = plumbing::serve_admin(addr, health.clone(), shutdown.clone())
-            .await
-            .with_context(|| format!("cannot serve admin endpoints on {addr}"))?;
+        let local = plumbing::serve_admin_with(
+            addr,
+            health.clone(),
+            status::router(&config),
+            shutdown.clone(),
+        )
+        .await
+        .with_context(|| format!("cannot serve admin endpoints on {addr}"))?;
         tracing::info!(%local, "admin endpoints listening");
     }
     let cancel = Arc::new(AtomicBool::new(false));

@@ -7,6 +7,7 @@ use std::collections::BTreeSet;
 use std::fmt;
 use std::path::{Path, PathBuf};
 
+use axum::response::IntoResponse as _;
 use serde::Serialize;
 
 use crate::config::AgentConfig;
@@ -107,6 +108,34 @@ fn files(state: &Path) -> anyhow::Result<Vec<FileStatus>> {
         .collect();
     files.sort_by(|a, b| a.path.cmp(&b.path));
     Ok(files)
+}
+
+/// The agent's admin route `GET /status`: [`status`] as JSON, read on the blocking pool (it
+/// reads the spool's segments), for a fleet's tooling where no Prometheus scrapes the box.
+pub fn router(config: &AgentConfig) -> axum::Router {
+    let config = std::sync::Arc::new(config.clone());
+    axum::Router::new().route(
+        "/status",
+        axum::routing::get(move || {
+            let config = config.clone();
+            async move {
+                match tokio::task::spawn_blocking(move || status(&config)).await {
+                    Ok(Ok(status)) => axum::Json(status).into_response(),
+                    Ok(Err(e)) => failed(format!("{e:#}")),
+                    Err(e) => failed(e.to_string()),
+                }
+            }
+        }),
+    )
+}
+
+fn failed(message: String) -> axum::response::Response {
+    let body = serde_json::json!({ "error": "status_failed", "message": message });
+    (
+        axum::http::StatusCode::INTERNAL_SERVER_ERROR,
+        axum::Json(body),
+    )
+        .into_response()
 }
 
 /// `bytes` for people: B, KiB, MiB, GiB.

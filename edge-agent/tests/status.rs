@@ -1,12 +1,14 @@
-//! `edge-agent status` while the agent runs: what waits in the spool for a gateway that answers
-//! 503, and nothing once it takes the batches; the file source's read position.
+//! `edge-agent status` (and the admin port's `/status`) while the agent runs: what waits in the
+//! spool for a gateway that answers 503, and nothing once it takes the batches; the file
+//! source's read position.
 
 mod support;
 
 use std::time::{Duration, Instant};
 
 use support::{
-    Faults, Stub, assert_exactly_once, config, file_source_toml, readings, start, wait_landed,
+    Faults, Stub, assert_exactly_once, config_with_root, file_source_toml, free_port, readings,
+    start, wait_landed,
 };
 
 /// The status of the agent configured in `cfg` (a file), from the edge-agent binary.
@@ -44,9 +46,11 @@ async fn status_shows_what_waits_while_the_agent_runs() {
     let input = dir.path().join("r.ndjson");
     std::fs::write(&input, lines.join("\n") + "\n").unwrap();
     let cfg_path = dir.path().join("agent.toml");
-    let cfg = config(
+    let admin = format!("127.0.0.1:{}", free_port());
+    let cfg = config_with_root(
         &dir.path().join("state"),
         &stub.url(),
+        &format!("admin_listen = \"{admin}\""),
         "[batch]\nmax_records = 100\n",
         &file_source_toml(&input, "follow = true\n"),
     );
@@ -76,6 +80,17 @@ async fn status_shows_what_waits_while_the_agent_runs() {
     assert_eq!(file["path"], input.to_str().unwrap());
     assert_eq!(file["read_bytes"], size);
     assert_eq!(file["size_bytes"], size);
+
+    // The same from the admin port, for tooling where no Prometheus scrapes the box.
+    let remote = reqwest::get(format!("http://{admin}/status"))
+        .await
+        .unwrap()
+        .bytes()
+        .await
+        .unwrap();
+    let remote: serde_json::Value = serde_json::from_slice(&remote).unwrap();
+    assert_eq!(waiting(&remote), (5, 500), "{remote:#}");
+    assert_eq!(remote["files"], status["files"]);
 
     // The table names the stream and its waiting records.
     let table = std::process::Command::new(env!("CARGO_BIN_EXE_edge-agent"))

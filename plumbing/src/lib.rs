@@ -15,7 +15,7 @@ pub mod telemetry;
 pub use config::{load_config, load_streams_dir};
 pub use telemetry::{
     Health, admin_router, init_tracing, init_tracing_with_default, install_metrics, serve_admin,
-    spawn_readiness_probe,
+    serve_admin_with, spawn_readiness_probe,
 };
 
 use tokio_util::sync::CancellationToken;

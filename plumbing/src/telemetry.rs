@@ -157,13 +157,23 @@ pub async fn serve_admin(
     health: Health,
     shutdown: CancellationToken,
 ) -> std::io::Result<SocketAddr> {
+    serve_admin_with(addr, health, Router::new(), shutdown).await
+}
+
+/// [`serve_admin`] with a component's own admin routes (`extra`) next to the common ones.
+pub async fn serve_admin_with(
+    addr: SocketAddr,
+    health: Health,
+    extra: Router,
+    shutdown: CancellationToken,
+) -> std::io::Result<SocketAddr> {
     let listener = std::net::TcpListener::bind(addr)?;
     listener.set_nonblocking(true)?;
     let local = listener.local_addr()?;
     tokio::spawn(async move {
         let options = crate::server::ServeOptions::default();
-        let result =
-            crate::server::serve(listener, admin_router(health), None, options, shutdown).await;
+        let router = admin_router(health).merge(extra);
+        let result = crate::server::serve(listener, router, None, options, shutdown).await;
         if let Err(e) = result {
             tracing::error!(error = %e, "admin server failed");
         }
