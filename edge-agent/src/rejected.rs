@@ -104,6 +104,16 @@ impl RejectedDir {
     /// The batches kept here (of `stream`, or of all streams), oldest first. A note without its
     /// body, or one that does not parse, is an error naming the file.
     pub fn list(&self, stream: Option<&str>) -> anyhow::Result<Vec<KeptBatch>> {
+        self.list_with(stream, true)
+    }
+
+    /// [`RejectedDir::list`] of every stream without reading the bodies (each batch's `body`
+    /// is left empty): what `edge-agent status` counts.
+    pub fn list_notes(&self) -> anyhow::Result<Vec<KeptBatch>> {
+        self.list_with(None, false)
+    }
+
+    fn list_with(&self, stream: Option<&str>, bodies: bool) -> anyhow::Result<Vec<KeptBatch>> {
         let mut kept = Vec::new();
         let entries = match fs::read_dir(&self.dir) {
             Ok(entries) => entries,
@@ -115,7 +125,7 @@ impl RejectedDir {
             if note.extension().is_none_or(|e| e != "json") {
                 continue;
             }
-            let batch = KeptBatch::read(&note)
+            let batch = KeptBatch::read(&note, bodies)
                 .with_context(|| format!("cannot read the kept batch {}", note.display()))?;
             if stream.is_none_or(|s| s == batch.stream) {
                 kept.push(batch);
@@ -138,7 +148,7 @@ pub struct KeptBatch {
 }
 
 impl KeptBatch {
-    fn read(note_path: &Path) -> anyhow::Result<KeptBatch> {
+    fn read(note_path: &Path, with_body: bool) -> anyhow::Result<KeptBatch> {
         let note: serde_json::Value = serde_json::from_slice(&fs::read(note_path)?)?;
         let text = |key: &str| {
             note[key]
@@ -152,8 +162,11 @@ impl KeptBatch {
         hex::decode_to_slice(text("batch")?, &mut id)
             .context("the batch id is not 64 hex digits")?;
         let body_path = note_path.with_extension("body");
-        let body =
-            fs::read(&body_path).with_context(|| format!("cannot read {}", body_path.display()))?;
+        let body = if with_body {
+            fs::read(&body_path).with_context(|| format!("cannot read {}", body_path.display()))?
+        } else {
+            Vec::new()
+        };
         let small = |key: &str| number(key).and_then(|n| u32::try_from(n).ok());
         Ok(KeptBatch {
             stream: text("stream")?.to_owned(),

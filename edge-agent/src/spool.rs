@@ -674,8 +674,10 @@ pub struct Peek {
 }
 
 /// Reads the spool of `stream` under `root` without changing anything, also while an agent
-/// appends to it and acknowledges: what waits there for delivery. A segment is read up to its
-/// first region that is not a whole entry; a segment deleted meanwhile counts as empty.
+/// appends to it and acknowledges: what waits there for delivery. Only each entry's header and
+/// metadata are read (the bodies are skipped, and not checksummed), so a large spool costs a
+/// few reads per batch. A segment is read up to its first region that does not start a whole
+/// entry; a segment deleted meanwhile counts as empty.
 pub fn peek(root: &Path, stream: &str) -> Result<Peek, SpoolError> {
     let dir = root.join(stream);
     let mut peek = Peek::default();
@@ -684,25 +686,42 @@ pub fn peek(root: &Path, stream: &str) -> Result<Peek, SpoolError> {
     }
     let acked = read_acked(&dir)?;
     for (_, path) in segment_names(&dir)? {
-        let data = match fs::read(&path) {
-            Ok(data) => data,
+        let file = match File::open(&path) {
+            Ok(file) => file,
             Err(e) if e.kind() == std::io::ErrorKind::NotFound => continue,
             Err(e) => return Err(io(&path)(e)),
         };
-        peek.disk_bytes += data.len() as u64;
-        let mut pos = 0;
-        while let Some(loc) = entry_at(&data, pos) {
-            if loc.seq >= acked {
-                let created = u64_at(&data, pos + HEADER + 8);
+        let size = file.metadata().map_err(io(&path))?.len();
+        peek.disk_bytes += size;
+        let mut reader = std::io::BufReader::with_capacity(4096, file);
+        let mut pos = 0u64;
+        let mut head = [0u8; HEADER + META];
+        while pos + (HEADER + META) as u64 <= size {
+            reader.read_exact(&mut head).map_err(io(&path))?;
+            let len = u32_at(&head, 4) as usize;
+            let end = pos + (HEADER + len) as u64;
+            let encoding = BodyEncoding::from_code(head[HEADER + 24]);
+            if head[..4] != MAGIC
+                || !(META..=MAX_PAYLOAD).contains(&len)
+                || end > size
+                || encoding.is_none()
+            {
+                break;
+            }
+            if u64_at(&head, HEADER) >= acked {
+                let created = u64_at(&head, HEADER + 8);
                 peek.batches += 1;
-                peek.records += u64::from(loc.records);
-                peek.body_bytes += (loc.len as usize - META) as u64;
+                peek.records += u64::from(u32_at(&head, HEADER + 16));
+                peek.body_bytes += (len - META) as u64;
                 peek.oldest_created_ms =
                     Some(peek.oldest_created_ms.map_or(created, |o| o.min(created)));
             }
-            pos += HEADER + loc.len as usize;
+            reader
+                .seek_relative((len - META) as i64)
+                .map_err(io(&path))?;
+            pos = end;
         }
-        peek.unread_bytes += (data.len() - pos) as u64;
+        peek.unread_bytes += size - pos;
     }
     Ok(peek)
 }

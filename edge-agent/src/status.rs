@@ -53,7 +53,7 @@ pub fn status(config: &AgentConfig) -> anyhow::Result<Status> {
     let state = &config.state_dir;
     let spool_root = state.join("spool");
     let rejected = RejectedDir::new(state.join("rejected"), config.spool.rejected_max_bytes());
-    let kept = rejected.list(None)?;
+    let kept = rejected.list_notes()?;
     let mut names: BTreeSet<String> = config
         .sources
         .iter()

@@ -331,6 +331,19 @@ async fn refused_batches_are_resent_once_the_cause_is_fixed() {
     stub.set_faults(Faults::default());
     let config = edge_agent::AgentConfig::parse(&cfg).unwrap();
     let streams = schemas::example_streams();
+    // `status` counts the kept batch, and then the batch put back into the spool.
+    let waiting_and_refused = || {
+        let status = edge_agent::status::status(&config).unwrap();
+        let s = &status.streams[0];
+        assert_eq!(s.stream, "sensor_readings");
+        (
+            s.spool.batches,
+            s.spool.records,
+            s.rejected_batches,
+            s.rejected_records,
+        )
+    };
+    assert_eq!(waiting_and_refused(), (0, 0, 1, 100));
     assert_eq!(
         edge_agent::resend_rejected(&config, &streams, Some("vehicle_telemetry")).unwrap(),
         edge_agent::Resent::default(),
@@ -340,6 +353,7 @@ async fn refused_batches_are_resent_once_the_cause_is_fixed() {
     assert_eq!((resent.batches, resent.records), (1, 100));
     let rejected = dir.path().join("state/rejected");
     assert_eq!(std::fs::read_dir(&rejected).unwrap().count(), 0);
+    assert_eq!(waiting_and_refused(), (1, 100, 0, 0));
 
     let (agent, _shutdown) = start(&cfg);
     let stats = agent.await.unwrap().unwrap().total();
