@@ -103,29 +103,40 @@ async fn track_requests(request: Request, next: Next) -> Response {
             "/openapi.json" => "openapi",
             _ => "other",
         });
-    let request_id = request
-        .headers()
-        .get("x-request-id")
-        .and_then(|v| v.to_str().ok())
-        .map(schemas::stream::printable)
-        .unwrap_or_default();
-    let method = request.method().clone();
-    let path = schemas::stream::printable(request.uri().path());
+    // Cheap copies (reference-counted): the id and the path are rendered only for a failure.
+    let request_id = request.headers().get("x-request-id").cloned();
+    let (method, uri) = (request.method().clone(), request.uri().clone());
     let started = Instant::now();
     let response = next.run(request).await;
     let code = response.status();
-    // Failed requests, with the id the client got back: 5xx as warnings, 4xx (a client's
-    // mistake, or an attack's) only with RUST_LOG=ingest_gateway=debug.
-    if code.is_server_error() {
-        tracing::warn!(%request_id, %method, %path, status = code.as_u16(), "request failed");
-    } else if code.is_client_error() {
-        tracing::debug!(%request_id, %method, %path, status = code.as_u16(), "request refused");
+    if code.is_client_error() || code.is_server_error() {
+        log_failed(code, request_id.as_ref(), &method, &uri);
     }
     let status = code.as_u16().to_string();
     ::metrics::counter!(metrics::HTTP_REQUESTS, "route" => route, "status" => status).increment(1);
     ::metrics::histogram!(metrics::HTTP_DURATION, "route" => route)
         .record(started.elapsed().as_secs_f64());
     response
+}
+
+/// Logs a failed request with the id the client got back: 5xx as warnings, 4xx (a client's
+/// mistake, or an attack's) only with RUST_LOG=ingest_gateway=debug.
+fn log_failed(
+    code: axum::http::StatusCode,
+    request_id: Option<&axum::http::HeaderValue>,
+    method: &axum::http::Method,
+    uri: &axum::http::Uri,
+) {
+    let request_id = request_id
+        .and_then(|v| v.to_str().ok())
+        .map(schemas::stream::printable)
+        .unwrap_or_default();
+    let path = schemas::stream::printable(uri.path());
+    if code.is_server_error() {
+        tracing::warn!(%request_id, %method, %path, status = code.as_u16(), "request failed");
+    } else {
+        tracing::debug!(%request_id, %method, %path, status = code.as_u16(), "request refused");
+    }
 }
 
 /// Checks what `start` would refuse, without connecting to Kafka or listening: the tokens, the

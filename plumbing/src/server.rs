@@ -98,7 +98,8 @@ impl TlsConfig {
 /// How connections are served.
 #[derive(Debug, Clone, Copy)]
 pub struct ServeOptions {
-    /// Longest time a connection may take to send a request head (see the module's docs).
+    /// Longest time a connection may take to send a request head, and may stay without a
+    /// request in flight (see the module's docs).
     pub header_timeout: Duration,
     /// Connections open at once; more are closed as they come.
     pub max_connections: usize,

@@ -221,8 +221,6 @@ impl ConsumerContext for SinkContext {
     }
 }
 
-/// Starts the sink: connects the store, joins the consumer group and runs until `shutdown`,
-/// then writes and commits what is buffered.
 /// Checks what `start` would refuse, without connecting to Kafka or the object store: the
 /// stream selection, the Kafka client settings (TLS and SASL files included) and the store's
 /// settings. Returns the names of the streams the sink would consume.
@@ -238,6 +236,8 @@ pub fn check(config: &SinkConfig, streams: Streams) -> anyhow::Result<Vec<String
     Ok(streams.iter().map(|s| s.name.clone()).collect())
 }
 
+/// Starts the sink: connects the store, joins the consumer group and runs until `shutdown`,
+/// then writes and commits what is buffered.
 pub async fn start(
     config: SinkConfig,
     streams: Streams,

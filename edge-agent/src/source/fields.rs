@@ -184,14 +184,12 @@ impl StaticFields {
         fields: &std::collections::BTreeMap<String, Json>,
         def: &StreamDef,
     ) -> anyhow::Result<StaticFields> {
-        let object: Map<String, Json> = fields.clone().into_iter().collect();
+        let values: Vec<(String, Json)> = fields.clone().into_iter().collect();
+        let object: Map<String, Json> = values.iter().cloned().collect();
         match schemas::validate(def, Json::Object(object)) {
-            Ok(_) | Err(schemas::RecordError::Missing { .. }) => {}
+            Ok(_) | Err(schemas::RecordError::Missing { .. }) => Ok(StaticFields { values }),
             Err(e) => anyhow::bail!("fields: {e}"),
         }
-        Ok(StaticFields {
-            values: fields.clone().into_iter().collect(),
-        })
     }
 
     /// `payload` (NDJSON lines) with the fields filled into every record (an MQTT message).
