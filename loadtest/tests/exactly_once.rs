@@ -492,6 +492,139 @@ async fn dead_letter_flood(by_budget: bool) {
     drop(cluster);
 }
 
+/// A sink stopped while its upload fails, after it wrote the range's dead letters (the landing
+/// folder cannot be written, so the upload is retried until the stop; a crash there leaves the
+/// same). It commits nothing: before, the stop's own flush took the range whose file it had
+/// given up for one of skipped records only and committed past it, and its readings were lost.
+/// The next sink reads the range again with other rotation settings, so its range ends
+/// elsewhere: it finds the dead-letter object at the key of the first dead letter, drops the
+/// dead letters that object holds and writes only the rest. Every dead letter is written once
+/// and every reading lands once.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_stop_while_uploads_fail_loses_nothing_and_writes_dead_letters_once() {
+    clear_of_an_hour_boundary(Duration::from_secs(60)).await;
+    let streams = schemas::example_streams();
+    let (cluster, producer) = mock_cluster(1);
+    let readings = distinct_readings(120);
+    let mut garbage = Vec::new();
+    let mut offset = 0;
+    for (i, r) in readings.iter().enumerate() {
+        send_plain(&producer, "k", &r.to_string()).await;
+        offset += 1;
+        if i % 4 == 3 {
+            send_plain(&producer, "k", &format!("garbage after reading {i}")).await;
+            garbage.push(offset);
+            offset += 1;
+        }
+    }
+    let landing = tempfile::tempdir().unwrap();
+    // A file where the stream's landing folder goes: landing files cannot be written there,
+    // dead letters (under `_dead_letters/`) can.
+    let blocker = landing.path().join("landing/sensor_readings");
+    std::fs::create_dir_all(blocker.parent().unwrap()).unwrap();
+    std::fs::write(&blocker, b"not a folder").unwrap();
+    let rotation = |max_records| RotationConfig {
+        idle_ms: 300,
+        max_records,
+        ..RotationConfig::default()
+    };
+
+    let shutdown = CancellationToken::new();
+    let config = local_sink(&cluster, landing.path(), "dead-crash", rotation(40));
+    let first = sink::start(config, streams.clone(), shutdown.clone())
+        .await
+        .unwrap();
+    let deadline = Instant::now() + Duration::from_secs(30);
+    while !first.stats.store_failing.load(Ordering::Relaxed)
+        || dead_letter_offsets(landing.path()).is_empty()
+    {
+        assert!(
+            Instant::now() < deadline,
+            "no dead letters before the failing upload"
+        );
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    shutdown.cancel();
+    first.task.await.unwrap().unwrap();
+    assert_eq!(first.stats.files_written.load(Ordering::Relaxed), 0);
+    assert_eq!(
+        committed(&cluster, "dead-crash", 0),
+        None,
+        "committed while nothing landed"
+    );
+    let before = dead_letter_offsets(landing.path());
+    assert!(before.len() < garbage.len(), "{before:?}");
+
+    std::fs::remove_file(&blocker).unwrap();
+    let shutdown = CancellationToken::new();
+    let config = local_sink(&cluster, landing.path(), "dead-crash", rotation(1_000));
+    let second = sink::start(config, streams.clone(), shutdown.clone())
+        .await
+        .unwrap();
+    wait_written(&second, readings.len() as u64).await;
+    shutdown.cancel();
+    second.task.await.unwrap().unwrap();
+    assert_eq!(
+        dead_letter_offsets(landing.path()),
+        garbage,
+        "every dead letter once"
+    );
+    assert_eq!(
+        second
+            .stats
+            .adopted_dead_letter_objects
+            .load(Ordering::Relaxed),
+        1
+    );
+    assert_exactly_once(&readings, landing.path());
+    drop(cluster);
+}
+
+/// The offset `group` committed on partition `partition` of the sensor topic, if any.
+fn committed(
+    cluster: &MockCluster<'static, rdkafka::producer::DefaultProducerContext>,
+    group: &str,
+    partition: i32,
+) -> Option<i64> {
+    let consumer: rdkafka::consumer::BaseConsumer = ClientConfig::new()
+        .set("bootstrap.servers", cluster.bootstrap_servers())
+        .set("group.id", group)
+        .create()
+        .unwrap();
+    let mut list = rdkafka::TopicPartitionList::new();
+    list.add_partition(TOPIC, partition);
+    let committed = tokio::task::block_in_place(|| {
+        rdkafka::consumer::Consumer::committed_offsets(&consumer, list, Duration::from_secs(10))
+    })
+    .unwrap();
+    match committed.find_partition(TOPIC, partition)?.offset() {
+        rdkafka::Offset::Offset(o) => Some(o),
+        _ => None,
+    }
+}
+
+/// The offsets of the dead letters in a local landing zone, in order (repeats kept).
+fn dead_letter_offsets(landing: &std::path::Path) -> Vec<i64> {
+    let dir = landing.join("landing/_dead_letters");
+    let mut offsets = Vec::new();
+    if !dir.exists() {
+        return offsets;
+    }
+    // Not the temporary files of objects being written.
+    let objects = walk(&dir).into_iter().filter(|p| {
+        !p.file_name()
+            .is_some_and(|n| n.to_string_lossy().starts_with('.'))
+    });
+    for object in objects {
+        for line in std::fs::read_to_string(&object).unwrap().lines() {
+            let v: serde_json::Value = serde_json::from_str(line).unwrap();
+            offsets.push(v["offset"].as_i64().unwrap());
+        }
+    }
+    offsets.sort_unstable();
+    offsets
+}
+
 /// Duplicates that straddle a restart: the second sink's dedupe windows are warmed from the
 /// landing files of the first, so records re-sent after the restart do not land twice. The
 /// partitions share one listing of each hour folder (24 listings, not 24 per partition).

@@ -47,6 +47,8 @@ pub struct SinkStats {
     pub duplicates_dropped: AtomicU64,
     pub dead_letters: AtomicU64,
     pub adopted_files: AtomicU64,
+    /// Dead-letter objects found already written when this sink went to write them.
+    pub adopted_dead_letter_objects: AtomicU64,
     /// Records taken from Kafka that an adopted object already holds, so they were not written
     /// again ([`m::ADOPTED_RECORDS`]). Once everything is written, received = written +
     /// adopted + duplicates + dead letters.
@@ -744,7 +746,7 @@ impl Worker {
         let targets = self.targets();
         // `open_partition` created the state (with its warmed window and its stream) before
         // this call.
-        let Some(part) = self.parts.get_mut(&msg.part) else {
+        let Some(part) = self.parts.get_mut(&msg.part).filter(|p| !p.stopped) else {
             return Ok(None);
         };
         // The idle timer's clock, read once per round of ready messages.
@@ -796,7 +798,7 @@ impl Worker {
     /// file. Retries retryable store errors until shutdown.
     async fn flush(&mut self, key: &PartKey, reason: FlushReason) -> anyhow::Result<()> {
         loop {
-            let Some(part) = self.parts.get_mut(key) else {
+            let Some(part) = self.parts.get_mut(key).filter(|p| !p.stopped) else {
                 return Ok(());
             };
             let (Some(start), Some(next)) = (part.range_start, part.next_offset) else {
@@ -806,25 +808,14 @@ impl Worker {
                 first: start.offset,
                 last: next - 1,
             };
-            if !part.dead.is_empty() {
-                let object = parquet_file::dead_letter_key(
-                    &self.config.key_prefix,
-                    &part.def.name,
-                    start.ingest_ts,
-                    part.partition,
-                    range,
-                );
-                let data = bytes::Bytes::from(std::mem::take(&mut part.dead));
-                let put = self
-                    .with_retry(&object, || self.store.put_if_absent(&object, data.clone()))
-                    .await;
-                if put.is_none() {
+            if let Some((first, ingest_ts)) = part.dead.first() {
+                if !self.write_dead_letters(key, first, ingest_ts).await? {
+                    // Shutting down while the store fails: nothing is committed.
                     if let Some(part) = self.parts.get_mut(key) {
-                        part.dead = data.to_vec();
+                        part.stopped = true;
                     }
                     return Ok(());
                 }
-                tracing::info!(object, "wrote dead letters");
                 continue;
             }
             let Some(file) = part.file.take() else {
@@ -889,13 +880,70 @@ impl Worker {
                     continue;
                 }
                 None => {
-                    // Shutting down while the store fails: nothing is committed, the records
-                    // are read again by whoever owns the partition next.
+                    // Shutting down while the store fails: the finished file is dropped, and
+                    // nothing of the partition is written or committed after it (a later flush
+                    // would otherwise take the range for skipped records only and commit past
+                    // it); the records are read again by whoever owns the partition next.
+                    part.stopped = true;
                     return Ok(());
                 }
             }
             self.commit(key).await;
         }
+    }
+
+    /// Writes the partition's dead letters from offset `first` (ingested at `ingest_ts`) as an
+    /// object named after that offset. When the object exists (written before a crash, or by
+    /// the partition's previous owner, with a range that may end elsewhere than ours), it holds
+    /// every dead letter up to its last line: those are dropped and the rest go on to the next
+    /// object of the chain. `false` when shutdown interrupted the retries (the dead letters stay).
+    async fn write_dead_letters(
+        &mut self,
+        key: &PartKey,
+        first: i64,
+        ingest_ts: i64,
+    ) -> anyhow::Result<bool> {
+        let Some(part) = self.parts.get(key) else {
+            return Ok(false);
+        };
+        let stream = part.def.name.clone();
+        let object = parquet_file::dead_letter_key(
+            &self.config.key_prefix,
+            &stream,
+            ingest_ts,
+            part.partition,
+            first,
+        );
+        let data = bytes::Bytes::copy_from_slice(part.dead.text());
+        let put = self
+            .with_retry(&object, || self.store.put_if_absent(&object, data.clone()))
+            .await;
+        let last = match put {
+            None => return Ok(false),
+            Some(PutOutcome::Created) => {
+                tracing::info!(object, "wrote dead letters");
+                i64::MAX
+            }
+            Some(PutOutcome::AlreadyExists) => {
+                let existing = self
+                    .store
+                    .get(&object)
+                    .await?
+                    .context("dead-letter object vanished after a conflicting create")?;
+                let last = partition::last_dead_letter(&existing)
+                    .with_context(|| format!("cannot read the dead-letter object {object}"))?;
+                tracing::info!(object, last_offset = last, "adopted existing dead letters");
+                ::metrics::counter!(m::ADOPTED_DEAD_LETTERS, "stream" => stream).increment(1);
+                self.stats
+                    .adopted_dead_letter_objects
+                    .fetch_add(1, Ordering::Relaxed);
+                last
+            }
+        };
+        if let Some(part) = self.parts.get_mut(key) {
+            part.dead.drop_through(last);
+        }
+        Ok(true)
     }
 
     /// Adopts the object another sink wrote at `object`: continues after its last offset, and

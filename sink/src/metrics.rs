@@ -12,6 +12,9 @@ pub const ADOPTED_FILES: &str = "sink_adopted_files_total";
 /// Records received that an adopted object already holds (written by another sink, or by this
 /// one before a lost answer or a crash), so they were not written again.
 pub const ADOPTED_RECORDS: &str = "sink_adopted_records_total";
+/// Dead-letter objects found already written (before a crash, or by the partition's previous
+/// owner) when the sink went to write them: their dead letters were not written again.
+pub const ADOPTED_DEAD_LETTERS: &str = "sink_adopted_dead_letter_objects_total";
 pub const CONSUMER_LAG: &str = "sink_consumer_lag_records";
 pub const BUFFERED_BYTES: &str = "sink_buffered_bytes";
 /// Bytes reserved for the dedupe windows of the partitions this sink holds (at most

@@ -58,20 +58,22 @@ pub struct OffsetRange {
     pub last: i64,
 }
 
-/// The key of the dead-letter object of a range:
-/// `<prefix>/_dead_letters/<stream>/date=…/hour=…/<stream>-p<partition>-o<first>-<last>.ndjson`.
-/// The range end is in the name, so a sink that reads further than an earlier one never finds
-/// its dead letters taken by a shorter object (dead letters are at least once).
+/// The key of a dead-letter object:
+/// `<prefix>/_dead_letters/<stream>/date=…/hour=…/<stream>-p<partition>-o<first>.ndjson`, named
+/// after its first dead letter's offset (and placed by its ingest time). An object holds every
+/// dead letter of its partition from that offset up to its last line's, so whoever reads those
+/// records again finds it at the same key, whatever range it was written with, and goes on after
+/// its last line: dead letters form a chain of their own, exactly once.
 pub fn dead_letter_key(
     prefix: &str,
     stream: &str,
     ingest_ts: i64,
     partition: i32,
-    range: OffsetRange,
+    first: i64,
 ) -> String {
-    let file = object_key("", stream, ingest_ts, partition, range.first);
+    let file = object_key("", stream, ingest_ts, partition, first);
     let file = file.trim_start_matches('/').trim_end_matches(".parquet");
-    format!("{prefix}/_dead_letters/{file}-{:020}.ndjson", range.last)
+    format!("{prefix}/_dead_letters/{file}.ndjson")
 }
 
 /// Encodes rows (in offset order, all within `range`) into a Parquet file.
@@ -272,11 +274,10 @@ mod tests {
     }
 
     #[test]
-    fn dead_letter_keys_carry_the_range() {
-        let range = OffsetRange { first: 5, last: 9 };
+    fn dead_letter_keys_carry_the_first_offset() {
         assert_eq!(
-            dead_letter_key("landing", "s", 0, 2, range),
-            "landing/_dead_letters/s/date=1970-01-01/hour=00/s-p2-o00000000000000000005-00000000000000000009.ndjson"
+            dead_letter_key("landing", "s", 0, 2, 5),
+            "landing/_dead_letters/s/date=1970-01-01/hour=00/s-p2-o00000000000000000005.ndjson"
         );
     }
 

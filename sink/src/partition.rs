@@ -40,7 +40,82 @@ pub struct PartitionState {
     pub last_append: Instant,
     pub window: DigestWindow,
     /// Dead letters of the open range, as JSON lines for the dead-letter object.
-    pub dead: Vec<u8>,
+    pub dead: DeadLetters,
+    /// A write was given up at shutdown: the partition takes no more records and writes and
+    /// commits nothing more, so that its next owner reads the unwritten range again.
+    pub stopped: bool,
+}
+
+/// Dead letters not yet in an object: JSON lines, each line's offset and ingest time kept to
+/// name the object and to drop the lines an existing object already holds.
+#[derive(Debug, Default)]
+pub struct DeadLetters {
+    text: Vec<u8>,
+    /// (offset, ingest time, end of the line in `text`), in offset order.
+    lines: Vec<(i64, i64, usize)>,
+}
+
+impl DeadLetters {
+    /// Bytes of the JSON lines.
+    pub fn len(&self) -> usize {
+        self.text.len()
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.lines.is_empty()
+    }
+
+    /// Memory held, lines and their index.
+    pub fn memory(&self) -> usize {
+        self.text.len() + self.lines.len() * std::mem::size_of::<(i64, i64, usize)>()
+    }
+
+    /// Offset and ingest time of the first dead letter, which name its object.
+    pub fn first(&self) -> Option<(i64, i64)> {
+        self.lines
+            .first()
+            .map(|&(offset, ingest_ts, _)| (offset, ingest_ts))
+    }
+
+    /// The JSON lines, for the object.
+    pub fn text(&self) -> &[u8] {
+        &self.text
+    }
+
+    fn push(&mut self, offset: i64, ingest_ts: i64, line: &serde_json::Value) {
+        // Writing into a Vec cannot fail.
+        let _ = serde_json::to_writer(&mut self.text, line);
+        self.text.push(b'\n');
+        self.lines.push((offset, ingest_ts, self.text.len()));
+    }
+
+    /// Forgets the dead letters at offsets up to and including `last` (an object holds them).
+    pub fn drop_through(&mut self, last: i64) {
+        let kept = self.lines.partition_point(|&(offset, ..)| offset <= last);
+        let Some(&(.., cut)) = kept.checked_sub(1).map(|i| &self.lines[i]) else {
+            return;
+        };
+        self.text.drain(..cut);
+        self.lines.drain(..kept);
+        for line in &mut self.lines {
+            line.2 -= cut;
+        }
+    }
+}
+
+/// The offset of the last dead letter in an object's JSON lines.
+pub fn last_dead_letter(text: &[u8]) -> anyhow::Result<i64> {
+    #[derive(serde::Deserialize)]
+    struct Line {
+        offset: i64,
+    }
+    let mut last = None;
+    for line in text.split(|&b| b == b'\n').filter(|l| !l.is_empty()) {
+        let line: Line =
+            serde_json::from_slice(line).context("a dead-letter line without its offset")?;
+        last = last.max(Some(line.offset));
+    }
+    last.context("a dead-letter object without dead letters")
 }
 
 /// Where the open file's range begins. Its ingest time places the file in a date/hour folder,
@@ -164,7 +239,8 @@ impl PartitionState {
             committed: None,
             last_append: Instant::now(),
             window: DigestWindow::new(window, 0),
-            dead: Vec::new(),
+            dead: DeadLetters::default(),
+            stopped: false,
         }
     }
 
@@ -194,7 +270,7 @@ impl PartitionState {
 
     /// Memory held by the open file and the range's dead letters.
     pub fn memory(&self) -> usize {
-        self.file.as_ref().map_or(0, OpenFile::memory) + self.dead.len()
+        self.file.as_ref().map_or(0, OpenFile::memory) + self.dead.memory()
     }
 
     /// Keeps an undecodable or invalid record for the dead-letter object, with its reason.
@@ -207,14 +283,13 @@ impl PartitionState {
             "reason": reason,
             "payload_hex": hex::encode(payload),
         });
-        self.dead.extend_from_slice(line.to_string().as_bytes());
-        self.dead.push(b'\n');
+        self.dead.push(offset, ingest_ts, &line);
         self.consumed(offset, ingest_ts);
     }
 
     /// Whether there is something to write or commit.
     pub fn has_pending(&self) -> bool {
-        self.rows() > 0 || self.next_offset > self.committed
+        !self.stopped && (self.rows() > 0 || self.next_offset > self.committed)
     }
 
     /// Why the open range is due to be written by the clock alone, as of `now`: nothing
@@ -263,6 +338,40 @@ impl PartitionState {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn dead_letters_drop_what_an_object_holds() {
+        let def = schemas::example_streams()
+            .get("sensor_readings")
+            .unwrap()
+            .clone();
+        let mut part = PartitionState::new(def, "ingest.sensor_readings".into(), 3, 10);
+        for (offset, payload) in [(4, "a"), (9, "b"), (15, "c")] {
+            part.dead_letter(offset, 100 + offset, "malformed JSON", payload.as_bytes());
+        }
+        assert_eq!(part.dead.first(), Some((4, 104)));
+        assert_eq!(last_dead_letter(part.dead.text()).unwrap(), 15);
+        // An object that holds the dead letters up to offset 9 (its range may have ended
+        // anywhere from 9 to 14).
+        part.dead.drop_through(12);
+        assert_eq!(part.dead.first(), Some((15, 115)));
+        let line: serde_json::Value = serde_json::from_slice(part.dead.text()).unwrap();
+        assert_eq!(line["offset"], 15);
+        assert_eq!(line["partition"], 3);
+        assert_eq!(line["payload_hex"], hex::encode("c"));
+        // Nothing held up to an offset before the first.
+        part.dead.drop_through(14);
+        assert_eq!(part.dead.first(), Some((15, 115)));
+        part.dead.drop_through(15);
+        assert!(part.dead.is_empty() && part.dead.text().is_empty());
+
+        assert!(last_dead_letter(b"").is_err());
+        assert!(last_dead_letter(b"{\"reason\":\"x\"}\n").is_err());
+        assert_eq!(
+            last_dead_letter(b"{\"offset\":7}\n{\"offset\":3}\n").unwrap(),
+            7
+        );
+    }
 
     #[test]
     fn the_clock_makes_a_range_due_when_idle_or_old() {

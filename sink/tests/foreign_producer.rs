@@ -17,7 +17,7 @@ use rdkafka::ClientConfig;
 use rdkafka::admin::{AdminClient, AdminOptions, NewTopic, TopicReplication};
 use rdkafka::client::DefaultClientContext;
 use sink::SinkConfig;
-use sink::config::{RotationConfig, StoreConfig};
+use sink::config::RotationConfig;
 use sink::store::ObjectStore;
 use tokio_util::sync::CancellationToken;
 
@@ -97,16 +97,7 @@ async fn confluent_kafka_records_with_duplicates_and_bad_values() {
     assert!(status.success(), "confluent-kafka producer failed");
 
     let mut config = SinkConfig {
-        store: StoreConfig::S3 {
-            bucket: bucket.clone(),
-            endpoint: Some(s3.clone()),
-            region: Some("us-east-1".into()),
-            force_path_style: true,
-            ca_file: None,
-            server_side_encryption: None,
-            kms_key_id: None,
-            storage_class: None,
-        },
+        store: support::s3_store(&s3, &bucket),
         rotation: RotationConfig {
             max_records: 400,
             idle_ms: 500,

@@ -237,12 +237,20 @@ pub fn unique_id() -> u128 {
 }
 
 /// A loopback port that was free a moment ago.
+///
+/// It is below Linux's ephemeral range (32768 and up by default), so no client's outgoing
+/// connection takes it while nothing listens there. A port from that range (what binding port
+/// 0 gives) could be taken during an outage a test makes: a client that keeps reconnecting to
+/// the port can connect to itself from it, and the test's listener cannot come back.
 pub fn free_port() -> u16 {
-    std::net::TcpListener::bind("127.0.0.1:0")
-        .unwrap()
-        .local_addr()
-        .unwrap()
-        .port()
+    use rand::Rng as _;
+    let mut rng = rand::rng();
+    loop {
+        let port = rng.random_range(10_000..32_000);
+        if std::net::TcpListener::bind(("127.0.0.1", port)).is_ok() {
+            return port;
+        }
+    }
 }
 
 /// A TCP proxy on `port` in front of `target`: stopping it is an outage as clients see it

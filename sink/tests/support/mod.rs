@@ -36,14 +36,53 @@ pub fn readings(n: usize, seed: u64) -> Vec<Value> {
 /// Produces readings keyed by device (the partition key), each acknowledged.
 pub async fn produce(producer: &FutureProducer, topic: &str, records: &[Value]) {
     for r in records {
-        let key = r["device_id"].as_str().unwrap().to_owned();
-        let value = r.to_string();
-        producer
-            .send(
-                FutureRecord::to(topic).key(&key).payload(&value),
-                Duration::from_secs(5),
-            )
-            .await
-            .unwrap();
+        let key = r["device_id"].as_str().unwrap();
+        produce_raw(producer, topic, key, &r.to_string()).await;
+    }
+}
+
+/// Produces one value as it is (a malformed one, say) with `key`, acknowledged.
+pub async fn produce_raw(producer: &FutureProducer, topic: &str, key: &str, value: &str) {
+    producer
+        .send(
+            FutureRecord::to(topic).key(key).payload(value),
+            Duration::from_secs(5),
+        )
+        .await
+        .unwrap();
+}
+
+/// The (partition, offset) of every dead letter in the bucket's `landing/_dead_letters/`, in
+/// order, repeats kept.
+pub async fn dead_letters(s3: &str, bucket: &str) -> Vec<(i64, i64)> {
+    let store = sink::store::ObjectStore::from_config(&s3_store(s3, bucket))
+        .await
+        .unwrap();
+    let mut dead = Vec::new();
+    for key in store.list("landing/_dead_letters/").await.unwrap() {
+        let data = store.get(&key).await.unwrap().unwrap();
+        for line in String::from_utf8(data.to_vec()).unwrap().lines() {
+            let v: Value = serde_json::from_str(line).unwrap();
+            dead.push((
+                v["partition"].as_i64().unwrap(),
+                v["offset"].as_i64().unwrap(),
+            ));
+        }
+    }
+    dead.sort_unstable();
+    dead
+}
+
+/// The store settings of `bucket` on the S3 server at `s3` (moto: path-style, us-east-1).
+pub fn s3_store(s3: &str, bucket: &str) -> sink::config::StoreConfig {
+    sink::config::StoreConfig::S3 {
+        bucket: bucket.to_owned(),
+        endpoint: Some(s3.to_owned()),
+        region: Some("us-east-1".into()),
+        force_path_style: true,
+        ca_file: None,
+        server_side_encryption: None,
+        kms_key_id: None,
+        storage_class: None,
     }
 }
