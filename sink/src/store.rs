@@ -159,17 +159,22 @@ pub fn check_config(config: &StoreConfig) -> Result<(), StoreError> {
         https_trusting(path)?;
     }
     if let Some(endpoint) = endpoint {
-        let scheme = endpoint.split_once("://").map(|(scheme, _)| scheme);
-        if !matches!(scheme, Some("http" | "https")) {
-            return Err(StoreError {
-                retryable: false,
-                message: format!(
-                    "store.endpoint {endpoint}: give http://host:port or https://host:port"
-                ),
-            });
-        }
+        check_endpoint(endpoint)?;
     }
     Ok(())
+}
+
+/// An endpoint without its scheme (`minio:9000`) is refused at start: the SDK would take it and
+/// fail only at the first upload.
+fn check_endpoint(endpoint: &str) -> Result<(), StoreError> {
+    let scheme = endpoint.split_once("://").map(|(scheme, _)| scheme);
+    if matches!(scheme, Some("http" | "https")) {
+        return Ok(());
+    }
+    Err(StoreError {
+        retryable: false,
+        message: format!("store.endpoint {endpoint}: give http://host:port or https://host:port"),
+    })
 }
 
 impl ObjectStore {
@@ -202,6 +207,7 @@ impl ObjectStore {
                     loader = loader.http_client(https_trusting(path)?);
                 }
                 if let Some(endpoint) = endpoint {
+                    check_endpoint(endpoint)?;
                     loader = loader.endpoint_url(endpoint);
                 }
                 if let Some(region) = region {

@@ -1,6 +1,6 @@
 //! `sink --check`: the shipped config is valid and names the streams it would consume; a
 //! selection that matches no stream, a bad store endpoint or a missing CA file is named, with a
-//! non-zero exit, and nothing connects.
+//! non-zero exit, and nothing connects. The sink itself refuses a bad endpoint at start.
 
 #[path = "../../loadtest/tests/common/mod.rs"]
 mod common;
@@ -55,4 +55,19 @@ fn the_check_passes_the_shipped_config_and_names_what_is_wrong() {
         let (ok, text) = s3(more);
         assert!(!ok && text.contains(expected), "{more}: {text}");
     }
+    // The sink itself refuses the endpoint at start too, before it connects to anything
+    // (before, the error came with the first upload).
+    let bad = dir.path().join("sink-bad-endpoint.toml");
+    let store = "type = \"s3\"\nbucket = \"landing\"\nendpoint = \"minio:9000\"\n";
+    std::fs::write(&bad, shipped.replace(local, store)).unwrap();
+    // Under timeout(1), since a sink that took the endpoint would run on (and fail the assertion).
+    let sink = env!("CARGO_BIN_EXE_sink");
+    let args = [
+        "20".as_ref(),
+        sink.as_ref(),
+        "--config".as_ref(),
+        bad.as_os_str(),
+    ];
+    let (ok, text) = common::run_from_root("timeout", &args, &[]);
+    assert!(!ok && text.contains("give http://host:port"), "{text}");
 }
