@@ -497,26 +497,31 @@ async fn dead_letter_flood(by_budget: bool) {
 /// same). It commits nothing: before, the stop's own flush took the range whose file it had
 /// given up for one of skipped records only and committed past it, and its readings were lost.
 /// The next sink reads the range again with other rotation settings, so its range ends
-/// elsewhere: it finds the dead-letter object at the key of the first dead letter, drops the
-/// dead letters that object holds and writes only the rest. Every dead letter is written once
-/// and every reading lands once.
+/// elsewhere (here: later). It finds the dead-letter object at the key of the first dead
+/// letter, drops the dead letters that object holds and writes only the rest. Every dead letter
+/// is written once and every reading lands once.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_stop_while_uploads_fail_loses_nothing_and_writes_dead_letters_once() {
+    stop_while_uploads_fail(1_000).await;
+}
+
+/// As above, with the next sink's first range ending inside the dead-letter object it finds:
+/// the dead letters after that range's end that the object holds are not written again when
+/// they arrive.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn dead_letters_a_found_object_holds_are_skipped_past_the_range() {
+    stop_while_uploads_fail(20).await;
+}
+
+/// Records and dead letters through a sink stopped while its uploads fail (ranges of 40 rows),
+/// then a sink with ranges of `second_records` rows.
+async fn stop_while_uploads_fail(second_records: usize) {
     clear_of_an_hour_boundary(Duration::from_secs(60)).await;
     let streams = schemas::example_streams();
     let (cluster, producer) = mock_cluster(1);
     let readings = distinct_readings(120);
     let mut garbage = Vec::new();
-    let mut offset = 0;
-    for (i, r) in readings.iter().enumerate() {
-        send_plain(&producer, "k", &r.to_string()).await;
-        offset += 1;
-        if i % 4 == 3 {
-            send_plain(&producer, "k", &format!("garbage after reading {i}")).await;
-            garbage.push(offset);
-            offset += 1;
-        }
-    }
+    send_with_garbage(&producer, &readings, 0, &mut garbage).await;
     let landing = tempfile::tempdir().unwrap();
     // A file where the stream's landing folder goes: landing files cannot be written there,
     // dead letters (under `_dead_letters/`) can.
@@ -557,7 +562,12 @@ async fn a_stop_while_uploads_fail_loses_nothing_and_writes_dead_letters_once() 
 
     std::fs::remove_file(&blocker).unwrap();
     let shutdown = CancellationToken::new();
-    let config = local_sink(&cluster, landing.path(), "dead-crash", rotation(1_000));
+    let config = local_sink(
+        &cluster,
+        landing.path(),
+        "dead-crash",
+        rotation(second_records),
+    );
     let second = sink::start(config, streams.clone(), shutdown.clone())
         .await
         .unwrap();
@@ -578,6 +588,108 @@ async fn a_stop_while_uploads_fail_loses_nothing_and_writes_dead_letters_once() 
     );
     assert_exactly_once(&readings, landing.path());
     drop(cluster);
+}
+
+/// Sends `readings` (the `first`th on) to partition 0, each fourth followed by an undecodable
+/// value whose offset goes into `garbage`.
+async fn send_with_garbage(
+    producer: &FutureProducer,
+    readings: &[serde_json::Value],
+    first: usize,
+    garbage: &mut Vec<i64>,
+) {
+    let mut offset = (first + first / 4) as i64;
+    for (i, r) in readings.iter().enumerate().skip(first) {
+        send_plain(producer, "k", &r.to_string()).await;
+        offset += 1;
+        if i % 4 == 3 {
+            send_plain(producer, "k", &format!("garbage after reading {i}")).await;
+            garbage.push(offset);
+            offset += 1;
+        }
+    }
+}
+
+/// A sink stopped (or crashed) after it wrote dead letters through offset 44 but before their
+/// range's file; the partition holds only 30 records when the next sink reads it, so that
+/// sink's range ends inside the object it finds. The range does not close before the object's
+/// last offset: closing it there, its commit would start the next reader of the partition
+/// inside the object, where the key of the next dead letter names no object, and those dead
+/// letters would be written twice. Here the second sink stops before the rest is produced and
+/// commits nothing; a third reads everything and lands it once.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_range_ending_inside_a_found_dead_letter_object_waits_past_it() {
+    clear_of_an_hour_boundary(Duration::from_secs(60)).await;
+    let streams = schemas::example_streams();
+    let def = streams.get("sensor_readings").unwrap().clone();
+    let (cluster, producer) = mock_cluster(1);
+    let readings = distinct_readings(120);
+    let mut garbage = Vec::new();
+    send_with_garbage(&producer, &readings[..24], 0, &mut garbage).await;
+    assert_eq!(garbage, [4, 9, 14, 19, 24, 29]);
+
+    // The crashed sink's dead letters: offsets 4 to 44, the object named after the first.
+    let mut crashed = sink::partition::PartitionState::new(def, TOPIC.into(), 0, 10);
+    for (i, offset) in (4..=44).step_by(5).enumerate() {
+        let payload = format!("garbage after reading {}", 4 * i + 3);
+        crashed.dead_letter(offset, now_micros(), "malformed JSON", payload.as_bytes());
+    }
+    let landing = tempfile::tempdir().unwrap();
+    let store = ObjectStore::Local(landing.path().to_path_buf());
+    let key = sink::parquet_file::dead_letter_key("landing", "sensor_readings", now_micros(), 0, 4);
+    let text = bytes::Bytes::copy_from_slice(crashed.dead.text());
+    assert_eq!(
+        store.put_if_absent(&key, text).await.unwrap(),
+        PutOutcome::Created
+    );
+
+    let run = |until: u64| {
+        let config = local_sink(
+            &cluster,
+            landing.path(),
+            "inside",
+            RotationConfig {
+                idle_ms: 300,
+                max_records: 20,
+                ..RotationConfig::default()
+            },
+        );
+        let streams = streams.clone();
+        async move {
+            let shutdown = CancellationToken::new();
+            let sink = sink::start(config, streams, shutdown.clone())
+                .await
+                .unwrap();
+            wait_received(&sink, until).await;
+            // Idle periods pass: a range that may close would.
+            tokio::time::sleep(Duration::from_millis(1_200)).await;
+            shutdown.cancel();
+            sink.task.await.unwrap().unwrap();
+            sink.stats
+        }
+    };
+    let second = run(30).await;
+    assert_eq!(
+        second.adopted_dead_letter_objects.load(Ordering::Relaxed),
+        1
+    );
+    assert_eq!(second.files_written.load(Ordering::Relaxed), 0);
+    assert_eq!(committed(&cluster, "inside", 0), None);
+
+    send_with_garbage(&producer, &readings, 24, &mut garbage).await;
+    run(150).await;
+    assert_eq!(
+        dead_letter_offsets(landing.path()),
+        garbage,
+        "every dead letter once"
+    );
+    assert_exactly_once(&readings, landing.path());
+    drop(cluster);
+}
+
+fn now_micros() -> i64 {
+    let now = std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH);
+    now.unwrap().as_micros() as i64
 }
 
 /// The offset `group` committed on partition `partition` of the sensor topic, if any.

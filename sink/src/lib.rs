@@ -818,6 +818,12 @@ impl Worker {
                 }
                 continue;
             }
+            if part.dead_through.is_some_and(|through| next <= through) {
+                // An adopted dead-letter object reaches past the range: it closes once the
+                // object's offsets are read (the records are in Kafka: its writer read them), or
+                // at shutdown not at all, and the next owner reads it again.
+                return Ok(());
+            }
             let Some(file) = part.file.take() else {
                 // Only skipped records (duplicates, dead letters) since the last file.
                 part.range_start = None;
@@ -895,8 +901,9 @@ impl Worker {
     /// Writes the partition's dead letters from offset `first` (ingested at `ingest_ts`) as an
     /// object named after that offset. When the object exists (written before a crash, or by
     /// the partition's previous owner, with a range that may end elsewhere than ours), it holds
-    /// every dead letter up to its last line: those are dropped and the rest go on to the next
-    /// object of the chain. `false` when shutdown interrupted the retries (the dead letters stay).
+    /// every dead letter up to its last line: those are dropped (also when they arrive later,
+    /// and the range closes only past that line) and the rest go on to the next object of the
+    /// chain. `false` when shutdown interrupted the retries (the dead letters stay).
     async fn write_dead_letters(
         &mut self,
         key: &PartKey,
@@ -918,11 +925,11 @@ impl Worker {
         let put = self
             .with_retry(&object, || self.store.put_if_absent(&object, data.clone()))
             .await;
-        let last = match put {
+        let adopted = match put {
             None => return Ok(false),
             Some(PutOutcome::Created) => {
                 tracing::info!(object, "wrote dead letters");
-                i64::MAX
+                None
             }
             Some(PutOutcome::AlreadyExists) => {
                 let existing = self
@@ -937,11 +944,15 @@ impl Worker {
                 self.stats
                     .adopted_dead_letter_objects
                     .fetch_add(1, Ordering::Relaxed);
-                last
+                Some(last)
             }
         };
         if let Some(part) = self.parts.get_mut(key) {
-            part.dead.drop_through(last);
+            match adopted {
+                // All of them are in the new object.
+                None => part.dead = partition::DeadLetters::default(),
+                Some(last) => part.adopt_dead_letters_through(last),
+            }
         }
         Ok(true)
     }

@@ -41,6 +41,12 @@ pub struct PartitionState {
     pub window: DigestWindow,
     /// Dead letters of the open range, as JSON lines for the dead-letter object.
     pub dead: DeadLetters,
+    /// The last line of a dead-letter object found already written (by this partition's
+    /// previous owner, or before a crash). Dead letters up to it are in that object and are not
+    /// kept again, and the open range does not close before it: whoever reads on from the
+    /// range's end then starts past that object, where the chain's next key is the one it
+    /// computes.
+    pub dead_through: Option<i64>,
     /// A write was given up at shutdown: the partition takes no more records and writes and
     /// commits nothing more, so that its next owner reads the unwritten range again.
     pub stopped: bool,
@@ -240,6 +246,7 @@ impl PartitionState {
             last_append: Instant::now(),
             window: DigestWindow::new(window, 0),
             dead: DeadLetters::default(),
+            dead_through: None,
             stopped: false,
         }
     }
@@ -283,8 +290,17 @@ impl PartitionState {
             "reason": reason,
             "payload_hex": hex::encode(payload),
         });
-        self.dead.push(offset, ingest_ts, &line);
+        if self.dead_through.is_none_or(|through| offset > through) {
+            self.dead.push(offset, ingest_ts, &line);
+        }
         self.consumed(offset, ingest_ts);
+    }
+
+    /// Takes a dead-letter object found written whose last line is at `last`: the dead letters
+    /// up to it are not kept again, and the range closes only past it.
+    pub fn adopt_dead_letters_through(&mut self, last: i64) {
+        self.dead.drop_through(last);
+        self.dead_through = self.dead_through.max(Some(last));
     }
 
     /// Whether there is something to write or commit.
@@ -364,6 +380,20 @@ mod tests {
         assert_eq!(part.dead.first(), Some((15, 115)));
         part.dead.drop_through(15);
         assert!(part.dead.is_empty() && part.dead.text().is_empty());
+
+        // An object found written reaches past what the range has read: the dead letters up
+        // to its last line are not kept again when they arrive, those after it are.
+        part.dead_letter(18, 118, "malformed JSON", b"d");
+        part.adopt_dead_letters_through(30);
+        assert!(part.dead.is_empty());
+        part.dead_letter(30, 130, "malformed JSON", b"e");
+        assert!(part.dead.is_empty());
+        assert_eq!(part.next_offset, Some(31), "consumed all the same");
+        part.dead_letter(31, 131, "malformed JSON", b"f");
+        assert_eq!(part.dead.first(), Some((31, 131)));
+        // An earlier object does not lower the mark.
+        part.adopt_dead_letters_through(20);
+        assert_eq!(part.dead_through, Some(30));
 
         assert!(last_dead_letter(b"").is_err());
         assert!(last_dead_letter(b"{\"reason\":\"x\"}\n").is_err());
