@@ -186,6 +186,44 @@ async fn clear_of_an_hour_boundary(margin: Duration) {
     }
 }
 
+/// A commit that the broker refuses after a file is written is retried once the partition is
+/// idle, with no new records to carry it: before, the offset waited for the partition's next
+/// records, and its lag showed meanwhile.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_failed_commit_is_retried_when_the_partition_is_idle() {
+    use rdkafka::types::{RDKafkaApiKey, RDKafkaRespErr};
+    let streams = schemas::example_streams();
+    let (cluster, producer) = mock_cluster(1);
+    let readings = distinct_readings(30);
+    for r in &readings {
+        send_plain(&producer, "k", &r.to_string()).await;
+    }
+    // The next two offset commits fail (a partition-level error librdkafka does not retry).
+    cluster.request_errors(
+        RDKafkaApiKey::OffsetCommit,
+        &[RDKafkaRespErr::RD_KAFKA_RESP_ERR_OFFSET_METADATA_TOO_LARGE; 2],
+    );
+    let landing = tempfile::tempdir().unwrap();
+    let shutdown = CancellationToken::new();
+    let config = local_sink(&cluster, landing.path(), "commit-retry", quick_rotation());
+    let sink = sink::start(config, streams.clone(), shutdown.clone())
+        .await
+        .unwrap();
+    wait_written(&sink, 30).await;
+    let deadline = Instant::now() + Duration::from_secs(20);
+    while committed(&cluster, "commit-retry", 0) != Some(30) {
+        assert!(
+            Instant::now() < deadline,
+            "the refused commit was not retried"
+        );
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    }
+    shutdown.cancel();
+    sink.task.await.unwrap().unwrap();
+    assert_exactly_once(&readings, landing.path());
+    drop(cluster);
+}
+
 /// A partition that never goes idle still lands its records within `rotation.max_age_ms`: a
 /// reading every 100 ms for 6 s, all in one ingest hour, with no idle period, size or record
 /// limit in reach. Without the age limit nothing would land before the sink stops.

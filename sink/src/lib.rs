@@ -802,6 +802,12 @@ impl Worker {
                 return Ok(());
             };
             let (Some(start), Some(next)) = (part.range_start, part.next_offset) else {
+                // Nothing open: an adopted object that left nothing after it, or a commit that
+                // failed, is committed now (else the offset waited for the partition's next
+                // records, and its lag showed until then).
+                if part.next_offset > part.committed {
+                    self.commit(key).await;
+                }
                 return Ok(());
             };
             let range = parquet_file::OffsetRange {
@@ -1026,8 +1032,9 @@ impl Worker {
         }
     }
 
-    /// Commits the partition's next offset. A failed commit is logged: the records are durable,
-    /// and whoever reads them again adopts the existing object.
+    /// Commits the partition's next offset. A failed commit is logged and retried once the
+    /// partition is idle: the records are durable, and whoever reads them meanwhile adopts the
+    /// existing object.
     async fn commit(&mut self, key: &PartKey) {
         let Some(part) = self.parts.get_mut(key) else {
             return;
@@ -1052,7 +1059,12 @@ impl Worker {
                 }
             }
             Ok(Err(e)) => {
-                tracing::warn!(topic = %key.0, partition = key.1, error = %e, "offset commit failed")
+                tracing::warn!(topic = %key.0, partition = key.1, error = %e, "offset commit failed; retried when the partition is idle");
+                // The idle timer retries it (a broker that refuses at once is not asked every
+                // tick).
+                if let Some(part) = self.parts.get_mut(key) {
+                    part.last_append = Instant::now();
+                }
             }
             Err(e) => tracing::warn!(error = %e, "offset commit task failed"),
         }
