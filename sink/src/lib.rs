@@ -810,6 +810,12 @@ impl Worker {
                 }
                 return Ok(());
             };
+            if part.dead_through.is_some_and(|through| next <= through) {
+                // An adopted dead-letter object reaches past the range: it closes once the
+                // object's offsets are read (the records are in Kafka: its writer read them), or
+                // at shutdown not at all, and the next owner reads it again.
+                return Ok(());
+            }
             let range = parquet_file::OffsetRange {
                 first: start.offset,
                 last: next - 1,
@@ -823,12 +829,6 @@ impl Worker {
                     return Ok(());
                 }
                 continue;
-            }
-            if part.dead_through.is_some_and(|through| next <= through) {
-                // An adopted dead-letter object reaches past the range: it closes once the
-                // object's offsets are read (the records are in Kafka: its writer read them), or
-                // at shutdown not at all, and the next owner reads it again.
-                return Ok(());
             }
             let Some(file) = part.file.take() else {
                 // Only skipped records (duplicates, dead letters) since the last file.
