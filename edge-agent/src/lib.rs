@@ -337,6 +337,13 @@ pub async fn run(
     for source in sources {
         match source.await {
             Ok(Ok(())) => {}
+            Ok(Err(e)) if source::pipeline_closed(&e) => {
+                // The stream's pipeline stopped before the source: at shutdown, while the
+                // source waited for it (a full spool), or failing, and then its own error is
+                // reported below.
+                tracing::debug!(error = %format!("{e:#}"), "source stopped with its pipeline");
+                shutdown.cancel();
+            }
             Ok(Err(e)) => {
                 tracing::error!(error = %format!("{e:#}"), "source failed; stopping");
                 shutdown.cancel();

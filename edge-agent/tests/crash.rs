@@ -220,6 +220,17 @@ async fn sigkill_while_clients_post_to_the_local_port_loses_nothing_and_lands_no
 /// it delivers every reading once.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn sigkill_with_a_full_spool_loses_nothing() {
+    stopped_with_a_full_spool(false).await;
+}
+
+/// The same with SIGTERM: the agent stops although its pipeline waits for spool room (not after
+/// systemd's stop timeout), and saves no position past what is in the spool.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn sigterm_with_a_full_spool_stops_and_loses_nothing() {
+    stopped_with_a_full_spool(true).await;
+}
+
+async fn stopped_with_a_full_spool(graceful: bool) {
     let stub = Stub::start(Faults {
         unavailable: 100,
         ..Faults::default()
@@ -234,11 +245,35 @@ async fn sigkill_with_a_full_spool_loses_nothing() {
         "[batch]\nmax_records = 1000\nzstd_level = 1\n[spool]\nmax_mb = 1\n",
         &lines,
     );
-    let child = spawn_agent(&cfg, dir.path(), 1);
+    let mut child = spawn_agent(&cfg, dir.path(), 1);
     // The spool fills within a second; the positions are saved every second.
     tokio::time::sleep(Duration::from_secs(4)).await;
     assert_eq!(stub.landed_total(), 0, "the gateway was down");
-    sigkill(child);
+    if graceful {
+        let pid = child.id().to_string();
+        assert!(
+            std::process::Command::new("kill")
+                .arg(&pid)
+                .status()
+                .unwrap()
+                .success()
+        );
+        let deadline = std::time::Instant::now() + Duration::from_secs(30);
+        let status = loop {
+            if let Some(status) = child.try_wait().unwrap() {
+                break status;
+            }
+            assert!(
+                std::time::Instant::now() < deadline,
+                "no exit 30 s after SIGTERM with the spool full"
+            );
+            tokio::time::sleep(Duration::from_millis(50)).await;
+        };
+        let log = std::fs::read_to_string(dir.path().join("agent-1.log")).unwrap();
+        assert!(status.success(), "{status}: {log}");
+    } else {
+        sigkill(child);
+    }
     stub.set_faults(Faults::default());
     let (kills, runs) = run_with_kills(&cfg, dir.path(), (0, 0..1), 2).await;
     report_and_check(&stub, kills + 1, runs, &expected);

@@ -31,6 +31,18 @@ pub struct Feed {
 #[error("pipeline of the stream has stopped")]
 pub struct Closed;
 
+/// Whether `e` is [`Closed`], as such or wrapped in an I/O error (what line readers return),
+/// under any context.
+pub fn pipeline_closed(e: &anyhow::Error) -> bool {
+    e.chain().any(|cause| {
+        cause.is::<Closed>()
+            || cause
+                .downcast_ref::<std::io::Error>()
+                .and_then(std::io::Error::get_ref)
+                .is_some_and(|inner| inner.is::<Closed>())
+    })
+}
+
 impl Feed {
     pub fn new(tx: SyncSender<Chunk>, stream: &str, max_line: usize) -> Feed {
         Feed {
