@@ -645,6 +645,60 @@ async fn broker_outage_answers_503_with_retry_after_then_recovers() {
     broker.wait().unwrap();
 }
 
+/// Stopped while the broker is down and a request waits for its acknowledgement: the request
+/// still gets its answer (503 with Retry-After, never 200 and never a dropped connection) once
+/// `produce_timeout_ms` has passed, and the gateway stops once it is answered. Before, the
+/// answer came up to librdkafka's reconnect backoff (10 s) late: a broker thread that waits to
+/// reconnect does not time out its messages meanwhile.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_stop_during_a_broker_outage_answers_the_waiting_request_503() {
+    let (port, front) = (free_port(), free_port());
+    let mut broker = spawn_tansu(port, front);
+    let outage = proxy(front, port).await;
+    let brokers = format!("127.0.0.1:{front}");
+    let g = start(&brokers, |c| {
+        c.kafka.produce_timeout_ms = 3_000;
+        c.limits.request_timeout_ms = 10_000;
+    })
+    .await;
+    let client = reqwest::Client::new();
+    let url = g.url("sensor_readings");
+    let first = post(&client, &url, ndjson(&[reading(1)]), None).await;
+    assert_eq!(first.status(), 200);
+
+    outage.cancel();
+    let posted = Instant::now();
+    let waiting = {
+        let (client, url) = (client.clone(), url.clone());
+        tokio::spawn(async move { try_post(&client, &url, ndjson(&[reading(2)]), None).await })
+    };
+    tokio::time::sleep(Duration::from_millis(500)).await;
+    assert!(
+        !waiting.is_finished(),
+        "answered before the produce timed out"
+    );
+    g.shutdown.cancel();
+    let res = waiting
+        .await
+        .unwrap()
+        .expect("the waiting request lost its connection");
+    let answered = posted.elapsed();
+    assert_eq!(res.status(), 503);
+    assert!(res.headers().contains_key("retry-after"));
+    // 3 s, and librdkafka looks for timed-out messages once a second; not the 10 s backoff.
+    assert!(
+        answered < Duration::from_millis(3_000 + 3_000),
+        "answered {answered:?} after the post, against a produce timeout of 3 s"
+    );
+    tokio::time::timeout(Duration::from_secs(20), g.task)
+        .await
+        .expect("the gateway did not stop")
+        .unwrap()
+        .unwrap();
+    broker.kill().unwrap();
+    broker.wait().unwrap();
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn admin_listen_moves_metrics_and_health_off_the_api_port() {
     let brokers = env("EDGE_INGEST_KAFKA");

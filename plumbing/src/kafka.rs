@@ -26,7 +26,11 @@ pub fn producer_config(brokers: &str, message_timeout_ms: u64) -> ClientConfig {
         // one batch per stream); librdkafka's default cap of 100,000 messages would refuse a
         // burst of small records long before that.
         .set("queue.buffering.max.messages", "10000000")
-        .set("message.timeout.ms", message_timeout_ms.to_string());
+        .set("message.timeout.ms", message_timeout_ms.to_string())
+        // A broker thread waiting to reconnect does not time out its messages until it wakes:
+        // with librdkafka's default backoff of up to 10 s, a record failed that much later than
+        // `message.timeout.ms` during a broker outage (and the gateway answered that late).
+        .set("reconnect.backoff.max.ms", "1000");
     c
 }
 
