@@ -407,6 +407,76 @@ async fn sink_readiness_follows_the_broker() {
     drop(cluster);
 }
 
+/// Stopped while the broker is down, with records in open files of 8 partitions: the sink writes
+/// the files, its first commit fails, and it stops without trying the other seven (each waited
+/// 10 s for the coordinator, so the stop took 90 s). The next sink, with the broker back, reads
+/// the records again, lands nothing twice and commits past them.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_stop_while_the_broker_is_down_writes_the_open_files_and_lands_them_once() {
+    clear_of_an_hour_boundary(Duration::from_secs(60)).await;
+    let streams = schemas::example_streams();
+    let (cluster, producer) = mock_cluster(8);
+    let readings = distinct_readings(200);
+    for r in &readings {
+        send_plain(&producer, r["device_id"].as_str().unwrap(), &r.to_string()).await;
+    }
+    let landing = tempfile::tempdir().unwrap();
+    // Nothing closes a file before the stop.
+    let rotation = || RotationConfig {
+        idle_ms: 600_000,
+        ..RotationConfig::default()
+    };
+    let shutdown = CancellationToken::new();
+    let config = local_sink(&cluster, landing.path(), "broker-down", rotation());
+    let first = sink::start(config, streams.clone(), shutdown.clone())
+        .await
+        .unwrap();
+    wait_received(&first, 200).await;
+    cluster.broker_down(1).unwrap();
+    shutdown.cancel();
+    // One commit's wait for the coordinator and the consumer's close (10 s each), not eight.
+    tokio::time::timeout(Duration::from_secs(45), first.task)
+        .await
+        .expect("the sink did not stop in time with the broker down")
+        .unwrap()
+        .unwrap();
+    let files = first.stats.files_written.load(Ordering::Relaxed);
+    assert!(files >= 2, "{files} files");
+    cluster.broker_up(1).unwrap();
+    for p in 0..8 {
+        assert_eq!(committed(&cluster, "broker-down", p), None);
+    }
+
+    let shutdown = CancellationToken::new();
+    let config = local_sink(&cluster, landing.path(), "broker-down", quick_rotation());
+    let second = sink::start(config, streams.clone(), shutdown.clone())
+        .await
+        .unwrap();
+    wait_received(&second, 200).await;
+    let deadline = Instant::now() + Duration::from_secs(30);
+    let total = || {
+        (0..8)
+            .filter_map(|p| committed(&cluster, "broker-down", p))
+            .sum::<i64>()
+    };
+    while total() != 200 {
+        assert!(Instant::now() < deadline, "the records were not committed");
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    }
+    shutdown.cancel();
+    second.task.await.unwrap().unwrap();
+    // The window, warmed from the file, drops its records as duplicates before they would
+    // meet the file's key.
+    assert_eq!(second.stats.files_written.load(Ordering::Relaxed), 0);
+    assert_eq!(
+        second.stats.duplicates_dropped.load(Ordering::Relaxed)
+            + second.stats.adopted_records.load(Ordering::Relaxed),
+        200
+    );
+    assert_exactly_once(&readings, landing.path());
+    drop(cluster);
+}
+
 /// 400 records over 4 partitions with a memory budget of 8 kB: open files write their row
 /// groups early instead of holding them, and files still close only by rotation (here: at
 /// shutdown, one per partition).

@@ -311,6 +311,8 @@ pub async fn start(
         assigned: None,
         received: 0,
         round_start: Instant::now(),
+        store_given_up: AtomicBool::new(false),
+        commits_given_up: false,
     };
     Ok(Sink {
         task: tokio::spawn(worker.run()),
@@ -338,6 +340,12 @@ struct Worker {
     received: u64,
     /// When the current round of ready messages began: their partitions' idle clock.
     round_start: Instant,
+    /// A write was given up at shutdown (the store failing): the other partitions' writes are
+    /// not tried, so a stop takes one partition's retries, not every partition's.
+    store_given_up: AtomicBool,
+    /// A commit failed at shutdown (the broker unreachable): the other partitions' commits are
+    /// not tried either, each of which would wait for the coordinator as long.
+    commits_given_up: bool,
 }
 
 /// Landing files of the hour folders listed since the last rebalance, by folder and then by
@@ -1011,6 +1019,9 @@ impl Worker {
         F: FnMut() -> Fut,
         Fut: std::future::Future<Output = Result<PutOutcome, StoreError>>,
     {
+        if self.shutdown.is_cancelled() && self.store_given_up.load(Ordering::Relaxed) {
+            return None;
+        }
         let mut attempt = 0;
         loop {
             let result = write().await;
@@ -1024,7 +1035,11 @@ impl Worker {
                     tracing::warn!(object, error = %e, attempt, "store write failed");
                     tokio::select! {
                         _ = tokio::time::sleep(store::backoff(attempt)) => {}
-                        _ = self.shutdown.cancelled(), if attempt >= 3 => return None,
+                        _ = self.shutdown.cancelled(), if attempt >= 3 => {
+                            tracing::warn!("the store fails at shutdown: what is not written yet is not tried, and is read again by the partitions' next owners");
+                            self.store_given_up.store(true, Ordering::Relaxed);
+                            return None;
+                        }
                     }
                     attempt += 1;
                 }
@@ -1036,6 +1051,9 @@ impl Worker {
     /// partition is idle: the records are durable, and whoever reads them meanwhile adopts the
     /// existing object.
     async fn commit(&mut self, key: &PartKey) {
+        if self.commits_given_up {
+            return;
+        }
         let Some(part) = self.parts.get_mut(key) else {
             return;
         };
@@ -1060,6 +1078,12 @@ impl Worker {
             }
             Ok(Err(e)) => {
                 tracing::warn!(topic = %key.0, partition = key.1, error = %e, "offset commit failed; retried when the partition is idle");
+                if self.shutdown.is_cancelled() {
+                    tracing::warn!(
+                        "offset commits fail at shutdown: the other partitions' are not tried; their records are written, and their next owners adopt them"
+                    );
+                    self.commits_given_up = true;
+                }
                 // The idle timer retries it (a broker that refuses at once is not asked every
                 // tick).
                 if let Some(part) = self.parts.get_mut(key) {
