@@ -113,7 +113,14 @@ where
     let started = Instant::now();
     let mut attempts = 0u32;
     loop {
-        let (reason, retry_after) = match attempt().await {
+        // An attempt is given up at shutdown, not waited out (up to `gateway.timeout_ms`, or
+        // the Kafka message timeout): the batch stays in the spool and is sent again after the
+        // restart with the same id, which the gateway replays and the sink deduplicates.
+        let result = tokio::select! {
+            result = attempt() => result,
+            _ = shutdown.cancelled() => return Err(SendError::Cancelled),
+        };
+        let (reason, retry_after) = match result {
             Ok(response) => {
                 metrics::histogram!(m::SEND_DURATION, "stream" => stream.to_owned())
                     .record(started.elapsed().as_secs_f64());

@@ -278,3 +278,54 @@ async fn stopped_with_a_full_spool(graceful: bool) {
     let (kills, runs) = run_with_kills(&cfg, dir.path(), (0, 0..1), 2).await;
     report_and_check(&stub, kills + 1, runs, &expected);
 }
+
+/// SIGTERM while a request to the gateway hangs (the gateway answers after a minute, the
+/// agent's request timeout is 30 s): the agent gives the request up and stops at once, instead
+/// of waiting out the timeout. The batch stays spooled: restarted with the gateway well, the
+/// agent delivers every reading once.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn sigterm_during_a_hanging_request_stops_at_once_and_loses_nothing() {
+    let stub = Stub::start(Faults {
+        slow: 100,
+        slow_for: Duration::from_secs(60),
+        ..Faults::default()
+    })
+    .await;
+    let dir = tempfile::tempdir().unwrap();
+    let (lines, expected) = readings(5_000, 100, 0, 23);
+    let cfg = file_agent(dir.path(), &stub, "[batch]\nmax_records = 1000\n", &lines);
+    // The shipped request timeout (30 s), not the tests' 1 s.
+    let text = std::fs::read_to_string(&cfg).unwrap();
+    assert!(text.contains("timeout_ms = 1000\n"));
+    std::fs::write(
+        &cfg,
+        text.replace("timeout_ms = 1000\n", "timeout_ms = 30000\n"),
+    )
+    .unwrap();
+    let mut child = spawn_agent(&cfg, dir.path(), 1);
+    // The gateway takes the first batch and holds back its answer.
+    tokio::time::sleep(Duration::from_secs(3)).await;
+    let asked = std::time::Instant::now();
+    assert!(
+        std::process::Command::new("kill")
+            .arg(child.id().to_string())
+            .status()
+            .unwrap()
+            .success()
+    );
+    let status = loop {
+        if let Some(status) = child.try_wait().unwrap() {
+            break status;
+        }
+        assert!(
+            asked.elapsed() < Duration::from_secs(15),
+            "no exit 15 s after SIGTERM with a request hanging"
+        );
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    };
+    let log = std::fs::read_to_string(dir.path().join("agent-1.log")).unwrap();
+    assert!(status.success(), "{status}: {log}");
+    stub.set_faults(Faults::default());
+    let (kills, runs) = run_with_kills(&cfg, dir.path(), (0, 0..1), 2).await;
+    report_and_check(&stub, kills + 1, runs, &expected);
+}
