@@ -668,13 +668,35 @@ impl Worker {
         }
         tracing::debug!(topic = %key.0, partition = key.1, offset = msg.offset(), "opening partition");
         let mut state = PartitionState::new(def.clone(), key.0.clone(), key.1, capacity);
-        match self.warm(&def.name, key.1, &mut state.window).await {
-            Ok(0) => {}
-            Ok(n) => {
-                tracing::info!(topic = %key.0, partition = key.1, hashes = n, "warmed dedupe window")
-            }
-            Err(e) => {
-                tracing::warn!(topic = %key.0, partition = key.1, error = %e, "cannot warm dedupe window")
+        // The store failing, the window is warmed once it answers, before the partition is
+        // read: read with a cold window, records re-sent since the files were written would
+        // land again once the store is back. Nothing lands meanwhile anyway.
+        let mut attempt = 0;
+        loop {
+            match self.warm(&def.name, key.1, &mut state.window).await {
+                Ok(n) => {
+                    if n > 0 {
+                        tracing::info!(topic = %key.0, partition = key.1, hashes = n, "warmed dedupe window");
+                    }
+                    if attempt > 0 {
+                        self.stats.store_failing.store(false, Ordering::Relaxed);
+                    }
+                    break;
+                }
+                Err(e) => {
+                    self.stats.store_failing.store(true, Ordering::Relaxed);
+                    ::metrics::counter!(m::STORE_ERRORS, "retryable" => "true").increment(1);
+                    tracing::warn!(topic = %key.0, partition = key.1, error = %e, attempt, "cannot warm the dedupe window from the landing zone; retrying before the partition is read");
+                    tokio::select! {
+                        _ = tokio::time::sleep(store::backoff(attempt)) => {}
+                        _ = self.shutdown.cancelled() => {
+                            // Nothing of the partition is taken without its window.
+                            state.stopped = true;
+                            break;
+                        }
+                    }
+                    attempt += 1;
+                }
             }
         }
         self.parts.insert(key, state);
@@ -720,8 +742,18 @@ impl Worker {
                 let Some(data) = self.store.get(&key).await? else {
                     continue;
                 };
-                let hashes =
-                    tokio::task::spawn_blocking(move || parquet_file::read_hashes(data)).await??;
+                let hashes = match tokio::task::spawn_blocking(move || {
+                    parquet_file::read_hashes(data)
+                })
+                .await?
+                {
+                    Ok(hashes) => hashes,
+                    Err(e) => {
+                        // Not the store failing: retrying would not help.
+                        tracing::warn!(key, error = %e, "cannot read a landing file's content hashes; its records are not in the dedupe window");
+                        continue;
+                    }
+                };
                 total += hashes.len();
                 newest_first.push(hashes);
             }

@@ -24,19 +24,6 @@ fn unique(name: &str) -> String {
     format!("{name}-{}", common::unique_id())
 }
 
-fn s3_config(endpoint: &str, bucket: &str) -> StoreConfig {
-    StoreConfig::S3 {
-        bucket: bucket.into(),
-        endpoint: Some(endpoint.into()),
-        region: Some("us-east-1".into()),
-        force_path_style: true,
-        ca_file: None,
-        server_side_encryption: None,
-        kms_key_id: None,
-        storage_class: None,
-    }
-}
-
 async fn bucket_store(endpoint: &str) -> (ObjectStore, aws_sdk_s3::Client, String) {
     let bucket = unique("mp");
     common::pyarrow(&[
@@ -46,7 +33,7 @@ async fn bucket_store(endpoint: &str) -> (ObjectStore, aws_sdk_s3::Client, Strin
         &bucket,
         "--create-bucket",
     ]);
-    let store = ObjectStore::from_config(&s3_config(endpoint, &bucket))
+    let store = ObjectStore::from_config(&support::s3_store(endpoint, &bucket))
         .await
         .unwrap();
     let ObjectStore::S3 { client, .. } = &store else {
@@ -135,7 +122,7 @@ async fn objects_are_written_with_the_configured_encryption_and_storage_class() 
     let (_, client, bucket) = bucket_store(&endpoint).await;
     let kms_key = "arn:aws:kms:us-east-1:123456789012:key/landing-zone";
     let configured = |sse: &str, kms: Option<&str>, class: &str| {
-        let mut config = s3_config(&endpoint, &bucket);
+        let mut config = support::s3_store(&endpoint, &bucket);
         if let StoreConfig::S3 {
             server_side_encryption,
             kms_key_id,
@@ -271,7 +258,7 @@ async fn s3_outage(poll_interval: Option<Duration>) {
     let sent = support::readings(3_000, 3);
 
     let mut config = SinkConfig {
-        store: s3_config(&format!("http://127.0.0.1:{front}"), &bucket),
+        store: support::s3_store(&format!("http://127.0.0.1:{front}"), &bucket),
         rotation: RotationConfig {
             max_records: 200,
             idle_ms: 300,
@@ -378,6 +365,94 @@ async fn s3_outage(poll_interval: Option<Duration>) {
     drop(cluster);
 }
 
+/// Duplicates that straddle a restart while S3 is down: the restarted sink cannot warm its
+/// dedupe windows from the landing files at first. It retries before it reads the partitions
+/// (not ready meanwhile), instead of reading them with cold windows, so readings re-sent after
+/// the restart do not land again once S3 is back.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn windows_are_warmed_once_s3_is_back_before_the_partitions_are_read() {
+    let endpoint = common::service_env("EDGE_INGEST_S3");
+    let bucket = unique("warm-outage");
+    common::pyarrow(&[
+        "--s3-endpoint",
+        &endpoint,
+        "--bucket",
+        &bucket,
+        "--create-bucket",
+    ]);
+    let moto_port: u16 = endpoint.rsplit(':').next().unwrap().parse().unwrap();
+    let front = common::free_port();
+    let link = common::proxy(front, moto_port).await;
+    const TOPIC: &str = "ingest.sensor_readings";
+    let cluster = MockCluster::new(1).unwrap();
+    cluster.create_topic(TOPIC, 2, 1).unwrap();
+    let producer: FutureProducer = ClientConfig::new()
+        .set("bootstrap.servers", cluster.bootstrap_servers())
+        .create()
+        .unwrap();
+    let sent = support::readings(400, 9);
+    let run = || {
+        let mut config = SinkConfig {
+            store: support::s3_store(&format!("http://127.0.0.1:{front}"), &bucket),
+            rotation: RotationConfig {
+                max_records: 100,
+                idle_ms: 300,
+                ..RotationConfig::default()
+            },
+            ..SinkConfig::default()
+        };
+        config.kafka.brokers = cluster.bootstrap_servers();
+        config.kafka.group_id = "warm-outage".into();
+        let shutdown = CancellationToken::new();
+        let streams = schemas::example_streams();
+        async move {
+            let sink = sink::start(config, streams, shutdown.clone())
+                .await
+                .unwrap();
+            (sink, shutdown)
+        }
+    };
+    let (first, shutdown) = run().await;
+    support::produce(&producer, TOPIC, &sent).await;
+    wait_until("the first run's records", || {
+        first.stats.records_settled() >= sent.len() as u64
+    })
+    .await;
+    shutdown.cancel();
+    first.task.await.unwrap().unwrap();
+
+    // S3 goes away; a client re-sends every reading; a sink starts.
+    link.cancel();
+    support::produce(&producer, TOPIC, &sent).await;
+    let (second, shutdown) = run().await;
+    wait_until("a failed warming", || {
+        second.stats.store_failing.load(Ordering::Relaxed)
+    })
+    .await;
+    tokio::time::sleep(Duration::from_secs(2)).await;
+    assert_eq!(second.stats.records_written.load(Ordering::Relaxed), 0);
+    assert!(
+        !second.readiness.check().await,
+        "ready while the windows cannot be warmed"
+    );
+    let _back = common::proxy(front, moto_port).await;
+    wait_until("the re-sent records", || {
+        second.stats.records_settled() >= sent.len() as u64
+    })
+    .await;
+    shutdown.cancel();
+    second.task.await.unwrap().unwrap();
+    assert_eq!(
+        second.stats.duplicates_dropped.load(Ordering::Relaxed),
+        sent.len() as u64,
+        "{:?}",
+        second.stats
+    );
+    let landed = common::pyarrow_s3(&endpoint, &bucket, "landing/");
+    common::assert_landed_exactly(&sent, &landed);
+    drop(cluster);
+}
+
 async fn wait_until(what: &str, done: impl Fn() -> bool) {
     let deadline = Instant::now() + Duration::from_secs(90);
     while !done() {
@@ -418,7 +493,7 @@ async fn an_https_store_is_trusted_through_its_ca_file() {
     let endpoint = format!("https://127.0.0.1:{port}");
     let bucket = unique("tls");
     let with_ca = |ca: Option<std::path::PathBuf>| {
-        let mut config = s3_config(&endpoint, &bucket);
+        let mut config = support::s3_store(&endpoint, &bucket);
         if let StoreConfig::S3 { ca_file, .. } = &mut config {
             *ca_file = ca;
         }
