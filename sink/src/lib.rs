@@ -11,6 +11,7 @@ pub mod metrics;
 pub mod open_file;
 pub mod parquet_file;
 pub mod partition;
+pub mod staging;
 pub mod store;
 
 use std::collections::HashMap;
@@ -248,9 +249,13 @@ pub async fn start(
     let streams = config.select_streams(streams)?;
     m::register(&streams);
     let store = ObjectStore::from_config(&config.store).await?;
-    let staging = store.staging_dir(&config.upload.staging_dir);
-    std::fs::create_dir_all(&staging)
-        .with_context(|| format!("cannot create staging directory {}", staging.display()))?;
+    let staging_root = store.staging_dir(&config.upload.staging_dir);
+    let staging = staging::Staging::create(&staging_root).with_context(|| {
+        format!(
+            "cannot create a staging folder in {}",
+            staging_root.display()
+        )
+    })?;
     let mut client = ClientConfig::new();
     client
         .set("bootstrap.servers", &config.kafka.brokers)
@@ -329,8 +334,8 @@ struct Worker {
     parts: hashbrown::HashMap<PartKey, PartitionState>,
     stats: Arc<SinkStats>,
     shutdown: CancellationToken,
-    /// Where open files are staged.
-    staging: std::path::PathBuf,
+    /// Where open files are staged: a folder of this process, removed at a graceful stop.
+    staging: staging::Staging,
     last_sweep: Option<Instant>,
     /// Hour folders listed for warming dedupe windows, shared by the partitions opened after.
     listings: Listings,
@@ -606,6 +611,21 @@ impl Worker {
             }
             Err(e) => tracing::warn!(error = %e, "cannot sweep abandoned uploads"),
         }
+        let cutoff = SystemTime::now().checked_sub(age).unwrap_or(UNIX_EPOCH);
+        match self.staging.sweep_in_background(cutoff).await {
+            Ok(swept) if swept == staging::Swept::default() => {}
+            Ok(swept) => {
+                ::metrics::counter!(m::ABANDONED_UPLOADS)
+                    .increment((swept.folders + swept.files) as u64);
+                tracing::info!(
+                    folders = swept.folders,
+                    files = swept.files,
+                    bytes = swept.bytes,
+                    "removed staged files of sinks that are gone"
+                );
+            }
+            Err(e) => tracing::warn!(error = %e, "cannot sweep the staging directory"),
+        }
     }
 
     fn drop_revoked(&mut self) {
@@ -804,7 +824,7 @@ impl Worker {
             self.stats.count_adopted(part, 1);
             return Ok(None);
         }
-        let full = match part.append(payload, offset, ingest_ts, &self.staging, targets)? {
+        let full = match part.append(payload, offset, ingest_ts, self.staging.path(), targets)? {
             Appended::Row { full } => full,
             Appended::Duplicate => {
                 part.duplicates.increment(1);
@@ -1024,7 +1044,11 @@ impl Worker {
             .get_mut(key)
             .context("partition state vanished")?;
         // The rows past the adopted object go into a new open file, encoded off the reactor.
-        let (def, staging, ratio) = (part.def.clone(), self.staging.clone(), part.size_ratio);
+        let (def, staging, ratio) = (
+            part.def.clone(),
+            self.staging.path().to_path_buf(),
+            part.size_ratio,
+        );
         let (rest, after) = tokio::task::spawn_blocking(move || {
             let after = open_file::rows_after(&staged, adopted.last)?;
             if after.batches.is_empty() {

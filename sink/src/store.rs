@@ -429,8 +429,9 @@ impl ObjectStore {
     }
 
     /// Aborts multipart uploads under `prefix` started more than `older_than` ago: what a sink
-    /// that crashed during an upload leaves behind (S3 bills their parts until aborted). On a
-    /// local store, removes staged files of that age. Returns how many it removed.
+    /// that crashed during an upload leaves behind (S3 bills their parts until aborted). A local
+    /// store has none (its staged files are swept with the staging directory). Returns how many
+    /// it removed.
     pub async fn sweep_abandoned(
         &self,
         prefix: &str,
@@ -440,12 +441,7 @@ impl ObjectStore {
             .checked_sub(older_than)
             .unwrap_or(SystemTime::UNIX_EPOCH);
         match self {
-            ObjectStore::Local(root) => {
-                let dir = root.join(".staging");
-                tokio::task::spawn_blocking(move || remove_files_older_than(&dir, cutoff))
-                    .await
-                    .map_err(|e| StoreError::retryable(e.to_string()))?
-            }
+            ObjectStore::Local(_) => Ok(0),
             ObjectStore::S3 { client, bucket, .. } => {
                 let mut removed = 0;
                 let (mut key_marker, mut id_marker) = (None::<String>, None::<String>);
@@ -629,31 +625,6 @@ impl StagedReader {
         self.file = Ok(file);
         data
     }
-}
-
-/// Removes the files of `dir` last modified before `cutoff`.
-fn remove_files_older_than(dir: &Path, cutoff: SystemTime) -> Result<usize, StoreError> {
-    let entries = match std::fs::read_dir(dir) {
-        Ok(e) => e,
-        Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(0),
-        Err(e) => {
-            return Err(StoreError::retryable(format!(
-                "list {}: {e}",
-                dir.display()
-            )));
-        }
-    };
-    let mut removed = 0;
-    for entry in entries.flatten() {
-        let old = entry
-            .metadata()
-            .and_then(|m| m.modified())
-            .is_ok_and(|t| t < cutoff);
-        if old && std::fs::remove_file(entry.path()).is_ok() {
-            removed += 1;
-        }
-    }
-    Ok(removed)
 }
 
 /// An I/O error on `path`, worth retrying.

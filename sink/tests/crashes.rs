@@ -186,6 +186,13 @@ async fn sinks_killed_at_random_points_land_every_record_exactly_once() {
 
     wait_caught_up(&bootstrap, &mut sinks, dir.path()).await;
     stop_gracefully(sinks);
+    // The killed sinks' staged files were removed by the sinks started after them (their
+    // folders' locks were free), the others' by their graceful stops.
+    let left: Vec<_> = std::fs::read_dir(dir.path().join("staging"))
+        .unwrap()
+        .map(|e| e.unwrap().path())
+        .collect();
+    assert!(left.is_empty(), "left in the staging directory: {left:?}");
     let landed = common::pyarrow_s3(&s3, &bucket, "landing/");
     common::assert_landed_exactly(&sent, &landed);
     let dead = support::dead_letters(&s3, &bucket).await;
