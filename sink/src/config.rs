@@ -68,8 +68,9 @@ pub struct UploadConfig {
     /// size (the last part may be shorter); at least 5 MiB, S3's minimum.
     #[serde(default = "default_part_bytes")]
     pub part_bytes: usize,
-    /// Multipart uploads (and locally staged files) older than this are abandoned: a sink
-    /// that crashed mid-upload left them. Swept at start and every hour.
+    /// Multipart uploads (and loose staged files of versions before staging folders) older
+    /// than this are abandoned: a sink that crashed mid-upload left them. Swept at start and
+    /// every hour.
     #[serde(default = "default_abandoned_after_hours")]
     pub abandoned_after_hours: u64,
 }
