@@ -100,6 +100,7 @@ async fn adoption_case(max_records: usize) {
     sink.task.await.unwrap().unwrap();
 
     assert!(sink.stats.adopted_files.load(Ordering::Relaxed) >= 1);
+    assert_eq!(sink.stats.landing_conflicts.load(Ordering::Relaxed), 0);
     // Offsets 0..=39 are in the crashed sink's file: read again and not written again.
     assert_eq!(sink.stats.adopted_records.load(Ordering::Relaxed), 40);
     assert_eq!(
@@ -155,6 +156,80 @@ async fn adoption_case(max_records: usize) {
             .starts_with("malformed JSON")
     );
     assert_eq!(dead[0]["payload_hex"], hex_of(b"{not json"));
+    drop(cluster);
+}
+
+/// The topic was deleted and created again under the same name while the landing zone kept
+/// the old topic's files: the new messages meet an old file at the key of their offsets. Its
+/// rows are other messages (other content hashes and ingest times at the same offsets), so the
+/// sink does not adopt it, which would skip the new messages as already landed and commit past
+/// them; it stops the partition, commits nothing and counts the conflict.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_landing_file_of_a_topic_created_again_is_not_adopted() {
+    let streams = schemas::example_streams();
+    let def = streams.get("sensor_readings").unwrap().clone();
+    let (cluster, producer) = mock_cluster(1);
+    let readings = distinct_readings(100);
+    // The old topic's file: offsets 0..=39, other readings, ingested a day before.
+    let landing = tempfile::tempdir().unwrap();
+    let store = ObjectStore::Local(landing.path().to_path_buf());
+    let old_ts = BASE_TS - 86_400_000_000;
+    let rows: Vec<_> = (0..40)
+        .map(|i| {
+            let v = schemas::check(&def, readings[50 + i].clone()).unwrap();
+            let meta = RowMeta {
+                ingest_ts: old_ts + i as i64,
+                partition: 0,
+                offset: i as i64,
+                hash: v.hash,
+            };
+            (v.record, meta)
+        })
+        .collect();
+    let data = encode(&def, TOPIC, 0, OffsetRange { first: 0, last: 39 }, &rows).unwrap();
+    let key = object_key("landing", "sensor_readings", BASE_TS, 0, 0);
+    let old = data.clone();
+    assert_eq!(
+        store.put_if_absent(&key, data).await.unwrap(),
+        PutOutcome::Created
+    );
+    // The new topic's messages.
+    for (i, r) in readings[..50].iter().enumerate() {
+        let ts = (BASE_TS + i as i64).to_string();
+        send_with_ingest_ts(&producer, "k", r.to_string().as_bytes(), &ts).await;
+    }
+    let shutdown = CancellationToken::new();
+    let config = local_sink(
+        &cluster,
+        landing.path(),
+        "recreated",
+        RotationConfig {
+            idle_ms: 300,
+            max_records: 25,
+            ..RotationConfig::default()
+        },
+    );
+    let sink = sink::start(config, streams.clone(), shutdown.clone())
+        .await
+        .unwrap();
+    let deadline = Instant::now() + Duration::from_secs(30);
+    while sink.stats.landing_conflicts.load(Ordering::Relaxed) == 0 {
+        assert!(Instant::now() < deadline, "no conflict: {:?}", sink.stats);
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    // Idle periods pass: nothing more is written or committed for the partition.
+    tokio::time::sleep(Duration::from_millis(1_000)).await;
+    shutdown.cancel();
+    sink.task.await.unwrap().unwrap();
+    assert_eq!(sink.stats.adopted_files.load(Ordering::Relaxed), 0);
+    assert_eq!(sink.stats.files_written.load(Ordering::Relaxed), 0);
+    assert_eq!(committed(&cluster, "recreated", 0), None);
+    let landed = read_landing_dir(landing.path()).unwrap();
+    assert_eq!(landed.files.len(), 1, "only the old file");
+    assert_eq!(
+        std::fs::read(landing.path().join(&key)).unwrap(),
+        old.to_vec()
+    );
     drop(cluster);
 }
 

@@ -50,6 +50,9 @@ pub struct SinkStats {
     pub adopted_files: AtomicU64,
     /// Dead-letter objects found already written when this sink went to write them.
     pub adopted_dead_letter_objects: AtomicU64,
+    /// Landing objects found at a file's key that hold other messages at the same offsets
+    /// ([`m::LANDING_CONFLICTS`]); each stopped its partition.
+    pub landing_conflicts: AtomicU64,
     /// Records taken from Kafka that an adopted object already holds, so they were not written
     /// again ([`m::ADOPTED_RECORDS`]). Once everything is written, received = written +
     /// adopted + duplicates + dead letters.
@@ -1024,15 +1027,40 @@ impl Worker {
     }
 
     /// Adopts the object another sink wrote at `object`: continues after its last offset, and
-    /// the rows of `staged` past that offset go into a new open file.
+    /// the rows of `staged` past that offset go into a new open file. An object that holds
+    /// other messages at the same offsets (a topic created again) is not adopted: the partition
+    /// stops, and nothing is skipped.
     async fn adopt(&mut self, key: &PartKey, object: &str, staged: Staged) -> anyhow::Result<()> {
         let existing = self
             .store
             .get(object)
             .await?
             .context("object vanished after a conflicting create")?;
-        let adopted =
-            tokio::task::spawn_blocking(move || parquet_file::read_offsets(existing)).await??;
+        let ours = staged.reopen().context("cannot reopen the staged file")?;
+        let (adopted, differ) = tokio::task::spawn_blocking(move || {
+            let range = parquet_file::read_offsets(existing.clone())?;
+            let theirs = parquet_file::read_row_ids(existing)?;
+            let differ = parquet_file::other_messages(&parquet_file::read_row_ids(ours)?, &theirs);
+            Ok::<_, parquet::errors::ParquetError>((range, differ))
+        })
+        .await??;
+        if let Some(first) = differ.first() {
+            tracing::error!(
+                object,
+                offsets = differ.len(),
+                first_offset = first,
+                "the landing object at this key holds other messages than the partition has at the same offsets (was the topic deleted and created again?): the partition stops here and nothing of it is committed; move the old objects away and restart the sink"
+            );
+            let part = self
+                .parts
+                .get_mut(key)
+                .context("partition state vanished")?;
+            ::metrics::counter!(m::LANDING_CONFLICTS, "stream" => part.def.name.clone())
+                .increment(1);
+            self.stats.landing_conflicts.fetch_add(1, Ordering::Relaxed);
+            part.stopped = true;
+            return Ok(());
+        }
         tracing::info!(
             object,
             last_offset = adopted.last,

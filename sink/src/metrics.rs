@@ -15,6 +15,10 @@ pub const ADOPTED_RECORDS: &str = "sink_adopted_records_total";
 /// Dead-letter objects found already written (before a crash, or by the partition's previous
 /// owner) when the sink went to write them: their dead letters were not written again.
 pub const ADOPTED_DEAD_LETTERS: &str = "sink_adopted_dead_letter_objects_total";
+/// Landing objects found at a file's key holding other messages at the same offsets (a topic
+/// deleted and created again under the same name, its old files still in the landing zone):
+/// each stops its partition, which then commits nothing.
+pub const LANDING_CONFLICTS: &str = "sink_landing_conflicts_total";
 pub const CONSUMER_LAG: &str = "sink_consumer_lag_records";
 pub const BUFFERED_BYTES: &str = "sink_buffered_bytes";
 /// Bytes reserved for the dedupe windows of the partitions this sink holds (at most
@@ -50,6 +54,7 @@ pub fn register(streams: &schemas::Streams) {
     for def in streams.iter() {
         ::metrics::counter!(DEAD_LETTERS, "stream" => def.name.clone()).increment(0);
         ::metrics::counter!(ADOPTED_RECORDS, "stream" => def.name.clone()).increment(0);
+        ::metrics::counter!(LANDING_CONFLICTS, "stream" => def.name.clone()).increment(0);
         duplicates(&def.name).increment(0);
     }
 }

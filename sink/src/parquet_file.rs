@@ -1,7 +1,7 @@
 //! Encoding landing files: Arrow record batch → Parquet bytes with the metadata readers need,
 //! and reading that metadata back from an existing object.
 
-use arrow::array::{Array, FixedSizeBinaryArray};
+use arrow::array::{Array, FixedSizeBinaryArray, Int64Array, TimestampMicrosecondArray};
 use bytes::Bytes;
 use chrono::{DateTime, Datelike, Timelike, Utc};
 use parquet::arrow::arrow_reader::ParquetRecordBatchReaderBuilder;
@@ -10,7 +10,7 @@ use parquet::basic::{Compression, Encoding, ZstdLevel};
 use parquet::errors::ParquetError;
 use parquet::file::metadata::KeyValue;
 use parquet::file::properties::{EnabledStatistics, WriterProperties};
-use parquet::file::reader::{FileReader, SerializedFileReader};
+use parquet::file::reader::{ChunkReader, FileReader, SerializedFileReader};
 use parquet::schema::types::ColumnPath;
 use schemas::ContentHash;
 use schemas::arrow::{COL_CONTENT_HASH, COL_INGEST_TS, COL_OFFSET, RowMeta, record_batch};
@@ -201,19 +201,92 @@ pub fn read_hashes(data: Bytes) -> Result<Vec<ContentHash>, ParquetError> {
     let mut out = Vec::new();
     for batch in builder.with_projection(mask).build()? {
         let batch = batch?;
-        let col = batch
-            .column_by_name(COL_CONTENT_HASH)
-            .and_then(|c| c.as_any().downcast_ref::<FixedSizeBinaryArray>())
-            .ok_or_else(|| ParquetError::General("no content hash column".into()))?;
-        for i in 0..col.len() {
-            let bytes: [u8; 32] = col
-                .value(i)
-                .try_into()
-                .map_err(|_| ParquetError::General("content hash is not 32 bytes".into()))?;
-            out.push(ContentHash(bytes));
+        let hashes = hash_column(&batch)?;
+        for i in 0..hashes.len() {
+            out.push(hash_at(hashes, i)?);
         }
     }
     Ok(out)
+}
+
+/// What identifies a row of a landing file as the record of a Kafka message.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct RowId {
+    pub offset: i64,
+    pub hash: ContentHash,
+    pub ingest_ts: i64,
+}
+
+/// The offset, content hash and ingest time of every row of a landing file, in row order
+/// (offset order, as the sink writes them).
+pub fn read_row_ids<R: ChunkReader + 'static>(data: R) -> Result<Vec<RowId>, ParquetError> {
+    let builder = ParquetRecordBatchReaderBuilder::try_new(data)?;
+    let mask = ProjectionMask::columns(
+        builder.parquet_schema(),
+        [COL_OFFSET, COL_CONTENT_HASH, COL_INGEST_TS],
+    );
+    let mut out = Vec::new();
+    for batch in builder.with_projection(mask).build()? {
+        let batch = batch?;
+        let hashes = hash_column(&batch)?;
+        let offsets = batch
+            .column_by_name(COL_OFFSET)
+            .and_then(|c| c.as_any().downcast_ref::<Int64Array>())
+            .ok_or_else(|| ParquetError::General("no offset column".into()))?;
+        let ingest = batch
+            .column_by_name(COL_INGEST_TS)
+            .and_then(|c| c.as_any().downcast_ref::<TimestampMicrosecondArray>())
+            .ok_or_else(|| ParquetError::General("no ingest time column".into()))?;
+        for i in 0..batch.num_rows() {
+            out.push(RowId {
+                offset: offsets.value(i),
+                hash: hash_at(hashes, i)?,
+                ingest_ts: ingest.value(i),
+            });
+        }
+    }
+    Ok(out)
+}
+
+/// Offsets whose rows in `ours` and `theirs` (both in offset order) are different messages:
+/// both their content hash and their ingest time differ. A topic deleted and created again
+/// under the same name starts at offset 0 again, and its messages meet the landing files of
+/// the old one at the same keys. A changed stream definition can change a record's hash, and a
+/// changed `kafka.ingest_time` its ingest time, but not both.
+pub fn other_messages(ours: &[RowId], theirs: &[RowId]) -> Vec<i64> {
+    let mut differ = Vec::new();
+    let (mut i, mut j) = (0, 0);
+    while let (Some(a), Some(b)) = (ours.get(i), theirs.get(j)) {
+        match a.offset.cmp(&b.offset) {
+            std::cmp::Ordering::Less => i += 1,
+            std::cmp::Ordering::Greater => j += 1,
+            std::cmp::Ordering::Equal => {
+                if a.hash != b.hash && a.ingest_ts != b.ingest_ts {
+                    differ.push(a.offset);
+                }
+                i += 1;
+                j += 1;
+            }
+        }
+    }
+    differ
+}
+
+fn hash_column(
+    batch: &arrow::record_batch::RecordBatch,
+) -> Result<&FixedSizeBinaryArray, ParquetError> {
+    batch
+        .column_by_name(COL_CONTENT_HASH)
+        .and_then(|c| c.as_any().downcast_ref::<FixedSizeBinaryArray>())
+        .ok_or_else(|| ParquetError::General("no content hash column".into()))
+}
+
+fn hash_at(hashes: &FixedSizeBinaryArray, i: usize) -> Result<ContentHash, ParquetError> {
+    let bytes: [u8; 32] = hashes
+        .value(i)
+        .try_into()
+        .map_err(|_| ParquetError::General("content hash is not 32 bytes".into()))?;
+    Ok(ContentHash(bytes))
 }
 
 /// Reads the offset range of an existing landing file from its footer metadata.
@@ -279,6 +352,35 @@ mod tests {
             dead_letter_key("landing", "s", 0, 2, 5),
             "landing/_dead_letters/s/date=1970-01-01/hour=00/s-p2-o00000000000000000005.ndjson"
         );
+    }
+
+    #[test]
+    fn other_messages_differ_in_both_hash_and_ingest_time() {
+        let id = |offset, hash: u8, ingest_ts| RowId {
+            offset,
+            hash: ContentHash([hash; 32]),
+            ingest_ts,
+        };
+        let ours = [
+            id(1, 1, 10),
+            id(2, 2, 20),
+            id(3, 3, 30),
+            id(5, 5, 50),
+            id(7, 7, 70),
+        ];
+        let theirs = [
+            // A changed stream definition: another hash, the same message.
+            id(1, 9, 10),
+            // A changed ingest time source: the same record.
+            id(2, 2, 99),
+            // Only in one of them (dedupe windows differ): nothing to compare.
+            id(4, 4, 40),
+            // Another message.
+            id(5, 6, 60),
+            id(7, 7, 70),
+        ];
+        assert_eq!(other_messages(&ours, &theirs), [5]);
+        assert_eq!(other_messages(&ours, &ours), Vec::<i64>::new());
     }
 
     #[test]

@@ -496,7 +496,17 @@ impl ObjectStore {
                     while let Some(dir) = stack.pop() {
                         let entries = match std::fs::read_dir(&dir) {
                             Ok(e) => e,
-                            Err(e) if e.kind() == std::io::ErrorKind::NotFound => continue,
+                            // No objects under the prefix, as S3 answers: nothing there, or a
+                            // file where a folder of the prefix would be.
+                            Err(e)
+                                if matches!(
+                                    e.kind(),
+                                    std::io::ErrorKind::NotFound
+                                        | std::io::ErrorKind::NotADirectory
+                                ) =>
+                            {
+                                continue;
+                            }
                             Err(e) => {
                                 return Err(StoreError::retryable(format!(
                                     "list {}: {e}",
