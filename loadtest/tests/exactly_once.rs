@@ -79,8 +79,7 @@ async fn adoption_case(max_records: usize) {
         PutOutcome::Created
     );
 
-    let shutdown = CancellationToken::new();
-    let config = local_sink(
+    let (sink, shutdown) = start_local_sink(
         &cluster,
         landing.path(),
         "exactly-once",
@@ -89,10 +88,8 @@ async fn adoption_case(max_records: usize) {
             max_records,
             ..RotationConfig::default()
         },
-    );
-    let sink = sink::start(config, streams.clone(), shutdown.clone())
-        .await
-        .unwrap();
+    )
+    .await;
     wait_written(&sink, 110).await;
     // Let an idle period pass so that any wrongly re-written file would show.
     tokio::time::sleep(Duration::from_millis(800)).await;
@@ -198,8 +195,7 @@ async fn a_landing_file_of_a_topic_created_again_is_not_adopted() {
         let ts = (BASE_TS + i as i64).to_string();
         send_with_ingest_ts(&producer, "k", r.to_string().as_bytes(), &ts).await;
     }
-    let shutdown = CancellationToken::new();
-    let config = local_sink(
+    let (sink, shutdown) = start_local_sink(
         &cluster,
         landing.path(),
         "recreated",
@@ -208,10 +204,8 @@ async fn a_landing_file_of_a_topic_created_again_is_not_adopted() {
             max_records: 25,
             ..RotationConfig::default()
         },
-    );
-    let sink = sink::start(config, streams.clone(), shutdown.clone())
-        .await
-        .unwrap();
+    )
+    .await;
     let deadline = Instant::now() + Duration::from_secs(30);
     while sink.stats.landing_conflicts.load(Ordering::Relaxed) == 0 {
         assert!(Instant::now() < deadline, "no conflict: {:?}", sink.stats);
@@ -267,7 +261,6 @@ async fn clear_of_an_hour_boundary(margin: Duration) {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_failed_commit_is_retried_when_the_partition_is_idle() {
     use rdkafka::types::{RDKafkaApiKey, RDKafkaRespErr};
-    let streams = schemas::example_streams();
     let (cluster, producer) = mock_cluster(1);
     let readings = distinct_readings(30);
     for r in &readings {
@@ -279,11 +272,8 @@ async fn a_failed_commit_is_retried_when_the_partition_is_idle() {
         &[RDKafkaRespErr::RD_KAFKA_RESP_ERR_OFFSET_METADATA_TOO_LARGE; 2],
     );
     let landing = tempfile::tempdir().unwrap();
-    let shutdown = CancellationToken::new();
-    let config = local_sink(&cluster, landing.path(), "commit-retry", quick_rotation());
-    let sink = sink::start(config, streams.clone(), shutdown.clone())
-        .await
-        .unwrap();
+    let (sink, shutdown) =
+        start_local_sink(&cluster, landing.path(), "commit-retry", quick_rotation()).await;
     wait_written(&sink, 30).await;
     let deadline = Instant::now() + Duration::from_secs(20);
     while committed(&cluster, "commit-retry", 0) != Some(30) {
@@ -304,12 +294,10 @@ async fn a_failed_commit_is_retried_when_the_partition_is_idle() {
 /// limit in reach. Without the age limit nothing would land before the sink stops.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_steady_trickle_lands_within_the_max_age() {
-    let streams = schemas::example_streams();
     let (cluster, producer) = mock_cluster(1);
     let readings = distinct_readings(60);
     let landing = tempfile::tempdir().unwrap();
-    let shutdown = CancellationToken::new();
-    let config = local_sink(
+    let (sink, shutdown) = start_local_sink(
         &cluster,
         landing.path(),
         "max-age",
@@ -318,10 +306,8 @@ async fn a_steady_trickle_lands_within_the_max_age() {
             max_age_ms: 1_000,
             ..RotationConfig::default()
         },
-    );
-    let sink = sink::start(config, streams.clone(), shutdown.clone())
-        .await
-        .unwrap();
+    )
+    .await;
     for (i, r) in readings.iter().enumerate() {
         let ts = (BASE_TS + i as i64).to_string();
         send_with_ingest_ts(&producer, "k", r.to_string().as_bytes(), &ts).await;
@@ -489,7 +475,6 @@ async fn sink_readiness_follows_the_broker() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_stop_while_the_broker_is_down_writes_the_open_files_and_lands_them_once() {
     clear_of_an_hour_boundary(Duration::from_secs(60)).await;
-    let streams = schemas::example_streams();
     let (cluster, producer) = mock_cluster(8);
     let readings = distinct_readings(200);
     for r in &readings {
@@ -501,11 +486,8 @@ async fn a_stop_while_the_broker_is_down_writes_the_open_files_and_lands_them_on
         idle_ms: 600_000,
         ..RotationConfig::default()
     };
-    let shutdown = CancellationToken::new();
-    let config = local_sink(&cluster, landing.path(), "broker-down", rotation());
-    let first = sink::start(config, streams.clone(), shutdown.clone())
-        .await
-        .unwrap();
+    let (first, shutdown) =
+        start_local_sink(&cluster, landing.path(), "broker-down", rotation()).await;
     wait_received(&first, 200).await;
     cluster.broker_down(1).unwrap();
     shutdown.cancel();
@@ -522,11 +504,8 @@ async fn a_stop_while_the_broker_is_down_writes_the_open_files_and_lands_them_on
         assert_eq!(committed(&cluster, "broker-down", p), None);
     }
 
-    let shutdown = CancellationToken::new();
-    let config = local_sink(&cluster, landing.path(), "broker-down", quick_rotation());
-    let second = sink::start(config, streams.clone(), shutdown.clone())
-        .await
-        .unwrap();
+    let (second, shutdown) =
+        start_local_sink(&cluster, landing.path(), "broker-down", quick_rotation()).await;
     wait_received(&second, 200).await;
     let deadline = Instant::now() + Duration::from_secs(30);
     let total = || {
@@ -700,7 +679,6 @@ async fn dead_letters_a_found_object_holds_are_skipped_past_the_range() {
 /// then a sink with ranges of `second_records` rows.
 async fn stop_while_uploads_fail(second_records: usize) {
     clear_of_an_hour_boundary(Duration::from_secs(60)).await;
-    let streams = schemas::example_streams();
     let (cluster, producer) = mock_cluster(1);
     let readings = distinct_readings(120);
     let mut garbage = Vec::new();
@@ -717,11 +695,8 @@ async fn stop_while_uploads_fail(second_records: usize) {
         ..RotationConfig::default()
     };
 
-    let shutdown = CancellationToken::new();
-    let config = local_sink(&cluster, landing.path(), "dead-crash", rotation(40));
-    let first = sink::start(config, streams.clone(), shutdown.clone())
-        .await
-        .unwrap();
+    let (first, shutdown) =
+        start_local_sink(&cluster, landing.path(), "dead-crash", rotation(40)).await;
     let deadline = Instant::now() + Duration::from_secs(30);
     while !first.stats.store_failing.load(Ordering::Relaxed)
         || dead_letter_offsets(landing.path()).is_empty()
@@ -744,16 +719,13 @@ async fn stop_while_uploads_fail(second_records: usize) {
     assert!(before.len() < garbage.len(), "{before:?}");
 
     std::fs::remove_file(&blocker).unwrap();
-    let shutdown = CancellationToken::new();
-    let config = local_sink(
+    let (second, shutdown) = start_local_sink(
         &cluster,
         landing.path(),
         "dead-crash",
         rotation(second_records),
-    );
-    let second = sink::start(config, streams.clone(), shutdown.clone())
-        .await
-        .unwrap();
+    )
+    .await;
     wait_written(&second, readings.len() as u64).await;
     shutdown.cancel();
     second.task.await.unwrap().unwrap();
@@ -1016,7 +988,6 @@ async fn files_close_at_the_target_parquet_size() {
     const TARGET: usize = 96 << 10;
     // A file closed at an ingest-hour boundary would be short of the target.
     clear_of_an_hour_boundary(Duration::from_secs(180)).await;
-    let streams = schemas::example_streams();
     let (cluster, producer) = mock_cluster(1);
     let readings = sensor_readings(&FleetSpec {
         records: 24_000,
@@ -1039,8 +1010,7 @@ async fn files_close_at_the_target_parquet_size() {
         p.unwrap().await.unwrap().unwrap();
     }
     let landing = tempfile::tempdir().unwrap();
-    let shutdown = CancellationToken::new();
-    let config = local_sink(
+    let (sink, shutdown) = start_local_sink(
         &cluster,
         landing.path(),
         "size",
@@ -1049,10 +1019,8 @@ async fn files_close_at_the_target_parquet_size() {
             max_bytes: TARGET,
             ..RotationConfig::default()
         },
-    );
-    let sink = sink::start(config, streams.clone(), shutdown.clone())
-        .await
-        .unwrap();
+    )
+    .await;
     wait_received(&sink, readings.len() as u64).await;
     shutdown.cancel();
     sink.task.await.unwrap().unwrap();
@@ -1231,6 +1199,21 @@ fn local_sink(
     config.kafka.brokers = cluster.bootstrap_servers();
     config.kafka.group_id = group.into();
     config
+}
+
+/// Starts a sink on the example streams, landing in `landing`; stopped by the token.
+async fn start_local_sink(
+    cluster: &MockCluster<'static, rdkafka::producer::DefaultProducerContext>,
+    landing: &std::path::Path,
+    group: &str,
+    rotation: RotationConfig,
+) -> (sink::Sink, CancellationToken) {
+    let shutdown = CancellationToken::new();
+    let config = local_sink(cluster, landing, group, rotation);
+    let sink = sink::start(config, schemas::example_streams(), shutdown.clone())
+        .await
+        .unwrap();
+    (sink, shutdown)
 }
 
 /// A one-broker mock cluster with the sensor topic, and a producer for it.
