@@ -206,11 +206,10 @@ async fn a_landing_file_of_a_topic_created_again_is_not_adopted() {
         },
     )
     .await;
-    let deadline = Instant::now() + Duration::from_secs(30);
-    while sink.stats.landing_conflicts.load(Ordering::Relaxed) == 0 {
-        assert!(Instant::now() < deadline, "no conflict: {:?}", sink.stats);
-        tokio::time::sleep(Duration::from_millis(100)).await;
-    }
+    wait_for("a conflict", 30, || {
+        sink.stats.landing_conflicts.load(Ordering::Relaxed) > 0
+    })
+    .await;
     // Idle periods pass: nothing more is written or committed for the partition.
     tokio::time::sleep(Duration::from_millis(1_000)).await;
     shutdown.cancel();
@@ -275,14 +274,10 @@ async fn a_failed_commit_is_retried_when_the_partition_is_idle() {
     let (sink, shutdown) =
         start_local_sink(&cluster, landing.path(), "commit-retry", quick_rotation()).await;
     wait_written(&sink, 30).await;
-    let deadline = Instant::now() + Duration::from_secs(20);
-    while committed(&cluster, "commit-retry", 0) != Some(30) {
-        assert!(
-            Instant::now() < deadline,
-            "the refused commit was not retried"
-        );
-        tokio::time::sleep(Duration::from_millis(200)).await;
-    }
+    wait_for("the refused commit retried", 20, || {
+        committed(&cluster, "commit-retry", 0) == Some(30)
+    })
+    .await;
     shutdown.cancel();
     sink.task.await.unwrap().unwrap();
     assert_exactly_once(&readings, landing.path());
@@ -507,16 +502,13 @@ async fn a_stop_while_the_broker_is_down_writes_the_open_files_and_lands_them_on
     let (second, shutdown) =
         start_local_sink(&cluster, landing.path(), "broker-down", quick_rotation()).await;
     wait_received(&second, 200).await;
-    let deadline = Instant::now() + Duration::from_secs(30);
-    let total = || {
+    wait_for("every record committed", 30, || {
         (0..8)
             .filter_map(|p| committed(&cluster, "broker-down", p))
             .sum::<i64>()
-    };
-    while total() != 200 {
-        assert!(Instant::now() < deadline, "the records were not committed");
-        tokio::time::sleep(Duration::from_millis(200)).await;
-    }
+            == 200
+    })
+    .await;
     shutdown.cancel();
     second.task.await.unwrap().unwrap();
     // The window, warmed from the file, drops its records as duplicates before they would
@@ -697,16 +689,11 @@ async fn stop_while_uploads_fail(second_records: usize) {
 
     let (first, shutdown) =
         start_local_sink(&cluster, landing.path(), "dead-crash", rotation(40)).await;
-    let deadline = Instant::now() + Duration::from_secs(30);
-    while !first.stats.store_failing.load(Ordering::Relaxed)
-        || dead_letter_offsets(landing.path()).is_empty()
-    {
-        assert!(
-            Instant::now() < deadline,
-            "no dead letters before the failing upload"
-        );
-        tokio::time::sleep(Duration::from_millis(50)).await;
-    }
+    wait_for("dead letters, then a failing upload", 30, || {
+        first.stats.store_failing.load(Ordering::Relaxed)
+            && !dead_letter_offsets(landing.path()).is_empty()
+    })
+    .await;
     shutdown.cancel();
     first.task.await.unwrap().unwrap();
     assert_eq!(first.stats.files_written.load(Ordering::Relaxed), 0);
@@ -1199,6 +1186,15 @@ fn local_sink(
     config.kafka.brokers = cluster.bootstrap_servers();
     config.kafka.group_id = group.into();
     config
+}
+
+/// Waits until `done`, checking every 100 ms, for `secs` seconds at most.
+async fn wait_for(what: &str, secs: u64, mut done: impl FnMut() -> bool) {
+    let deadline = Instant::now() + Duration::from_secs(secs);
+    while !done() {
+        assert!(Instant::now() < deadline, "timed out waiting for {what}");
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
 }
 
 /// Starts a sink on the example streams, landing in `landing`; stopped by the token.

@@ -235,39 +235,18 @@ async fn an_outage_past_the_poll_interval_rebalances_and_still_lands_once() {
 /// S3 unreachable for a while (longer than `poll_interval`, which it then sets as
 /// `max.poll.interval.ms`) as records keep arriving.
 async fn s3_outage(poll_interval: Option<Duration>) {
-    let endpoint = common::service_env("EDGE_INGEST_S3");
-    let bucket = unique("outage");
-    common::pyarrow(&[
-        "--s3-endpoint",
-        &endpoint,
-        "--bucket",
-        &bucket,
-        "--create-bucket",
-    ]);
-    let moto_port: u16 = endpoint.rsplit(':').next().unwrap().parse().unwrap();
-    let front = common::free_port();
-    let link = common::proxy(front, moto_port).await;
-
-    const TOPIC: &str = "ingest.sensor_readings";
-    let cluster = MockCluster::new(1).unwrap();
-    cluster.create_topic(TOPIC, 2, 1).unwrap();
-    let producer: FutureProducer = ClientConfig::new()
-        .set("bootstrap.servers", cluster.bootstrap_servers())
-        .create()
-        .unwrap();
+    let OutageRig {
+        endpoint,
+        bucket,
+        moto_port,
+        front,
+        link,
+        cluster,
+        producer,
+    } = OutageRig::new("outage").await;
     let sent = support::readings(3_000, 3);
 
-    let mut config = SinkConfig {
-        store: support::s3_store(&format!("http://127.0.0.1:{front}"), &bucket),
-        rotation: RotationConfig {
-            max_records: 200,
-            idle_ms: 300,
-            ..RotationConfig::default()
-        },
-        ..SinkConfig::default()
-    };
-    config.kafka.brokers = cluster.bootstrap_servers();
-    config.kafka.group_id = "outage".into();
+    let mut config = sink_config(front, &bucket, &cluster, "outage", 200);
     if let Some(interval) = poll_interval {
         config.kafka.consumer.insert(
             "max.poll.interval.ms".into(),
@@ -371,38 +350,18 @@ async fn s3_outage(poll_interval: Option<Duration>) {
 /// the restart do not land again once S3 is back.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn windows_are_warmed_once_s3_is_back_before_the_partitions_are_read() {
-    let endpoint = common::service_env("EDGE_INGEST_S3");
-    let bucket = unique("warm-outage");
-    common::pyarrow(&[
-        "--s3-endpoint",
-        &endpoint,
-        "--bucket",
-        &bucket,
-        "--create-bucket",
-    ]);
-    let moto_port: u16 = endpoint.rsplit(':').next().unwrap().parse().unwrap();
-    let front = common::free_port();
-    let link = common::proxy(front, moto_port).await;
-    const TOPIC: &str = "ingest.sensor_readings";
-    let cluster = MockCluster::new(1).unwrap();
-    cluster.create_topic(TOPIC, 2, 1).unwrap();
-    let producer: FutureProducer = ClientConfig::new()
-        .set("bootstrap.servers", cluster.bootstrap_servers())
-        .create()
-        .unwrap();
+    let OutageRig {
+        endpoint,
+        bucket,
+        moto_port,
+        front,
+        link,
+        cluster,
+        producer,
+    } = OutageRig::new("warm-outage").await;
     let sent = support::readings(400, 9);
     let run = || {
-        let mut config = SinkConfig {
-            store: support::s3_store(&format!("http://127.0.0.1:{front}"), &bucket),
-            rotation: RotationConfig {
-                max_records: 100,
-                idle_ms: 300,
-                ..RotationConfig::default()
-            },
-            ..SinkConfig::default()
-        };
-        config.kafka.brokers = cluster.bootstrap_servers();
-        config.kafka.group_id = "warm-outage".into();
+        let config = sink_config(front, &bucket, &cluster, "warm-outage", 100);
         let shutdown = CancellationToken::new();
         let streams = schemas::example_streams();
         async move {
@@ -451,6 +410,75 @@ async fn windows_are_warmed_once_s3_is_back_before_the_partitions_are_read() {
     let landed = common::pyarrow_s3(&endpoint, &bucket, "landing/");
     common::assert_landed_exactly(&sent, &landed);
     drop(cluster);
+}
+
+const TOPIC: &str = "ingest.sensor_readings";
+
+/// A sink on the rig's bucket through its proxy on `front` and its cluster, in `group`, with
+/// files of `max_records` rows and a 300 ms idle rotation.
+fn sink_config(
+    front: u16,
+    bucket: &str,
+    cluster: &MockCluster<'static, rdkafka::producer::DefaultProducerContext>,
+    group: &str,
+    max_records: usize,
+) -> SinkConfig {
+    let mut config = SinkConfig {
+        store: support::s3_store(&format!("http://127.0.0.1:{front}"), bucket),
+        rotation: RotationConfig {
+            max_records,
+            idle_ms: 300,
+            ..RotationConfig::default()
+        },
+        ..SinkConfig::default()
+    };
+    config.kafka.brokers = cluster.bootstrap_servers();
+    config.kafka.group_id = group.into();
+    config
+}
+
+/// A bucket on moto reached through a proxy (cancel `link` for an outage; a new proxy on
+/// `front` ends it), and a mock cluster with a two-partition sensor topic and a producer.
+struct OutageRig {
+    endpoint: String,
+    bucket: String,
+    moto_port: u16,
+    front: u16,
+    link: CancellationToken,
+    cluster: MockCluster<'static, rdkafka::producer::DefaultProducerContext>,
+    producer: FutureProducer,
+}
+
+impl OutageRig {
+    async fn new(name: &str) -> OutageRig {
+        let endpoint = common::service_env("EDGE_INGEST_S3");
+        let bucket = unique(name);
+        common::pyarrow(&[
+            "--s3-endpoint",
+            &endpoint,
+            "--bucket",
+            &bucket,
+            "--create-bucket",
+        ]);
+        let moto_port: u16 = endpoint.rsplit(':').next().unwrap().parse().unwrap();
+        let front = common::free_port();
+        let link = common::proxy(front, moto_port).await;
+        let cluster = MockCluster::new(1).unwrap();
+        cluster.create_topic(TOPIC, 2, 1).unwrap();
+        let producer: FutureProducer = ClientConfig::new()
+            .set("bootstrap.servers", cluster.bootstrap_servers())
+            .create()
+            .unwrap();
+        OutageRig {
+            endpoint,
+            bucket,
+            moto_port,
+            front,
+            link,
+            cluster,
+            producer,
+        }
+    }
 }
 
 async fn wait_until(what: &str, done: impl Fn() -> bool) {
