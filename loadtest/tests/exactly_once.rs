@@ -163,38 +163,70 @@ async fn adoption_case(max_records: usize) {
 /// them; it stops the partition, commits nothing and counts the conflict.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_landing_file_of_a_topic_created_again_is_not_adopted() {
+    topic_created_again(false).await;
+}
+
+/// The same with the old topic's dead letters: adopted, the object would make the sink drop
+/// the new topic's dead letters at those offsets as written.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn dead_letters_of_a_topic_created_again_are_not_adopted() {
+    topic_created_again(true).await;
+}
+
+/// New messages (readings, each fourth followed by garbage) meet an object the old topic left
+/// at the key of their first offsets: a landing file of offsets 0 to 39, or (`dead_letters`) a
+/// dead-letter object of offsets 4 to 44.
+async fn topic_created_again(dead_letters: bool) {
+    // The old object sits in this hour's folder, where the new messages' files go.
+    clear_of_an_hour_boundary(Duration::from_secs(60)).await;
     let streams = schemas::example_streams();
     let def = streams.get("sensor_readings").unwrap().clone();
     let (cluster, producer) = mock_cluster(1);
     let readings = distinct_readings(100);
-    // The old topic's file: offsets 0..=39, other readings, ingested a day before.
+    // The old topic's object: other readings or other garbage, ingested a day before.
     let landing = tempfile::tempdir().unwrap();
     let store = ObjectStore::Local(landing.path().to_path_buf());
     let old_ts = BASE_TS - 86_400_000_000;
-    let rows: Vec<_> = (0..40)
-        .map(|i| {
-            let v = schemas::check(&def, readings[50 + i].clone()).unwrap();
-            let meta = RowMeta {
-                ingest_ts: old_ts + i as i64,
-                partition: 0,
-                offset: i as i64,
-                hash: v.hash,
-            };
-            (v.record, meta)
-        })
-        .collect();
-    let data = encode(&def, TOPIC, 0, OffsetRange { first: 0, last: 39 }, &rows).unwrap();
-    let key = object_key("landing", "sensor_readings", BASE_TS, 0, 0);
-    let old = data.clone();
+    let (key, data) = if dead_letters {
+        let mut old = sink::partition::PartitionState::new(def, TOPIC.into(), 0, 10);
+        for offset in (4..=44).step_by(5) {
+            let payload = format!("old garbage at {offset}");
+            old.dead_letter(
+                offset,
+                old_ts + offset,
+                "malformed JSON",
+                payload.as_bytes(),
+            );
+        }
+        let key =
+            sink::parquet_file::dead_letter_key("landing", "sensor_readings", now_micros(), 0, 4);
+        (key, bytes::Bytes::copy_from_slice(old.dead.text()))
+    } else {
+        let rows: Vec<_> = (0..40)
+            .map(|i| {
+                let v = schemas::check(&def, readings[50 + i].clone()).unwrap();
+                let meta = RowMeta {
+                    ingest_ts: old_ts + i as i64,
+                    partition: 0,
+                    offset: i as i64,
+                    hash: v.hash,
+                };
+                (v.record, meta)
+            })
+            .collect();
+        let data = encode(&def, TOPIC, 0, OffsetRange { first: 0, last: 39 }, &rows).unwrap();
+        (
+            object_key("landing", "sensor_readings", now_micros(), 0, 0),
+            data,
+        )
+    };
     assert_eq!(
-        store.put_if_absent(&key, data).await.unwrap(),
+        store.put_if_absent(&key, data.clone()).await.unwrap(),
         PutOutcome::Created
     );
-    // The new topic's messages.
-    for (i, r) in readings[..50].iter().enumerate() {
-        let ts = (BASE_TS + i as i64).to_string();
-        send_with_ingest_ts(&producer, "k", r.to_string().as_bytes(), &ts).await;
-    }
+    // The new topic's messages, ingested now.
+    let mut garbage = Vec::new();
+    send_with_garbage(&producer, &readings[..40], 0, &mut garbage).await;
     let (sink, shutdown) = start_local_sink(
         &cluster,
         landing.path(),
@@ -215,13 +247,29 @@ async fn a_landing_file_of_a_topic_created_again_is_not_adopted() {
     shutdown.cancel();
     sink.task.await.unwrap().unwrap();
     assert_eq!(sink.stats.adopted_files.load(Ordering::Relaxed), 0);
+    assert_eq!(
+        sink.stats
+            .adopted_dead_letter_objects
+            .load(Ordering::Relaxed),
+        0
+    );
     assert_eq!(sink.stats.files_written.load(Ordering::Relaxed), 0);
     assert_eq!(committed(&cluster, "recreated", 0), None);
-    let landed = read_landing_dir(landing.path()).unwrap();
-    assert_eq!(landed.files.len(), 1, "only the old file");
+    // No landing file but the old one, as it was. (The new dead letters before the conflicting
+    // file are written: they are the new topic's, at a key of their own.)
+    let objects = walk(&landing.path().join("landing"));
+    let files: Vec<_> = objects
+        .iter()
+        .filter(|p| p.extension().is_some_and(|e| e == "parquet"))
+        .collect();
+    if dead_letters {
+        assert_eq!(objects, [landing.path().join(&key)]);
+    } else {
+        assert_eq!(files, [&landing.path().join(&key)]);
+    }
     assert_eq!(
         std::fs::read(landing.path().join(&key)).unwrap(),
-        old.to_vec()
+        data.to_vec()
     );
     drop(cluster);
 }

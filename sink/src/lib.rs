@@ -972,7 +972,9 @@ impl Worker {
     /// the partition's previous owner, with a range that may end elsewhere than ours), it holds
     /// every dead letter up to its last line: those are dropped (also when they arrive later,
     /// and the range closes only past that line) and the rest go on to the next object of the
-    /// chain. `false` when shutdown interrupted the retries (the dead letters stay).
+    /// chain. `false` when shutdown interrupted the retries (the dead letters stay), or when the
+    /// object holds other messages at the same offsets (the partition stops, see
+    /// [`Worker::landing_conflict`]).
     async fn write_dead_letters(
         &mut self,
         key: &PartKey,
@@ -1006,8 +1008,16 @@ impl Worker {
                     .get(&object)
                     .await?
                     .context("dead-letter object vanished after a conflicting create")?;
-                let last = partition::last_dead_letter(&existing)
+                let theirs = partition::dead_letter_ids(&existing)
+                    .and_then(|ids| Ok((partition::last_dead_letter(&ids)?, ids)));
+                let (last, theirs) = theirs
                     .with_context(|| format!("cannot read the dead-letter object {object}"))?;
+                let ours = partition::dead_letter_ids(&data)?;
+                let differ = parquet_file::other_messages(&ours, &theirs);
+                if let Some(&first) = differ.first() {
+                    self.landing_conflict(key, &object, first);
+                    return Ok(false);
+                }
                 tracing::info!(object, last_offset = last, "adopted existing dead letters");
                 ::metrics::counter!(m::ADOPTED_DEAD_LETTERS, "stream" => stream).increment(1);
                 self.stats
@@ -1044,21 +1054,8 @@ impl Worker {
             Ok::<_, parquet::errors::ParquetError>((range, differ))
         })
         .await??;
-        if let Some(first) = differ.first() {
-            tracing::error!(
-                object,
-                offsets = differ.len(),
-                first_offset = first,
-                "the landing object at this key holds other messages than the partition has at the same offsets (was the topic deleted and created again?): the partition stops here and nothing of it is committed; move the old objects away and restart the sink"
-            );
-            let part = self
-                .parts
-                .get_mut(key)
-                .context("partition state vanished")?;
-            ::metrics::counter!(m::LANDING_CONFLICTS, "stream" => part.def.name.clone())
-                .increment(1);
-            self.stats.landing_conflicts.fetch_add(1, Ordering::Relaxed);
-            part.stopped = true;
+        if let Some(&first) = differ.first() {
+            self.landing_conflict(key, object, first);
             return Ok(());
         }
         tracing::info!(
@@ -1095,6 +1092,23 @@ impl Worker {
         part.adopt_through(adopted.last, after.first_ingest_ts);
         part.file = rest;
         Ok(())
+    }
+
+    /// An object at a key of the partition holds other messages at the same offsets (a topic
+    /// deleted and created again while the landing zone kept its files): the partition stops
+    /// rather than skip its messages as written.
+    fn landing_conflict(&mut self, key: &PartKey, object: &str, first_offset: i64) {
+        tracing::error!(
+            object,
+            first_offset,
+            "the object at this key holds other messages than the partition has at the same offsets (was the topic deleted and created again?): the partition stops here and nothing of it is committed; move the old objects away and restart the sink"
+        );
+        self.stats.landing_conflicts.fetch_add(1, Ordering::Relaxed);
+        if let Some(part) = self.parts.get_mut(key) {
+            ::metrics::counter!(m::LANDING_CONFLICTS, "stream" => part.def.name.clone())
+                .increment(1);
+            part.stopped = true;
+        }
     }
 
     /// Runs a store write until it succeeds; `None` when shutdown interrupted the retries.

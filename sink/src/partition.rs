@@ -8,9 +8,10 @@ use std::time::{Duration, Instant};
 use anyhow::Context as _;
 use schemas::arrow::RowMeta;
 use schemas::window::{DigestWindow, digest};
-use schemas::{RecordError, StreamDef};
+use schemas::{ContentHash, RecordError, StreamDef};
 
 use crate::open_file::{FileTargets, OpenFile, SizeRatio};
+use crate::parquet_file::RowId;
 
 const HOUR_MICROS: i64 = 3_600_000_000;
 
@@ -109,19 +110,36 @@ impl DeadLetters {
     }
 }
 
-/// The offset of the last dead letter in an object's JSON lines.
-pub fn last_dead_letter(text: &[u8]) -> anyhow::Result<i64> {
+/// The offset, payload (as a hash) and ingest time of the dead letters in JSON lines, in
+/// offset order: what [`crate::parquet_file::other_messages`] compares.
+pub fn dead_letter_ids(text: &[u8]) -> anyhow::Result<Vec<RowId>> {
     #[derive(serde::Deserialize)]
-    struct Line {
+    struct Line<'a> {
         offset: i64,
+        #[serde(default)]
+        ingest_ts: i64,
+        #[serde(default, borrow)]
+        payload_hex: &'a str,
     }
-    let mut last = None;
+    let mut ids = Vec::new();
     for line in text.split(|&b| b == b'\n').filter(|l| !l.is_empty()) {
         let line: Line =
             serde_json::from_slice(line).context("a dead-letter line without its offset")?;
-        last = last.max(Some(line.offset));
+        ids.push(RowId {
+            offset: line.offset,
+            hash: ContentHash(*blake3::hash(line.payload_hex.as_bytes()).as_bytes()),
+            ingest_ts: line.ingest_ts,
+        });
     }
-    last.context("a dead-letter object without dead letters")
+    ids.sort_by_key(|id| id.offset);
+    Ok(ids)
+}
+
+/// The offset of the last dead letter in an object's JSON lines.
+pub fn last_dead_letter(ids: &[RowId]) -> anyhow::Result<i64> {
+    ids.last()
+        .map(|id| id.offset)
+        .context("a dead-letter object without dead letters")
 }
 
 /// Where the open file's range begins. Its ingest time places the file in a date/hour folder,
@@ -366,7 +384,9 @@ mod tests {
             part.dead_letter(offset, 100 + offset, "malformed JSON", payload.as_bytes());
         }
         assert_eq!(part.dead.first(), Some((4, 104)));
-        assert_eq!(last_dead_letter(part.dead.text()).unwrap(), 15);
+        let ids = dead_letter_ids(part.dead.text()).unwrap();
+        assert_eq!(last_dead_letter(&ids).unwrap(), 15);
+        assert_eq!(ids[1].ingest_ts, 109);
         // An object that holds the dead letters up to offset 9 (its range may have ended
         // anywhere from 9 to 14).
         part.dead.drop_through(12);
@@ -395,12 +415,10 @@ mod tests {
         part.adopt_dead_letters_through(20);
         assert_eq!(part.dead_through, Some(30));
 
-        assert!(last_dead_letter(b"").is_err());
-        assert!(last_dead_letter(b"{\"reason\":\"x\"}\n").is_err());
-        assert_eq!(
-            last_dead_letter(b"{\"offset\":7}\n{\"offset\":3}\n").unwrap(),
-            7
-        );
+        assert!(last_dead_letter(&dead_letter_ids(b"").unwrap()).is_err());
+        assert!(dead_letter_ids(b"{\"reason\":\"x\"}\n").is_err());
+        let ids = dead_letter_ids(b"{\"offset\":7}\n{\"offset\":3}\n").unwrap();
+        assert_eq!(last_dead_letter(&ids).unwrap(), 7);
     }
 
     #[test]
