@@ -156,6 +156,63 @@ async fn adoption_case(max_records: usize) {
     drop(cluster);
 }
 
+/// The object at a file's key cannot be read for a while (here: a folder stands where it
+/// goes; on S3, a GET failing after the conflicting PUT): the sink retries the read as it
+/// retries writes, instead of failing, and adopts the object once it can read it.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_object_to_adopt_that_cannot_be_read_yet_is_read_again() {
+    let streams = schemas::example_streams();
+    let def = streams.get("sensor_readings").unwrap().clone();
+    let (cluster, producer) = mock_cluster(1);
+    let readings = distinct_readings(60);
+    for (i, r) in readings.iter().enumerate() {
+        let ts = (BASE_TS + i as i64).to_string();
+        send_with_ingest_ts(&producer, "k", r.to_string().as_bytes(), &ts).await;
+    }
+    // The crashed sink's file of offsets 0..=39, not readable at first.
+    let rows: Vec<_> = (0..40)
+        .map(|i| {
+            let v = schemas::check(&def, readings[i].clone()).unwrap();
+            let meta = RowMeta {
+                ingest_ts: BASE_TS + i as i64,
+                partition: 0,
+                offset: i as i64,
+                hash: v.hash,
+            };
+            (v.record, meta)
+        })
+        .collect();
+    let data = encode(&def, TOPIC, 0, OffsetRange { first: 0, last: 39 }, &rows).unwrap();
+    let key = object_key("landing", "sensor_readings", BASE_TS, 0, 0);
+    let landing = tempfile::tempdir().unwrap();
+    let path = landing.path().join(&key);
+    std::fs::create_dir_all(&path).unwrap();
+    let rotation = RotationConfig {
+        idle_ms: 300,
+        max_records: 25,
+        ..RotationConfig::default()
+    };
+    let (sink, shutdown) = start_local_sink(&cluster, landing.path(), "unreadable", rotation).await;
+    wait_for("a failing read", 30, || {
+        sink.stats.store_failing.load(Ordering::Relaxed)
+    })
+    .await;
+    tokio::time::sleep(Duration::from_millis(1_000)).await;
+    assert!(!sink.task.is_finished(), "the sink gave up");
+    std::fs::remove_dir(&path).unwrap();
+    let store = ObjectStore::Local(landing.path().to_path_buf());
+    assert_eq!(
+        store.put_if_absent(&key, data).await.unwrap(),
+        PutOutcome::Created
+    );
+    wait_written(&sink, 20).await;
+    shutdown.cancel();
+    sink.task.await.unwrap().unwrap();
+    assert_eq!(sink.stats.adopted_files.load(Ordering::Relaxed), 1);
+    assert_exactly_once(&readings, landing.path());
+    drop(cluster);
+}
+
 /// The topic was deleted and created again under the same name while the landing zone kept
 /// the old topic's files: the new messages meet an old file at the key of their offsets. Its
 /// rows are other messages (other content hashes and ingest times at the same offsets), so the

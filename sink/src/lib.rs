@@ -972,9 +972,9 @@ impl Worker {
     /// the partition's previous owner, with a range that may end elsewhere than ours), it holds
     /// every dead letter up to its last line: those are dropped (also when they arrive later,
     /// and the range closes only past that line) and the rest go on to the next object of the
-    /// chain. `false` when shutdown interrupted the retries (the dead letters stay), or when the
-    /// object holds other messages at the same offsets (the partition stops, see
-    /// [`Worker::landing_conflict`]).
+    /// chain. Store errors are retried. `false` when shutdown interrupted the retries (the dead
+    /// letters stay), or when the object holds other messages at the same offsets (the
+    /// partition stops, see [`Worker::landing_conflict`]).
     async fn write_dead_letters(
         &mut self,
         key: &PartKey,
@@ -1003,11 +1003,12 @@ impl Worker {
                 None
             }
             Some(PutOutcome::AlreadyExists) => {
-                let existing = self
-                    .store
-                    .get(&object)
-                    .await?
-                    .context("dead-letter object vanished after a conflicting create")?;
+                let Some(existing) = self.with_retry(&object, || self.store.get(&object)).await
+                else {
+                    return Ok(false);
+                };
+                let existing =
+                    existing.context("dead-letter object vanished after a conflicting create")?;
                 let theirs = partition::dead_letter_ids(&existing)
                     .and_then(|ids| Ok((partition::last_dead_letter(&ids)?, ids)));
                 let (last, theirs) = theirs
@@ -1041,11 +1042,15 @@ impl Worker {
     /// other messages at the same offsets (a topic created again) is not adopted: the partition
     /// stops, and nothing is skipped.
     async fn adopt(&mut self, key: &PartKey, object: &str, staged: Staged) -> anyhow::Result<()> {
-        let existing = self
-            .store
-            .get(object)
-            .await?
-            .context("object vanished after a conflicting create")?;
+        let Some(existing) = self.with_retry(object, || self.store.get(object)).await else {
+            // Shutting down while the store fails: the staged file is given up, and nothing of
+            // the partition is committed after it (as when its upload is given up).
+            if let Some(part) = self.parts.get_mut(key) {
+                part.stopped = true;
+            }
+            return Ok(());
+        };
+        let existing = existing.context("object vanished after a conflicting create")?;
         let ours = staged.reopen().context("cannot reopen the staged file")?;
         let (adopted, differ) = tokio::task::spawn_blocking(move || {
             let range = parquet_file::read_offsets(existing.clone())?;
@@ -1111,11 +1116,12 @@ impl Worker {
         }
     }
 
-    /// Runs a store write until it succeeds; `None` when shutdown interrupted the retries.
-    async fn with_retry<F, Fut>(&self, object: &str, mut write: F) -> Option<PutOutcome>
+    /// Runs a store request (a write, or the read of an object to adopt) until it succeeds;
+    /// `None` when shutdown interrupted the retries.
+    async fn with_retry<T, F, Fut>(&self, object: &str, mut write: F) -> Option<T>
     where
         F: FnMut() -> Fut,
-        Fut: std::future::Future<Output = Result<PutOutcome, StoreError>>,
+        Fut: std::future::Future<Output = Result<T, StoreError>>,
     {
         if self.shutdown.is_cancelled() && self.store_given_up.load(Ordering::Relaxed) {
             return None;
@@ -1130,7 +1136,7 @@ impl Worker {
                 Ok(outcome) => return Some(outcome),
                 Err(e) => {
                     ::metrics::counter!(m::STORE_ERRORS, "retryable" => if e.retryable { "true" } else { "false" }).increment(1);
-                    tracing::warn!(object, error = %e, attempt, "store write failed");
+                    tracing::warn!(object, error = %e, attempt, "store request failed");
                     tokio::select! {
                         _ = tokio::time::sleep(store::backoff(attempt)) => {}
                         _ = self.shutdown.cancelled(), if attempt >= 3 => {
