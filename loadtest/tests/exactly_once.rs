@@ -58,21 +58,7 @@ async fn adoption_case(max_records: usize) {
     // The crashed sink's file: offsets 0..=39, never committed.
     let landing = tempfile::tempdir().unwrap();
     let store = ObjectStore::Local(landing.path().to_path_buf());
-    let rows: Vec<_> = (0..40)
-        .map(|i| {
-            let v = schemas::check(&def, readings[i].clone()).unwrap();
-            (
-                v.record,
-                RowMeta {
-                    ingest_ts: BASE_TS + i as i64,
-                    partition: 0,
-                    offset: i as i64,
-                    hash: v.hash,
-                },
-            )
-        })
-        .collect();
-    let data = encode(&def, TOPIC, 0, OffsetRange { first: 0, last: 39 }, &rows).unwrap();
+    let data = file_of_offsets_0_to_39(&def, &readings[..40], BASE_TS);
     let key = object_key("landing", "sensor_readings", BASE_TS, 0, 0);
     assert_eq!(
         store.put_if_absent(&key, data).await.unwrap(),
@@ -170,19 +156,7 @@ async fn an_object_to_adopt_that_cannot_be_read_yet_is_read_again() {
         send_with_ingest_ts(&producer, "k", r.to_string().as_bytes(), &ts).await;
     }
     // The crashed sink's file of offsets 0..=39, not readable at first.
-    let rows: Vec<_> = (0..40)
-        .map(|i| {
-            let v = schemas::check(&def, readings[i].clone()).unwrap();
-            let meta = RowMeta {
-                ingest_ts: BASE_TS + i as i64,
-                partition: 0,
-                offset: i as i64,
-                hash: v.hash,
-            };
-            (v.record, meta)
-        })
-        .collect();
-    let data = encode(&def, TOPIC, 0, OffsetRange { first: 0, last: 39 }, &rows).unwrap();
+    let data = file_of_offsets_0_to_39(&def, &readings[..40], BASE_TS);
     let key = object_key("landing", "sensor_readings", BASE_TS, 0, 0);
     let landing = tempfile::tempdir().unwrap();
     let path = landing.path().join(&key);
@@ -259,19 +233,7 @@ async fn topic_created_again(dead_letters: bool) {
             sink::parquet_file::dead_letter_key("landing", "sensor_readings", now_micros(), 0, 4);
         (key, bytes::Bytes::copy_from_slice(old.dead.text()))
     } else {
-        let rows: Vec<_> = (0..40)
-            .map(|i| {
-                let v = schemas::check(&def, readings[50 + i].clone()).unwrap();
-                let meta = RowMeta {
-                    ingest_ts: old_ts + i as i64,
-                    partition: 0,
-                    offset: i as i64,
-                    hash: v.hash,
-                };
-                (v.record, meta)
-            })
-            .collect();
-        let data = encode(&def, TOPIC, 0, OffsetRange { first: 0, last: 39 }, &rows).unwrap();
+        let data = file_of_offsets_0_to_39(&def, &readings[50..90], old_ts);
         (
             object_key("landing", "sensor_readings", now_micros(), 0, 0),
             data,
@@ -329,6 +291,31 @@ async fn topic_created_again(dead_letters: bool) {
         data.to_vec()
     );
     drop(cluster);
+}
+
+/// A landing file of partition 0 as a sink writes it: `readings` (40) at offsets 0 to 39,
+/// ingested from `ingest_ts` on, a microsecond apart.
+fn file_of_offsets_0_to_39(
+    def: &schemas::StreamDef,
+    readings: &[serde_json::Value],
+    ingest_ts: i64,
+) -> bytes::Bytes {
+    assert_eq!(readings.len(), 40);
+    let rows: Vec<_> = readings
+        .iter()
+        .enumerate()
+        .map(|(i, r)| {
+            let v = schemas::check(def, r.clone()).unwrap();
+            let meta = RowMeta {
+                ingest_ts: ingest_ts + i as i64,
+                partition: 0,
+                offset: i as i64,
+                hash: v.hash,
+            };
+            (v.record, meta)
+        })
+        .collect();
+    encode(def, TOPIC, 0, OffsetRange { first: 0, last: 39 }, &rows).unwrap()
 }
 
 fn walk(dir: &std::path::Path) -> Vec<std::path::PathBuf> {
