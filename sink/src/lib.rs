@@ -1051,12 +1051,31 @@ impl Worker {
             return Ok(());
         };
         let existing = existing.context("object vanished after a conflicting create")?;
-        let ours = staged.reopen().context("cannot reopen the staged file")?;
-        let (adopted, differ) = tokio::task::spawn_blocking(move || {
-            let range = parquet_file::read_offsets(existing.clone())?;
+        let targets = self.targets();
+        let part = self
+            .parts
+            .get_mut(key)
+            .context("partition state vanished")?;
+        // The staged file is read once, off the reactor: the rows the object accounts for are
+        // compared with its rows, and those past it go into a new open file.
+        let (def, staging, ratio) = (
+            part.def.clone(),
+            self.staging.path().to_path_buf(),
+            part.size_ratio,
+        );
+        let (adopted, differ, rest, after) = tokio::task::spawn_blocking(move || {
+            let adopted = parquet_file::read_offsets(existing.clone())?;
             let theirs = parquet_file::read_row_ids(existing)?;
-            let differ = parquet_file::other_messages(&parquet_file::read_row_ids(ours)?, &theirs);
-            Ok::<_, parquet::errors::ParquetError>((range, differ))
+            let after = open_file::rows_after(&staged, adopted.last)?;
+            let differ = parquet_file::other_messages(&after.covered_ids, &theirs);
+            if !differ.is_empty() || after.batches.is_empty() {
+                return Ok::<_, parquet::errors::ParquetError>((adopted, differ, None, after));
+            }
+            let mut file = OpenFile::create(&def, &staging, targets, ratio)?;
+            for batch in &after.batches {
+                file.write_batch(batch)?;
+            }
+            Ok((adopted, differ, Some(file), after))
         })
         .await??;
         if let Some(&first) = differ.first() {
@@ -1068,29 +1087,10 @@ impl Worker {
             last_offset = adopted.last,
             "adopted existing landing file"
         );
-        let targets = self.targets();
         let part = self
             .parts
             .get_mut(key)
             .context("partition state vanished")?;
-        // The rows past the adopted object go into a new open file, encoded off the reactor.
-        let (def, staging, ratio) = (
-            part.def.clone(),
-            self.staging.path().to_path_buf(),
-            part.size_ratio,
-        );
-        let (rest, after) = tokio::task::spawn_blocking(move || {
-            let after = open_file::rows_after(&staged, adopted.last)?;
-            if after.batches.is_empty() {
-                return Ok::<_, parquet::errors::ParquetError>((None, after));
-            }
-            let mut file = OpenFile::create(&def, &staging, targets, ratio)?;
-            for batch in &after.batches {
-                file.write_batch(batch)?;
-            }
-            Ok((Some(file), after))
-        })
-        .await??;
         ::metrics::counter!(m::ADOPTED_FILES, "stream" => part.def.name.clone()).increment(1);
         self.stats.adopted_files.fetch_add(1, Ordering::Relaxed);
         self.stats.count_adopted(part, after.covered);

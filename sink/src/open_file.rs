@@ -13,7 +13,7 @@ use parquet::errors::ParquetError;
 use schemas::arrow::{BatchBuilder, COL_INGEST_TS, COL_OFFSET, RowMeta};
 use schemas::{Row, StreamDef};
 
-use crate::parquet_file::{OffsetRange, file_metadata, writer_properties};
+use crate::parquet_file::{OffsetRange, RowId, file_metadata, row_ids_of, writer_properties};
 use crate::store::Staged;
 
 /// Rows collected before they are encoded as one Arrow batch: small enough that the size
@@ -246,6 +246,8 @@ pub struct RowsAfter {
     pub first_ingest_ts: Option<i64>,
     /// Rows the adopted object accounts for (offsets up to its last).
     pub covered: u64,
+    /// What identifies those rows, to compare with the adopted object's.
+    pub covered_ids: Vec<RowId>,
 }
 
 /// The rows of a finished staged file with offsets after `last`: what is left to land after
@@ -259,9 +261,13 @@ pub fn rows_after(staged: &Staged, last: i64) -> Result<RowsAfter, ParquetError>
         batches: Vec::new(),
         first_ingest_ts: None,
         covered: 0,
+        covered_ids: Vec::new(),
     };
     for batch in reader {
         let batch = batch?;
+        let ids = row_ids_of(&batch)?;
+        out.covered_ids
+            .extend(ids.into_iter().take_while(|id| id.offset <= last));
         let offsets = batch
             .column_by_name(COL_OFFSET)
             .and_then(|c| c.as_any().downcast_ref::<Int64Array>())

@@ -1,7 +1,9 @@
 //! Encoding landing files: Arrow record batch → Parquet bytes with the metadata readers need,
 //! and reading that metadata back from an existing object.
 
-use arrow::array::{Array, FixedSizeBinaryArray, Int64Array, TimestampMicrosecondArray};
+use arrow::array::{
+    Array, FixedSizeBinaryArray, Int64Array, RecordBatch, TimestampMicrosecondArray,
+};
 use bytes::Bytes;
 use chrono::{DateTime, Datelike, Timelike, Utc};
 use parquet::arrow::arrow_reader::ParquetRecordBatchReaderBuilder;
@@ -227,29 +229,36 @@ pub fn read_row_ids<R: ChunkReader + 'static>(data: R) -> Result<Vec<RowId>, Par
     );
     let mut out = Vec::new();
     for batch in builder.with_projection(mask).build()? {
-        let batch = batch?;
-        let hashes = hash_column(&batch)?;
-        let offsets = batch
-            .column_by_name(COL_OFFSET)
-            .and_then(|c| c.as_any().downcast_ref::<Int64Array>())
-            .ok_or_else(|| ParquetError::General("no offset column".into()))?;
-        let ingest = batch
-            .column_by_name(COL_INGEST_TS)
-            .and_then(|c| c.as_any().downcast_ref::<TimestampMicrosecondArray>())
-            .ok_or_else(|| ParquetError::General("no ingest time column".into()))?;
-        for i in 0..batch.num_rows() {
-            out.push(RowId {
-                offset: offsets.value(i),
-                hash: hash_at(hashes, i)?,
-                ingest_ts: ingest.value(i),
-            });
-        }
+        out.extend(row_ids_of(&batch?)?);
     }
     Ok(out)
 }
 
-/// Offsets whose rows in `ours` and `theirs` (both in offset order) are different messages:
-/// both their content hash and their ingest time differ. A topic deleted and created again
+/// The offset, content hash and ingest time of a batch's rows, in row order.
+pub fn row_ids_of(batch: &RecordBatch) -> Result<Vec<RowId>, ParquetError> {
+    let hashes = hash_column(batch)?;
+    let offsets = batch
+        .column_by_name(COL_OFFSET)
+        .and_then(|c| c.as_any().downcast_ref::<Int64Array>())
+        .ok_or_else(|| ParquetError::General("no offset column".into()))?;
+    let ingest = batch
+        .column_by_name(COL_INGEST_TS)
+        .and_then(|c| c.as_any().downcast_ref::<TimestampMicrosecondArray>())
+        .ok_or_else(|| ParquetError::General("no ingest time column".into()))?;
+    (0..batch.num_rows())
+        .map(|i| {
+            Ok(RowId {
+                offset: offsets.value(i),
+                hash: hash_at(hashes, i)?,
+                ingest_ts: ingest.value(i),
+            })
+        })
+        .collect()
+}
+
+/// Offsets whose rows in `ours` and `theirs` (both in offset order; rows of landing files or
+/// dead letters) are different messages: both their content hash (or payload) and their ingest
+/// time differ. A topic deleted and created again
 /// under the same name starts at offset 0 again, and its messages meet the landing files of
 /// the old one at the same keys. A changed stream definition can change a record's hash, and a
 /// changed `kafka.ingest_time` its ingest time, but not both.
