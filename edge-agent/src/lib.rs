@@ -26,6 +26,7 @@ pub mod tls;
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::io::BufReader;
+use std::os::fd::AsFd;
 use std::path::Path;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
@@ -472,7 +473,13 @@ fn start_sources(
             SourceConfig::Stdin { .. } => {
                 let feed: Feed = feed.expect("stdin source");
                 on_thread("source-stdin", move || {
-                    let mut reader = BufReader::with_capacity(64 * 1024, std::io::stdin());
+                    // Read through a descriptor of its own, not std's buffered handle: a wait for
+                    // input must see what is buffered.
+                    let stdin = std::fs::File::from(std::io::stdin().as_fd().try_clone_to_owned()?);
+                    let mut reader = BufReader::with_capacity(
+                        64 * 1024,
+                        source::UntilStopped::new(stdin, &shutdown),
+                    );
                     feed_lines_with(
                         &mut reader,
                         &feed,

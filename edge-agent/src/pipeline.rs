@@ -35,6 +35,10 @@ enum Checked {
 /// [`Pipeline::push_chunk`]).
 const DEDUPE_GROUP: usize = 32;
 
+/// How long a stopping pipeline still takes what its sources queued, waiting for them to stop
+/// (they do within a poll interval; a source that does not is not waited for longer).
+pub const STOP_GRACE: Duration = Duration::from_secs(2);
+
 /// Called once the chunk's records are durable or dropped on purpose.
 pub type Done = Box<dyn FnOnce(ChunkOutcome) + Send>;
 
@@ -232,8 +236,9 @@ impl Pipeline {
     }
 
     /// Runs until every sender of `rx` is gone, then closes the open batch and waits for it to be
-    /// durable. Stops early (leaving the open batch to be read again) if the spool is full under
-    /// `block` while `cancel` is set.
+    /// durable. Once `cancel` is set, the sources stop, and what they queued until then is still
+    /// taken (stdin cannot be read again) for at most [`STOP_GRACE`]. Stops early (leaving the
+    /// open batch to be read again) if the spool is full under `block` while `cancel` is set.
     pub fn run(
         mut self,
         rx: Receiver<Chunk>,
@@ -241,10 +246,14 @@ impl Pipeline {
     ) -> Result<PipelineStats, PipelineError> {
         let max_age = Duration::from_millis(self.batch.max_age_ms.max(1));
         let tick = max_age.min(Duration::from_millis(200));
+        let mut stop_by: Option<Instant> = None;
         loop {
-            if cancel.load(std::sync::atomic::Ordering::Relaxed) {
-                // Stopping: what is queued but not taken will be read again (files), delivered
-                // again (MQTT) or answered 503 (HTTP).
+            if stop_by.is_none() && cancel.load(std::sync::atomic::Ordering::Relaxed) {
+                stop_by = Some(Instant::now() + STOP_GRACE);
+            }
+            if stop_by.is_some_and(|by| Instant::now() >= by) {
+                // A source that has not stopped: what it queued will be read again (files),
+                // delivered again (MQTT) or answered 503 (HTTP).
                 break;
             }
             let wait = match self.open.started {

@@ -9,8 +9,8 @@ use std::time::{Duration, Instant};
 use rand::Rng;
 use support::{
     Faults, Stub, assert_enough_kills, file_source_toml, free_port, mqtt_publish, readings,
-    report_and_check, run_with_kills, service_env, sigkill, spawn_agent, wait_for_port,
-    write_config,
+    report_and_check, run_with_kills, service_env, sigkill, sigterm_and_wait, spawn_agent,
+    spawn_agent_reading, wait_for_port, write_config,
 };
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -250,27 +250,8 @@ async fn stopped_with_a_full_spool(graceful: bool) {
     tokio::time::sleep(Duration::from_secs(4)).await;
     assert_eq!(stub.landed_total(), 0, "the gateway was down");
     if graceful {
-        let pid = child.id().to_string();
-        assert!(
-            std::process::Command::new("kill")
-                .arg(&pid)
-                .status()
-                .unwrap()
-                .success()
-        );
-        let deadline = std::time::Instant::now() + Duration::from_secs(30);
-        let status = loop {
-            if let Some(status) = child.try_wait().unwrap() {
-                break status;
-            }
-            assert!(
-                std::time::Instant::now() < deadline,
-                "no exit 30 s after SIGTERM with the spool full"
-            );
-            tokio::time::sleep(Duration::from_millis(50)).await;
-        };
-        let log = std::fs::read_to_string(dir.path().join("agent-1.log")).unwrap();
-        assert!(status.success(), "{status}: {log}");
+        let why = "with the spool full";
+        sigterm_and_wait(&mut child, Duration::from_secs(30), why, (dir.path(), 1)).await;
     } else {
         sigkill(child);
     }
@@ -305,27 +286,107 @@ async fn sigterm_during_a_hanging_request_stops_at_once_and_loses_nothing() {
     let mut child = spawn_agent(&cfg, dir.path(), 1);
     // The gateway takes the first batch and holds back its answer.
     tokio::time::sleep(Duration::from_secs(3)).await;
-    let asked = std::time::Instant::now();
-    assert!(
-        std::process::Command::new("kill")
-            .arg(child.id().to_string())
-            .status()
-            .unwrap()
-            .success()
-    );
-    let status = loop {
-        if let Some(status) = child.try_wait().unwrap() {
-            break status;
-        }
-        assert!(
-            asked.elapsed() < Duration::from_secs(15),
-            "no exit 15 s after SIGTERM with a request hanging"
-        );
-        tokio::time::sleep(Duration::from_millis(50)).await;
-    };
-    let log = std::fs::read_to_string(dir.path().join("agent-1.log")).unwrap();
-    assert!(status.success(), "{status}: {log}");
+    let why = "with a request hanging";
+    sigterm_and_wait(&mut child, Duration::from_secs(15), why, (dir.path(), 1)).await;
     stub.set_faults(Faults::default());
     let (kills, runs) = run_with_kills(&cfg, dir.path(), (0, 0..1), 2).await;
     report_and_check(&stub, kills + 1, runs, &expected);
+}
+
+/// An agent reading its standard input (a pipe whose writer runs on) into `stub`, with `batch`
+/// keys: its config (state in `dir/state`), started as run 1 on `stdin`.
+fn stdin_agent(
+    dir: &std::path::Path,
+    stub: &Stub,
+    batch: &str,
+    stdin: std::io::PipeReader,
+) -> (std::path::PathBuf, std::process::Child) {
+    let source = "[[sources]]\ntype = \"stdin\"\nstream = \"sensor_readings\"\n";
+    let cfg = write_config(dir, &stub.url(), &format!("[batch]\n{batch}"), source);
+    let child = spawn_agent_reading(&cfg, dir, 1, stdin.into());
+    (cfg, child)
+}
+
+/// SIGTERM while the agent waits for more of its standard input, whose writer keeps the pipe
+/// open (`producer | edge-agent run`, stopped by systemd): the agent stops at once, not when
+/// the writer ends.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn sigterm_while_stdin_stays_open_stops_at_once() {
+    let stub = Stub::start(Faults::default()).await;
+    let dir = tempfile::tempdir().unwrap();
+    let (lines, expected) = readings(2_000, 50, 0, 29);
+    let (reader, mut writer) = std::io::pipe().unwrap();
+    let (_, mut child) = stdin_agent(dir.path(), &stub, "max_records = 1000\n", reader);
+    std::io::Write::write_all(&mut writer, (lines.join("\n") + "\n").as_bytes()).unwrap();
+    support::wait_landed(&stub, expected.len()).await;
+    let why = "with its standard input open";
+    sigterm_and_wait(&mut child, Duration::from_secs(5), why, (dir.path(), 1)).await;
+    drop(writer);
+    support::assert_exactly_once(&stub.landed(), &expected);
+}
+
+/// SIGTERM while the agent reads its standard input as fast as it can: stdin cannot be read
+/// again, so every reading the agent took from the pipe must be spooled before it exits (none
+/// left in the queue to its pipeline). Measured: what the agent took is what the test wrote
+/// less what is still in the pipe afterwards; every reading wholly in it lands once after a
+/// restart, and nothing else does.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn sigterm_while_reading_stdin_spools_everything_it_read() {
+    let stub = Stub::start(Faults {
+        // Nothing is delivered in the first run: the agent only reads and spools.
+        unavailable: 100,
+        ..Faults::default()
+    })
+    .await;
+    let dir = tempfile::tempdir().unwrap();
+    let (lines, hashes) = readings(300_000, 1000, 0, 31);
+    let text = lines.join("\n") + "\n";
+    let (reader, writer) = std::io::pipe().unwrap();
+    let left = reader.try_clone().unwrap();
+    // Compression at level 19 makes the pipeline slower than reading: chunks queue up for it.
+    let batch = "max_records = 1000\nzstd_level = 19\n";
+    let (cfg, mut child) = stdin_agent(dir.path(), &stub, batch, reader);
+    let written = std::sync::Arc::new(std::sync::atomic::AtomicUsize::new(0));
+    let stop = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false));
+    let writing = {
+        let (written, stop, text) = (written.clone(), stop.clone(), text.clone());
+        std::thread::spawn(move || {
+            use std::sync::atomic::Ordering::SeqCst;
+            let mut writer = writer;
+            for piece in text.as_bytes().chunks(4096) {
+                if stop.load(SeqCst) {
+                    break;
+                }
+                std::io::Write::write_all(&mut writer, piece).unwrap();
+                written.fetch_add(piece.len(), SeqCst);
+            }
+        })
+    };
+    tokio::time::sleep(Duration::from_millis(1500)).await;
+    let why = "while reading its standard input";
+    sigterm_and_wait(&mut child, Duration::from_secs(5), why, (dir.path(), 1)).await;
+    // What the agent did not take is still in the pipe: read it out (the writer ends).
+    stop.store(true, std::sync::atomic::Ordering::SeqCst);
+    let mut rest = Vec::new();
+    std::io::Read::read_to_end(&mut &left, &mut rest).unwrap();
+    writing.join().unwrap();
+    let taken = written.load(std::sync::atomic::Ordering::SeqCst) - rest.len();
+    assert!(
+        taken > 0 && taken < text.len(),
+        "the agent took {taken} of {} bytes: the stop came too early or too late to test",
+        text.len()
+    );
+    let whole = text.as_bytes()[..taken]
+        .iter()
+        .filter(|b| **b == b'\n')
+        .count();
+    // Restarted on an empty input with the gateway well, the agent delivers its spool and ends.
+    stub.set_faults(Faults::default());
+    let mut again = spawn_agent_reading(&cfg, dir.path(), 2, std::process::Stdio::null());
+    let status = tokio::task::spawn_blocking(move || again.wait())
+        .await
+        .unwrap();
+    assert!(status.unwrap().success());
+    eprintln!("the agent took {taken} bytes, {whole} whole readings");
+    support::assert_exactly_once(&stub.landed(), &hashes[..whole]);
 }

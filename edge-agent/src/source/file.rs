@@ -25,7 +25,7 @@ use serde_json::{Map, Value as Json};
 use tokio_util::sync::CancellationToken;
 
 use super::fields::StaticFields;
-use super::{Feed, feed_lines_with, verbatim};
+use super::{Feed, UntilStopped, feed_lines_with, verbatim};
 use crate::config::FileFormat;
 use crate::pipeline::Done;
 
@@ -374,7 +374,7 @@ pub fn run(
                 positions.set(id, &t.path, 0);
             }
             if size > t.offset {
-                read_new(t, id, spec, def, feed, positions)?;
+                read_new(t, id, spec, def, feed, positions, shutdown)?;
             }
             // A file that was renamed away or deleted, and is read to its end, is done.
             let at_end = t.file.metadata()?.len() <= t.offset;
@@ -414,6 +414,7 @@ fn read_new(
     def: &Arc<StreamDef>,
     feed: &Feed,
     positions: &Arc<Positions>,
+    shutdown: &CancellationToken,
 ) -> anyhow::Result<()> {
     if spec.format == FileFormat::Csv && t.header.is_none() {
         let (names, len) = csv_header(&t.file)?;
@@ -421,7 +422,7 @@ fn read_new(
         t.offset = t.offset.max(len);
     }
     t.file.seek(SeekFrom::Start(t.offset))?;
-    let mut reader = BufReader::with_capacity(64 * 1024, &t.file);
+    let mut reader = BufReader::with_capacity(64 * 1024, UntilStopped::new(&t.file, shutdown));
     let path = t.path.clone();
     let positions2 = positions.clone();
     let done = move |offset: u64| -> Option<Done> {

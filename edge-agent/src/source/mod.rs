@@ -8,8 +8,12 @@ pub mod mqtt;
 
 use std::collections::BTreeMap;
 use std::io::{BufRead, BufReader, Read};
+use std::os::fd::AsFd;
 use std::sync::Arc;
 use std::sync::mpsc::{SyncSender, TrySendError};
+
+use rustix::event::{PollFd, PollFlags};
+use tokio_util::sync::CancellationToken;
 
 use crate::metrics as m;
 use crate::pipeline::{Chunk, Done};
@@ -74,6 +78,45 @@ impl Feed {
 
 /// Feeds of every stream, by name.
 pub type Feeds = BTreeMap<String, Feed>;
+
+/// How long a read of a line source waits for input before it looks at the shutdown token.
+const READ_TICK: rustix::event::Timespec = rustix::event::Timespec {
+    tv_sec: 0,
+    tv_nsec: 200_000_000,
+};
+
+/// A line source's input (a file, stdin), read only while the agent runs: once `shutdown` is
+/// cancelled a read fails with [`Closed`] instead of waiting for input that may never come (a
+/// pipe whose writer runs on). [`feed_lines`] hands over what it read before it reads again, so
+/// nothing read is held back; only a line that the input ended in the middle of is not taken.
+pub struct UntilStopped<'a, R> {
+    input: R,
+    shutdown: &'a CancellationToken,
+}
+
+impl<'a, R: Read + AsFd> UntilStopped<'a, R> {
+    pub fn new(input: R, shutdown: &'a CancellationToken) -> Self {
+        UntilStopped { input, shutdown }
+    }
+}
+
+impl<R: Read + AsFd> Read for UntilStopped<'_, R> {
+    fn read(&mut self, buf: &mut [u8]) -> std::io::Result<usize> {
+        loop {
+            if self.shutdown.is_cancelled() {
+                return Err(std::io::Error::other(Closed));
+            }
+            // A regular file is always readable; a pipe or terminal is waited for a tick at a
+            // time. A closed pipe is readable too (the read then returns its end).
+            let mut fds = [PollFd::new(&self.input, PollFlags::IN)];
+            match rustix::event::poll(&mut fds, Some(&READ_TICK)) {
+                Ok(0) | Err(rustix::io::Errno::INTR) => {}
+                Ok(_) => return self.input.read(buf),
+                Err(e) => return Err(e.into()),
+            }
+        }
+    }
+}
 
 /// Reads lines from `reader` and hands them over in chunks: a chunk closes at [`CHUNK_BYTES`] or
 /// when no more input is buffered (so a slow producer's lines are not held back). `done` makes

@@ -449,11 +449,22 @@ pub fn spawn_agent(
     dir: &std::path::Path,
     run: usize,
 ) -> std::process::Child {
+    spawn_agent_reading(cfg, dir, run, std::process::Stdio::inherit())
+}
+
+/// [`spawn_agent`] with `stdin` as the agent's standard input.
+pub fn spawn_agent_reading(
+    cfg: &std::path::Path,
+    dir: &std::path::Path,
+    run: usize,
+    stdin: std::process::Stdio,
+) -> std::process::Child {
     let log = std::fs::File::create(dir.join(format!("agent-{run}.log"))).unwrap();
     std::process::Command::new(env!("CARGO_BIN_EXE_edge-agent"))
         .args(["run", "--config"])
         .arg(cfg)
         .env("RUST_LOG", "edge_agent=info")
+        .stdin(stdin)
         .stdout(std::process::Stdio::null())
         .stderr(log)
         .spawn()
@@ -464,6 +475,37 @@ pub fn spawn_agent(
 pub fn sigkill(mut child: std::process::Child) {
     child.kill().unwrap();
     child.wait().unwrap();
+}
+
+/// Sends SIGTERM to the agent and waits for its exit, at most `limit` (`why` names the
+/// situation in the failure message). Asserts a successful exit; its log is
+/// `dir/agent-<run>.log`.
+pub async fn sigterm_and_wait(
+    child: &mut std::process::Child,
+    limit: Duration,
+    why: &str,
+    (dir, run): (&std::path::Path, usize),
+) {
+    let asked = std::time::Instant::now();
+    assert!(
+        std::process::Command::new("kill")
+            .arg(child.id().to_string())
+            .status()
+            .unwrap()
+            .success()
+    );
+    let status = loop {
+        if let Some(status) = child.try_wait().unwrap() {
+            break status;
+        }
+        assert!(
+            asked.elapsed() < limit,
+            "no exit {limit:?} after SIGTERM {why}"
+        );
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    };
+    let log = std::fs::read_to_string(dir.join(format!("agent-{run}.log"))).unwrap();
+    assert!(status.success(), "{status}: {log}");
 }
 
 /// Runs the agent on `cfg` until it finishes (a file source at its end), SIGKILLing it up to
