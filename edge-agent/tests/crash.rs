@@ -4,13 +4,14 @@
 
 mod support;
 
+use std::process::Stdio;
 use std::time::{Duration, Instant};
 
 use rand::Rng;
 use support::{
     Faults, Stub, assert_enough_kills, file_source_toml, free_port, mqtt_publish, readings,
     report_and_check, run_with_kills, service_env, sigkill, sigterm_and_wait, spawn_agent,
-    spawn_agent_reading, wait_for_port, write_config,
+    spawn_agent_with, wait_for_port, write_config,
 };
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -303,7 +304,7 @@ fn stdin_agent(
 ) -> (std::path::PathBuf, std::process::Child) {
     let source = "[[sources]]\ntype = \"stdin\"\nstream = \"sensor_readings\"\n";
     let cfg = write_config(dir, &stub.url(), &format!("[batch]\n{batch}"), source);
-    let child = spawn_agent_reading(&cfg, dir, 1, stdin.into());
+    let child = spawn_agent_with(&cfg, dir, 1, stdin.into(), "edge_agent=info");
     (cfg, child)
 }
 
@@ -382,7 +383,7 @@ async fn sigterm_while_reading_stdin_spools_everything_it_read() {
         .count();
     // Restarted on an empty input with the gateway well, the agent delivers its spool and ends.
     stub.set_faults(Faults::default());
-    let mut again = spawn_agent_reading(&cfg, dir.path(), 2, std::process::Stdio::null());
+    let mut again = spawn_agent_with(&cfg, dir.path(), 2, Stdio::null(), "edge_agent=info");
     let status = tokio::task::spawn_blocking(move || again.wait())
         .await
         .unwrap();

@@ -261,3 +261,41 @@ async fn a_full_disk_blocks_the_agent_without_losing_anything() {
     assert!(status.success(), "{log}");
     assert_exactly_once(&stub.landed(), &expected);
 }
+
+/// A broker that is down for long: librdkafka reports every failed connect (about once a
+/// second, twice over), and an edge box offline for a day logged some 700,000 error lines. Each
+/// kind of report is now logged once a minute: over 8 s, the first ones only.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_broker_outage_is_logged_once_not_per_connect() {
+    let dir = tempfile::tempdir().unwrap();
+    let (lines, _) = readings(100, 9, 0, 3);
+    let file = dir.path().join("r.ndjson");
+    std::fs::write(&file, lines.join("\n") + "\n").unwrap();
+    let cfg = dir.path().join("agent.toml");
+    let down = format!("127.0.0.1:{}", support::free_port());
+    let agent = kafka_config(dir.path(), &down, "ingest.", "max_age_ms = 100", &file);
+    std::fs::write(
+        &cfg,
+        agent.replace(
+            "\"sensor_readings\"\n",
+            "\"sensor_readings\"\nfollow = true\n",
+        ),
+    )
+    .unwrap();
+    let mut child = support::spawn_agent_with(&cfg, dir.path(), 1, Stdio::null(), "info");
+    tokio::time::sleep(Duration::from_secs(8)).await;
+    let why = "with the broker down";
+    support::sigterm_and_wait(&mut child, Duration::from_secs(10), why, (dir.path(), 1)).await;
+    let log = std::fs::read_to_string(dir.path().join("agent-1.log")).unwrap();
+    let reports: Vec<&str> = log.lines().filter(|l| l.contains("librdkafka")).collect();
+    assert!(
+        !reports.is_empty() && reports.iter().any(|l| l.contains("Connection refused")),
+        "the outage was not logged at all:\n{log}"
+    );
+    assert!(
+        reports.len() <= 6,
+        "{} librdkafka lines in 8 s of outage:\n{}",
+        reports.len(),
+        reports.join("\n")
+    );
+}

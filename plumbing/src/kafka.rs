@@ -4,6 +4,7 @@
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
 
+use rdkafka::config::RDKafkaLogLevel;
 use rdkafka::error::{KafkaError, KafkaResult};
 use rdkafka::message::{DeliveryResult, Header, OwnedHeaders, ToBytes};
 use rdkafka::producer::{BaseRecord, ProducerContext, ThreadedProducer};
@@ -13,6 +14,8 @@ use schemas::wire::{
 };
 use schemas::{ContentHash, Forward, Str, StreamDef, ValidRecord};
 use tokio::sync::Notify;
+
+use crate::kafka_log::ClientLog;
 
 /// An idempotent producer: acks=all, zstd, a short linger, `message_timeout_ms` to give up.
 pub fn producer_config(brokers: &str, message_timeout_ms: u64) -> ClientConfig {
@@ -161,13 +164,24 @@ pub type GroupProducer = ThreadedProducer<GroupContext>;
 
 /// Creates a [`GroupProducer`] from a client config.
 pub fn group_producer(config: &ClientConfig) -> KafkaResult<GroupProducer> {
-    config.create_with_context(GroupContext)
+    config.create_with_context(GroupContext::default())
 }
 
 /// The producer context of a [`GroupProducer`]: settles each message in its group.
-pub struct GroupContext;
+#[derive(Default)]
+pub struct GroupContext {
+    log: ClientLog,
+}
 
-impl ClientContext for GroupContext {}
+impl ClientContext for GroupContext {
+    fn log(&self, level: RDKafkaLogLevel, fac: &str, log_message: &str) {
+        self.log.log(level, fac, log_message);
+    }
+
+    fn error(&self, error: KafkaError, reason: &str) {
+        self.log.error(error, reason);
+    }
+}
 
 impl ProducerContext for GroupContext {
     type DeliveryOpaque = Arc<GroupState>;

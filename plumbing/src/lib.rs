@@ -4,6 +4,7 @@
 pub mod body;
 pub mod config;
 pub mod kafka;
+pub mod kafka_log;
 pub mod kafka_security;
 pub mod pem;
 pub mod priority;

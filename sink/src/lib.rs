@@ -183,9 +183,19 @@ struct SinkContext {
     /// it is applied): landing-folder listings taken before the latest one may miss files of
     /// partitions it handed over, and the assignment's size may have changed.
     rebalances: AtomicU64,
+    /// librdkafka's reports, each kind logged at most once a minute (a broker outage).
+    log: plumbing::kafka_log::ClientLog,
 }
 
 impl ClientContext for SinkContext {
+    fn log(&self, level: rdkafka::config::RDKafkaLogLevel, fac: &str, log_message: &str) {
+        self.log.log(level, fac, log_message);
+    }
+
+    fn error(&self, error: rdkafka::error::KafkaError, reason: &str) {
+        self.log.error(error, reason);
+    }
+
     /// librdkafka's statistics (every `statistics.interval.ms`) carry the lag per partition and
     /// the count of decompressions that started over.
     fn stats(&self, statistics: rdkafka::Statistics) {

@@ -449,21 +449,28 @@ pub fn spawn_agent(
     dir: &std::path::Path,
     run: usize,
 ) -> std::process::Child {
-    spawn_agent_reading(cfg, dir, run, std::process::Stdio::inherit())
+    spawn_agent_with(
+        cfg,
+        dir,
+        run,
+        std::process::Stdio::inherit(),
+        "edge_agent=info",
+    )
 }
 
-/// [`spawn_agent`] with `stdin` as the agent's standard input.
-pub fn spawn_agent_reading(
+/// [`spawn_agent`] with `stdin` as the agent's standard input and `filter` as its `RUST_LOG`.
+pub fn spawn_agent_with(
     cfg: &std::path::Path,
     dir: &std::path::Path,
     run: usize,
     stdin: std::process::Stdio,
+    filter: &str,
 ) -> std::process::Child {
     let log = std::fs::File::create(dir.join(format!("agent-{run}.log"))).unwrap();
     std::process::Command::new(env!("CARGO_BIN_EXE_edge-agent"))
         .args(["run", "--config"])
         .arg(cfg)
-        .env("RUST_LOG", "edge_agent=info")
+        .env("RUST_LOG", filter)
         .stdin(stdin)
         .stdout(std::process::Stdio::null())
         .stderr(log)
