@@ -262,9 +262,9 @@ async fn a_full_disk_blocks_the_agent_without_losing_anything() {
     assert_exactly_once(&stub.landed(), &expected);
 }
 
-/// A broker that is down for long: librdkafka reports every failed connect (about once a
-/// second, twice over: 78 lines in 8 s before this was fixed). Each
-/// kind of report is now logged once a minute: over 8 s, the first ones only.
+/// A broker that is down for long: librdkafka reports every failed connect and every failed
+/// produce (78 lines in 8 s before this was fixed). Each kind of report is now logged once a
+/// minute: over 8 s, the first ones only.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_broker_outage_is_logged_once_not_per_connect() {
     let dir = tempfile::tempdir().unwrap();

@@ -1,9 +1,9 @@
 //! librdkafka's errors and log lines, each kind logged at most once a minute. A broker that is
 //! down makes librdkafka report every failed connect (once a second with the producers'
-//! reconnect backoff) through both callbacks: 78 lines in 8 s, so an edge box offline for a day
-//! would log some 840,000. The first report of a kind is logged as librdkafka gives it; the next ones
-//! within [`CLIENT_LOG_EVERY`] are only counted, and the first one after it says how many were
-//! left out.
+//! reconnect backoff) through both callbacks, with each failed produce on top: 78 lines in 8 s,
+//! so an edge box offline for a day would log some 840,000. The first report of a kind is
+//! logged as librdkafka gives it; the next ones within [`CLIENT_LOG_EVERY`] are only counted,
+//! and the first one after it says how many were left out.
 
 use std::collections::HashMap;
 use std::sync::Mutex;
