@@ -657,6 +657,54 @@ async fn memory_budget_spills_row_groups_not_small_files() {
     drop(cluster);
 }
 
+/// 2,000 records over 4 partitions with a memory budget of 8 kB (open files write their row
+/// groups to disk early) and a staging budget of 20 kB: whenever the staged files together pass
+/// it, the file with the most on disk closes early. With the memory budget alone, the files
+/// grow on disk until rotation: the disk was not bounded. Every record lands once.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn staging_budget_closes_the_file_with_the_most_on_disk() {
+    clear_of_an_hour_boundary(Duration::from_secs(60)).await;
+    let streams = schemas::example_streams();
+    let (cluster, producer) = mock_cluster(4);
+    let readings = distinct_readings(2_000);
+    for r in &readings {
+        send_plain(&producer, r["device_id"].as_str().unwrap(), &r.to_string()).await;
+    }
+    let landing = tempfile::tempdir().unwrap();
+    let shutdown = CancellationToken::new();
+    // Neither records, bytes nor idle time would close a file within this test.
+    let mut config = local_sink(
+        &cluster,
+        landing.path(),
+        "staging-budget",
+        RotationConfig {
+            idle_ms: 600_000,
+            ..RotationConfig::default()
+        },
+    );
+    config.memory_budget_bytes = 8_000;
+    config.upload.staging_budget_bytes = 20_000;
+    let sink = sink::start(config, streams.clone(), shutdown.clone())
+        .await
+        .unwrap();
+    wait_received(&sink, 2_000).await;
+    let early = sink.stats.files_written.load(Ordering::Relaxed);
+    shutdown.cancel();
+    sink.task.await.unwrap().unwrap();
+    let landed = assert_exactly_once(&readings, landing.path());
+    let sizes: Vec<u64> = landed.files.iter().map(|f| f.size).collect();
+    eprintln!("{early} files before the stop; sizes {sizes:?}");
+    assert!(
+        early >= 4,
+        "only {early} files closed by the staging budget"
+    );
+    assert!(
+        sizes.iter().all(|&s| s < 40_000),
+        "a file of twice the budget: {sizes:?}"
+    );
+    drop(cluster);
+}
+
 /// A producer writing garbage to a busy partition: the dead letters a range holds in memory
 /// close it (file and dead-letter object) at `rotation.max_dead_letter_bytes`, or when they are
 /// most of what the partition over the memory budget holds, instead of growing until the

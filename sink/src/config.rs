@@ -73,6 +73,12 @@ pub struct UploadConfig {
     /// every hour.
     #[serde(default = "default_abandoned_after_hours")]
     pub abandoned_after_hours: u64,
+    /// Disk for the staged files of all open files together; past it the file with the most on
+    /// disk closes early (flush reason `staging_budget`), so many partitions with large file
+    /// targets never fill the disk (the memory budget moves row groups to disk; this bounds
+    /// the disk). 0: half of the staging file system's free space when the sink starts.
+    #[serde(default)]
+    pub staging_budget_bytes: u64,
 }
 
 impl Default for UploadConfig {
@@ -81,6 +87,7 @@ impl Default for UploadConfig {
             staging_dir: default_staging_dir(),
             part_bytes: default_part_bytes(),
             abandoned_after_hours: default_abandoned_after_hours(),
+            staging_budget_bytes: 0,
         }
     }
 }
@@ -376,6 +383,10 @@ mod tests {
         assert_eq!(c.dedupe_window, defaults.dedupe_window);
         assert_eq!(c.dedupe_memory_bytes, defaults.dedupe_memory_bytes);
         assert_eq!(c.memory_budget_bytes, defaults.memory_budget_bytes);
+        assert_eq!(
+            c.upload.staging_budget_bytes,
+            defaults.upload.staging_budget_bytes
+        );
     }
 
     fn select(entries: &[&str]) -> anyhow::Result<Vec<String>> {

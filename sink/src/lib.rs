@@ -269,6 +269,22 @@ pub async fn start(
             staging_root.display()
         )
     })?;
+    let staging_budget = staging
+        .budget(config.upload.staging_budget_bytes)
+        .with_context(|| {
+            format!(
+                "cannot read the free space of the staging directory {}",
+                staging_root.display()
+            )
+        })?;
+    tracing::info!(dir = %staging.path().display(), budget_bytes = staging_budget, "staging");
+    if staging_budget < config.rotation.max_bytes as u64 {
+        tracing::warn!(
+            budget_bytes = staging_budget,
+            max_bytes = config.rotation.max_bytes,
+            "the staging budget is below the file target: files close smaller (upload.staging_budget_bytes, or the staging directory's free space)"
+        );
+    }
     let mut client = ClientConfig::new();
     client
         .set("bootstrap.servers", &config.kafka.brokers)
@@ -324,6 +340,7 @@ pub async fn start(
         stats: stats.clone(),
         shutdown,
         staging,
+        staging_budget,
         last_sweep: None,
         listings: Listings::default(),
         assigned: None,
@@ -349,6 +366,9 @@ struct Worker {
     shutdown: CancellationToken,
     /// Where open files are staged: a folder of this process, removed at a graceful stop.
     staging: staging::Staging,
+    /// Bytes the open files' staged files may take together (`upload.staging_budget_bytes`,
+    /// resolved at start).
+    staging_budget: u64,
     last_sweep: Option<Instant>,
     /// Hour folders listed for warming dedupe windows, shared by the partitions opened after.
     listings: Listings,
@@ -577,13 +597,26 @@ impl Worker {
         Ok(None)
     }
 
-    /// When the open files and dead letters together hold more memory than the budget, the
-    /// partition holding the most writes its row group in progress to its staged file, or,
-    /// when dead letters are most of what it holds, is to be flushed (they are only written
-    /// with their range).
+    /// When the open files' staged files together take more disk than the staging budget, the
+    /// partition whose file takes the most is to be flushed. When the open files and dead
+    /// letters together hold more memory than the memory budget, the partition holding the most
+    /// writes its row group in progress to its staged file, or, when dead letters are most of
+    /// what it holds, is to be flushed (they are only written with their range).
     fn enforce_budget(&mut self) -> anyhow::Result<Option<(PartKey, FlushReason)>> {
-        let total: usize = self.parts.values().map(PartitionState::memory).sum();
+        let (total, staged) = self.parts.values().fold((0, 0), |(memory, staged), p| {
+            (memory + p.memory(), staged + p.staged())
+        });
         ::metrics::gauge!(m::BUFFERED_BYTES).set(total as f64);
+        ::metrics::gauge!(m::STAGED_BYTES).set(staged as f64);
+        if staged as u64 > self.staging_budget
+            && let Some(part) = self
+                .parts
+                .values()
+                .filter(|p| !p.stopped && p.staged() > 0)
+                .max_by_key(|p| p.staged())
+        {
+            return Ok(Some((part.key(), FlushReason::StagingBudget)));
+        }
         if total <= self.config.memory_budget_bytes {
             return Ok(None);
         }

@@ -21,6 +21,9 @@ pub const ADOPTED_DEAD_LETTERS: &str = "sink_adopted_dead_letter_objects_total";
 pub const LANDING_CONFLICTS: &str = "sink_landing_conflicts_total";
 pub const CONSUMER_LAG: &str = "sink_consumer_lag_records";
 pub const BUFFERED_BYTES: &str = "sink_buffered_bytes";
+/// Bytes of open files written to their staged files so far, over all partitions (at most about
+/// `upload.staging_budget_bytes`).
+pub const STAGED_BYTES: &str = "sink_staged_bytes";
 /// Bytes reserved for the dedupe windows of the partitions this sink holds (at most
 /// `dedupe_memory_bytes`).
 pub const DEDUPE_MEMORY: &str = "sink_dedupe_window_bytes";

@@ -62,6 +62,8 @@ pub struct OpenFile {
     /// The writer's memory (the row group in progress) after the last batch, for the same
     /// reason: the budget is checked every few records, summing over every open file.
     writer_memory: usize,
+    /// Bytes written to the staged file (row groups and the header), for the staging budget.
+    staged: usize,
 }
 
 impl OpenFile {
@@ -90,6 +92,7 @@ impl OpenFile {
             ratio,
             encoded_estimate: 0,
             writer_memory: 0,
+            staged: 0,
         })
     }
 
@@ -130,9 +133,10 @@ impl OpenFile {
         if writer.in_progress_size() >= row_group_bytes {
             writer.flush()?;
         }
-        (self.encoded_estimate, self.writer_memory) = (
+        (self.encoded_estimate, self.writer_memory, self.staged) = (
             writer.bytes_written() + writer.in_progress_size(),
             writer.memory_size(),
+            writer.bytes_written(),
         );
         Ok(())
     }
@@ -148,8 +152,11 @@ impl OpenFile {
         self.encode_pending()?;
         let writer = self.writer_mut();
         writer.flush()?;
-        (self.encoded_estimate, self.writer_memory) =
-            (writer.bytes_written(), writer.memory_size());
+        (self.encoded_estimate, self.writer_memory, self.staged) = (
+            writer.bytes_written(),
+            writer.memory_size(),
+            writer.bytes_written(),
+        );
         Ok(())
     }
 
@@ -161,6 +168,11 @@ impl OpenFile {
     /// Memory the file holds: pending rows and the row group in progress.
     pub fn memory(&self) -> usize {
         self.pending_bytes + self.writer_memory
+    }
+
+    /// Bytes written to the staged file so far.
+    pub fn staged(&self) -> usize {
+        self.staged
     }
 
     /// The writer's estimate of the file size: row groups written, the one in progress, and

@@ -164,6 +164,9 @@ pub enum FlushReason {
     /// The range's dead letters reached `rotation.max_dead_letter_bytes`, or took the most of
     /// the memory budget.
     DeadLetters,
+    /// The staged files of all open files together reached `upload.staging_budget_bytes`: the
+    /// one with the most on disk closes early.
+    StagingBudget,
     Shutdown,
 }
 
@@ -176,6 +179,7 @@ impl FlushReason {
             FlushReason::Idle => "idle",
             FlushReason::Age => "age",
             FlushReason::DeadLetters => "dead_letters",
+            FlushReason::StagingBudget => "staging_budget",
             FlushReason::Shutdown => "shutdown",
         }
     }
@@ -296,6 +300,11 @@ impl PartitionState {
     /// Memory held by the open file and the range's dead letters.
     pub fn memory(&self) -> usize {
         self.file.as_ref().map_or(0, OpenFile::memory) + self.dead.memory()
+    }
+
+    /// Bytes of the open file in its staged file so far.
+    pub fn staged(&self) -> usize {
+        self.file.as_ref().map_or(0, OpenFile::staged)
     }
 
     /// Keeps an undecodable or invalid record for the dead-letter object, with its reason.

@@ -55,6 +55,16 @@ impl Staging {
         })
     }
 
+    /// The staging budget: `configured`, or when that is 0, half of the free space of the
+    /// staging folder's file system now.
+    pub fn budget(&self, configured: u64) -> io::Result<u64> {
+        if configured > 0 {
+            return Ok(configured);
+        }
+        let fs = rustix::fs::statvfs(&self.dir)?;
+        Ok(fs.f_bavail.saturating_mul(fs.f_frsize) / 2)
+    }
+
     /// The folder to stage files in.
     pub fn path(&self) -> &Path {
         &self.dir
@@ -141,6 +151,34 @@ fn size_of_files(dir: &Path) -> u64 {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// A budget set is taken as it is; 0 is half of the file system's free space (checked
+    /// against `df`'s count of the same file system, which moves a little between the reads).
+    #[test]
+    fn the_staging_budget_is_set_or_half_the_free_space() {
+        let root = tempfile::tempdir().unwrap();
+        let me = Staging::create(root.path()).unwrap();
+        assert_eq!(me.budget(123_456).unwrap(), 123_456);
+        let auto = me.budget(0).unwrap();
+        let df = std::process::Command::new("df")
+            .args(["--output=avail", "-B1"])
+            .arg(me.path())
+            .output()
+            .unwrap();
+        let free: u64 = String::from_utf8(df.stdout)
+            .unwrap()
+            .lines()
+            .nth(1)
+            .unwrap()
+            .trim()
+            .parse()
+            .unwrap();
+        let half = free / 2;
+        assert!(
+            auto.abs_diff(half) <= half / 100 + (1 << 20),
+            "budget {auto}, half of the free space {half}"
+        );
+    }
 
     #[test]
     fn a_sweep_removes_the_folders_of_sinks_that_are_gone_only() {
