@@ -21,7 +21,7 @@ use rand::Rng;
 use reqwest::StatusCode;
 use reqwest::header::{CONTENT_ENCODING, CONTENT_TYPE, RETRY_AFTER};
 use schemas::StreamDef;
-use schemas::api::IngestResponse;
+use schemas::api::{IngestResponse, RejectedRecord};
 use schemas::wire::topic_name;
 use thiserror::Error;
 use tokio_util::sync::CancellationToken;
@@ -85,11 +85,12 @@ impl Output {
             }
             Output::Kafka(k) => {
                 // Decoded once per batch, on the blocking pool, not once per attempt.
-                let messages = KafkaOutput::prepare(def.clone(), batch.clone()).await?;
-                let response = retrying(&def.name, batch, shutdown, KAFKA_MAX_BACKOFF, || {
+                let (messages, too_large) = k.prepare(def.clone(), batch.clone()).await?;
+                let mut response = retrying(&def.name, batch, shutdown, KAFKA_MAX_BACKOFF, || {
                     k.attempt(&def.name, &messages)
                 })
                 .await?;
+                response.rejected = too_large;
                 Ok((response, batch.body.len() as u64))
             }
         }
@@ -387,6 +388,8 @@ fn lock<T>(mutex: &std::sync::Mutex<T>) -> std::sync::MutexGuard<'_, T> {
 pub struct KafkaOutput {
     producer: GroupProducer,
     topic_prefix: String,
+    /// The producer's `message.max.bytes`.
+    max_message_bytes: usize,
 }
 
 impl KafkaOutput {
@@ -401,19 +404,36 @@ impl KafkaOutput {
             producer: plumbing::kafka::group_producer(&config)
                 .map_err(|e| SendError::Config(e.to_string()))?,
             topic_prefix: target.topic_prefix.clone(),
+            max_message_bytes: plumbing::kafka::max_message_bytes(&config),
         })
     }
 
     /// The batch's records as Kafka messages: decompress, decode, validate and encode, on the
-    /// blocking pool.
-    async fn prepare(def: Arc<StreamDef>, batch: Batch) -> Result<Messages, SendError> {
+    /// blocking pool. A record whose message would pass the producer's `message.max.bytes` is
+    /// left out and returned as rejected, as the gateway rejects it: librdkafka refuses it at
+    /// once, and retrying the batch would hold the stream up for ever.
+    async fn prepare(
+        &self,
+        def: Arc<StreamDef>,
+        batch: Batch,
+    ) -> Result<(Messages, Vec<RejectedRecord>), SendError> {
+        let max = self.max_message_bytes;
         let prepared = tokio::task::spawn_blocking(move || {
             batch.records(&def).map(|records| {
                 let mut messages = Messages::new(&def, records.len(), batch.raw_bytes as usize);
-                for r in &records {
+                let mut too_large = Vec::new();
+                for (index, r) in records.iter().enumerate() {
                     messages.push(&def, r);
+                    let size = messages.last_message_bytes();
+                    if size > max {
+                        messages.pop();
+                        too_large.push(RejectedRecord {
+                            index,
+                            reason: plumbing::kafka::too_large_reason(size, max),
+                        });
+                    }
                 }
-                messages
+                (messages, too_large)
             })
         })
         .await

@@ -131,6 +131,41 @@ async fn kafka_output_writes_the_gateway_wire_format() {
     assert_exactly_once(&landed, &expected);
 }
 
+/// A reading under the line limit (1 MiB) whose Kafka message is over the producer's
+/// `message.max.bytes` (librdkafka's 1,000,000): librdkafka refuses it at once, and the agent
+/// retried its batch for ever, so its stream stood still. It is now left out and reported as a
+/// rejected record (as the gateway rejects it), and the rest of the batch is produced.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn kafka_output_rejects_a_record_too_large_for_a_message_and_goes_on() {
+    let kafka = service_env("EDGE_INGEST_KAFKA");
+    let prefix = format!("agentbig{}.", rand::random::<u32>());
+    let topic = format!("{prefix}sensor_readings");
+    create_topic(&kafka, &topic, 1).await;
+    let dir = tempfile::tempdir().unwrap();
+    let (mut lines, expected) = readings(2, 9, 0, 4);
+    let mut big: serde_json::Value = serde_json::from_str(&lines[0]).unwrap();
+    big["unit"] = serde_json::Value::String("x".repeat(1_010_000));
+    big["ts"] = serde_json::json!(1);
+    lines.insert(1, big.to_string());
+    let file = dir.path().join("r.ndjson");
+    std::fs::write(&file, lines.join("\n") + "\n").unwrap();
+    let cfg = kafka_config(dir.path(), &kafka, &prefix, "max_records = 10", &file);
+    let run = edge_agent::run(
+        edge_agent::AgentConfig::parse(&cfg).unwrap(),
+        schemas::example_streams(),
+        tokio_util::sync::CancellationToken::new(),
+    );
+    let stats = tokio::time::timeout(Duration::from_secs(60), run)
+        .await
+        .expect("the agent is still retrying its batch after a minute")
+        .unwrap()
+        .total();
+    assert_eq!(stats.delivery.accepted, 2);
+    assert_eq!(stats.delivery.rejected_records, 1);
+    let landed = read_topic(&kafka, &topic, expected.len(), Duration::ZERO);
+    assert_exactly_once(&landed, &expected);
+}
+
 /// The agent with the Kafka output, SIGKILLed at random points: a batch leaves the spool only
 /// once Kafka acknowledged all of its records, so nothing is lost. A batch produced but not yet
 /// removed when the agent died is produced again after the restart (a new producer, so Kafka's

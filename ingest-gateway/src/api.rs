@@ -285,6 +285,15 @@ fn check_plain(
                     // The client's own text is the value when it is a plain object of the
                     // stream's keys; re-encoding it would only cost time.
                     prepared.push_forward(def, &record, raw);
+                    let size = prepared.last_message_bytes();
+                    if size > limits.max_message_bytes {
+                        prepared.pop();
+                        seen.remove(&record.hash);
+                        let reason =
+                            plumbing::kafka::too_large_reason(size, limits.max_message_bytes);
+                        dead_letters.push(DeadLetter::new(index, "too_large", &reason, raw));
+                        response.rejected.push(RejectedRecord { index, reason });
+                    }
                 } else {
                     response.duplicates += 1;
                 }

@@ -181,6 +181,16 @@ pub struct LimitsConfig {
     /// as they come, before any TLS work.
     #[serde(default = "default_max_connections")]
     pub max_connections: usize,
+    /// The largest Kafka message (key, value, headers) the producer takes: its
+    /// `message.max.bytes`, set at start from `kafka.producer` (librdkafka's 1,000,000 by
+    /// default). A record whose message would be larger is rejected alone, as an over-long line
+    /// is: librdkafka would refuse it, and a retry of its request would never do better.
+    #[serde(skip, default = "default_max_message")]
+    pub max_message_bytes: usize,
+}
+
+fn default_max_message() -> usize {
+    plumbing::kafka::DEFAULT_MAX_MESSAGE_BYTES
 }
 
 impl Default for LimitsConfig {
@@ -195,6 +205,7 @@ impl Default for LimitsConfig {
             request_timeout_ms: default_request_timeout_ms(),
             header_timeout_ms: default_header_timeout_ms(),
             max_connections: default_max_connections(),
+            max_message_bytes: default_max_message(),
         }
     }
 }

@@ -169,10 +169,14 @@ pub async fn start(
         produce::ensure_topics(&config.kafka, &streams).await?;
     }
     let producer = Producer::new(&config.kafka, config.limits.max_inflight_bytes)?;
+    let limits = config::LimitsConfig {
+        max_message_bytes: producer.max_message_bytes(),
+        ..config.limits.clone()
+    };
     let state = Arc::new(AppState::new(
         streams,
         auth,
-        config.limits.clone(),
+        limits,
         producer,
         &config.idempotency,
     ));

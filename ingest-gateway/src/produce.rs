@@ -64,6 +64,7 @@ pub struct Producer {
     factory: mpsc::Sender<mpsc::SyncSender<KafkaResult<GroupProducer>>>,
     topic_prefix: String,
     dead_letter_topic: String,
+    max_message_bytes: usize,
 }
 
 /// A thread that makes producer instances from `config` on request, for as long as the
@@ -101,6 +102,7 @@ impl Producer {
         let kib = (max_inflight_bytes / 1024).clamp(1 << 20, i32::MAX as usize);
         c.set("queue.buffering.max.kbytes", kib.to_string());
         configure(&mut c, config)?;
+        let max_message_bytes = plumbing::kafka::max_message_bytes(&c);
         Ok(Producer {
             inner: RwLock::new(Arc::new(plumbing::kafka::group_producer(&c)?)),
             factory: spawn_factory(c).map_err(|e| {
@@ -108,7 +110,13 @@ impl Producer {
             })?,
             topic_prefix: config.topic_prefix.clone(),
             dead_letter_topic: config.dead_letter_topic.clone(),
+            max_message_bytes,
         })
+    }
+
+    /// The producer's `message.max.bytes`.
+    pub fn max_message_bytes(&self) -> usize {
+        self.max_message_bytes
     }
 
     /// Sends every record and waits for all acknowledgements. Any failure answers 503 with

@@ -553,6 +553,35 @@ async fn bad_inputs_get_exact_statuses_and_lose_nothing_else() {
     g.stop().await;
 }
 
+/// A record under the line limit (1 MiB) whose Kafka message is over the producer's
+/// `message.max.bytes` (librdkafka's 1,000,000): librdkafka refuses it at once, and the whole
+/// request was answered 503, so a client (the agent) retried it for ever and its stream stood
+/// still. It is now rejected alone, into the dead-letter topic, and the rest is produced.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_record_too_large_for_a_kafka_message_is_rejected_alone() {
+    let brokers = env("EDGE_INGEST_KAFKA");
+    let g = start(&brokers, |_| {}).await;
+    let client = reqwest::Client::new();
+    let mut big = reading(7);
+    big["unit"] = Value::String("x".repeat(1_010_000));
+    let body = ndjson(&[reading(0), big, reading(1)]);
+    assert!(body.len() < 1 << 20);
+    let res = post(&client, &g.url("sensor_readings"), body, None).await;
+    assert_eq!(res.status(), 200);
+    let answer: Value = res.json().await.unwrap();
+    assert_eq!(answer["accepted"], 2, "{answer}");
+    assert_eq!(answer["rejected"][0]["index"], 1, "{answer}");
+    let reason = answer["rejected"][0]["reason"].as_str().unwrap();
+    assert!(reason.contains("message.max.bytes is 1000000"), "{reason}");
+    let msgs = consume(&brokers, &format!("{}sensor_readings", g.prefix), 2);
+    assert_eq!(msgs.len(), 2);
+    let dead = consume(&brokers, &g.dlq, 1);
+    assert_eq!(dead.len(), 1);
+    assert_eq!(dead[0].1["reason-code"], "too_large");
+    assert_eq!(dead[0].1["truncated"], "true");
+    g.stop().await;
+}
+
 /// A tansu of this test's own that advertises `advertised` (the proxy) instead of its own port.
 fn spawn_tansu(port: u16, advertised: u16) -> Child {
     let child = Command::new(env("EDGE_INGEST_TANSU"))

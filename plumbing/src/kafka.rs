@@ -37,6 +37,27 @@ pub fn producer_config(brokers: &str, message_timeout_ms: u64) -> ClientConfig {
     c
 }
 
+/// librdkafka's default `message.max.bytes`: a message (key, value, headers) larger than this is
+/// refused by the producer itself, and retrying never helps.
+pub const DEFAULT_MAX_MESSAGE_BYTES: usize = 1_000_000;
+
+/// A bound on the serialized size of [`record_headers`] (about 140 bytes: three keys, a
+/// 64-digit hash, a version and a timestamp, with their varint lengths).
+pub const RECORD_HEADERS_BYTES: usize = 256;
+
+/// Why a record was rejected whose message is `size` bytes against `message.max.bytes` `max`.
+pub fn too_large_reason(size: usize, max: usize) -> String {
+    format!("record is {size} bytes as a Kafka message; the producer's message.max.bytes is {max}")
+}
+
+/// The `message.max.bytes` that librdkafka applies with `config` (its default when unset).
+pub fn max_message_bytes(config: &ClientConfig) -> usize {
+    config
+        .get("message.max.bytes")
+        .and_then(|v| v.trim().parse().ok())
+        .unwrap_or(DEFAULT_MAX_MESSAGE_BYTES)
+}
+
 /// The headers of a record message: `content-hash`, `schema-version`, `ingest-ts` (epoch µs).
 pub fn record_headers(hash: &ContentHash, schema_version: u32, ingest_ts: &str) -> OwnedHeaders {
     let hash_hex = blake3::Hash::from_bytes(hash.0).to_hex();
@@ -115,6 +136,28 @@ impl Messages {
 
     pub fn len(&self) -> usize {
         self.entries.len()
+    }
+
+    /// Size of the last message as librdkafka counts it against `message.max.bytes`: key,
+    /// value and (at most [`RECORD_HEADERS_BYTES`]) headers.
+    pub fn last_message_bytes(&self) -> usize {
+        let Some(last) = self.entries.last() else {
+            return 0;
+        };
+        let start = self
+            .entries
+            .len()
+            .checked_sub(2)
+            .map_or(0, |i| self.entries[i].end);
+        last.key.as_str().len() + (last.end - start) + RECORD_HEADERS_BYTES
+    }
+
+    /// Takes the last message out again.
+    pub fn pop(&mut self) {
+        if self.entries.pop().is_some() {
+            let end = self.entries.last().map_or(0, |e| e.end);
+            self.values.truncate(end);
+        }
     }
 
     pub fn is_empty(&self) -> bool {
@@ -342,6 +385,63 @@ mod tests {
         assert_eq!(stored, 500);
         // An empty group is settled at once.
         assert_eq!(DeliveryGroup::new().settled().await.unwrap(), 0);
+    }
+
+    /// A message that [`Messages::last_message_bytes`] puts at exactly `message.max.bytes`
+    /// (the headers at their bound) is taken by librdkafka: the bound is not below what the
+    /// headers take. One of a megabyte is refused at once, whatever the retries.
+    #[tokio::test]
+    async fn the_message_size_bound_matches_librdkafkas_limit() {
+        let cluster = MockCluster::new(1).unwrap();
+        cluster.create_topic("t", 1, 1).unwrap();
+        let config = producer_config(&cluster.bootstrap_servers(), 10_000);
+        assert_eq!(max_message_bytes(&config), DEFAULT_MAX_MESSAGE_BYTES);
+        let producer = group_producer(&config).unwrap();
+        let key = "device-1";
+        let fits = vec![b'x'; DEFAULT_MAX_MESSAGE_BYTES - key.len() - RECORD_HEADERS_BYTES];
+        let mut group = DeliveryGroup::new();
+        group
+            .send(&producer, "t", key, &fits, headers(u32::MAX))
+            .unwrap();
+        group.settled().await.unwrap();
+        let over = vec![b'x'; 1 << 20];
+        let refused = DeliveryGroup::new().send(&producer, "t", key, &over, headers(1));
+        assert!(refused.is_err_and(|e| e.rdkafka_error_code()
+            == Some(rdkafka::types::RDKafkaErrorCode::MessageSizeTooLarge)));
+    }
+
+    /// The last message's size counts its key, its value and the headers' bound; taking it out
+    /// leaves the others as they were.
+    #[test]
+    fn the_last_message_is_measured_and_taken_out() {
+        let def = schemas::example_streams()
+            .get("sensor_readings")
+            .unwrap()
+            .clone();
+        let line = |v: u32| {
+            format!(r#"{{"device_id":"dev-{v}","sensor":"t","ts":1700000000000,"value":{v}}}"#)
+        };
+        let mut messages = Messages::new(&def, 2, 0);
+        assert_eq!(messages.last_message_bytes(), 0);
+        for v in [1, 22] {
+            let text = line(v);
+            let record = schemas::check_bytes_forward(&def, text.as_bytes()).unwrap();
+            messages.push_forward(&def, &record, text.as_bytes());
+        }
+        let (key, value) = messages
+            .iter()
+            .last()
+            .map(|(k, v)| (k.len(), v.len()))
+            .unwrap();
+        assert_eq!(value, line(22).len());
+        assert_eq!(
+            messages.last_message_bytes(),
+            key + value + RECORD_HEADERS_BYTES
+        );
+        messages.pop();
+        assert_eq!(messages.len(), 1);
+        assert_eq!(messages.value_bytes(), line(1).len());
+        assert_eq!(messages.iter().next().unwrap().1, line(1).as_bytes());
     }
 
     #[tokio::test]
