@@ -201,6 +201,8 @@ pub struct Checked {
     pub dead_letters: Vec<DeadLetter>,
     pub response: IngestResponse,
     pub decompressed_bytes: usize,
+    /// The request's records, for `Idempotency-Key`.
+    pub fingerprint: idempotency::Fingerprint,
 }
 
 /// Decompresses, decodes, validates and hashes a body; CPU work, run on the blocking pool.
@@ -269,6 +271,9 @@ fn check_plain(
     let mut seen = HashSetOfHashes::with_capacity_and_hasher(records.len(), Default::default());
     let mut prepared = Messages::new(def, records.len(), plain.len());
     let mut dead_letters = Vec::new();
+    // Hashed once at the end: BLAKE3 takes a long input several chunks at a time, where 32
+    // bytes per update would go one block at a time.
+    let mut fingerprint = Vec::with_capacity(records.len() * 32);
     for (index, raw) in records.into_iter().enumerate() {
         let checked = if raw.len() > limits.max_line_bytes {
             Err(RecordError::Malformed(format!(
@@ -279,6 +284,10 @@ fn check_plain(
         } else {
             schemas::check_bytes_forward(def, raw)
         };
+        match &checked {
+            Ok(record) => fingerprint.extend_from_slice(&record.hash.0),
+            Err(_) => fingerprint.extend_from_slice(blake3::hash(raw).as_bytes()),
+        }
         match checked {
             Ok(record) => {
                 if seen.insert(record.hash) {
@@ -310,6 +319,7 @@ fn check_plain(
         dead_letters,
         response,
         decompressed_bytes: plain.len(),
+        fingerprint: *blake3::hash(&fingerprint).as_bytes(),
     })
 }
 
@@ -394,10 +404,10 @@ pub async fn ingest(
     })?;
     let format = body_format(&headers)?;
     let encoding = content_encoding(&headers)?;
-    let guard = match headers.get(IDEMPOTENCY_KEY) {
+    let key = match headers.get(IDEMPOTENCY_KEY) {
         None => None,
-        Some(value) => {
-            let key = value
+        Some(value) => Some(
+            value
                 .to_str()
                 .ok()
                 .filter(|k| idempotency::valid_key(k))
@@ -405,27 +415,8 @@ pub async fn ingest(
                     ApiError::bad_request(
                         "Idempotency-Key must be 1 to 255 visible ASCII characters",
                     )
-                })?;
-            match state.idempotency.begin(&stream, key) {
-                Begin::Fresh(guard) => Some(guard),
-                Begin::Replay(response) => {
-                    let mut r = Json(response).into_response();
-                    r.headers_mut()
-                        .insert(IDEMPOTENT_REPLAYED, HeaderValue::from_static("true"));
-                    return Ok(r);
-                }
-                Begin::InFlight => {
-                    return Err(ApiError {
-                        retry_after_secs: Some(1),
-                        ..ApiError::new(
-                            StatusCode::CONFLICT,
-                            "in_progress",
-                            "a request with this Idempotency-Key is in progress",
-                        )
-                    });
-                }
-            }
-        }
+                })?,
+        ),
     };
     let deadline = Instant::now() + Duration::from_millis(state.limits.request_timeout_ms);
     let limit = state.limits.max_body_bytes;
@@ -458,6 +449,36 @@ pub async fn ingest(
             .map_err(|e| ApiError::unavailable(format!("internal error: {e}"), 1))??;
     let _decompressed = Inflight::acquire(&state.inflight, checked.decompressed_bytes)?;
     metrics::counter!(m::DECOMPRESSED_BYTES, &labels).increment(checked.decompressed_bytes as u64);
+    // The key is looked up once the records are known: a repeat must carry the same ones.
+    let guard = match key {
+        None => None,
+        Some(key) => match state.idempotency.begin(&stream, key, checked.fingerprint) {
+            Begin::Fresh(guard) => Some(guard),
+            Begin::Replay(response) => {
+                let mut r = Json(response).into_response();
+                r.headers_mut()
+                    .insert(IDEMPOTENT_REPLAYED, HeaderValue::from_static("true"));
+                return Ok(r);
+            }
+            Begin::Reused => {
+                return Err(ApiError::new(
+                    StatusCode::UNPROCESSABLE_ENTITY,
+                    "idempotency_key_reused",
+                    "this Idempotency-Key was used within the window for a request with other records; use a new key for every batch (nothing was produced)",
+                ));
+            }
+            Begin::InFlight => {
+                return Err(ApiError {
+                    retry_after_secs: Some(1),
+                    ..ApiError::new(
+                        StatusCode::CONFLICT,
+                        "in_progress",
+                        "a request with this Idempotency-Key is in progress",
+                    )
+                });
+            }
+        },
+    };
 
     let Checked {
         prepared,

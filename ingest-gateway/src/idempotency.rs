@@ -1,6 +1,9 @@
 //! Answers remembered by `Idempotency-Key`: a repeated key within the window gets the first
 //! answer without producing again. Only successful answers are remembered, so a retry after a
-//! failure produces for real.
+//! failure produces for real. Each answer is remembered with its request's records (a
+//! fingerprint of them): a key repeated with other records is refused, not answered with the
+//! first request's answer, which would have told the client that records nobody produced were
+//! accepted (a client whose keys repeat, e.g. a counter that starts over after a reboot).
 
 use std::collections::{HashMap, VecDeque};
 use std::sync::Mutex;
@@ -10,11 +13,17 @@ use schemas::api::IngestResponse;
 
 use crate::config::IdempotencyConfig;
 
+/// What identifies a request's records: BLAKE3 over each record's content hash (the BLAKE3 of
+/// the text of one that is not valid), in order. The same records compressed otherwise (the agent resends a
+/// batch without the dictionary a gateway lacks) have the same fingerprint.
+pub type Fingerprint = [u8; 32];
+
 enum Slot {
     InFlight,
     Done {
         response: IngestResponse,
         at: Instant,
+        fingerprint: Fingerprint,
     },
 }
 
@@ -35,8 +44,10 @@ pub struct IdempotencyCache {
 pub enum Begin<'a> {
     /// First time: go on, then `complete` the guard with the answer.
     Fresh(Guard<'a>),
-    /// Seen before: answer this.
+    /// Seen before with the same records: answer this.
     Replay(IngestResponse),
+    /// Seen before with other records: refuse the request.
+    Reused,
     /// A request with this key is being served right now.
     InFlight,
 }
@@ -45,6 +56,7 @@ pub enum Begin<'a> {
 pub struct Guard<'a> {
     cache: &'a IdempotencyCache,
     key: String,
+    fingerprint: Fingerprint,
     completed: bool,
 }
 
@@ -58,6 +70,7 @@ impl Guard<'_> {
             Slot::Done {
                 response: response.clone(),
                 at: now,
+                fingerprint: self.fingerprint,
             },
         );
         inner.order.push_back((now, std::mem::take(&mut self.key)));
@@ -96,7 +109,7 @@ impl IdempotencyCache {
         }
     }
 
-    pub fn begin(&self, stream: &str, key: &str) -> Begin<'_> {
+    pub fn begin(&self, stream: &str, key: &str, fingerprint: Fingerprint) -> Begin<'_> {
         let full = format!("{stream}\0{key}");
         let now = Instant::now();
         let mut inner = self.lock();
@@ -109,14 +122,23 @@ impl IdempotencyCache {
         }
         match inner.slots.get(&full) {
             Some(Slot::InFlight) => Begin::InFlight,
-            Some(Slot::Done { response, at }) if now.duration_since(*at) <= self.window => {
-                Begin::Replay(response.clone())
+            Some(Slot::Done {
+                response,
+                at,
+                fingerprint: first,
+            }) if now.duration_since(*at) <= self.window => {
+                if *first == fingerprint {
+                    Begin::Replay(response.clone())
+                } else {
+                    Begin::Reused
+                }
             }
             _ => {
                 inner.slots.insert(full.clone(), Slot::InFlight);
                 Begin::Fresh(Guard {
                     cache: self,
                     key: full,
+                    fingerprint,
                     completed: false,
                 })
             }
@@ -140,6 +162,8 @@ mod tests {
         })
     }
 
+    const F: Fingerprint = [1; 32];
+
     fn answer(n: usize) -> IngestResponse {
         IngestResponse {
             accepted: n,
@@ -150,48 +174,61 @@ mod tests {
     #[test]
     fn replays_completed_and_forgets_failed() {
         let c = cache(60, 10);
-        let Begin::Fresh(g) = c.begin("s", "k") else {
+        let Begin::Fresh(g) = c.begin("s", "k", F) else {
             panic!()
         };
-        assert!(matches!(c.begin("s", "k"), Begin::InFlight));
+        assert!(matches!(c.begin("s", "k", F), Begin::InFlight));
         assert!(
-            matches!(c.begin("other", "k"), Begin::Fresh(_)),
+            matches!(c.begin("other", "k", F), Begin::Fresh(_)),
             "keys are per stream"
         );
         g.complete(&answer(3));
-        assert!(matches!(c.begin("s", "k"), Begin::Replay(r) if r.accepted == 3));
-        let Begin::Fresh(g) = c.begin("s", "failed") else {
+        assert!(matches!(c.begin("s", "k", F), Begin::Replay(r) if r.accepted == 3));
+        let Begin::Fresh(g) = c.begin("s", "failed", F) else {
             panic!()
         };
         drop(g);
-        assert!(matches!(c.begin("s", "failed"), Begin::Fresh(_)));
+        assert!(matches!(c.begin("s", "failed", F), Begin::Fresh(_)));
+    }
+
+    /// A key repeated with other records is refused, not replayed; with the same records it
+    /// is replayed, also after a refusal.
+    #[test]
+    fn a_key_reused_for_other_records_is_refused() {
+        let c = cache(60, 10);
+        let Begin::Fresh(g) = c.begin("s", "k", F) else {
+            panic!()
+        };
+        g.complete(&answer(3));
+        assert!(matches!(c.begin("s", "k", [2; 32]), Begin::Reused));
+        assert!(matches!(c.begin("s", "k", F), Begin::Replay(r) if r.accepted == 3));
     }
 
     #[test]
     fn window_and_cap() {
         let c = cache(0, 10);
-        let Begin::Fresh(g) = c.begin("s", "k") else {
+        let Begin::Fresh(g) = c.begin("s", "k", F) else {
             panic!()
         };
         g.complete(&answer(1));
         std::thread::sleep(Duration::from_millis(5));
-        assert!(matches!(c.begin("s", "k"), Begin::Fresh(_)), "expired");
+        assert!(matches!(c.begin("s", "k", F), Begin::Fresh(_)), "expired");
         let c = cache(60, 2);
         for k in ["a", "b", "c"] {
-            let Begin::Fresh(g) = c.begin("s", k) else {
+            let Begin::Fresh(g) = c.begin("s", k, F) else {
                 panic!()
             };
             g.complete(&answer(1));
         }
         assert!(
-            matches!(c.begin("s", "b"), Begin::Replay(_)),
+            matches!(c.begin("s", "b", F), Begin::Replay(_)),
             "two remembered"
         );
         assert!(
-            matches!(c.begin("s", "a"), Begin::Fresh(_)),
+            matches!(c.begin("s", "a", F), Begin::Fresh(_)),
             "oldest evicted"
         );
-        assert!(matches!(c.begin("s", "c"), Begin::Replay(_)));
+        assert!(matches!(c.begin("s", "c", F), Begin::Replay(_)));
     }
 
     #[test]

@@ -422,8 +422,45 @@ async fn idempotency_key_replays_the_first_answer_without_producing() {
     assert_eq!(second.status(), 200);
     assert_eq!(second.headers()["idempotent-replayed"], "true");
     assert_eq!(second.json::<Value>().await.unwrap(), first);
-    let msgs = consume(&brokers, &format!("{}sensor_readings", g.prefix), 10);
-    assert_eq!(msgs.len(), 10, "the replay produced nothing");
+    // The same records compressed otherwise (here: not at all) are the same request.
+    let plain = client
+        .post(g.url("sensor_readings"))
+        .bearer_auth(TOKEN)
+        .header("content-type", "application/x-ndjson")
+        .header("idempotency-key", &key)
+        .body(body.clone())
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(plain.status(), 200);
+    assert_eq!(plain.headers()["idempotent-replayed"], "true");
+    // The key again with other records: refused, not answered as if they were accepted.
+    let other = ndjson(&(20..30).map(reading).collect::<Vec<_>>());
+    let reused = post(
+        &client,
+        &g.url("sensor_readings"),
+        other.clone(),
+        Some(&key),
+    )
+    .await;
+    assert_eq!(reused.status(), 422);
+    let error: Value = reused.json().await.unwrap();
+    assert_eq!(error["error"], "idempotency_key_reused", "{error}");
+    let fresh = post(
+        &client,
+        &g.url("sensor_readings"),
+        other,
+        Some("another-key"),
+    )
+    .await;
+    assert_eq!(fresh.status(), 200);
+    let topic = format!("{}sensor_readings", g.prefix);
+    let msgs = consume(&brokers, &topic, 20);
+    assert_eq!(
+        msgs.len(),
+        20,
+        "the replays and the refused request produced nothing"
+    );
     g.stop().await;
 }
 
