@@ -451,8 +451,20 @@ impl KafkaOutput {
         let sent = messages.send(&self.producer, &mut group, &topic, &ingest_ts);
         // What was handed over is awaited even when the rest was refused.
         let settled = group.settled().await;
-        if let Err(e) = sent.and(settled) {
-            return Err(retry("kafka", e.to_string()));
+        match sent.and(settled) {
+            Err(e) if plumbing::kafka::refused_as_too_large(&e) => {
+                // The broker's (or topic's) limit is below the producer's: a retry would never
+                // do better. The batch is kept aside until the limits are fixed.
+                return Err(Attempt::Final(SendError::Rejected {
+                    status: 0,
+                    body: format!(
+                        "{e}: the broker's or the topic's message.max.bytes is below the producer's ({})",
+                        self.max_message_bytes
+                    ),
+                }));
+            }
+            Err(e) => return Err(retry("kafka", e.to_string())),
+            Ok(_) => {}
         }
         Ok(IngestResponse {
             accepted: messages.len(),

@@ -166,6 +166,45 @@ async fn kafka_output_rejects_a_record_too_large_for_a_message_and_goes_on() {
     assert_exactly_once(&landed, &expected);
 }
 
+/// A broker whose limit is below the producer's `message.max.bytes` refuses a batch's records
+/// as too large: no retry gets past that, and the agent retried the batch for ever. The batch is
+/// now refused for good (kept under `rejected/` until the limits are fixed and it is resent) and
+/// the next batches go on. librdkafka's mock cluster stands in for the broker (tansu cannot be
+/// given a smaller limit); it refuses the first produce request.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn kafka_output_keeps_aside_a_batch_the_broker_refuses_as_too_large() {
+    let cluster = rdkafka::mocking::MockCluster::new(1).unwrap();
+    cluster
+        .create_topic("ingest.sensor_readings", 1, 1)
+        .unwrap();
+    cluster.request_errors(
+        rdkafka::types::RDKafkaApiKey::Produce,
+        &[rdkafka::types::RDKafkaRespErr::RD_KAFKA_RESP_ERR_MSG_SIZE_TOO_LARGE],
+    );
+    let dir = tempfile::tempdir().unwrap();
+    let (lines, _) = readings(100, 9, 0, 6);
+    let file = dir.path().join("r.ndjson");
+    std::fs::write(&file, lines.join("\n") + "\n").unwrap();
+    let brokers = cluster.bootstrap_servers();
+    let cfg = kafka_config(dir.path(), &brokers, "ingest.", "max_records = 50", &file);
+    let run = edge_agent::run(
+        edge_agent::AgentConfig::parse(&cfg).unwrap(),
+        schemas::example_streams(),
+        tokio_util::sync::CancellationToken::new(),
+    );
+    let stats = tokio::time::timeout(Duration::from_secs(60), run)
+        .await
+        .expect("the agent is still retrying after a minute")
+        .unwrap()
+        .total();
+    assert_eq!(stats.delivery.rejected_batches, 1);
+    assert_eq!(stats.delivery.accepted, 50);
+    let kept = std::fs::read_dir(dir.path().join("state/rejected"))
+        .unwrap()
+        .count();
+    assert!(kept >= 1, "the refused batch is kept under rejected/");
+}
+
 /// The agent with the Kafka output, SIGKILLed at random points: a batch leaves the spool only
 /// once Kafka acknowledged all of its records, so nothing is lost. A batch produced but not yet
 /// removed when the agent died is produced again after the restart (a new producer, so Kafka's

@@ -87,7 +87,7 @@ impl ApiError {
     fn bad_request(message: impl Into<String>) -> ApiError {
         ApiError::new(StatusCode::BAD_REQUEST, "bad_request", message)
     }
-    fn too_large(message: impl Into<String>) -> ApiError {
+    pub(crate) fn too_large(message: impl Into<String>) -> ApiError {
         ApiError::new(StatusCode::PAYLOAD_TOO_LARGE, "payload_too_large", message)
     }
     fn unsupported(message: impl Into<String>) -> ApiError {

@@ -252,6 +252,12 @@ impl Producer {
 }
 
 fn kafka_unavailable(e: &KafkaError) -> ApiError {
+    if plumbing::kafka::refused_as_too_large(e) {
+        tracing::warn!(error = %e, "the broker refused a record batch as too large");
+        return ApiError::too_large(format!(
+            "Kafka refused the records as too large ({e}): the broker's or the topic's message.max.bytes is below the gateway producer's; a retry will not help until it is raised"
+        ));
+    }
     let retry = match e.rdkafka_error_code() {
         Some(RDKafkaErrorCode::QueueFull) => 1,
         _ => 5,

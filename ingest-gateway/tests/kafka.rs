@@ -619,6 +619,48 @@ async fn a_record_too_large_for_a_kafka_message_is_rejected_alone() {
     g.stop().await;
 }
 
+/// A broker whose limit is below the producer's `message.max.bytes` refuses a record batch as
+/// too large: no retry gets past that, and the 503 it was answered with made a client retry for
+/// ever. It is answered 413 (the agent keeps the batch aside); the producer goes on with the
+/// next request. librdkafka's mock cluster stands in for the broker (tansu cannot be given a
+/// smaller limit).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_batch_the_broker_refuses_as_too_large_is_answered_413() {
+    let cluster = rdkafka::mocking::MockCluster::new(1).unwrap();
+    // The mock cluster takes no admin requests: its topics are made here.
+    let g = start(&cluster.bootstrap_servers(), |c| {
+        c.kafka.create_topics = false;
+        let topic = format!("{}sensor_readings", c.kafka.topic_prefix);
+        for t in [topic.as_str(), &c.kafka.dead_letter_topic] {
+            cluster.create_topic(t, 1, 1).unwrap();
+        }
+    })
+    .await;
+    let client = reqwest::Client::new();
+    let url = g.url("sensor_readings");
+    let first = post(&client, &url, ndjson(&[reading(1)]), None).await;
+    assert_eq!(first.status(), 200);
+    cluster.request_errors(
+        rdkafka::types::RDKafkaApiKey::Produce,
+        &[rdkafka::types::RDKafkaRespErr::RD_KAFKA_RESP_ERR_MSG_SIZE_TOO_LARGE],
+    );
+    let refused = post(&client, &url, ndjson(&[reading(2)]), None).await;
+    assert_eq!(refused.status(), 413);
+    assert!(refused.headers().get("retry-after").is_none());
+    let error: Value = refused.json().await.unwrap();
+    assert_eq!(error["error"], "payload_too_large");
+    assert!(
+        error["message"]
+            .as_str()
+            .unwrap()
+            .contains("message.max.bytes"),
+        "{error}"
+    );
+    let next = post(&client, &url, ndjson(&[reading(3)]), None).await;
+    assert_eq!(next.status(), 200);
+    g.stop().await;
+}
+
 /// A tansu of this test's own that advertises `advertised` (the proxy) instead of its own port.
 fn spawn_tansu(port: u16, advertised: u16) -> Child {
     let child = Command::new(env("EDGE_INGEST_TANSU"))

@@ -45,6 +45,13 @@ pub const DEFAULT_MAX_MESSAGE_BYTES: usize = 1_000_000;
 /// 64-digit hash, a version and a timestamp, with their varint lengths).
 pub const RECORD_HEADERS_BYTES: usize = 256;
 
+/// Whether Kafka refused a message as too large: the producer's messages are checked against
+/// its `message.max.bytes` first, so this is the broker's (or the topic's) smaller limit, which
+/// no retry gets past.
+pub fn refused_as_too_large(e: &KafkaError) -> bool {
+    e.rdkafka_error_code() == Some(rdkafka::types::RDKafkaErrorCode::MessageSizeTooLarge)
+}
+
 /// Why a record was rejected whose message is `size` bytes against `message.max.bytes` `max`.
 pub fn too_large_reason(size: usize, max: usize) -> String {
     format!("record is {size} bytes as a Kafka message; the producer's message.max.bytes is {max}")
