@@ -131,6 +131,30 @@ async fn kafka_output_writes_the_gateway_wire_format() {
     assert_exactly_once(&landed, &expected);
 }
 
+/// Runs the agent in this process with the Kafka output (`batch` keys) on `lines`, written to a
+/// file in `dir`, until it has read and delivered them (a minute at most); its totals.
+async fn run_to_kafka(
+    dir: &Path,
+    brokers: &str,
+    prefix: &str,
+    batch: &str,
+    lines: &[String],
+) -> edge_agent::StreamStats {
+    let file = dir.join("r.ndjson");
+    std::fs::write(&file, lines.join("\n") + "\n").unwrap();
+    let cfg = kafka_config(dir, brokers, prefix, batch, &file);
+    let run = edge_agent::run(
+        edge_agent::AgentConfig::parse(&cfg).unwrap(),
+        schemas::example_streams(),
+        tokio_util::sync::CancellationToken::new(),
+    );
+    tokio::time::timeout(Duration::from_secs(60), run)
+        .await
+        .expect("the agent is still retrying after a minute")
+        .unwrap()
+        .total()
+}
+
 /// A reading under the line limit (1 MiB) whose Kafka message is over the producer's
 /// `message.max.bytes` (librdkafka's 1,000,000): librdkafka refuses it at once, and the agent
 /// retried its batch for ever, so its stream stood still. It is now left out and reported as a
@@ -147,19 +171,7 @@ async fn kafka_output_rejects_a_record_too_large_for_a_message_and_goes_on() {
     big["unit"] = serde_json::Value::String("x".repeat(1_010_000));
     big["ts"] = serde_json::json!(1);
     lines.insert(1, big.to_string());
-    let file = dir.path().join("r.ndjson");
-    std::fs::write(&file, lines.join("\n") + "\n").unwrap();
-    let cfg = kafka_config(dir.path(), &kafka, &prefix, "max_records = 10", &file);
-    let run = edge_agent::run(
-        edge_agent::AgentConfig::parse(&cfg).unwrap(),
-        schemas::example_streams(),
-        tokio_util::sync::CancellationToken::new(),
-    );
-    let stats = tokio::time::timeout(Duration::from_secs(60), run)
-        .await
-        .expect("the agent is still retrying its batch after a minute")
-        .unwrap()
-        .total();
+    let stats = run_to_kafka(dir.path(), &kafka, &prefix, "max_records = 10", &lines).await;
     assert_eq!(stats.delivery.accepted, 2);
     assert_eq!(stats.delivery.rejected_records, 1);
     let landed = read_topic(&kafka, &topic, expected.len(), Duration::ZERO);
@@ -183,20 +195,8 @@ async fn kafka_output_keeps_aside_a_batch_the_broker_refuses_as_too_large() {
     );
     let dir = tempfile::tempdir().unwrap();
     let (lines, _) = readings(100, 9, 0, 6);
-    let file = dir.path().join("r.ndjson");
-    std::fs::write(&file, lines.join("\n") + "\n").unwrap();
     let brokers = cluster.bootstrap_servers();
-    let cfg = kafka_config(dir.path(), &brokers, "ingest.", "max_records = 50", &file);
-    let run = edge_agent::run(
-        edge_agent::AgentConfig::parse(&cfg).unwrap(),
-        schemas::example_streams(),
-        tokio_util::sync::CancellationToken::new(),
-    );
-    let stats = tokio::time::timeout(Duration::from_secs(60), run)
-        .await
-        .expect("the agent is still retrying after a minute")
-        .unwrap()
-        .total();
+    let stats = run_to_kafka(dir.path(), &brokers, "ingest.", "max_records = 50", &lines).await;
     assert_eq!(stats.delivery.rejected_batches, 1);
     assert_eq!(stats.delivery.accepted, 50);
     let kept = std::fs::read_dir(dir.path().join("state/rejected"))

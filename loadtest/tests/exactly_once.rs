@@ -620,41 +620,13 @@ async fn a_stop_while_the_broker_is_down_writes_the_open_files_and_lands_them_on
 /// shutdown, one per partition).
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn memory_budget_spills_row_groups_not_small_files() {
-    // Files also close at an ingest-hour boundary, which this test must not cross.
-    clear_of_an_hour_boundary(Duration::from_secs(60)).await;
-    let streams = schemas::example_streams();
-    let (cluster, producer) = mock_cluster(4);
-    let readings = distinct_readings(400);
-    for r in &readings {
-        send_plain(&producer, r["device_id"].as_str().unwrap(), &r.to_string()).await;
-    }
-    let landing = tempfile::tempdir().unwrap();
-    let shutdown = CancellationToken::new();
-    // Neither records, bytes nor idle time would close a file within this test.
-    let mut config = local_sink(
-        &cluster,
-        landing.path(),
-        "budget",
-        RotationConfig {
-            idle_ms: 600_000,
-            ..RotationConfig::default()
-        },
-    );
-    config.memory_budget_bytes = 8_000;
-    let sink = sink::start(config, streams.clone(), shutdown.clone())
-        .await
-        .unwrap();
-    wait_received(&sink, 400).await;
-    assert_eq!(sink.stats.files_written.load(Ordering::Relaxed), 0);
-    shutdown.cancel();
-    sink.task.await.unwrap().unwrap();
-    let landed = assert_exactly_once(&readings, landing.path());
-    assert_eq!(landed.files.len(), 4, "one file per partition");
-    let spilled = sink.stats.spilled_row_groups.load(Ordering::Relaxed);
+    let run = land_with_budgets(400, "budget", |c| c.memory_budget_bytes = 8_000).await;
+    assert_eq!(run.early_files, 0);
+    assert_eq!(run.landed.files.len(), 4, "one file per partition");
+    let spilled = run.stats.spilled_row_groups.load(Ordering::Relaxed);
     assert!(spilled >= 5, "row groups written early: {spilled}");
-    let row_groups: usize = landed.files.iter().map(|f| f.row_groups).sum();
+    let row_groups: usize = run.landed.files.iter().map(|f| f.row_groups).sum();
     assert!(row_groups > 4, "{row_groups} row groups in 4 files");
-    drop(cluster);
 }
 
 /// 2,000 records over 4 partitions with a memory budget of 8 kB (open files write their row
@@ -663,36 +635,13 @@ async fn memory_budget_spills_row_groups_not_small_files() {
 /// grow on disk until rotation: the disk was not bounded. Every record lands once.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn staging_budget_closes_the_file_with_the_most_on_disk() {
-    clear_of_an_hour_boundary(Duration::from_secs(60)).await;
-    let streams = schemas::example_streams();
-    let (cluster, producer) = mock_cluster(4);
-    let readings = distinct_readings(2_000);
-    for r in &readings {
-        send_plain(&producer, r["device_id"].as_str().unwrap(), &r.to_string()).await;
-    }
-    let landing = tempfile::tempdir().unwrap();
-    let shutdown = CancellationToken::new();
-    // Neither records, bytes nor idle time would close a file within this test.
-    let mut config = local_sink(
-        &cluster,
-        landing.path(),
-        "staging-budget",
-        RotationConfig {
-            idle_ms: 600_000,
-            ..RotationConfig::default()
-        },
-    );
-    config.memory_budget_bytes = 8_000;
-    config.upload.staging_budget_bytes = 20_000;
-    let sink = sink::start(config, streams.clone(), shutdown.clone())
-        .await
-        .unwrap();
-    wait_received(&sink, 2_000).await;
-    let early = sink.stats.files_written.load(Ordering::Relaxed);
-    shutdown.cancel();
-    sink.task.await.unwrap().unwrap();
-    let landed = assert_exactly_once(&readings, landing.path());
-    let sizes: Vec<u64> = landed.files.iter().map(|f| f.size).collect();
+    let run = land_with_budgets(2_000, "staging-budget", |c| {
+        c.memory_budget_bytes = 8_000;
+        c.upload.staging_budget_bytes = 20_000;
+    })
+    .await;
+    let sizes: Vec<u64> = run.landed.files.iter().map(|f| f.size).collect();
+    let early = run.early_files;
     eprintln!("{early} files before the stop; sizes {sizes:?}");
     assert!(
         early >= 4,
@@ -702,7 +651,57 @@ async fn staging_budget_closes_the_file_with_the_most_on_disk() {
         sizes.iter().all(|&s| s < 40_000),
         "a file of twice the budget: {sizes:?}"
     );
+}
+
+/// What [`land_with_budgets`] saw.
+struct BudgetRun {
+    /// Files written before the stop.
+    early_files: u64,
+    stats: std::sync::Arc<sink::SinkStats>,
+    landed: Landed,
+}
+
+/// Sends `n` distinct readings over 4 partitions and lands them (each exactly once, checked)
+/// with a local sink whose budgets `budgets` sets; records, bytes and idle time close no file
+/// within the test, which does not cross an ingest-hour boundary either.
+async fn land_with_budgets(
+    n: usize,
+    group: &str,
+    budgets: impl FnOnce(&mut SinkConfig),
+) -> BudgetRun {
+    clear_of_an_hour_boundary(Duration::from_secs(60)).await;
+    let streams = schemas::example_streams();
+    let (cluster, producer) = mock_cluster(4);
+    let readings = distinct_readings(n);
+    for r in &readings {
+        send_plain(&producer, r["device_id"].as_str().unwrap(), &r.to_string()).await;
+    }
+    let landing = tempfile::tempdir().unwrap();
+    let shutdown = CancellationToken::new();
+    let mut config = local_sink(
+        &cluster,
+        landing.path(),
+        group,
+        RotationConfig {
+            idle_ms: 600_000,
+            ..RotationConfig::default()
+        },
+    );
+    budgets(&mut config);
+    let sink = sink::start(config, streams, shutdown.clone())
+        .await
+        .unwrap();
+    wait_received(&sink, n as u64).await;
+    let early_files = sink.stats.files_written.load(Ordering::Relaxed);
+    shutdown.cancel();
+    sink.task.await.unwrap().unwrap();
+    let landed = assert_exactly_once(&readings, landing.path());
     drop(cluster);
+    BudgetRun {
+        early_files,
+        stats: sink.stats,
+        landed,
+    }
 }
 
 /// A producer writing garbage to a busy partition: the dead letters a range holds in memory
