@@ -41,28 +41,24 @@ impl ClientLog {
     /// For `ClientContext::log`: warnings and errors are throttled, the rest (which librdkafka
     /// gives only with its `debug` property set) passes as it comes.
     pub fn log(&self, level: RDKafkaLogLevel, facility: &str, message: &str) {
-        let note = match level {
-            RDKafkaLogLevel::Emerg
-            | RDKafkaLogLevel::Alert
-            | RDKafkaLogLevel::Critical
-            | RDKafkaLogLevel::Error
-            | RDKafkaLogLevel::Warning => {
-                match self.due(format!("{facility} {}", subject(message)), Instant::now()) {
-                    Some(n) => left_out_note(n),
-                    None => return,
-                }
-            }
-            _ => String::new(),
+        // The note on the count left out, or nothing when this one is left out too.
+        let due = || {
+            self.due(format!("{facility} {}", subject(message)), Instant::now())
+                .map(left_out_note)
         };
         match level {
             RDKafkaLogLevel::Emerg
             | RDKafkaLogLevel::Alert
             | RDKafkaLogLevel::Critical
             | RDKafkaLogLevel::Error => {
-                tracing::error!(target: "librdkafka", "librdkafka: {facility} {message}{note}")
+                if let Some(note) = due() {
+                    tracing::error!(target: "librdkafka", "librdkafka: {facility} {message}{note}")
+                }
             }
             RDKafkaLogLevel::Warning => {
-                tracing::warn!(target: "librdkafka", "librdkafka: {facility} {message}{note}")
+                if let Some(note) = due() {
+                    tracing::warn!(target: "librdkafka", "librdkafka: {facility} {message}{note}")
+                }
             }
             RDKafkaLogLevel::Notice | RDKafkaLogLevel::Info => {
                 tracing::info!(target: "librdkafka", "librdkafka: {facility} {message}")
