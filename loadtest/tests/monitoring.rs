@@ -468,6 +468,7 @@ async fn the_dashboards_and_alerts_read_the_components_metrics() {
     for expr in [
         r#"edge_agent_spool_dropped_records_total{stream="sensor_readings", policy="block"}"#,
         r#"sink_store_errors_total{retryable="true"}"#,
+        "sink_staging_errors_total",
         r#"gateway_records_total{stream="vehicle_telemetry", outcome="rejected"}"#,
         r#"sink_dead_letter_records_total{stream="vehicle_telemetry"}"#,
     ] {

@@ -68,6 +68,10 @@ pub struct SinkStats {
     pub landing_listings: AtomicU64,
     /// The last write to the object store failed and is being retried.
     pub store_failing: AtomicBool,
+    /// Staged files that could not be written ([`m::STAGING_ERRORS`]).
+    pub staging_errors: AtomicU64,
+    /// A partition's last staged write failed, and it has not written a file since.
+    pub staging_failing: AtomicBool,
 }
 
 impl SinkStats {
@@ -109,11 +113,13 @@ pub struct Readiness {
 }
 
 impl Readiness {
-    /// The sink runs, Kafka answers a metadata request within 3 s, and the object store's last
+    /// The sink runs, Kafka answers a metadata request within 3 s, the object store's last
     /// write did not fail (a failing write is retried until it succeeds, which makes the sink
-    /// ready again).
+    /// ready again), and no partition stands still after a staged write failed.
     pub async fn check(&self) -> bool {
-        if self.stats.store_failing.load(Ordering::Relaxed) {
+        if self.stats.store_failing.load(Ordering::Relaxed)
+            || self.stats.staging_failing.load(Ordering::Relaxed)
+        {
             return false;
         }
         let Some(consumer) = self.consumer.upgrade() else {
@@ -348,6 +354,8 @@ pub async fn start(
         round_start: Instant::now(),
         store_given_up: AtomicBool::new(false),
         commits_given_up: false,
+        paused: Vec::new(),
+        staging_attempts: HashMap::new(),
     };
     Ok(Sink {
         task: tokio::spawn(worker.run()),
@@ -384,6 +392,34 @@ struct Worker {
     /// A commit failed at shutdown (the broker unreachable): the other partitions' commits are
     /// not tried either, each of which would wait for the coordinator as long.
     commits_given_up: bool,
+    /// Partitions paused after a staged write failed, and when they are read again.
+    paused: Vec<(PartKey, Instant)>,
+    /// Staged writes that failed in a row, by partition (the backoff before it is read again);
+    /// a partition leaves when it writes a file.
+    staging_attempts: HashMap<PartKey, u32>,
+}
+
+/// A staged file could not be written (the staging disk full, an I/O error). The sink does not
+/// stop for it: [`Worker::rewind`] drops the partition's open work and reads it again from
+/// Kafka after a backoff, so the other partitions go on and nothing is skipped.
+#[derive(Debug, thiserror::Error)]
+#[error("cannot write a staged file of {}[{}]: {error:#}", key.0, key.1)]
+struct StagingFailed {
+    key: PartKey,
+    /// The first offset of the partition that no object holds (the start of its open range):
+    /// where it is read again. `None` when nothing was consumed.
+    resume: Option<i64>,
+    error: anyhow::Error,
+}
+
+impl StagingFailed {
+    fn of(part: &PartitionState, failing: Option<i64>, error: anyhow::Error) -> Self {
+        StagingFailed {
+            key: part.key(),
+            resume: part.unwritten_from().or(failing),
+            error,
+        }
+    }
 }
 
 /// Landing files of the hour folders listed since the last rebalance, by folder and then by
@@ -500,6 +536,7 @@ impl Worker {
                 _ = self.shutdown.cancelled() => break,
                 _ = tick.tick() => {
                     self.drop_revoked();
+                    self.resume_due();
                     self.sweep_if_due().await;
                     let now = Instant::now();
                     let due: Vec<(PartKey, FlushReason)> = self
@@ -508,7 +545,8 @@ impl Worker {
                         .filter_map(|(k, p)| Some((k.clone(), p.due(now, idle, max_age)?)))
                         .collect();
                     for (key, reason) in due {
-                        self.flush(&key, reason).await?;
+                        let flushed = self.flush(&key, reason).await;
+                        self.recover(flushed).await?;
                     }
                 }
                 msg = consumer.recv() => {
@@ -521,17 +559,18 @@ impl Worker {
                     while let Some(msg) = next.take() {
                         match msg {
                             Ok(msg) => {
-                                let waited = match self.on_borrowed(msg)? {
-                                    Next::Done => false,
-                                    Next::Flush(key, reason) => {
-                                        self.flush(&key, reason).await?;
-                                        true
+                                let handled = match self.on_borrowed(msg) {
+                                    Ok(Next::Done) => Ok(false),
+                                    Ok(Next::Flush(key, reason)) => {
+                                        self.flush(&key, reason).await.map(|()| true)
                                     }
-                                    Next::Slow(msg) => {
-                                        self.on_message(msg).await?;
-                                        true
+                                    Ok(Next::Slow(msg)) => {
+                                        self.on_message(msg).await.map(|()| true)
                                     }
+                                    Err(e) => Err(e),
                                 };
+                                // A rewind awaits too.
+                                let waited = self.recover(handled).await?.unwrap_or(true);
                                 if waited {
                                     // The clock moved during the await.
                                     self.round_start = Instant::now();
@@ -549,7 +588,8 @@ impl Worker {
         }
         let keys: Vec<PartKey> = self.parts.keys().cloned().collect();
         for key in keys {
-            self.flush(&key, FlushReason::Shutdown).await?;
+            let flushed = self.flush(&key, FlushReason::Shutdown).await;
+            self.recover(flushed).await?;
         }
         tracing::info!("sink stopped");
         Ok(())
@@ -626,9 +666,12 @@ impl Worker {
         if part.dead.len() * 2 >= part.memory() {
             return Ok(Some((part.key(), FlushReason::DeadLetters)));
         }
-        if let Some(file) = part.file.as_mut() {
-            file.spill()
-                .context("cannot write a row group to the staged file")?;
+        if let Some(spilled) = part.file.as_mut().map(OpenFile::spill) {
+            spilled.map_err(|e| {
+                let e =
+                    anyhow::Error::new(e).context("cannot write a row group to the staged file");
+                StagingFailed::of(part, None, e)
+            })?;
             ::metrics::counter!(m::SPILLED_ROW_GROUPS).increment(1);
             self.stats
                 .spilled_row_groups
@@ -674,6 +717,90 @@ impl Worker {
         }
     }
 
+    /// Passes `result` on, unless it failed to write a staged file: then the partition is
+    /// rewound ([`Worker::rewind`]) and the sink goes on (`None`).
+    async fn recover<T>(&mut self, result: anyhow::Result<T>) -> anyhow::Result<Option<T>> {
+        match result {
+            Ok(value) => Ok(Some(value)),
+            Err(e) => match e.downcast::<StagingFailed>() {
+                Ok(failed) => self.rewind(failed).await.map(|()| None),
+                Err(e) => Err(e),
+            },
+        }
+    }
+
+    /// After a staged write failed: drops the partition's state (its open file and staged
+    /// file, its dead letters and its dedupe window), pauses the partition for a backoff and
+    /// seeks it back to the first offset no object holds. When it is read again, its state is
+    /// opened anew, with a window warmed from its landing files (the dropped records' hashes
+    /// are not in it). A disk that stays full costs a retry per backoff, and the other
+    /// partitions go on. A seek that fails stops the sink, which then reads the partition
+    /// again from its committed offset after a restart.
+    async fn rewind(&mut self, failed: StagingFailed) -> anyhow::Result<()> {
+        let StagingFailed { key, resume, error } = failed;
+        let dropped_rows = self.parts.remove(&key).map_or(0, |p| p.rows());
+        self.report_dedupe_memory();
+        // Files of the partition written since the listings were taken are not in them.
+        self.listings = Listings::default();
+        let attempt = self.staging_attempts.entry(key.clone()).or_default();
+        let delay = store::backoff(*attempt);
+        *attempt += 1;
+        ::metrics::counter!(m::STAGING_ERRORS).increment(1);
+        self.stats.staging_errors.fetch_add(1, Ordering::Relaxed);
+        self.stats.staging_failing.store(true, Ordering::Relaxed);
+        tracing::warn!(
+            topic = %key.0,
+            partition = key.1,
+            error = %format!("{error:#}"),
+            resume_offset = resume,
+            dropped_rows,
+            retry_in_ms = delay.as_millis() as u64,
+            "cannot write a staged file (is the staging disk full?): the partition's open file is dropped and read again from Kafka"
+        );
+        let mut list = TopicPartitionList::new();
+        list.add_partition(&key.0, key.1);
+        self.consumer
+            .pause(&list)
+            .with_context(|| format!("cannot pause {}[{}]", key.0, key.1))?;
+        self.paused.push((key.clone(), Instant::now() + delay));
+        let Some(offset) = resume else {
+            return Ok(());
+        };
+        let consumer = self.consumer.clone();
+        let (topic, partition) = key;
+        tokio::task::spawn_blocking(move || {
+            consumer.seek(
+                &topic,
+                partition,
+                Offset::Offset(offset),
+                Duration::from_secs(10),
+            )
+        })
+        .await?
+        .with_context(|| format!("cannot seek back to offset {offset} after a staged write failed"))
+    }
+
+    /// Resumes the partitions paused by [`Worker::rewind`] whose backoff is over.
+    fn resume_due(&mut self) {
+        if self.paused.is_empty() {
+            return;
+        }
+        let now = Instant::now();
+        let mut list = TopicPartitionList::new();
+        self.paused.retain(|((topic, partition), at)| {
+            let due = *at <= now;
+            if due {
+                list.add_partition(topic, *partition);
+            }
+            !due
+        });
+        if list.count() > 0
+            && let Err(e) = self.consumer.resume(&list)
+        {
+            tracing::warn!(error = %e, "cannot resume partitions paused after a staged write failed");
+        }
+    }
+
     fn drop_revoked(&mut self) {
         let context = self.consumer.context();
         if !context.any_revoked.swap(false, Ordering::Acquire) {
@@ -685,7 +812,12 @@ impl Worker {
             if let Some(p) = self.parts.remove(&key) {
                 tracing::info!(topic = %key.0, partition = key.1, dropped_rows = p.rows(), "partition revoked");
             }
+            // Its next owner reads it from the committed offset, with a disk of its own.
+            self.staging_attempts.remove(&key);
         }
+        self.stats
+            .staging_failing
+            .store(!self.staging_attempts.is_empty(), Ordering::Relaxed);
         self.report_dedupe_memory();
     }
 
@@ -870,7 +1002,10 @@ impl Worker {
             self.stats.count_adopted(part, 1);
             return Ok(None);
         }
-        let full = match part.append(payload, offset, ingest_ts, self.staging.path(), targets)? {
+        let appended = part
+            .append(payload, offset, ingest_ts, self.staging.path(), targets)
+            .map_err(|e| StagingFailed::of(part, Some(offset), e))?;
+        let full = match appended {
             Appended::Row { full } => full,
             Appended::Duplicate => {
                 part.duplicates.increment(1);
@@ -955,7 +1090,10 @@ impl Worker {
             let finished =
                 tokio::task::spawn_blocking(move || file.finish(&def, &topic, partition, range))
                     .await?
-                    .context("cannot finish a Parquet file")?;
+                    .map_err(|e| {
+                        let e = anyhow::Error::new(e).context("cannot finish a Parquet file");
+                        StagingFailed::of(part, None, e)
+                    })?;
             part.size_ratio = finished.ratio;
             let (staged, rows, size) = (finished.staged, finished.rows, finished.size);
             let started = Instant::now();
@@ -985,6 +1123,11 @@ impl Worker {
                         .fetch_add(rows as u64, Ordering::Relaxed);
                     self.stats.files_written.fetch_add(1, Ordering::Relaxed);
                     part.range_start = None;
+                    if self.staging_attempts.remove(key).is_some() {
+                        self.stats
+                            .staging_failing
+                            .store(!self.staging_attempts.is_empty(), Ordering::Relaxed);
+                    }
                     tracing::debug!(
                         object,
                         rows,
@@ -1106,19 +1249,30 @@ impl Worker {
             self.staging.path().to_path_buf(),
             part.size_ratio,
         );
+        let (part_key, resume) = (part.key(), part.unwritten_from());
+        let failed = move |e: parquet::errors::ParquetError, what: &str| StagingFailed {
+            key: part_key.clone(),
+            resume,
+            error: anyhow::Error::new(e).context(what.to_owned()),
+        };
         let (adopted, differ, rest, after) = tokio::task::spawn_blocking(move || {
             let adopted = parquet_file::read_offsets(existing.clone())?;
             let theirs = parquet_file::read_row_ids(existing)?;
-            let after = open_file::rows_after(&staged, adopted.last)?;
+            let after = open_file::rows_after(&staged, adopted.last)
+                .map_err(|e| failed(e, "cannot read the staged file"))?;
             let differ = parquet_file::other_messages(&after.covered_ids, &theirs);
             if !differ.is_empty() || after.batches.is_empty() {
-                return Ok::<_, parquet::errors::ParquetError>((adopted, differ, None, after));
+                return Ok::<_, anyhow::Error>((adopted, differ, None, after));
             }
-            let mut file = OpenFile::create(&def, &staging, targets, ratio)?;
-            for batch in &after.batches {
-                file.write_batch(batch)?;
-            }
-            Ok((adopted, differ, Some(file), after))
+            let rest = OpenFile::create(&def, &staging, targets, ratio).and_then(|mut file| {
+                for batch in &after.batches {
+                    file.write_batch(batch)?;
+                }
+                Ok(file)
+            });
+            let rest =
+                rest.map_err(|e| failed(e, "cannot stage the rows after an adopted file"))?;
+            Ok((adopted, differ, Some(rest), after))
         })
         .await??;
         if let Some(&first) = differ.first() {

@@ -40,6 +40,9 @@ pub const DECOMPRESSION_REGROWTHS: &str = "sink_kafka_decompression_regrowths_to
 /// Hour folders of the landing zone listed to warm the dedupe windows of newly opened
 /// partitions (one listing serves every partition opened until the next rebalance).
 pub const LANDING_LISTINGS: &str = "sink_landing_listings_total";
+/// Staged files that could not be written (the staging disk full, an I/O error): each time, the
+/// partition's open file was dropped and its range read again from Kafka after a backoff.
+pub const STAGING_ERRORS: &str = "sink_staging_errors_total";
 
 /// Creates, at zero, the series that alerts and dashboards watch: Prometheus sees no increase in
 /// a counter whose first sample is already 1, so the first dead letter of a stream would go
@@ -54,6 +57,7 @@ pub fn register(streams: &schemas::Streams) {
     ::metrics::counter!(ABANDONED_UPLOADS).increment(0);
     ::metrics::counter!(DECOMPRESSION_REGROWTHS).increment(0);
     ::metrics::counter!(LANDING_LISTINGS).increment(0);
+    ::metrics::counter!(STAGING_ERRORS).increment(0);
     for def in streams.iter() {
         ::metrics::counter!(DEAD_LETTERS, "stream" => def.name.clone()).increment(0);
         ::metrics::counter!(ADOPTED_RECORDS, "stream" => def.name.clone()).increment(0);

@@ -292,6 +292,12 @@ impl PartitionState {
         self.next_offset = Some(offset + 1);
     }
 
+    /// The first offset that no object holds and that is not dropped: the start of the open
+    /// range, else the next offset to read (`None` before anything was consumed).
+    pub fn unwritten_from(&self) -> Option<i64> {
+        self.range_start.map(|r| r.offset).or(self.next_offset)
+    }
+
     /// Rows in the open file.
     pub fn rows(&self) -> usize {
         self.file.as_ref().map_or(0, OpenFile::rows)

@@ -23,8 +23,14 @@ const PARTITIONS: i32 = 4;
 const GROUP: &str = "crash-sinks";
 
 fn start_sink(config: &Path, log: &Path) -> Child {
+    spawn_sink(Command::new(env!("CARGO_BIN_EXE_sink")), config, log)
+}
+
+/// Runs `command` (the sink, or a wrapper that ends in it) with the sink's arguments for
+/// `config`, logging to `log`.
+fn spawn_sink(mut command: Command, config: &Path, log: &Path) -> Child {
     let log = std::fs::File::create(log).unwrap();
-    Command::new(env!("CARGO_BIN_EXE_sink"))
+    command
         .arg("--config")
         .arg(config)
         .env("RUST_LOG", "sink=info")
@@ -271,6 +277,100 @@ async fn stopped_during_an_s3_outage(signal: &str) {
     }
     let _back = common::proxy(front, moto_port).await;
     let mut sinks = vec![start_sink(&config, &dir.path().join("sink-1.log"))];
+    support::produce(&producer, TOPIC, &sent[2_000..]).await;
+    wait_caught_up(&bootstrap, &mut sinks, dir.path()).await;
+    stop_gracefully(sinks);
+    let landed = common::pyarrow_s3(&s3, &bucket, "landing/");
+    common::assert_landed_exactly(&sent, &landed);
+    drop(cluster);
+}
+
+/// The staging disk fills up while the sink runs (another program took the space): each
+/// partition whose staged write fails drops its open file and is read again from Kafka after a
+/// backoff, the sink keeps running, and once the disk has room every record lands exactly once.
+/// Before, the first failed write made the sink exit. The staging directory is a 1 MiB tmpfs
+/// that only the sink sees (a mount namespace of its own, through `unshare`); the test fills it
+/// through `/proc/<pid>/root`.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_full_staging_disk_rewinds_the_partitions_and_loses_nothing() {
+    let s3 = common::service_env("EDGE_INGEST_S3");
+    let bucket = format!("full-{}", common::unique_id());
+    common::pyarrow(&["--s3-endpoint", &s3, "--bucket", &bucket, "--create-bucket"]);
+    let cluster = MockCluster::new(1).unwrap();
+    cluster.create_topic(TOPIC, PARTITIONS, 1).unwrap();
+    let bootstrap = cluster.bootstrap_servers();
+    let dir = tempfile::tempdir().unwrap();
+    let config = write_config(dir.path(), &bootstrap, &s3, &bucket);
+    let staging = dir.path().join("staging");
+    std::fs::create_dir(&staging).unwrap();
+    let log = dir.path().join("sink.log");
+    let mut unshare = Command::new("unshare");
+    unshare
+        .args(["--user", "--map-root-user", "--mount", "sh", "-c"])
+        .arg(r#"mount -t tmpfs -o size=1m tmpfs "$0" && exec "$@""#)
+        .arg(&staging)
+        .arg(env!("CARGO_BIN_EXE_sink"));
+    let mut sinks = vec![spawn_sink(unshare, &config, &log)];
+    let logged = |what: &str| {
+        std::fs::read_to_string(&log)
+            .unwrap_or_default()
+            .matches(what)
+            .count()
+    };
+    let deadline = Instant::now() + Duration::from_secs(30);
+    while logged("staging dir=") == 0 {
+        assert!(
+            sinks[0].try_wait().unwrap().is_none() && Instant::now() < deadline,
+            "the sink did not start on its tmpfs (are user namespaces allowed?):\n{}",
+            std::fs::read_to_string(&log).unwrap_or_default()
+        );
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    let sent = support::readings(3_000, 23);
+    let producer: FutureProducer = ClientConfig::new()
+        .set("bootstrap.servers", &bootstrap)
+        .create()
+        .unwrap();
+    support::produce(&producer, TOPIC, &sent[..1_000]).await;
+    wait_caught_up(&bootstrap, &mut sinks, dir.path()).await;
+
+    // Another program takes the rest of the disk.
+    let filler = PathBuf::from(format!(
+        "/proc/{}/root{}/filler",
+        sinks[0].id(),
+        staging.display()
+    ));
+    let mut file = std::fs::File::create(&filler).unwrap();
+    let full = loop {
+        if let Err(e) = std::io::Write::write_all(&mut file, &[0; 65_536]) {
+            break e;
+        }
+    };
+    assert_eq!(full.kind(), std::io::ErrorKind::StorageFull, "{full}");
+    drop(file);
+    support::produce(&producer, TOPIC, &sent[1_000..2_000]).await;
+    let deadline = Instant::now() + Duration::from_secs(30);
+    // Written again and again, and failing each time.
+    while logged("cannot write a staged file") < 3 {
+        assert!(
+            sinks[0].try_wait().unwrap().is_none(),
+            "the sink exited when its disk was full:\n{}",
+            std::fs::read_to_string(&log).unwrap()
+        );
+        assert!(
+            Instant::now() < deadline,
+            "no staged write failed; log in {}",
+            dir.path().display()
+        );
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    }
+    assert!(
+        !tokio::task::block_in_place(|| caught_up(&bootstrap)),
+        "nothing is committed past what could not be written"
+    );
+
+    // The space comes back: the partitions are read again from their open ranges.
+    std::fs::remove_file(&filler).unwrap();
     support::produce(&producer, TOPIC, &sent[2_000..]).await;
     wait_caught_up(&bootstrap, &mut sinks, dir.path()).await;
     stop_gracefully(sinks);
