@@ -224,6 +224,15 @@ impl ClientContext for SinkContext {
 impl ConsumerContext for SinkContext {
     fn pre_rebalance(&self, _consumer: &BaseConsumer<Self>, rebalance: &Rebalance<'_>) {
         self.rebalances.fetch_add(1, Ordering::AcqRel);
+        if let Rebalance::Assign(list) = rebalance {
+            for e in list.elements() {
+                tracing::info!(
+                    topic = e.topic(),
+                    partition = e.partition(),
+                    "partition assigned"
+                );
+            }
+        }
         if let Rebalance::Revoke(list) = rebalance
             && let Ok(mut revoked) = self.revoked.lock()
         {
@@ -298,6 +307,10 @@ pub async fn start(
         .set("enable.auto.commit", "false")
         .set("auto.offset.reset", "earliest")
         .set("enable.partition.eof", "false")
+        // Only the partitions that move change hands in a rebalance; an eager one (librdkafka's
+        // default) revokes every partition of every member, and each sink dropped its open
+        // files whenever one joined or left the group.
+        .set("partition.assignment.strategy", "cooperative-sticky")
         .set("statistics.interval.ms", "5000")
         .set(
             "session.timeout.ms",

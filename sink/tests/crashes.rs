@@ -67,6 +67,23 @@ fn caught_up(bootstrap: &str) -> bool {
 
 /// A sink config on `dir` (staging under it) for the mock cluster at `bootstrap` and the bucket.
 fn write_config(dir: &Path, bootstrap: &str, s3: &str, bucket: &str) -> PathBuf {
+    write_config_rotating(
+        dir,
+        bootstrap,
+        s3,
+        bucket,
+        "max_records = 150\nidle_ms = 400",
+    )
+}
+
+/// [`write_config`] with the `[rotation]` settings `rotation`.
+fn write_config_rotating(
+    dir: &Path,
+    bootstrap: &str,
+    s3: &str,
+    bucket: &str,
+    rotation: &str,
+) -> PathBuf {
     let config = dir.join("sink.toml");
     std::fs::write(
         &config,
@@ -88,8 +105,7 @@ endpoint = "{s3}"
 region = "us-east-1"
 force_path_style = true
 [rotation]
-max_records = 150
-idle_ms = 400
+{rotation}
 [upload]
 staging_dir = "{staging}"
 "#,
@@ -372,6 +388,90 @@ async fn a_full_staging_disk_rewinds_the_partitions_and_loses_nothing() {
     // The space comes back: the partitions are read again from their open ranges.
     std::fs::remove_file(&filler).unwrap();
     support::produce(&producer, TOPIC, &sent[2_000..]).await;
+    wait_caught_up(&bootstrap, &mut sinks, dir.path()).await;
+    stop_gracefully(sinks);
+    let landed = common::pyarrow_s3(&s3, &bucket, "landing/");
+    common::assert_landed_exactly(&sent, &landed);
+    drop(cluster);
+}
+
+/// The partitions a sink's log names in lines with `event` ("partition assigned", "partition
+/// revoked"), in order.
+fn logged_partitions(log: &Path, event: &str) -> Vec<i32> {
+    std::fs::read_to_string(log)
+        .unwrap_or_default()
+        .lines()
+        .filter(|l| l.contains(event))
+        .map(|l| {
+            let (_, rest) = l.split_once(" partition=").expect("a partition field");
+            rest.split(|c: char| !c.is_ascii_digit())
+                .next()
+                .unwrap()
+                .parse()
+                .unwrap()
+        })
+        .collect()
+}
+
+/// A second sink joins the group, and later the first stops. With the cooperative protocol
+/// only the partitions that move change hands: the first sink keeps the others, with their open
+/// files. An eager rebalance (librdkafka's default protocol) revoked every partition of every
+/// sink, so each sink that joined or left (a deploy, a scale-up) dropped every open file of the
+/// group, and all of it was read again, up to a file target per partition.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_joining_sink_takes_only_the_partitions_that_move() {
+    let s3 = common::service_env("EDGE_INGEST_S3");
+    let bucket = format!("join-{}", common::unique_id());
+    common::pyarrow(&["--s3-endpoint", &s3, "--bucket", &bucket, "--create-bucket"]);
+    let cluster = MockCluster::new(1).unwrap();
+    cluster.create_topic(TOPIC, PARTITIONS, 1).unwrap();
+    let bootstrap = cluster.bootstrap_servers();
+    let dir = tempfile::tempdir().unwrap();
+    // Files stay open across the rebalance (nothing is idle for 5 s).
+    let rotation = "max_records = 100000\nidle_ms = 5000";
+    let config = write_config_rotating(dir.path(), &bootstrap, &s3, &bucket, rotation);
+    let sent = support::readings(1_500, 29);
+    let producer: FutureProducer = ClientConfig::new()
+        .set("bootstrap.servers", &bootstrap)
+        .create()
+        .unwrap();
+    let (log_a, log_b) = (dir.path().join("sink-a.log"), dir.path().join("sink-b.log"));
+    let mut sinks = vec![start_sink(&config, &log_a)];
+    let wait_for = |log: &Path, event: &str, count: usize| {
+        let deadline = Instant::now() + Duration::from_secs(30);
+        while logged_partitions(log, event).len() < count {
+            assert!(
+                Instant::now() < deadline,
+                "no {count} lines '{event}' in {}",
+                log.display()
+            );
+            std::thread::sleep(Duration::from_millis(100));
+        }
+    };
+    tokio::task::block_in_place(|| wait_for(&log_a, "partition assigned", 4));
+    support::produce(&producer, TOPIC, &sent[..500]).await;
+
+    sinks.push(start_sink(&config, &log_b));
+    support::produce(&producer, TOPIC, &sent[500..1_000]).await;
+    tokio::task::block_in_place(|| wait_for(&log_b, "partition assigned", 2));
+    let mut moved = logged_partitions(&log_b, "partition assigned");
+    moved.sort_unstable();
+    let mut revoked = logged_partitions(&log_a, "partition revoked");
+    revoked.sort_unstable();
+    assert_eq!(
+        revoked, moved,
+        "the first sink gives up only the partitions the second takes"
+    );
+    assert_eq!(logged_partitions(&log_a, "partition assigned").len(), 4);
+
+    // The first sink stops: the second takes its partitions and keeps its own.
+    support::produce(&producer, TOPIC, &sent[1_000..]).await;
+    stop_gracefully(vec![sinks.remove(0)]);
+    tokio::task::block_in_place(|| wait_for(&log_b, "partition assigned", 4));
+    assert!(
+        logged_partitions(&log_b, "partition revoked").is_empty(),
+        "the second sink kept its partitions"
+    );
     wait_caught_up(&bootstrap, &mut sinks, dir.path()).await;
     stop_gracefully(sinks);
     let landed = common::pyarrow_s3(&s3, &bucket, "landing/");
