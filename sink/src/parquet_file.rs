@@ -10,9 +10,9 @@ use parquet::arrow::arrow_reader::ParquetRecordBatchReaderBuilder;
 use parquet::arrow::{ArrowWriter, ProjectionMask};
 use parquet::basic::{Compression, Encoding, ZstdLevel};
 use parquet::errors::ParquetError;
-use parquet::file::metadata::KeyValue;
+use parquet::file::metadata::{FooterTail, KeyValue, ParquetMetaDataReader};
 use parquet::file::properties::{EnabledStatistics, WriterProperties};
-use parquet::file::reader::{ChunkReader, FileReader, SerializedFileReader};
+use parquet::file::reader::{ChunkReader, FileReader, Length, SerializedFileReader};
 use parquet::schema::types::ColumnPath;
 use schemas::ContentHash;
 use schemas::arrow::{COL_CONTENT_HASH, COL_INGEST_TS, COL_OFFSET, RowMeta, record_batch};
@@ -196,19 +196,134 @@ pub fn partition_and_offset_of(key: &str, stream: &str) -> Option<(i32, i64)> {
     Some((partition, offset.parse().ok()?))
 }
 
-/// The content hashes of a landing file, in row order.
-pub fn read_hashes(data: Bytes) -> Result<Vec<ContentHash>, ParquetError> {
-    let builder = ParquetRecordBatchReaderBuilder::try_new(data)?;
-    let mask = ProjectionMask::columns(builder.parquet_schema(), [COL_CONTENT_HASH]);
-    let mut out = Vec::new();
-    for batch in builder.with_projection(mask).build()? {
-        let batch = batch?;
-        let hashes = hash_column(&batch)?;
-        for i in 0..hashes.len() {
-            out.push(hash_at(hashes, i)?);
+/// Bytes read from the end of a landing file first: its footer (the metadata and the last 8
+/// bytes) fits in them unless the file has thousands of row groups.
+pub const TAIL_BYTES: u64 = 64 * 1024;
+
+/// Bytes at the end of a Parquet file that its footer takes, from its last 8 bytes (`tail`
+/// ends with them).
+pub fn footer_bytes(tail: &[u8]) -> Result<u64, ParquetError> {
+    let last = tail
+        .get(tail.len().saturating_sub(8)..)
+        .filter(|last| last.len() == 8)
+        .ok_or_else(|| ParquetError::General("shorter than a Parquet footer".into()))?;
+    Ok(FooterTail::try_from(last)?.metadata_length() as u64 + 8)
+}
+
+/// Where the content hashes of a landing file's last rows are: the content-hash column chunks
+/// of as few of its last row groups as hold the rows wanted.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct HashChunks {
+    /// Indexes of the row groups, in file order.
+    pub row_groups: Vec<usize>,
+    /// Byte ranges (start, end) of their content-hash column chunks, in the same order.
+    pub ranges: Vec<(u64, u64)>,
+}
+
+impl HashChunks {
+    /// The chunks holding the content hashes of the last `want` rows (all rows when the file
+    /// has fewer), from `tail`, the end of the file holding its whole footer.
+    pub fn last(tail: &[u8], want: usize) -> Result<HashChunks, ParquetError> {
+        let footer = footer_bytes(tail)? as usize;
+        let metadata = tail
+            .len()
+            .checked_sub(footer)
+            .map(|start| &tail[start..tail.len() - 8])
+            .ok_or_else(|| ParquetError::General("the footer was not read whole".into()))?;
+        let metadata = ParquetMetaDataReader::decode_metadata(metadata)?;
+        let column = metadata
+            .file_metadata()
+            .schema_descr()
+            .columns()
+            .iter()
+            .position(|c| c.path().parts() == [COL_CONTENT_HASH])
+            .ok_or_else(|| ParquetError::General(format!("no column {COL_CONTENT_HASH}")))?;
+        let (mut row_groups, mut ranges, mut rows) = (Vec::new(), Vec::new(), 0);
+        for (index, group) in metadata.row_groups().iter().enumerate().rev() {
+            if rows >= want {
+                break;
+            }
+            let (start, len) = group.column(column).byte_range();
+            row_groups.push(index);
+            ranges.push((start, start + len));
+            rows += group.num_rows().max(0) as usize;
         }
+        row_groups.reverse();
+        ranges.reverse();
+        Ok(HashChunks { row_groups, ranges })
     }
-    Ok(out)
+
+    /// The content hashes of the chosen row groups, in row order, from the file's `tail` (as
+    /// given to [`HashChunks::last`]) and `chunks`, the bytes of [`HashChunks::ranges`]; the
+    /// file is `size` bytes long.
+    pub fn read(
+        &self,
+        size: u64,
+        tail: Bytes,
+        chunks: Vec<Bytes>,
+    ) -> Result<Vec<ContentHash>, ParquetError> {
+        let mut pieces: Vec<(u64, Bytes)> = self.ranges.iter().map(|r| r.0).zip(chunks).collect();
+        pieces.push((size - tail.len() as u64, tail));
+        let builder = ParquetRecordBatchReaderBuilder::try_new(Pieces { size, pieces })?;
+        let mask = ProjectionMask::columns(builder.parquet_schema(), [COL_CONTENT_HASH]);
+        let mut out = Vec::new();
+        let reader = builder
+            .with_projection(mask)
+            .with_row_groups(self.row_groups.clone())
+            .build()?;
+        for batch in reader {
+            let batch = batch?;
+            let hashes = hash_column(&batch)?;
+            for i in 0..hashes.len() {
+                out.push(hash_at(hashes, i)?);
+            }
+        }
+        Ok(out)
+    }
+}
+
+/// Pieces of a file read by range (its footer, some column chunks), read as the file: a read
+/// outside them is an error.
+struct Pieces {
+    size: u64,
+    /// (offset in the file, bytes).
+    pieces: Vec<(u64, Bytes)>,
+}
+
+impl Pieces {
+    /// The bytes from `start`, `len` of them or to the end of the piece holding `start`.
+    fn from(&self, start: u64, len: Option<usize>) -> Result<Bytes, ParquetError> {
+        for (at, data) in &self.pieces {
+            let Some(from) = start.checked_sub(*at).map(|from| from as usize) else {
+                continue;
+            };
+            let to = len.map_or(data.len(), |len| from + len);
+            if from <= data.len() && to <= data.len() {
+                return Ok(data.slice(from..to));
+            }
+        }
+        Err(ParquetError::General(format!(
+            "bytes {start}.. of the file were not read"
+        )))
+    }
+}
+
+impl Length for Pieces {
+    fn len(&self) -> u64 {
+        self.size
+    }
+}
+
+impl ChunkReader for Pieces {
+    type T = bytes::buf::Reader<Bytes>;
+
+    fn get_read(&self, start: u64) -> Result<Self::T, ParquetError> {
+        Ok(bytes::Buf::reader(self.from(start, None)?))
+    }
+
+    fn get_bytes(&self, start: u64, length: usize) -> Result<Bytes, ParquetError> {
+        self.from(start, Some(length))
+    }
 }
 
 /// What identifies a row of a landing file as the record of a Kafka message.
@@ -392,6 +507,80 @@ mod tests {
         assert_eq!(other_messages(&ours, &ours), Vec::<i64>::new());
     }
 
+    /// [`HashChunks`] over `file`, given only its footer and the chunks it names.
+    fn last_hashes(file: &Bytes, want: usize) -> Result<Vec<ContentHash>, ParquetError> {
+        let footer = footer_bytes(file)? as usize;
+        let tail = file.slice(file.len() - footer..);
+        let chunks = HashChunks::last(&tail, want)?;
+        let pieces = chunks
+            .ranges
+            .iter()
+            .map(|&(start, end)| file.slice(start as usize..end as usize))
+            .collect();
+        chunks.read(file.len() as u64, tail, pieces)
+    }
+
+    #[test]
+    fn the_last_hashes_are_read_from_the_last_row_groups_only() {
+        let def = schemas::example_streams()
+            .get("sensor_readings")
+            .unwrap()
+            .clone();
+        let rows: Vec<_> = (0..10)
+            .map(|i| {
+                let json =
+                    serde_json::json!({"device_id": "d", "sensor": "s", "ts": i, "value": i});
+                let v = schemas::check(&def, json).unwrap();
+                let meta = RowMeta {
+                    ingest_ts: 0,
+                    partition: 0,
+                    offset: i,
+                    hash: v.hash,
+                };
+                (v.record, meta)
+            })
+            .collect();
+        let hashes: Vec<_> = rows.iter().map(|(_, m)| m.hash).collect();
+        // Row groups of 3, 3, 3 and 1 rows.
+        let props = writer_properties(&def)
+            .unwrap()
+            .into_builder()
+            .set_max_row_group_row_count(Some(3))
+            .build();
+        let batch = record_batch(&def, &rows).unwrap();
+        let mut writer = ArrowWriter::try_new(Vec::new(), batch.schema(), Some(props)).unwrap();
+        writer.write(&batch).unwrap();
+        let file = Bytes::from(writer.into_inner().unwrap());
+        let footer = footer_bytes(&file).unwrap() as usize;
+        let chosen = |want| HashChunks::last(&file[file.len() - footer..], want).unwrap();
+        assert_eq!(chosen(0).row_groups, Vec::<usize>::new());
+        assert_eq!(chosen(1).row_groups, [3]);
+        assert_eq!(chosen(2).row_groups, [2, 3]);
+        assert_eq!(chosen(4).row_groups, [2, 3]);
+        assert_eq!(chosen(5).row_groups, [1, 2, 3]);
+        assert_eq!(chosen(100).row_groups, [0, 1, 2, 3]);
+        // The chunks are a small part of the file, and they hold the last rows' hashes.
+        let read: u64 = chosen(2)
+            .ranges
+            .iter()
+            .map(|(start, end)| end - start)
+            .sum();
+        assert!(
+            read * 3 < file.len() as u64,
+            "{read} of {} bytes",
+            file.len()
+        );
+        assert_eq!(last_hashes(&file, 2).unwrap(), hashes[6..]);
+        assert_eq!(last_hashes(&file, 100).unwrap(), hashes);
+        // A piece not read is an error, not a wrong answer.
+        let tail = file.slice(file.len() - footer..);
+        let chunks = HashChunks::last(&tail, 2).unwrap();
+        let short = vec![file.slice(0..1), file.slice(0..1)];
+        assert!(chunks.read(file.len() as u64, tail, short).is_err());
+        assert!(footer_bytes(b"PAR1").is_err());
+        assert!(footer_bytes(b"\x10\0\0\0NOPE").is_err());
+    }
+
     #[test]
     fn encode_then_read_offsets() {
         let def = schemas::example_streams()
@@ -422,7 +611,7 @@ mod tests {
         let data = encode(&def, "ingest.sensor_readings", 1, range, &rows).unwrap();
         assert_eq!(read_offsets(data.clone()).unwrap(), range);
         let hashes: Vec<_> = rows.iter().map(|(_, m)| m.hash).collect();
-        assert_eq!(read_hashes(data.clone()).unwrap(), hashes);
+        assert_eq!(last_hashes(&data, usize::MAX).unwrap(), hashes);
 
         // Timestamps and offsets are delta-encoded without a dictionary, strings use one.
         let reader = SerializedFileReader::new(data).unwrap();

@@ -585,6 +585,96 @@ impl ObjectStore {
     }
 }
 
+/// Which bytes of an object [`ObjectStore::get_range`] reads.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum ByteRange {
+    /// The last n bytes (all of a smaller object).
+    Suffix(u64),
+    /// From the first offset up to, not including, the second.
+    Span(u64, u64),
+}
+
+impl ByteRange {
+    /// The offsets it covers of an object of `size` bytes.
+    fn within(self, size: u64) -> (u64, u64) {
+        match self {
+            ByteRange::Suffix(n) => (size.saturating_sub(n), size),
+            ByteRange::Span(start, end) => (start.min(size), end.min(size)),
+        }
+    }
+
+    /// The HTTP `Range` header of a non-empty range.
+    fn header(self) -> String {
+        match self {
+            ByteRange::Suffix(n) => format!("bytes=-{n}"),
+            ByteRange::Span(start, end) => format!("bytes={start}-{}", end.saturating_sub(1)),
+        }
+    }
+}
+
+impl ObjectStore {
+    /// `range` of the object at `key`, and the object's size; `None` when there is no object.
+    pub async fn get_range(
+        &self,
+        key: &str,
+        range: ByteRange,
+    ) -> Result<Option<(Bytes, u64)>, StoreError> {
+        match self {
+            ObjectStore::Local(root) => {
+                let path = root.join(key);
+                let read = tokio::task::spawn_blocking(move || {
+                    use std::os::unix::fs::FileExt as _;
+                    let file = std::fs::File::open(&path)?;
+                    let size = file.metadata()?.len();
+                    let (start, end) = range.within(size);
+                    let mut data = vec![0; (end - start) as usize];
+                    file.read_exact_at(&mut data, start)?;
+                    Ok::<_, std::io::Error>((Bytes::from(data), size))
+                })
+                .await
+                .map_err(|e| StoreError::retryable(format!("read {key}: {e}")))?;
+                match read {
+                    Ok(read) => Ok(Some(read)),
+                    Err(e) if e.kind() == std::io::ErrorKind::NotFound => Ok(None),
+                    Err(e) => Err(StoreError::retryable(format!("read {key}: {e}"))),
+                }
+            }
+            ObjectStore::S3 { client, bucket, .. } => {
+                let request = client
+                    .get_object()
+                    .bucket(bucket)
+                    .key(key)
+                    .range(range.header());
+                match request.send().await {
+                    Ok(out) => {
+                        // "bytes 0-99/1234"; a server that sends the whole object has none.
+                        let size = out
+                            .content_range()
+                            .and_then(|r| r.rsplit('/').next())
+                            .and_then(|total| total.parse::<u64>().ok());
+                        let body = out.body.collect().await.map_err(|e| {
+                            StoreError::retryable(format!("read s3://{bucket}/{key}: {e}"))
+                        })?;
+                        let data = body.into_bytes();
+                        let Some(size) = size else {
+                            let whole = data.len() as u64;
+                            let (start, end) = range.within(whole);
+                            return Ok(Some((data.slice(start as usize..end as usize), whole)));
+                        };
+                        Ok(Some((data, size)))
+                    }
+                    Err(SdkError::ServiceError(e)) if e.raw().status().as_u16() == 404 => Ok(None),
+                    // An empty object has no byte to give.
+                    Err(SdkError::ServiceError(e)) if e.raw().status().as_u16() == 416 => {
+                        Ok(Some((Bytes::new(), 0)))
+                    }
+                    Err(e) => Err(s3_error("get", key, e)),
+                }
+            }
+        }
+    }
+}
+
 fn s3_error<E: ProvideErrorMetadata + std::error::Error + Send + Sync + 'static>(
     op: &str,
     key: &str,

@@ -116,6 +116,17 @@ async fn large_files_go_up_in_equal_parts_only_if_absent() {
     assert_eq!(head.content_length(), Some(5));
 }
 
+/// Ranges of an object, as warming a dedupe window reads a landing file (its footer, then a
+/// column's chunks), from moto and from a local directory.
+#[tokio::test]
+async fn ranges_of_an_object_are_read_from_s3_and_a_directory() {
+    let endpoint = common::service_env("EDGE_INGEST_S3");
+    let (store, _, _) = bucket_store(&endpoint).await;
+    support::check_ranges(&store).await;
+    let dir = tempfile::tempdir().unwrap();
+    support::check_ranges(&ObjectStore::Local(dir.path().to_path_buf())).await;
+}
+
 #[tokio::test]
 async fn objects_are_written_with_the_configured_encryption_and_storage_class() {
     let endpoint = common::service_env("EDGE_INGEST_S3");

@@ -86,3 +86,31 @@ pub fn s3_store(s3: &str, bucket: &str) -> sink::config::StoreConfig {
         storage_class: None,
     }
 }
+
+/// Checks `get_range` of `store` on an object of 100,000 bytes it writes: suffixes (one longer
+/// than the object), spans (one past its end), and an object that is not there.
+pub async fn check_ranges(store: &sink::store::ObjectStore) {
+    use sink::store::ByteRange;
+    let key = "landing/s/date=2026-01-01/hour=00/s-p0-o00000000000000000042.parquet";
+    let data: Vec<u8> = (0..100_000u32).map(|i| (i * 7 % 251) as u8).collect();
+    store
+        .put_if_absent(key, bytes::Bytes::from(data.clone()))
+        .await
+        .unwrap();
+    for (range, expected) in [
+        (ByteRange::Suffix(10), &data[99_990..]),
+        (ByteRange::Suffix(200_000), &data[..]),
+        (ByteRange::Span(5, 17), &data[5..17]),
+        (ByteRange::Span(99_000, 200_000), &data[99_000..]),
+    ] {
+        let (read, size) = store.get_range(key, range).await.unwrap().unwrap();
+        assert_eq!(size, 100_000, "{range:?}");
+        assert!(read == expected, "{range:?}: {} bytes", read.len());
+    }
+    let missing = "landing/s/date=2026-01-01/hour=00/none.parquet";
+    let none = store
+        .get_range(missing, ByteRange::Suffix(8))
+        .await
+        .unwrap();
+    assert!(none.is_none());
+}
