@@ -982,9 +982,9 @@ impl Worker {
     }
 
     /// The content hashes of the last `want` rows of the landing file at `key` (all of them
-    /// when it has fewer), read by range: the file's footer, then the content-hash column
-    /// chunks of as few of its last row groups as hold them. The whole object was read before:
-    /// 128 MiB at the default file target for a window of 100,000 hashes (3.2 MB), for each
+    /// when it has fewer), read by range: the file's footer and offset index, then the
+    /// content-hash column's last pages that hold them. The whole object was read before: 128
+    /// MiB at the default file target for a window of 100,000 hashes (3.2 MB), for each
     /// partition a sink opened. Fails when the store does (the caller retries).
     async fn last_hashes(&self, key: &str, want: usize) -> anyhow::Result<Hashes> {
         let tail = self
@@ -1005,7 +1005,7 @@ impl Worker {
             };
             tail = whole;
         }
-        let chunks = match HashChunks::last(&tail, want) {
+        let chunks = match HashChunks::last(tail, size, want) {
             Ok(chunks) => chunks,
             Err(e) => return Ok(Hashes::Unreadable(e)),
         };
@@ -1020,7 +1020,7 @@ impl Worker {
             };
             pieces.push(piece);
         }
-        let read = tokio::task::spawn_blocking(move || chunks.read(size, tail, pieces)).await?;
+        let read = tokio::task::spawn_blocking(move || chunks.read(size, pieces)).await?;
         Ok(read.map_or_else(Hashes::Unreadable, Hashes::Read))
     }
 

@@ -6,11 +6,14 @@ use arrow::array::{
 };
 use bytes::Bytes;
 use chrono::{DateTime, Datelike, Timelike, Utc};
-use parquet::arrow::arrow_reader::ParquetRecordBatchReaderBuilder;
+use parquet::arrow::arrow_reader::{
+    ArrowReaderMetadata, ArrowReaderOptions, ParquetRecordBatchReaderBuilder, RowSelection,
+    RowSelectionPolicy, RowSelector,
+};
 use parquet::arrow::{ArrowWriter, ProjectionMask};
 use parquet::basic::{Compression, Encoding, ZstdLevel};
 use parquet::errors::ParquetError;
-use parquet::file::metadata::{FooterTail, KeyValue, ParquetMetaDataReader};
+use parquet::file::metadata::{FooterTail, KeyValue, PageIndexPolicy};
 use parquet::file::properties::{EnabledStatistics, WriterProperties};
 use parquet::file::reader::{ChunkReader, FileReader, Length, SerializedFileReader};
 use parquet::schema::types::ColumnPath;
@@ -210,67 +213,110 @@ pub fn footer_bytes(tail: &[u8]) -> Result<u64, ParquetError> {
     Ok(FooterTail::try_from(last)?.metadata_length() as u64 + 8)
 }
 
-/// Where the content hashes of a landing file's last rows are: the content-hash column chunks
-/// of as few of its last row groups as hold the rows wanted.
-#[derive(Debug, Clone, PartialEq, Eq)]
+/// Where the content hashes of a landing file's last rows are: the content-hash column's pages
+/// (found through the file's offset index) or, in a file without one, column chunks, of as few
+/// of its last row groups as hold the rows wanted.
+#[derive(Debug, Clone)]
 pub struct HashChunks {
+    metadata: ArrowReaderMetadata,
     /// Indexes of the row groups, in file order.
     pub row_groups: Vec<usize>,
-    /// Byte ranges (start, end) of their content-hash column chunks, in the same order.
+    /// Rows of the first of them before the first page read.
+    pub skip: usize,
+    /// Byte ranges (start, end) to read, in file order.
     pub ranges: Vec<(u64, u64)>,
 }
 
 impl HashChunks {
-    /// The chunks holding the content hashes of the last `want` rows (all rows when the file
-    /// has fewer), from `tail`, the end of the file holding its whole footer.
-    pub fn last(tail: &[u8], want: usize) -> Result<HashChunks, ParquetError> {
-        let footer = footer_bytes(tail)? as usize;
-        let metadata = tail
-            .len()
-            .checked_sub(footer)
-            .map(|start| &tail[start..tail.len() - 8])
-            .ok_or_else(|| ParquetError::General("the footer was not read whole".into()))?;
-        let metadata = ParquetMetaDataReader::decode_metadata(metadata)?;
-        let column = metadata
+    /// The pages or chunks holding the content hashes of the last `want` rows (all rows when
+    /// the file has fewer), from `tail`, the end of the file (`size` bytes long) holding its
+    /// whole footer, and its offset index when that is in `tail` too (as the sink writes it).
+    pub fn last(tail: Bytes, size: u64, want: usize) -> Result<HashChunks, ParquetError> {
+        let at = size
+            .checked_sub(tail.len() as u64)
+            .ok_or_else(|| ParquetError::General("the tail is longer than the file".into()))?;
+        let read = Pieces {
+            size,
+            pieces: vec![(at, tail)],
+        };
+        let indexed = ArrowReaderOptions::new().with_offset_index_policy(PageIndexPolicy::Optional);
+        let metadata = ArrowReaderMetadata::load(&read, indexed)
+            .or_else(|_| ArrowReaderMetadata::load(&read, ArrowReaderOptions::new()))?;
+        let file = metadata.metadata();
+        let column = file
             .file_metadata()
             .schema_descr()
             .columns()
             .iter()
             .position(|c| c.path().parts() == [COL_CONTENT_HASH])
             .ok_or_else(|| ParquetError::General(format!("no column {COL_CONTENT_HASH}")))?;
-        let (mut row_groups, mut ranges, mut rows) = (Vec::new(), Vec::new(), 0);
-        for (index, group) in metadata.row_groups().iter().enumerate().rev() {
+        let (mut row_groups, mut ranges, mut rows, mut skip) = (Vec::new(), Vec::new(), 0, 0);
+        for (index, group) in file.row_groups().iter().enumerate().rev() {
             if rows >= want {
                 break;
             }
-            let (start, len) = group.column(column).byte_range();
             row_groups.push(index);
-            ranges.push((start, start + len));
-            rows += group.num_rows().max(0) as usize;
+            let chunk = group.column(column);
+            let group_rows = group.num_rows().max(0) as usize;
+            let pages = file
+                .page_index()
+                .and_then(|i| i.page_locations(index, column))
+                .filter(|pages| !pages.is_empty() && chunk.dictionary_page_offset().is_none());
+            let Some(pages) = pages else {
+                let (start, len) = chunk.byte_range();
+                ranges.push((start, start + len));
+                rows += group_rows;
+                skip = 0;
+                continue;
+            };
+            let mut end = group_rows;
+            for page in pages.iter().rev() {
+                let first = page.first_row_index.max(0) as usize;
+                let offset = page.offset.max(0) as u64;
+                ranges.push((offset, offset + page.compressed_page_size.max(0) as u64));
+                rows += end.saturating_sub(first);
+                (end, skip) = (first, first);
+                if rows >= want {
+                    break;
+                }
+            }
         }
         row_groups.reverse();
         ranges.reverse();
-        Ok(HashChunks { row_groups, ranges })
+        Ok(HashChunks {
+            metadata,
+            row_groups,
+            skip,
+            ranges,
+        })
     }
 
-    /// The content hashes of the chosen row groups, in row order, from the file's `tail` (as
-    /// given to [`HashChunks::last`]) and `chunks`, the bytes of [`HashChunks::ranges`]; the
-    /// file is `size` bytes long.
-    pub fn read(
-        &self,
-        size: u64,
-        tail: Bytes,
-        chunks: Vec<Bytes>,
-    ) -> Result<Vec<ContentHash>, ParquetError> {
-        let mut pieces: Vec<(u64, Bytes)> = self.ranges.iter().map(|r| r.0).zip(chunks).collect();
-        pieces.push((size - tail.len() as u64, tail));
-        let builder = ParquetRecordBatchReaderBuilder::try_new(Pieces { size, pieces })?;
+    /// The content hashes of the chosen rows, in row order, from `pieces`, the bytes of
+    /// [`HashChunks::ranges`]; the file is `size` bytes long.
+    pub fn read(&self, size: u64, pieces: Vec<Bytes>) -> Result<Vec<ContentHash>, ParquetError> {
+        let pieces = self.ranges.iter().map(|r| r.0).zip(pieces).collect();
+        let file = self.metadata.metadata();
+        let rows: usize = self
+            .row_groups
+            .iter()
+            .map(|&i| file.row_group(i).num_rows().max(0) as usize)
+            .sum();
+        let selection = RowSelection::from(vec![
+            RowSelector::skip(self.skip),
+            RowSelector::select(rows - self.skip),
+        ]);
+        let builder = ParquetRecordBatchReaderBuilder::new_with_metadata(
+            Pieces { size, pieces },
+            self.metadata.clone(),
+        );
         let mask = ProjectionMask::columns(builder.parquet_schema(), [COL_CONTENT_HASH]);
-        let mut out = Vec::new();
         let reader = builder
             .with_projection(mask)
             .with_row_groups(self.row_groups.clone())
+            .with_row_selection(selection)
+            .with_row_selection_policy(RowSelectionPolicy::Selectors)
             .build()?;
+        let mut out = Vec::new();
         for batch in reader {
             let batch = batch?;
             let hashes = hash_column(&batch)?;
@@ -507,30 +553,29 @@ mod tests {
         assert_eq!(other_messages(&ours, &ours), Vec::<i64>::new());
     }
 
-    /// [`HashChunks`] over `file`, given only its footer and the chunks it names.
+    /// [`HashChunks`] over `file`, given only its last 64 KiB and the ranges it names.
     fn last_hashes(file: &Bytes, want: usize) -> Result<Vec<ContentHash>, ParquetError> {
-        let footer = footer_bytes(file)? as usize;
-        let tail = file.slice(file.len() - footer..);
-        let chunks = HashChunks::last(&tail, want)?;
+        let chunks = chosen(file, want)?;
         let pieces = chunks
             .ranges
             .iter()
             .map(|&(start, end)| file.slice(start as usize..end as usize))
             .collect();
-        chunks.read(file.len() as u64, tail, pieces)
+        chunks.read(file.len() as u64, pieces)
     }
 
-    #[test]
-    fn the_last_hashes_are_read_from_the_last_row_groups_only() {
-        let def = schemas::example_streams()
-            .get("sensor_readings")
-            .unwrap()
-            .clone();
-        let rows: Vec<_> = (0..10)
+    fn chosen(file: &Bytes, want: usize) -> Result<HashChunks, ParquetError> {
+        let tail = file.slice(file.len().saturating_sub(TAIL_BYTES as usize)..);
+        HashChunks::last(tail, file.len() as u64, want)
+    }
+
+    /// Readings as landing rows, offsets from 0.
+    fn landing_rows(def: &StreamDef, n: i64) -> Vec<(Record, RowMeta)> {
+        (0..n)
             .map(|i| {
                 let json =
                     serde_json::json!({"device_id": "d", "sensor": "s", "ts": i, "value": i});
-                let v = schemas::check(&def, json).unwrap();
+                let v = schemas::check(def, json).unwrap();
                 let meta = RowMeta {
                     ingest_ts: 0,
                     partition: 0,
@@ -539,46 +584,98 @@ mod tests {
                 };
                 (v.record, meta)
             })
-            .collect();
-        let hashes: Vec<_> = rows.iter().map(|(_, m)| m.hash).collect();
-        // Row groups of 3, 3, 3 and 1 rows.
-        let props = writer_properties(&def)
+            .collect()
+    }
+
+    /// A landing file of `rows` with row groups and data pages of at most the given rows.
+    fn file_of(
+        def: &StreamDef,
+        rows: &[(Record, RowMeta)],
+        group_rows: usize,
+        page_rows: usize,
+    ) -> Bytes {
+        let props = writer_properties(def)
             .unwrap()
             .into_builder()
-            .set_max_row_group_row_count(Some(3))
+            .set_max_row_group_row_count(Some(group_rows))
+            .set_data_page_row_count_limit(page_rows)
+            .set_write_batch_size(page_rows)
             .build();
-        let batch = record_batch(&def, &rows).unwrap();
+        let batch = record_batch(def, rows).unwrap();
         let mut writer = ArrowWriter::try_new(Vec::new(), batch.schema(), Some(props)).unwrap();
         writer.write(&batch).unwrap();
-        let file = Bytes::from(writer.into_inner().unwrap());
-        let footer = footer_bytes(&file).unwrap() as usize;
-        let chosen = |want| HashChunks::last(&file[file.len() - footer..], want).unwrap();
-        assert_eq!(chosen(0).row_groups, Vec::<usize>::new());
-        assert_eq!(chosen(1).row_groups, [3]);
-        assert_eq!(chosen(2).row_groups, [2, 3]);
-        assert_eq!(chosen(4).row_groups, [2, 3]);
-        assert_eq!(chosen(5).row_groups, [1, 2, 3]);
-        assert_eq!(chosen(100).row_groups, [0, 1, 2, 3]);
-        // The chunks are a small part of the file, and they hold the last rows' hashes.
-        let read: u64 = chosen(2)
+        Bytes::from(writer.into_inner().unwrap())
+    }
+
+    #[test]
+    fn the_last_hashes_are_read_from_the_last_pages_only() {
+        let def = schemas::example_streams()
+            .get("sensor_readings")
+            .unwrap()
+            .clone();
+        let rows = landing_rows(&def, 1_000);
+        let hashes: Vec<_> = rows.iter().map(|(_, m)| m.hash).collect();
+        // Row groups of 300, 300, 300 and 100 rows, in pages of 50.
+        let file = file_of(&def, &rows, 300, 50);
+        let groups = |want| chosen(&file, want).unwrap().row_groups;
+        assert_eq!(groups(0), Vec::<usize>::new());
+        assert_eq!(groups(1), [3]);
+        assert_eq!(groups(100), [3]);
+        assert_eq!(groups(101), [2, 3]);
+        assert_eq!(groups(5_000), [0, 1, 2, 3]);
+        for (want, first) in [(1, 950), (50, 950), (51, 900), (120, 850), (400, 600)] {
+            assert_eq!(
+                last_hashes(&file, want).unwrap(),
+                hashes[first..],
+                "{want} wanted"
+            );
+        }
+        assert_eq!(last_hashes(&file, 5_000).unwrap(), hashes);
+        // Only those pages are read: a fifth of the hash column for 200 rows.
+        let column: u64 = chosen(&file, 1_000)
+            .unwrap()
             .ranges
             .iter()
-            .map(|(start, end)| end - start)
+            .map(|(s, e)| e - s)
             .sum();
-        assert!(
-            read * 3 < file.len() as u64,
-            "{read} of {} bytes",
-            file.len()
-        );
-        assert_eq!(last_hashes(&file, 2).unwrap(), hashes[6..]);
-        assert_eq!(last_hashes(&file, 100).unwrap(), hashes);
+        let some: u64 = chosen(&file, 200)
+            .unwrap()
+            .ranges
+            .iter()
+            .map(|(s, e)| e - s)
+            .sum();
+        assert!(some * 4 < column, "{some} of {column} bytes");
         // A piece not read is an error, not a wrong answer.
-        let tail = file.slice(file.len() - footer..);
-        let chunks = HashChunks::last(&tail, 2).unwrap();
-        let short = vec![file.slice(0..1), file.slice(0..1)];
-        assert!(chunks.read(file.len() as u64, tail, short).is_err());
+        let chunks = chosen(&file, 120).unwrap();
+        let short = chunks.ranges.iter().map(|_| file.slice(0..1)).collect();
+        assert!(chunks.read(file.len() as u64, short).is_err());
         assert!(footer_bytes(b"PAR1").is_err());
         assert!(footer_bytes(b"\x10\0\0\0NOPE").is_err());
+    }
+
+    #[test]
+    fn without_an_offset_index_whole_chunks_are_read() {
+        let def = schemas::example_streams()
+            .get("sensor_readings")
+            .unwrap()
+            .clone();
+        let rows = landing_rows(&def, 1_000);
+        let hashes: Vec<_> = rows.iter().map(|(_, m)| m.hash).collect();
+        let file = file_of(&def, &rows, 300, 50);
+        // The footer only, the offset index left out of the tail.
+        let footer = footer_bytes(&file).unwrap() as usize;
+        let tail = file.slice(file.len() - footer..);
+        let chunks = HashChunks::last(tail, file.len() as u64, 120).unwrap();
+        assert_eq!((chunks.row_groups.clone(), chunks.skip), (vec![2, 3], 0));
+        let pieces = chunks
+            .ranges
+            .iter()
+            .map(|&(start, end)| file.slice(start as usize..end as usize))
+            .collect();
+        assert_eq!(
+            chunks.read(file.len() as u64, pieces).unwrap(),
+            hashes[600..]
+        );
     }
 
     #[test]
