@@ -83,6 +83,9 @@ pub enum FilterConfig {
         max_silence_secs: u64,
         #[serde(default = "yes")]
         send_previous: bool,
+        /// Series whose state is kept at most; past it, those seen longest ago are forgotten.
+        #[serde(default = "default_max_series")]
+        max_series: usize,
     },
     /// Keeps every `every`-th record of a series, or sends one record per `window_secs` window
     /// with `field` replaced by the `aggregate` (min, max or mean) of the window.
@@ -97,11 +100,21 @@ pub enum FilterConfig {
         aggregate: Option<Aggregate>,
         #[serde(default)]
         field: Option<String>,
+        /// Series whose state is kept at most; past it, those seen longest ago are forgotten.
+        #[serde(default = "default_max_series")]
+        max_series: usize,
     },
 }
 
 fn yes() -> bool {
     true
+}
+
+/// Series a deadband or downsample filter keeps state for, by default.
+pub const DEFAULT_MAX_SERIES: usize = 100_000;
+
+fn default_max_series() -> usize {
+    DEFAULT_MAX_SERIES
 }
 
 impl FilterConfig {
@@ -181,6 +194,7 @@ impl FilterConfig {
                 range,
                 max_silence_secs,
                 send_previous,
+                max_series,
             } => {
                 let band = match (absolute, percent, range) {
                     (Some(a), None, _) if *a >= 0.0 => *a,
@@ -204,7 +218,7 @@ impl FilterConfig {
                     band,
                     max_silence_micros: (*max_silence_secs as i64).saturating_mul(1_000_000),
                     send_previous: *send_previous,
-                    state: HashMap::new(),
+                    state: Series::new(*max_series)?,
                 }
             }
             FilterConfig::Downsample {
@@ -213,20 +227,21 @@ impl FilterConfig {
                 window_secs,
                 aggregate,
                 field: f,
+                max_series,
             } => {
                 let series = series(key_fields)?;
                 match (every, window_secs, aggregate, f) {
                     (Some(n), None, None, None) if *n >= 1 => Filter::Every {
                         series,
                         n: *n,
-                        seen: HashMap::new(),
+                        seen: Series::new(*max_series)?,
                     },
                     (None, Some(w), Some(agg), Some(f)) if *w >= 1 => Filter::Window {
                         series,
                         field: numeric(f)?,
                         micros: (*w as i64).saturating_mul(1_000_000),
                         aggregate: *agg,
-                        open: HashMap::new(),
+                        open: Series::new(*max_series)?,
                         latest: i64::MIN,
                     },
                     _ => {
@@ -269,21 +284,111 @@ enum Filter {
         band: f64,
         max_silence_micros: i64,
         send_previous: bool,
-        state: HashMap<u64, Band>,
+        state: Series<Band>,
     },
     Every {
         series: Vec<usize>,
         n: u32,
-        seen: HashMap<u64, u32>,
+        seen: Series<u32>,
     },
     Window {
         series: Vec<usize>,
         field: usize,
         micros: i64,
         aggregate: Aggregate,
-        open: HashMap<u64, Window>,
+        open: Series<Window>,
         latest: i64,
     },
+}
+
+/// The state of a filter per series, for at most `max` series. Past that, the eighth seen
+/// longest ago are forgotten and given back to the filter, which emits or drops what they hold:
+/// series without end (a key field that changes with every reading, vehicles passing a roadside
+/// box) cannot take the agent's memory, which they did before. A forgotten series starts anew,
+/// as after a restart.
+#[derive(Debug)]
+struct Series<V> {
+    /// State and when it was last seen (`tick`).
+    map: HashMap<u64, (u64, V)>,
+    tick: u64,
+    max: usize,
+    /// Series forgotten since [`FilterChain::take_evicted`] last asked.
+    evicted: u64,
+}
+
+impl<V> Series<V> {
+    fn new(max: usize) -> Result<Series<V>, String> {
+        if max == 0 {
+            return Err("max_series must be at least 1".into());
+        }
+        Ok(Series {
+            map: HashMap::new(),
+            tick: 0,
+            max,
+            evicted: 0,
+        })
+    }
+
+    /// The state of `key`, marked as seen.
+    fn get_mut(&mut self, key: u64) -> Option<&mut V> {
+        self.tick += 1;
+        let entry = self.map.get_mut(&key)?;
+        entry.0 = self.tick;
+        Some(&mut entry.1)
+    }
+
+    /// The state of `key`, made by `new` when it has none, marked as seen.
+    fn entry(&mut self, key: u64, new: impl FnOnce() -> V) -> &mut V {
+        self.tick += 1;
+        let entry = self.map.entry(key).or_insert_with(|| (0, new()));
+        entry.0 = self.tick;
+        &mut entry.1
+    }
+
+    fn insert(&mut self, key: u64, state: V) {
+        self.tick += 1;
+        self.map.insert(key, (self.tick, state));
+    }
+
+    fn remove(&mut self, key: u64) -> Option<V> {
+        self.map.remove(&key).map(|(_, state)| state)
+    }
+
+    /// The states for which `f` holds, taken out.
+    fn take_where(&mut self, mut f: impl FnMut(&V) -> bool) -> Vec<V> {
+        let keys: Vec<u64> = self
+            .map
+            .iter()
+            .filter(|(_, (_, state))| f(state))
+            .map(|(k, _)| *k)
+            .collect();
+        keys.into_iter().filter_map(|k| self.remove(k)).collect()
+    }
+
+    /// When more than `max` series are held, forgets the eighth of `max` seen longest ago and
+    /// returns their states (the work is done once per `max / 8` new series).
+    fn evict(&mut self) -> Vec<V> {
+        if self.map.len() <= self.max {
+            return Vec::new();
+        }
+        let keep = self.max - self.max / 8;
+        let mut ticks: Vec<u64> = self.map.values().map(|(tick, _)| *tick).collect();
+        let forget = ticks.len() - keep;
+        // Ticks are distinct: exactly `forget` series were seen at or before the cut.
+        let cut = *ticks.select_nth_unstable(forget - 1).1;
+        let keys: Vec<u64> = self
+            .map
+            .iter()
+            .filter(|(_, (tick, _))| *tick <= cut)
+            .map(|(k, _)| *k)
+            .collect();
+        self.evicted += keys.len() as u64;
+        keys.into_iter().filter_map(|k| self.remove(k)).collect()
+    }
+
+    fn values_mut(&mut self) -> impl Iterator<Item = &mut V> {
+        self.map.values_mut().map(|(_, state)| state)
+    }
 }
 
 fn series_key(record: &Record, fields: &[usize]) -> u64 {
@@ -378,7 +483,7 @@ impl Filter {
                 };
                 let t = record.event_time(def);
                 let key = series_key(&record, series);
-                let Some(s) = state.get_mut(&key) else {
+                let Some(s) = state.get_mut(key) else {
                     state.insert(
                         key,
                         Band {
@@ -388,7 +493,9 @@ impl Filter {
                         },
                     );
                     out.push(record);
-                    return 0;
+                    // The readings forgotten series held were within the band of a sent one.
+                    let evicted = state.evict();
+                    return evicted.into_iter().filter(|s| s.held.is_some()).count() as u64;
                 };
                 let breaks = (v - s.sent).abs() > *band || v.is_nan() != s.sent.is_nan();
                 let silent_too_long =
@@ -411,9 +518,10 @@ impl Filter {
                 }
             }
             Filter::Every { series, n, seen } => {
-                let count = seen.entry(series_key(&record, series)).or_insert(0);
+                let count = seen.entry(series_key(&record, series), || 0);
                 let keep = *count % *n == 0;
                 *count = count.wrapping_add(1) % *n;
+                seen.evict();
                 if keep {
                     out.push(record);
                     0
@@ -438,13 +546,13 @@ impl Filter {
                 let start = t - t.rem_euclid(*micros);
                 let key = series_key(&record, series);
                 let mut dropped = 0;
-                if let Some(w) = open.get(&key)
+                if let Some(w) = open.get_mut(key)
                     && w.start != start
                 {
-                    let w = open.remove(&key).expect("present");
+                    let w = open.remove(key).expect("present");
                     dropped += close_window(def, *field, *aggregate, w, out);
                 }
-                let w = open.entry(key).or_insert_with(|| Window {
+                let w = open.entry(key, || Window {
                     start,
                     template: record,
                     min: f64::INFINITY,
@@ -456,6 +564,10 @@ impl Filter {
                 w.max = w.max.max(v);
                 w.sum += v;
                 w.count += 1;
+                // Windows of forgotten series close early.
+                for w in open.evict() {
+                    dropped += close_window(def, *field, *aggregate, w, out);
+                }
                 dropped
             }
         }
@@ -474,14 +586,8 @@ impl Filter {
                 ..
             } => {
                 let horizon = latest.saturating_sub(2 * *micros);
-                let done: Vec<u64> = open
-                    .iter()
-                    .filter(|(_, w)| all || w.start <= horizon)
-                    .map(|(k, _)| *k)
-                    .collect();
                 let mut dropped = 0;
-                for key in done {
-                    let w = open.remove(&key).expect("present");
+                for w in open.take_where(|w| all || w.start <= horizon) {
                     dropped += close_window(def, *field, *aggregate, w, out);
                 }
                 dropped
@@ -572,6 +678,23 @@ impl FilterChain {
             current = next;
         }
         out.extend(current);
+    }
+
+    /// Series forgotten per filter kind (those held at `max_series`) since the last call.
+    pub fn take_evicted(&mut self) -> Vec<(&'static str, u64)> {
+        self.filters
+            .iter_mut()
+            .map(|(kind, filter)| {
+                let evicted = match filter {
+                    Filter::Deadband { state, .. } => &mut state.evicted,
+                    Filter::Every { seen, .. } => &mut seen.evicted,
+                    Filter::Window { open, .. } => &mut open.evicted,
+                    Filter::Predicate { .. } => return (*kind, 0),
+                };
+                (*kind, std::mem::take(evicted))
+            })
+            .filter(|(_, n)| *n > 0)
+            .collect()
     }
 
     /// Dropped records per filter kind since the last call.

@@ -141,6 +141,8 @@ pub struct Pipeline {
     /// The spool dropped a batch while the current chunk was read.
     dropped_in_chunk: bool,
     invalid_logged: u64,
+    /// Series the filters forgot so far (logged at the first and once per million).
+    evicted_logged: u64,
     log_errors: u64,
     /// Compresses NDJSON batches, with the stream's dictionary when it has one.
     zstd: zstd::bulk::Compressor<'static>,
@@ -221,6 +223,7 @@ impl Pipeline {
             filtered_out: Vec::new(),
             dropped_in_chunk: false,
             invalid_logged: 0,
+            evicted_logged: 0,
             log_errors: 0,
             zstd,
             last_batch_records: 0,
@@ -450,6 +453,16 @@ impl Pipeline {
         for (kind, n) in self.filters.take_dropped() {
             self.stats.filtered += n;
             self.discarded(kind, true, n);
+        }
+        for (kind, n) in self.filters.take_evicted() {
+            metrics::counter!(m::FILTER_EVICTED_SERIES, "stream" => self.def.name.clone(), "filter" => kind).increment(n);
+            self.evicted_logged += n;
+            // At the first, then once per million.
+            if self.evicted_logged == n
+                || self.evicted_logged / 1_000_000 > (self.evicted_logged - n) / 1_000_000
+            {
+                tracing::warn!(stream = %self.def.name, filter = kind, evicted = n, total = self.evicted_logged, "the filter holds max_series series: those seen longest ago were forgotten and start anew (is a key field unique per reading?)");
+            }
         }
         if open.count == 0 {
             let now = now_secs();

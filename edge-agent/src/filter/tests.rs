@@ -199,6 +199,12 @@ fn deadband_config_errors() {
         bad(json!({"type": "deadband", "field": "value", "percent": -1.0, "range": [0.0, 1.0]}))
             .contains("low < high")
     );
+    for filter in [
+        json!({"type": "deadband", "field": "value", "absolute": 1.0, "max_series": 0}),
+        json!({"type": "downsample", "every": 2, "max_series": 0}),
+    ] {
+        assert!(bad(filter).contains("max_series must be at least 1"));
+    }
     // Downsampling by nothing.
     assert!(bad(json!({"type": "downsample", "every": 0})).contains("downsample"));
     assert!(
@@ -429,4 +435,102 @@ fn series_by_an_int_key_field() {
     }
     // Every 2nd per quality: 192 at 0 and 4, 0 at 1.
     assert_eq!(seconds(&out), [0, 1, 4]);
+}
+
+/// The series a chain's only filter holds state for.
+fn series_held(c: &FilterChain) -> usize {
+    match &c.filters[0].1 {
+        Filter::Deadband { state, .. } => state.map.len(),
+        Filter::Every { seen, .. } => seen.map.len(),
+        Filter::Window { open, .. } => open.map.len(),
+        Filter::Predicate { .. } => 0,
+    }
+}
+
+fn evicted(c: &mut FilterChain) -> u64 {
+    c.take_evicted().iter().map(|(_, n)| n).sum()
+}
+
+#[test]
+fn deadband_forgets_the_series_seen_longest_ago_past_max_series() {
+    let mut c =
+        chain(json!({"type": "deadband", "field": "value", "absolute": 5.0, "max_series": 4}));
+    // a..d sent; a seen again (held), so b is the one seen longest ago when e comes.
+    let input = [
+        ("a", 0, 1.0),
+        ("b", 1, 1.0),
+        ("c", 2, 1.0),
+        ("d", 3, 1.0),
+        ("a", 4, 1.1),
+    ];
+    assert_eq!(run(&mut c, &input, false).len(), 4);
+    assert_eq!(run(&mut c, &[("e", 5, 1.0)], false), [(5, 1.0)]);
+    assert_eq!(evicted(&mut c), 1);
+    assert_eq!(series_held(&c), 4);
+    // b starts anew: its reading within the band is sent; a still has its state.
+    assert_eq!(run(&mut c, &[("b", 6, 1.2)], false), [(6, 1.2)]);
+    assert_eq!(run(&mut c, &[("a", 7, 1.3)], false), []);
+    // c was forgotten for b, holding nothing; a's held reading is dropped as before.
+    assert_eq!(evicted(&mut c), 1);
+    assert_eq!(dropped(&mut c), 1);
+
+    // Series without end stay within the limit: an eighth is forgotten at a time.
+    let mut c =
+        chain(json!({"type": "deadband", "field": "value", "absolute": 5.0, "max_series": 1000}));
+    let names: Vec<String> = (0..100_000).map(|i| format!("s{i}")).collect();
+    let input: Vec<(&str, i64, f64)> = names.iter().map(|n| (n.as_str(), 0, 1.0)).collect();
+    assert_eq!(
+        run(&mut c, &input, false).len(),
+        100_000,
+        "each is new: sent"
+    );
+    assert!(
+        (875..=1000).contains(&series_held(&c)),
+        "{}",
+        series_held(&c)
+    );
+    assert_eq!(evicted(&mut c), 100_000 - series_held(&c) as u64);
+}
+
+#[test]
+fn a_held_reading_of_a_forgotten_series_is_counted_as_dropped() {
+    let mut c = chain(
+        json!({"type": "deadband", "field": "value", "absolute": 5.0, "max_series": 1, "send_previous": true}),
+    );
+    assert_eq!(
+        run(&mut c, &[("a", 0, 1.0), ("a", 1, 1.5)], false),
+        [(0, 1.0)]
+    );
+    assert_eq!(dropped(&mut c), 0, "held, not dropped yet");
+    assert_eq!(run(&mut c, &[("b", 2, 1.0)], false), [(2, 1.0)]);
+    assert_eq!(dropped(&mut c), 1, "a's held reading went with a");
+    assert_eq!(evicted(&mut c), 1);
+}
+
+#[test]
+fn downsampling_past_max_series_restarts_counts_and_closes_windows_early() {
+    // every = 3: a forgotten series keeps its next reading, as a new one does.
+    let mut c = chain(json!({"type": "downsample", "every": 3, "max_series": 1}));
+    let kept = run(
+        &mut c,
+        &[("a", 0, 1.0), ("a", 1, 1.0), ("b", 2, 1.0), ("a", 3, 1.0)],
+        false,
+    );
+    assert_eq!(kept, [(0, 1.0), (2, 1.0), (3, 1.0)]);
+    assert_eq!(evicted(&mut c), 2);
+    assert_eq!(series_held(&c), 1);
+
+    // A window of a forgotten series is emitted then, with what it aggregated so far.
+    let mut c = chain(
+        json!({"type": "downsample", "window_secs": 60, "aggregate": "max", "field": "value", "max_series": 1}),
+    );
+    let out = run(
+        &mut c,
+        &[("a", 0, 1.0), ("a", 10, 3.0), ("b", 20, 2.0)],
+        false,
+    );
+    assert_eq!(out, [(0, 3.0)]);
+    assert_eq!(dropped(&mut c), 1, "two readings of a became one");
+    assert_eq!(run(&mut c, &[], true), [(0, 2.0)]);
+    assert_eq!(evicted(&mut c), 1);
 }
