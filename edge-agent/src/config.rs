@@ -63,9 +63,15 @@ pub struct GatewayTarget {
     /// Bearer token; none for a gateway that allows anonymous ingest.
     #[serde(default)]
     pub token: Option<String>,
-    /// Timeout of one request, in milliseconds.
+    /// Timeout of one request, in milliseconds, plus the time its body takes at
+    /// `min_upload_bytes_per_sec`.
     #[serde(default = "default_timeout_ms")]
     pub timeout_ms: u64,
+    /// The slowest uplink a request is given time for: each request's timeout grows by its
+    /// body's size at this rate, so a batch that takes longer than `timeout_ms` to upload over
+    /// a slow link is not cut off and sent again for ever. 0: `timeout_ms` alone.
+    #[serde(default = "default_min_upload_bytes_per_sec")]
+    pub min_upload_bytes_per_sec: u64,
     /// Longest wait between retries, in milliseconds (backoff doubles from 250 ms).
     #[serde(default = "default_max_backoff_ms")]
     pub max_backoff_ms: u64,
@@ -523,6 +529,10 @@ fn default_state_dir() -> PathBuf {
 }
 fn default_timeout_ms() -> u64 {
     30_000
+}
+fn default_min_upload_bytes_per_sec() -> u64 {
+    // 16 kbit/s: a slow cellular link.
+    2_000
 }
 fn default_max_backoff_ms() -> u64 {
     60_000

@@ -184,11 +184,17 @@ pub struct HttpOutput {
     /// Dictionaries the gateway said it does not have: batches compressed with them are sent
     /// recompressed without, so each does not pay a refused upload first.
     refused_dictionaries: std::sync::Mutex<std::collections::HashSet<u32>>,
+    /// `gateway.timeout_ms`.
+    timeout: Duration,
+    /// `gateway.min_upload_bytes_per_sec`.
+    min_upload_rate: u64,
 }
 
 impl HttpOutput {
     pub fn new(target: &GatewayTarget) -> Result<HttpOutput, SendError> {
-        let builder = reqwest::Client::builder().timeout(Duration::from_millis(target.timeout_ms));
+        // The timeout is set per request (`HttpOutput::timeout`), by its body's size.
+        let builder =
+            reqwest::Client::builder().connect_timeout(Duration::from_millis(target.timeout_ms));
         let client = crate::tls::http_client(builder, &target.tls)
             .and_then(|builder| with_proxy(builder, target.proxy.as_ref()))
             .map_err(|e| SendError::Config(format!("{e:#}")))?
@@ -201,7 +207,20 @@ impl HttpOutput {
             max_backoff: Duration::from_millis(target.max_backoff_ms.max(1)),
             retry_statuses: target.retry_statuses.clone(),
             refused_dictionaries: Default::default(),
+            timeout: Duration::from_millis(target.timeout_ms),
+            min_upload_rate: target.min_upload_bytes_per_sec,
         })
+    }
+
+    /// The timeout of a request with a body of `bytes`: `gateway.timeout_ms`, plus the time the
+    /// body takes at `gateway.min_upload_bytes_per_sec`. With the timeout alone, a batch that
+    /// an uplink cannot carry within it was cut off, sent again and cut off again for ever,
+    /// each time spending the link's bytes.
+    fn timeout(&self, bytes: usize) -> Duration {
+        if self.min_upload_rate == 0 {
+            return self.timeout;
+        }
+        self.timeout + Duration::from_secs_f64(bytes as f64 / self.min_upload_rate as f64)
     }
 
     /// One attempt. `plain_body` replaces a body compressed with a zstd dictionary once the
@@ -226,6 +245,7 @@ impl HttpOutput {
         let mut request = self
             .client
             .post(&url)
+            .timeout(self.timeout(body.len()))
             .header(CONTENT_TYPE, batch.encoding.content_type())
             .header(CONTENT_ENCODING, batch.encoding.content_encoding())
             .header("Idempotency-Key", batch.id.to_string())

@@ -776,6 +776,49 @@ async fn a_streams_bandwidth_cap_paces_delivery() {
     assert_paced(bytes, requests as u64, elapsed, CAP);
 }
 
+/// An uplink that carries a batch in longer than `gateway.timeout_ms`: each request's timeout
+/// grows by its body's size at `min_upload_bytes_per_sec`, and the batch lands. With the
+/// timeout alone (`min_upload_bytes_per_sec = 0`, as before), every attempt was cut off and the
+/// batch was sent again for ever, spending the link's bytes each time.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_batch_slower_to_upload_than_the_timeout_lands_over_a_slow_link() {
+    const LINK: u64 = 8_000;
+    let stub = Stub::start(Faults::default()).await;
+    let front = support::free_port();
+    let _link = support::slow_proxy(front, stub.addr.port(), LINK).await;
+    let lines = noisy_lines("sensor_readings", 400);
+    for (rate, lands) in [(0, false), (2_000, true)] {
+        let dir = tempfile::tempdir().unwrap();
+        let input = dir.path().join("in.ndjson");
+        append(&input, &lines);
+        let cfg = config(
+            &dir.path().join("state"),
+            &format!("http://127.0.0.1:{front}"),
+            &format!("min_upload_bytes_per_sec = {rate}\n[batch]\nmax_records = 1000\n"),
+            &support::file_source_toml(&input, ""),
+        );
+        let started = Instant::now();
+        let (agent, shutdown) = start(&cfg);
+        if lands {
+            wait_landed(&stub, lines.len()).await;
+            let took = started.elapsed().as_secs_f64();
+            let bytes = stub.recorded.lock().unwrap().body_bytes;
+            // The test's point: the upload takes longer than the 1 s timeout.
+            assert!(
+                bytes as f64 / LINK as f64 > 2.0,
+                "a {bytes}-byte batch is too small to outlast the timeout"
+            );
+            assert!(took > 2.0, "landed in {took:.1} s");
+        } else {
+            tokio::time::sleep(Duration::from_secs(8)).await;
+            assert_eq!(stub.landed_total(), 0, "the batch went through in time");
+        }
+        shutdown.cancel();
+        agent.await.unwrap().unwrap();
+    }
+    assert_eq!(stub.recorded.lock().unwrap().accepted.len(), 1);
+}
+
 /// `bytes` in `requests` batches took at least the time a `cap` of bytes per second allows. The
 /// bucket starts full (one second's bytes) and the last batch may overdraw it, so at least the
 /// bytes beyond those take a second per `cap`.

@@ -106,6 +106,8 @@ pub async fn run(opts: SendOptions, shutdown: CancellationToken) -> anyhow::Resu
             url: opts.gateway.clone(),
             token: opts.token.clone(),
             timeout_ms: opts.timeout.as_millis() as u64,
+            // `--timeout` is the whole request's, as given.
+            min_upload_bytes_per_sec: 0,
             max_backoff_ms: 10_000,
             // The run stops at the first of these instead (BATCH_INDEPENDENT_REFUSALS).
             retry_statuses: Vec::new(),

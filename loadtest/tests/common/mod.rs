@@ -259,6 +259,55 @@ pub async fn proxy(port: u16, target: u16) -> tokio_util::sync::CancellationToke
     relay(port, target, None).await
 }
 
+/// A TCP proxy on `port` in front of `target` that carries what clients send at `bytes_per_sec`
+/// (a slow uplink); answers come back at full speed.
+pub async fn slow_proxy(
+    port: u16,
+    target: u16,
+    bytes_per_sec: u64,
+) -> tokio_util::sync::CancellationToken {
+    use tokio::io::{AsyncReadExt as _, AsyncWriteExt as _};
+    let stop = tokio_util::sync::CancellationToken::new();
+    let listener = tokio::net::TcpListener::bind(("127.0.0.1", port))
+        .await
+        .unwrap();
+    let token = stop.clone();
+    tokio::spawn(async move {
+        loop {
+            let (client, _) = tokio::select! {
+                _ = token.cancelled() => return,
+                accepted = listener.accept() => accepted.unwrap(),
+            };
+            let token = token.clone();
+            tokio::spawn(async move {
+                let Ok(upstream) = tokio::net::TcpStream::connect(("127.0.0.1", target)).await
+                else {
+                    return;
+                };
+                let (mut from_client, mut to_client) = client.into_split();
+                let (mut from_upstream, mut to_upstream) = upstream.into_split();
+                let up = async move {
+                    let mut buf = [0u8; 1024];
+                    while let Ok(n @ 1..) = from_client.read(&mut buf).await {
+                        let pace = n as f64 / bytes_per_sec as f64;
+                        tokio::time::sleep(std::time::Duration::from_secs_f64(pace)).await;
+                        if to_upstream.write_all(&buf[..n]).await.is_err() {
+                            break;
+                        }
+                    }
+                    let _ = to_upstream.shutdown().await;
+                };
+                let down = tokio::io::copy(&mut from_upstream, &mut to_client);
+                tokio::select! {
+                    _ = token.cancelled() => {}
+                    _ = async { tokio::join!(up, down) } => {}
+                }
+            });
+        }
+    });
+    stop
+}
+
 /// A TLS endpoint on `port` (the certificate of `acceptor`) forwarding the decrypted bytes to
 /// `target`. A client that does not trust the certificate ends its handshake here.
 pub async fn tls_proxy(
