@@ -194,20 +194,30 @@ async fn an_object_to_adopt_that_cannot_be_read_yet_is_read_again() {
 /// them; it stops the partition, commits nothing and counts the conflict.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_landing_file_of_a_topic_created_again_is_not_adopted() {
-    topic_created_again(false).await;
+    topic_created_again(false, false).await;
 }
 
 /// The same with the old topic's dead letters: adopted, the object would make the sink drop
 /// the new topic's dead letters at those offsets as written.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn dead_letters_of_a_topic_created_again_are_not_adopted() {
-    topic_created_again(true).await;
+    topic_created_again(true, false).await;
+}
+
+/// An object at a landing file's key, or at a dead-letter object's, that is not what the sink
+/// writes there (a truncated copy, another program's file): its partition stops as at a
+/// conflict, and the sink goes on. Before, the sink exited with the parse error, and every
+/// restart again.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_unreadable_object_at_a_key_stops_its_partition_not_the_sink() {
+    topic_created_again(false, true).await;
+    topic_created_again(true, true).await;
 }
 
 /// New messages (readings, each fourth followed by garbage) meet an object the old topic left
 /// at the key of their first offsets: a landing file of offsets 0 to 39, or (`dead_letters`) a
-/// dead-letter object of offsets 4 to 44.
-async fn topic_created_again(dead_letters: bool) {
+/// dead-letter object of offsets 4 to 44; with `unreadable`, bytes that are neither.
+async fn topic_created_again(dead_letters: bool, unreadable: bool) {
     // The old object sits in this hour's folder, where the new messages' files go.
     clear_of_an_hour_boundary(Duration::from_secs(60)).await;
     let streams = schemas::example_streams();
@@ -238,6 +248,10 @@ async fn topic_created_again(dead_letters: bool) {
             object_key("landing", "sensor_readings", now_micros(), 0, 0),
             data,
         )
+    };
+    let data = match unreadable {
+        true => bytes::Bytes::from_static(b"PAR1 not a landing file, nor JSON lines\n"),
+        false => data,
     };
     assert_eq!(
         store.put_if_absent(&key, data.clone()).await.unwrap(),

@@ -523,6 +523,14 @@ fn ingest_ts<M: Message>(msg: &M, from: IngestTime) -> i64 {
     .unwrap_or_else(now_micros)
 }
 
+/// Why an object found at a key of a partition is not adopted.
+enum Conflict {
+    /// It holds other messages, the first at this offset.
+    OtherMessages(i64),
+    /// It cannot be read as what the sink writes there.
+    Unreadable(anyhow::Error),
+}
+
 /// What reading the content hashes of a landing file came to.
 enum Hashes {
     Read(Vec<ContentHash>),
@@ -1257,12 +1265,17 @@ impl Worker {
                     existing.context("dead-letter object vanished after a conflicting create")?;
                 let theirs = partition::dead_letter_ids(&existing)
                     .and_then(|ids| Ok((partition::last_dead_letter(&ids)?, ids)));
-                let (last, theirs) = theirs
-                    .with_context(|| format!("cannot read the dead-letter object {object}"))?;
+                let (last, theirs) = match theirs {
+                    Ok(theirs) => theirs,
+                    Err(e) => {
+                        self.landing_conflict(key, &object, Conflict::Unreadable(e));
+                        return Ok(false);
+                    }
+                };
                 let ours = partition::dead_letter_ids(&data)?;
                 let differ = parquet_file::other_messages(&ours, &theirs);
                 if let Some(&first) = differ.first() {
-                    self.landing_conflict(key, &object, first);
+                    self.landing_conflict(key, &object, Conflict::OtherMessages(first));
                     return Ok(false);
                 }
                 tracing::info!(object, last_offset = last, "adopted existing dead letters");
@@ -1315,7 +1328,7 @@ impl Worker {
             resume,
             error: anyhow::Error::new(e).context(what.to_owned()),
         };
-        let (adopted, differ, rest, after) = tokio::task::spawn_blocking(move || {
+        let read = tokio::task::spawn_blocking(move || {
             let adopted = parquet_file::read_offsets(existing.clone())?;
             let theirs = parquet_file::read_row_ids(existing)?;
             let after = open_file::rows_after(&staged, adopted.last)
@@ -1334,9 +1347,19 @@ impl Worker {
                 rest.map_err(|e| failed(e, "cannot stage the rows after an adopted file"))?;
             Ok((adopted, differ, Some(rest), after))
         })
-        .await??;
+        .await?;
+        let (adopted, differ, rest, after) = match read {
+            Ok(read) => read,
+            Err(e) => match e.downcast::<StagingFailed>() {
+                Ok(failed) => return Err(failed.into()),
+                Err(e) => {
+                    self.landing_conflict(key, object, Conflict::Unreadable(e));
+                    return Ok(());
+                }
+            },
+        };
         if let Some(&first) = differ.first() {
-            self.landing_conflict(key, object, first);
+            self.landing_conflict(key, object, Conflict::OtherMessages(first));
             return Ok(());
         }
         tracing::info!(
@@ -1357,14 +1380,22 @@ impl Worker {
     }
 
     /// An object at a key of the partition holds other messages at the same offsets (a topic
-    /// deleted and created again while the landing zone kept its files): the partition stops
-    /// rather than skip its messages as written.
-    fn landing_conflict(&mut self, key: &PartKey, object: &str, first_offset: i64) {
-        tracing::error!(
-            object,
-            first_offset,
-            "the object at this key holds other messages than the partition has at the same offsets (was the topic deleted and created again?): the partition stops here and nothing of it is committed; move the old objects away and restart the sink"
-        );
+    /// deleted and created again while the landing zone kept its files), or cannot be read as
+    /// what the sink writes there: the partition stops rather than skip its messages as written
+    /// (or, before, stop the whole sink, and every restart with it).
+    fn landing_conflict(&mut self, key: &PartKey, object: &str, conflict: Conflict) {
+        match conflict {
+            Conflict::OtherMessages(first_offset) => tracing::error!(
+                object,
+                first_offset,
+                "the object at this key holds other messages than the partition has at the same offsets (was the topic deleted and created again?): the partition stops here and nothing of it is committed; move the old objects away and restart the sink"
+            ),
+            Conflict::Unreadable(e) => tracing::error!(
+                object,
+                error = %format!("{e:#}"),
+                "the object at this key cannot be read as a landing file or dead letters: the partition stops here and nothing of it is committed; move the object away and restart the sink"
+            ),
+        }
         self.stats.landing_conflicts.fetch_add(1, Ordering::Relaxed);
         if let Some(part) = self.parts.get_mut(key) {
             ::metrics::counter!(m::LANDING_CONFLICTS, "stream" => part.def.name.clone())

@@ -16,8 +16,9 @@ pub const ADOPTED_RECORDS: &str = "sink_adopted_records_total";
 /// owner) when the sink went to write them: their dead letters were not written again.
 pub const ADOPTED_DEAD_LETTERS: &str = "sink_adopted_dead_letter_objects_total";
 /// Landing objects found at a file's key holding other messages at the same offsets (a topic
-/// deleted and created again under the same name, its old files still in the landing zone):
-/// each stops its partition, which then commits nothing.
+/// deleted and created again under the same name, its old files still in the landing zone), or
+/// that cannot be read as what the sink writes there: each stops its partition, which then
+/// commits nothing.
 pub const LANDING_CONFLICTS: &str = "sink_landing_conflicts_total";
 pub const CONSUMER_LAG: &str = "sink_consumer_lag_records";
 pub const BUFFERED_BYTES: &str = "sink_buffered_bytes";
