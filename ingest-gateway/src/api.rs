@@ -28,7 +28,9 @@ use crate::produce::{DeadLetter, Producer};
 /// Shared state of the handlers.
 pub struct AppState {
     pub streams: Streams,
-    pub auth: Auth,
+    /// Replaced whole when the tokens are reloaded (SIGHUP); a request keeps the one it began
+    /// with.
+    auth: std::sync::RwLock<Arc<Auth>>,
     pub limits: LimitsConfig,
     pub producer: Producer,
     pub idempotency: IdempotencyCache,
@@ -52,11 +54,27 @@ impl AppState {
                 (limits.max_inflight_bytes / 1024).clamp(1, Semaphore::MAX_PERMITS),
             )),
             streams,
-            auth,
+            auth: std::sync::RwLock::new(Arc::new(auth)),
             limits,
             producer,
             idempotency: IdempotencyCache::new(idempotency),
         }
+    }
+
+    /// The tokens in force.
+    pub fn auth(&self) -> Arc<Auth> {
+        self.auth
+            .read()
+            .unwrap_or_else(std::sync::PoisonError::into_inner)
+            .clone()
+    }
+
+    /// Puts `auth` in force for the requests that begin from now on.
+    pub fn set_auth(&self, auth: Auth) {
+        *self
+            .auth
+            .write()
+            .unwrap_or_else(std::sync::PoisonError::into_inner) = Arc::new(auth);
     }
 }
 
@@ -391,10 +409,11 @@ pub async fn ingest(
         .concurrency
         .try_acquire()
         .map_err(|_| overloaded("concurrent requests"))?;
-    let who = state.auth.authenticate(&headers)?;
+    let auth = state.auth();
+    let who = auth.authenticate(&headers)?;
     validate_stream_name(&stream).map_err(|e| ApiError::bad_request(e.to_string()))?;
-    state.auth.authorize(who, &stream)?;
-    state.auth.admit(who)?;
+    auth.authorize(who, &stream)?;
+    auth.admit(who)?;
     let def = state.streams.get(&stream).cloned().ok_or_else(|| {
         ApiError::new(
             StatusCode::NOT_FOUND,
@@ -436,7 +455,7 @@ pub async fn ingest(
                 ));
             }
         };
-    state.auth.charge(who, body.len());
+    auth.charge(who, body.len());
     let _compressed = Inflight::acquire(&state.inflight, body.len())?;
     let labels = [("stream", stream.clone())];
     metrics::counter!(m::RECEIVED_BYTES, &labels).increment(body.len() as u64);

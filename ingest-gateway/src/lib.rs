@@ -57,6 +57,43 @@ pub struct Gateway {
     pub admin_addr: Option<SocketAddr>,
     /// Ends when the server stopped (after `shutdown` and draining).
     pub task: JoinHandle<anyhow::Result<()>>,
+    /// Puts new tokens and a new certificate in force (the binary on SIGHUP).
+    pub reload: Reload,
+}
+
+/// What a running gateway takes again from its config without a restart: the tokens of
+/// `[auth]` and the certificate, key and client CA files of `[tls]` (certificates are renewed
+/// on their own schedule, a leaked token must stop working now). Other settings take effect at
+/// the next start. Connections and requests in progress are not disturbed: a request keeps the
+/// tokens it began with, a TLS session the certificate it was made with.
+#[derive(Clone)]
+pub struct Reload {
+    state: Arc<AppState>,
+    tls: Option<plumbing::server::RustlsConfig>,
+}
+
+impl Reload {
+    /// Puts `config`'s tokens and TLS files in force, once all of them are read and valid;
+    /// otherwise nothing changes. Returns how many tokens are in force.
+    pub fn apply(&self, config: &GatewayConfig) -> anyhow::Result<usize> {
+        let auth = Auth::from_config(&config.auth)?;
+        let tls = match (&self.tls, &config.tls) {
+            (Some(running), Some(files)) => {
+                let server = files
+                    .server_config()
+                    .with_context(|| format!("tls: cannot load {}", files.cert.display()))?;
+                Some((running, server))
+            }
+            (None, None) => None,
+            _ => anyhow::bail!("TLS is turned on or off only at a restart"),
+        };
+        let tokens = config.auth.tokens.len();
+        self.state.set_auth(auth);
+        if let Some((running, server)) = tls {
+            running.reload_from_config(Arc::new(server));
+        }
+        Ok(tokens)
+    }
 }
 
 /// Builds the router: the ingest API, plus `/metrics`, `/healthz` and `/readyz` when `admin` is
@@ -212,6 +249,10 @@ pub async fn start(
             refused: metrics::REFUSED_CONNECTIONS,
         }),
     };
+    let reload = Reload {
+        state: state.clone(),
+        tls: tls.clone(),
+    };
     let task = tokio::spawn(async move {
         plumbing::server::serve(listener, app, tls, options, shutdown).await?;
         state.producer.flush(Duration::from_secs(10)).await;
@@ -222,6 +263,7 @@ pub async fn start(
         addr,
         admin_addr,
         task,
+        reload,
     })
 }
 

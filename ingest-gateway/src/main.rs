@@ -56,6 +56,7 @@ async fn serve(args: Args, config: GatewayConfig) -> anyhow::Result<()> {
     let shutdown = CancellationToken::new();
     plumbing::cancel_on_signal(shutdown.clone());
     let gateway = ingest_gateway::start(config, streams, shutdown.clone()).await?;
+    reload_on_sighup(gateway.reload.clone(), args.config.clone())?;
     let mut task = gateway.task;
     tokio::select! {
         result = &mut task => return result.context("gateway task failed")?,
@@ -65,4 +66,29 @@ async fn serve(args: Args, config: GatewayConfig) -> anyhow::Result<()> {
         Ok(result) => result.context("gateway task failed")?,
         Err(_) => anyhow::bail!("graceful shutdown timed out"),
     }
+}
+
+/// On SIGHUP, reads the config file (and the environment) again and puts its tokens and TLS
+/// files in force ([`ingest_gateway::Reload`]); a config that does not load or check keeps the
+/// running ones. Without this, SIGHUP ended the process.
+fn reload_on_sighup(reload: ingest_gateway::Reload, path: Option<PathBuf>) -> anyhow::Result<()> {
+    use tokio::signal::unix::{SignalKind, signal};
+    let mut hangups = signal(SignalKind::hangup()).context("cannot handle SIGHUP")?;
+    tokio::spawn(async move {
+        while hangups.recv().await.is_some() {
+            let reloaded = plumbing::load_config::<GatewayConfig>(path.as_deref(), ENV_PREFIX)
+                .and_then(|config| reload.apply(&config));
+            match reloaded {
+                Ok(tokens) => tracing::info!(
+                    tokens,
+                    "SIGHUP: reloaded the tokens and the TLS files (other settings take effect at a restart)"
+                ),
+                Err(e) => tracing::error!(
+                    error = %format!("{e:#}"),
+                    "SIGHUP: the config does not load; the running tokens and certificate stay"
+                ),
+            }
+        }
+    });
+    Ok(())
 }

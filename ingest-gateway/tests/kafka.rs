@@ -1069,3 +1069,109 @@ async fn sigkill_at_random_points_loses_no_acknowledged_record() {
         "{again} records produced again: more than the batches in flight at the kills"
     );
 }
+
+/// SIGHUP puts the config file's tokens and certificate in force without a restart: a token
+/// added works and one removed no longer does, and new connections get the new certificate. A
+/// config that does not load changes nothing. Before, SIGHUP ended the gateway, and a leaked
+/// token or a renewed certificate took a restart.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn sighup_reloads_the_tokens_and_the_certificate() {
+    let brokers = env("EDGE_INGEST_KAFKA");
+    let port = free_port();
+    let id = unique();
+    let dir = tempfile::tempdir().unwrap();
+    let (cert, key) = (dir.path().join("cert.pem"), dir.path().join("key.pem"));
+    let config = dir.path().join("gateway.toml");
+    let write = |certified: &rcgen::CertifiedKey<rcgen::KeyPair>, token_hash: &str| {
+        std::fs::write(&cert, certified.cert.pem()).unwrap();
+        std::fs::write(&key, certified.signing_key.serialize_pem()).unwrap();
+        std::fs::write(
+            &config,
+            format!(
+                "listen = \"127.0.0.1:{port}\"\nstreams_dir = {streams:?}\n\
+                 [tls]\ncert = {cert:?}\nkey = {key:?}\n\
+                 [kafka]\nbrokers = \"{brokers}\"\ntopic_prefix = \"hup{id}.\"\n\
+                 create_topics = true\ndead_letter_topic = \"hup{id}-dead-letters\"\n\
+                 [[auth.tokens]]\nname = \"device\"\nblake3 = \"{token_hash}\"\nstreams = [\"*\"]\n",
+                streams = Path::new(env!("CARGO_MANIFEST_DIR")).join("../streams"),
+            ),
+        )
+        .unwrap();
+    };
+    let hash = |token: &str| blake3::hash(token.as_bytes()).to_hex().to_string();
+    let localhost = || rcgen::generate_simple_self_signed(vec!["localhost".into()]).unwrap();
+    let (first, second) = (localhost(), localhost());
+    write(&first, &hash(TOKEN));
+    let log = dir.path().join("gateway.log");
+    let mut gateway = spawn_gateway(&config, port, &log).await;
+    // A client of its own per check: a new connection, which gets the certificate in force.
+    let trusting = |certified: &rcgen::CertifiedKey<rcgen::KeyPair>| {
+        let ca = reqwest::Certificate::from_pem(certified.cert.pem().as_bytes()).unwrap();
+        reqwest::Client::builder()
+            .tls_certs_only([ca])
+            .build()
+            .unwrap()
+    };
+    let url = format!("https://localhost:{port}/v1/streams/sensor_readings/records");
+    let send = |client: reqwest::Client, token: &'static str| {
+        let url = url.clone();
+        async move {
+            let body = zstd::encode_all(&ndjson(&[reading(1)])[..], 3).unwrap();
+            let answer = client
+                .post(url)
+                .bearer_auth(token)
+                .header("content-type", "application/x-ndjson")
+                .header("content-encoding", "zstd")
+                .body(body)
+                .send()
+                .await;
+            answer.map(|a| a.status().as_u16())
+        }
+    };
+    let sighup = |child: &Child, logged: &str, times: usize| {
+        let status = Command::new("kill")
+            .args(["-HUP", &child.id().to_string()])
+            .status()
+            .unwrap();
+        assert!(status.success());
+        let deadline = Instant::now() + Duration::from_secs(10);
+        while std::fs::read_to_string(&log)
+            .unwrap()
+            .matches(logged)
+            .count()
+            < times
+        {
+            assert!(Instant::now() < deadline, "no '{logged}' in the log");
+            std::thread::sleep(Duration::from_millis(20));
+        }
+    };
+    const NEW: &str = "a-new-device-token";
+    assert_eq!(send(trusting(&first), TOKEN).await.unwrap(), 200);
+    assert_eq!(send(trusting(&first), NEW).await.unwrap(), 401);
+    assert!(
+        send(trusting(&second), TOKEN).await.is_err(),
+        "the second certificate is not served yet"
+    );
+
+    // The certificate renewed, the old token replaced by a new one.
+    write(&second, &hash(NEW));
+    tokio::task::block_in_place(|| sighup(&gateway, "SIGHUP: reloaded", 1));
+    assert_eq!(send(trusting(&second), NEW).await.unwrap(), 200);
+    assert_eq!(send(trusting(&second), TOKEN).await.unwrap(), 401);
+    assert!(send(trusting(&first), NEW).await.is_err());
+
+    // A config that does not check: the running tokens and certificate stay.
+    write(&first, "not a hash");
+    tokio::task::block_in_place(|| sighup(&gateway, "SIGHUP: the config does not load", 1));
+    assert_eq!(send(trusting(&second), NEW).await.unwrap(), 200);
+    assert!(
+        gateway.try_wait().unwrap().is_none(),
+        "SIGHUP ended the gateway"
+    );
+    let status = Command::new("kill")
+        .arg(gateway.id().to_string())
+        .status()
+        .unwrap();
+    assert!(status.success());
+    assert!(gateway.wait().unwrap().success());
+}

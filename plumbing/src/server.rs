@@ -25,7 +25,9 @@ use std::time::Duration;
 use anyhow::Context as _;
 use axum::Router;
 use axum_server::accept::Accept;
-use axum_server::tls_rustls::RustlsConfig;
+/// A server's TLS settings as it serves them: [`TlsConfig::load`] makes one, and
+/// `reload_from_config` puts a new certificate in force for the connections made after.
+pub use axum_server::tls_rustls::RustlsConfig;
 use rustls_pki_types::PrivateKeyDer;
 use rustls_pki_types::pem::PemObject;
 use serde::Deserialize;
