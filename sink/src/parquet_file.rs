@@ -223,7 +223,7 @@ pub struct HashChunks {
     pub row_groups: Vec<usize>,
     /// Rows of the first of them before the first page read.
     pub skip: usize,
-    /// Byte ranges (start, end) to read, in file order.
+    /// Byte ranges (start, end) to read, in file order (adjacent pages as one range).
     pub ranges: Vec<(u64, u64)>,
 }
 
@@ -283,6 +283,14 @@ impl HashChunks {
         }
         row_groups.reverse();
         ranges.reverse();
+        // A column chunk's pages follow each other: one read for them all.
+        ranges.dedup_by(|next, last| {
+            let adjacent = next.0 == last.1;
+            if adjacent {
+                last.1 = next.1;
+            }
+            adjacent
+        });
         Ok(HashChunks {
             metadata,
             row_groups,
