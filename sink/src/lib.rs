@@ -37,7 +37,7 @@ pub use config::SinkConfig;
 use crate::config::IngestTime;
 use crate::metrics as m;
 use crate::open_file::{FileTargets, OpenFile};
-use crate::parquet_file::HashChunks;
+use crate::parquet_file::{PagePlan, Rows};
 use crate::partition::{Appended, FlushReason, PartitionState};
 use crate::store::{ByteRange, ObjectStore, PutOutcome, Staged, StoreError};
 
@@ -531,6 +531,24 @@ enum Conflict {
     Unreadable(anyhow::Error),
 }
 
+/// What reading parts of a landing file by range came to ([`Worker::read_pages`]).
+enum Ranged {
+    Read {
+        plan: PagePlan,
+        /// The bytes of the plan's ranges.
+        pieces: Vec<bytes::Bytes>,
+        /// The object's size.
+        size: u64,
+    },
+    /// The object is not there (any more).
+    Gone,
+    /// Not a landing file that can be read.
+    Unreadable(parquet::errors::ParquetError),
+}
+
+/// Rows of an object to adopt that are compared with the partition's own.
+const ADOPT_SAMPLE: Rows = Rows::First(4096);
+
 /// What reading the content hashes of a landing file came to.
 enum Hashes {
     Read(Vec<ContentHash>),
@@ -990,46 +1008,65 @@ impl Worker {
     }
 
     /// The content hashes of the last `want` rows of the landing file at `key` (all of them
-    /// when it has fewer), read by range: the file's footer and offset index, then the
-    /// content-hash column's last pages that hold them. The whole object was read before: 128
-    /// MiB at the default file target for a window of 100,000 hashes (3.2 MB), for each
-    /// partition a sink opened. Fails when the store does (the caller retries).
+    /// when it has fewer), read by range ([`Worker::read_pages`]). Fails when the store does
+    /// (the caller retries).
     async fn last_hashes(&self, key: &str, want: usize) -> anyhow::Result<Hashes> {
+        let columns = [schemas::arrow::COL_CONTENT_HASH];
+        let (plan, pieces, size) = match self.read_pages(key, &columns, Rows::Last(want)).await? {
+            Ranged::Read { plan, pieces, size } => (plan, pieces, size),
+            Ranged::Gone => return Ok(Hashes::Gone),
+            Ranged::Unreadable(e) => return Ok(Hashes::Unreadable(e)),
+        };
+        let read =
+            tokio::task::spawn_blocking(move || parquet_file::hashes_of(&plan.read(size, pieces)?))
+                .await?;
+        Ok(read.map_or_else(Hashes::Unreadable, Hashes::Read))
+    }
+
+    /// Reads `rows` of `columns` of the landing file at `key` by range: its footer and offset
+    /// index (the last 64 KiB, more for a longer footer), then only the pages that hold them
+    /// ([`PagePlan`]). The whole object was read before: 128 MiB at the default file target,
+    /// for each partition a sink opened and for each object it adopted.
+    async fn read_pages(
+        &self,
+        key: &str,
+        columns: &[&'static str],
+        rows: Rows,
+    ) -> Result<Ranged, StoreError> {
         let tail = self
             .store
             .get_range(key, ByteRange::Suffix(parquet_file::TAIL_BYTES))
             .await?;
         let Some((mut tail, size)) = tail else {
-            return Ok(Hashes::Gone);
+            return Ok(Ranged::Gone);
         };
         let footer = match parquet_file::footer_bytes(&tail) {
             Ok(footer) => footer,
-            Err(e) => return Ok(Hashes::Unreadable(e)),
+            Err(e) => return Ok(Ranged::Unreadable(e)),
         };
         if footer > tail.len() as u64 && footer <= size {
             let Some((whole, _)) = self.store.get_range(key, ByteRange::Suffix(footer)).await?
             else {
-                return Ok(Hashes::Gone);
+                return Ok(Ranged::Gone);
             };
             tail = whole;
         }
-        let chunks = match HashChunks::last(tail, size, want) {
-            Ok(chunks) => chunks,
-            Err(e) => return Ok(Hashes::Unreadable(e)),
+        let plan = match PagePlan::new(tail, size, columns, rows) {
+            Ok(plan) => plan,
+            Err(e) => return Ok(Ranged::Unreadable(e)),
         };
-        let mut pieces = Vec::with_capacity(chunks.ranges.len());
-        for &(start, end) in &chunks.ranges {
+        let mut pieces = Vec::with_capacity(plan.ranges.len());
+        for &(start, end) in &plan.ranges {
             let piece = self
                 .store
                 .get_range(key, ByteRange::Span(start, end))
                 .await?;
             let Some((piece, _)) = piece else {
-                return Ok(Hashes::Gone);
+                return Ok(Ranged::Gone);
             };
             pieces.push(piece);
         }
-        let read = tokio::task::spawn_blocking(move || chunks.read(size, pieces)).await?;
-        Ok(read.map_or_else(Hashes::Unreadable, Hashes::Read))
+        Ok(Ranged::Read { plan, pieces, size })
     }
 
     /// The partition whose open file must close before `msg` joins it: its first record was
@@ -1301,7 +1338,10 @@ impl Worker {
     /// other messages at the same offsets (a topic created again) is not adopted: the partition
     /// stops, and nothing is skipped.
     async fn adopt(&mut self, key: &PartKey, object: &str, staged: Staged) -> anyhow::Result<()> {
-        let Some(existing) = self.with_retry(object, || self.store.get(object)).await else {
+        // Its offsets, and its first rows to compare with ours: a conflict (a topic created
+        // again) differs from the first row on.
+        let read = || self.read_pages(object, &parquet_file::ROW_ID_COLUMNS, ADOPT_SAMPLE);
+        let Some(existing) = self.with_retry(object, read).await else {
             // Shutting down while the store fails: the staged file is given up, and nothing of
             // the partition is committed after it (as when its upload is given up).
             if let Some(part) = self.parts.get_mut(key) {
@@ -1309,7 +1349,14 @@ impl Worker {
             }
             return Ok(());
         };
-        let existing = existing.context("object vanished after a conflicting create")?;
+        let (plan, pieces, size) = match existing {
+            Ranged::Read { plan, pieces, size } => (plan, pieces, size),
+            Ranged::Gone => anyhow::bail!("{object} vanished after a conflicting create"),
+            Ranged::Unreadable(e) => {
+                self.landing_conflict(key, object, Conflict::Unreadable(e.into()));
+                return Ok(());
+            }
+        };
         let targets = self.targets();
         let part = self
             .parts
@@ -1329,8 +1376,11 @@ impl Worker {
             error: anyhow::Error::new(e).context(what.to_owned()),
         };
         let read = tokio::task::spawn_blocking(move || {
-            let adopted = parquet_file::read_offsets(existing.clone())?;
-            let theirs = parquet_file::read_row_ids(existing)?;
+            let adopted = plan.offsets()?;
+            let mut theirs = Vec::new();
+            for batch in plan.read(size, pieces)? {
+                theirs.extend(parquet_file::row_ids_of(&batch)?);
+            }
             let after = open_file::rows_after(&staged, adopted.last)
                 .map_err(|e| failed(e, "cannot read the staged file"))?;
             let differ = parquet_file::other_messages(&after.covered_ids, &theirs);

@@ -13,9 +13,11 @@ use parquet::arrow::arrow_reader::{
 use parquet::arrow::{ArrowWriter, ProjectionMask};
 use parquet::basic::{Compression, Encoding, ZstdLevel};
 use parquet::errors::ParquetError;
-use parquet::file::metadata::{FooterTail, KeyValue, PageIndexPolicy};
+use parquet::file::metadata::{
+    FileMetaData, FooterTail, KeyValue, PageIndexPolicy, RowGroupMetaData,
+};
 use parquet::file::properties::{EnabledStatistics, WriterProperties};
-use parquet::file::reader::{ChunkReader, FileReader, Length, SerializedFileReader};
+use parquet::file::reader::{ChunkReader, Length};
 use parquet::schema::types::ColumnPath;
 use schemas::ContentHash;
 use schemas::arrow::{COL_CONTENT_HASH, COL_INGEST_TS, COL_OFFSET, RowMeta, record_batch};
@@ -213,25 +215,40 @@ pub fn footer_bytes(tail: &[u8]) -> Result<u64, ParquetError> {
     Ok(FooterTail::try_from(last)?.metadata_length() as u64 + 8)
 }
 
-/// Where the content hashes of a landing file's last rows are: the content-hash column's pages
-/// (found through the file's offset index) or, in a file without one, column chunks, of as few
-/// of its last row groups as hold the rows wanted.
+/// Which rows of a landing file a [`PagePlan`] reads.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Rows {
+    First(usize),
+    Last(usize),
+}
+
+/// What to read of a landing file for some of its rows and columns, found from its footer and
+/// offset index: the pages of those columns that hold those rows (whole column chunks in a file
+/// without an offset index). Warming a dedupe window needs the last rows' content hashes, and
+/// adopting an object its offsets and a sample of its first rows: reading the whole object for
+/// either took up to 128 MiB (the default file target) per partition.
 #[derive(Debug, Clone)]
-pub struct HashChunks {
+pub struct PagePlan {
     metadata: ArrowReaderMetadata,
-    /// Indexes of the row groups, in file order.
+    columns: Vec<&'static str>,
+    /// Indexes of the row groups read, in file order.
     pub row_groups: Vec<usize>,
-    /// Rows of the first of them before the first page read.
-    pub skip: usize,
+    /// The rows read of those row groups (their rows one after the other).
+    selection: Vec<RowSelector>,
     /// Byte ranges (start, end) to read, in file order (adjacent pages as one range).
     pub ranges: Vec<(u64, u64)>,
 }
 
-impl HashChunks {
-    /// The pages or chunks holding the content hashes of the last `want` rows (all rows when
-    /// the file has fewer), from `tail`, the end of the file (`size` bytes long) holding its
-    /// whole footer, and its offset index when that is in `tail` too (as the sink writes it).
-    pub fn last(tail: Bytes, size: u64, want: usize) -> Result<HashChunks, ParquetError> {
+impl PagePlan {
+    /// The plan for `rows` of `columns` (all rows when the file has fewer), from `tail`, the
+    /// end of the file (`size` bytes long) holding its whole footer, and its offset index when
+    /// that is in `tail` too (as the sink writes it).
+    pub fn new(
+        tail: Bytes,
+        size: u64,
+        columns: &[&'static str],
+        rows: Rows,
+    ) -> Result<PagePlan, ParquetError> {
         let at = size
             .checked_sub(tail.len() as u64)
             .ok_or_else(|| ParquetError::General("the tail is longer than the file".into()))?;
@@ -243,46 +260,64 @@ impl HashChunks {
         let metadata = ArrowReaderMetadata::load(&read, indexed)
             .or_else(|_| ArrowReaderMetadata::load(&read, ArrowReaderOptions::new()))?;
         let file = metadata.metadata();
-        let column = file
-            .file_metadata()
-            .schema_descr()
-            .columns()
+        let leaves = file.file_metadata().schema_descr().columns();
+        let indexes = columns
             .iter()
-            .position(|c| c.path().parts() == [COL_CONTENT_HASH])
-            .ok_or_else(|| ParquetError::General(format!("no column {COL_CONTENT_HASH}")))?;
-        let (mut row_groups, mut ranges, mut rows, mut skip) = (Vec::new(), Vec::new(), 0, 0);
-        for (index, group) in file.row_groups().iter().enumerate().rev() {
-            if rows >= want {
-                break;
+            .map(|name| {
+                leaves
+                    .iter()
+                    .position(|c| c.path().parts() == [*name])
+                    .ok_or_else(|| ParquetError::General(format!("no column {name}")))
+            })
+            .collect::<Result<Vec<_>, _>>()?;
+        let group_rows = |g: &RowGroupMetaData| g.num_rows().max(0) as usize;
+        let total: usize = file.row_groups().iter().map(group_rows).sum();
+        let (from, to) = match rows {
+            Rows::First(n) => (0, n.min(total)),
+            Rows::Last(n) => (total.saturating_sub(n), total),
+        };
+        let (mut row_groups, mut selection, mut ranges) = (Vec::new(), Vec::new(), Vec::new());
+        let mut start = 0;
+        for (index, group) in file.row_groups().iter().enumerate() {
+            let len = group_rows(group);
+            let end = start + len;
+            // The rows of the group to read, from its first.
+            let (lo, hi) = (from.max(start) - start, to.min(end).saturating_sub(start));
+            start = end;
+            if lo >= hi {
+                continue;
             }
             row_groups.push(index);
-            let chunk = group.column(column);
-            let group_rows = group.num_rows().max(0) as usize;
-            let pages = file
-                .page_index()
-                .and_then(|i| i.page_locations(index, column))
-                .filter(|pages| !pages.is_empty() && chunk.dictionary_page_offset().is_none());
-            let Some(pages) = pages else {
-                let (start, len) = chunk.byte_range();
-                ranges.push((start, start + len));
-                rows += group_rows;
-                skip = 0;
-                continue;
-            };
-            let mut end = group_rows;
-            for page in pages.iter().rev() {
-                let first = page.first_row_index.max(0) as usize;
-                let offset = page.offset.max(0) as u64;
-                ranges.push((offset, offset + page.compressed_page_size.max(0) as u64));
-                rows += end.saturating_sub(first);
-                (end, skip) = (first, first);
-                if rows >= want {
-                    break;
+            let selectors = [
+                RowSelector::skip(lo),
+                RowSelector::select(hi - lo),
+                RowSelector::skip(len - hi),
+            ];
+            selection.extend(selectors.into_iter().filter(|s| s.row_count > 0));
+            for &column in &indexes {
+                let chunk = group.column(column);
+                let pages = file
+                    .page_index()
+                    .and_then(|i| i.page_locations(index, column))
+                    .filter(|pages| !pages.is_empty() && chunk.dictionary_page_offset().is_none());
+                let Some(pages) = pages else {
+                    let (offset, bytes) = chunk.byte_range();
+                    ranges.push((offset, offset + bytes));
+                    continue;
+                };
+                for (i, page) in pages.iter().enumerate() {
+                    let first = page.first_row_index.max(0) as usize;
+                    let last = pages
+                        .get(i + 1)
+                        .map_or(len, |next| next.first_row_index.max(0) as usize);
+                    if last > lo && first < hi {
+                        let offset = page.offset.max(0) as u64;
+                        ranges.push((offset, offset + page.compressed_page_size.max(0) as u64));
+                    }
                 }
             }
         }
-        row_groups.reverse();
-        ranges.reverse();
+        ranges.sort_unstable();
         // A column chunk's pages follow each other: one read for them all.
         ranges.dedup_by(|next, last| {
             let adjacent = next.0 == last.1;
@@ -291,49 +326,53 @@ impl HashChunks {
             }
             adjacent
         });
-        Ok(HashChunks {
+        Ok(PagePlan {
             metadata,
+            columns: columns.to_vec(),
             row_groups,
-            skip,
+            selection,
             ranges,
         })
     }
 
-    /// The content hashes of the chosen rows, in row order, from `pieces`, the bytes of
-    /// [`HashChunks::ranges`]; the file is `size` bytes long.
-    pub fn read(&self, size: u64, pieces: Vec<Bytes>) -> Result<Vec<ContentHash>, ParquetError> {
+    /// The offset range the file's metadata gives.
+    pub fn offsets(&self) -> Result<OffsetRange, ParquetError> {
+        offsets_of(self.metadata.metadata().file_metadata())
+    }
+
+    /// The chosen rows of the chosen columns, in row order, from `pieces`, the bytes of
+    /// [`PagePlan::ranges`]; the file is `size` bytes long.
+    pub fn read(&self, size: u64, pieces: Vec<Bytes>) -> Result<Vec<RecordBatch>, ParquetError> {
+        if self.row_groups.is_empty() {
+            return Ok(Vec::new());
+        }
         let pieces = self.ranges.iter().map(|r| r.0).zip(pieces).collect();
-        let file = self.metadata.metadata();
-        let rows: usize = self
-            .row_groups
-            .iter()
-            .map(|&i| file.row_group(i).num_rows().max(0) as usize)
-            .sum();
-        let selection = RowSelection::from(vec![
-            RowSelector::skip(self.skip),
-            RowSelector::select(rows - self.skip),
-        ]);
         let builder = ParquetRecordBatchReaderBuilder::new_with_metadata(
             Pieces { size, pieces },
             self.metadata.clone(),
         );
-        let mask = ProjectionMask::columns(builder.parquet_schema(), [COL_CONTENT_HASH]);
-        let reader = builder
+        let mask = ProjectionMask::columns(builder.parquet_schema(), self.columns.clone());
+        builder
             .with_projection(mask)
             .with_row_groups(self.row_groups.clone())
-            .with_row_selection(selection)
+            .with_row_selection(RowSelection::from(self.selection.clone()))
             .with_row_selection_policy(RowSelectionPolicy::Selectors)
-            .build()?;
-        let mut out = Vec::new();
-        for batch in reader {
-            let batch = batch?;
-            let hashes = hash_column(&batch)?;
-            for i in 0..hashes.len() {
-                out.push(hash_at(hashes, i)?);
-            }
-        }
-        Ok(out)
+            .build()?
+            .map(|batch| batch.map_err(ParquetError::from))
+            .collect()
     }
+}
+
+/// The content hashes of batches of a landing file, in row order.
+pub fn hashes_of(batches: &[RecordBatch]) -> Result<Vec<ContentHash>, ParquetError> {
+    let mut out = Vec::new();
+    for batch in batches {
+        let hashes = hash_column(batch)?;
+        for i in 0..hashes.len() {
+            out.push(hash_at(hashes, i)?);
+        }
+    }
+    Ok(out)
 }
 
 /// Pieces of a file read by range (its footer, some column chunks), read as the file: a read
@@ -388,20 +427,8 @@ pub struct RowId {
     pub ingest_ts: i64,
 }
 
-/// The offset, content hash and ingest time of every row of a landing file, in row order
-/// (offset order, as the sink writes them).
-pub fn read_row_ids<R: ChunkReader + 'static>(data: R) -> Result<Vec<RowId>, ParquetError> {
-    let builder = ParquetRecordBatchReaderBuilder::try_new(data)?;
-    let mask = ProjectionMask::columns(
-        builder.parquet_schema(),
-        [COL_OFFSET, COL_CONTENT_HASH, COL_INGEST_TS],
-    );
-    let mut out = Vec::new();
-    for batch in builder.with_projection(mask).build()? {
-        out.extend(row_ids_of(&batch?)?);
-    }
-    Ok(out)
-}
+/// The columns of a landing file that identify its rows ([`row_ids_of`]).
+pub const ROW_ID_COLUMNS: [&str; 3] = [COL_OFFSET, COL_CONTENT_HASH, COL_INGEST_TS];
 
 /// The offset, content hash and ingest time of a batch's rows, in row order.
 pub fn row_ids_of(batch: &RecordBatch) -> Result<Vec<RowId>, ParquetError> {
@@ -467,10 +494,8 @@ fn hash_at(hashes: &FixedSizeBinaryArray, i: usize) -> Result<ContentHash, Parqu
     Ok(ContentHash(bytes))
 }
 
-/// Reads the offset range of an existing landing file from its footer metadata.
-pub fn read_offsets(data: Bytes) -> Result<OffsetRange, ParquetError> {
-    let reader = SerializedFileReader::new(data)?;
-    let meta = reader.metadata().file_metadata();
+/// The offset range of a landing file, from its footer metadata.
+pub fn offsets_of(meta: &FileMetaData) -> Result<OffsetRange, ParquetError> {
     let get = |key: &str| -> Result<i64, ParquetError> {
         meta.key_value_metadata()
             .and_then(|kvs| kvs.iter().find(|kv| kv.key == key))
@@ -486,6 +511,8 @@ pub fn read_offsets(data: Bytes) -> Result<OffsetRange, ParquetError> {
 
 #[cfg(test)]
 mod tests {
+    use parquet::file::reader::{FileReader, SerializedFileReader};
+
     use super::*;
 
     #[test]
@@ -561,20 +588,36 @@ mod tests {
         assert_eq!(other_messages(&ours, &ours), Vec::<i64>::new());
     }
 
-    /// [`HashChunks`] over `file`, given only its last 64 KiB and the ranges it names.
-    fn last_hashes(file: &Bytes, want: usize) -> Result<Vec<ContentHash>, ParquetError> {
-        let chunks = chosen(file, want)?;
-        let pieces = chunks
+    /// [`PagePlan`] over `file`, given only its last 64 KiB and the ranges it names.
+    fn read_planned(
+        file: &Bytes,
+        columns: &[&'static str],
+        rows: Rows,
+    ) -> Result<Vec<RecordBatch>, ParquetError> {
+        let plan = planned(file, columns, rows)?;
+        let pieces = plan
             .ranges
             .iter()
             .map(|&(start, end)| file.slice(start as usize..end as usize))
             .collect();
-        chunks.read(file.len() as u64, pieces)
+        plan.read(file.len() as u64, pieces)
     }
 
-    fn chosen(file: &Bytes, want: usize) -> Result<HashChunks, ParquetError> {
+    fn planned(
+        file: &Bytes,
+        columns: &[&'static str],
+        rows: Rows,
+    ) -> Result<PagePlan, ParquetError> {
         let tail = file.slice(file.len().saturating_sub(TAIL_BYTES as usize)..);
-        HashChunks::last(tail, file.len() as u64, want)
+        PagePlan::new(tail, file.len() as u64, columns, rows)
+    }
+
+    fn last_hashes(file: &Bytes, want: usize) -> Result<Vec<ContentHash>, ParquetError> {
+        hashes_of(&read_planned(file, &[COL_CONTENT_HASH], Rows::Last(want))?)
+    }
+
+    fn chosen(file: &Bytes, want: usize) -> Result<PagePlan, ParquetError> {
+        planned(file, &[COL_CONTENT_HASH], Rows::Last(want))
     }
 
     /// Readings as landing rows, offsets from 0.
@@ -631,13 +674,15 @@ mod tests {
         assert_eq!(groups(100), [3]);
         assert_eq!(groups(101), [2, 3]);
         assert_eq!(groups(5_000), [0, 1, 2, 3]);
-        for (want, first) in [(1, 950), (50, 950), (51, 900), (120, 850), (400, 600)] {
+        for want in [1, 50, 51, 120, 400] {
             assert_eq!(
                 last_hashes(&file, want).unwrap(),
-                hashes[first..],
+                hashes[1_000 - want..],
                 "{want} wanted"
             );
         }
+        // Pages of 50 rows: 51 rows take two, one of them partly.
+        assert_eq!(chosen(&file, 51).unwrap().ranges.len(), 1, "adjacent pages");
         assert_eq!(last_hashes(&file, 5_000).unwrap(), hashes);
         // Only those pages are read: a fifth of the hash column for 200 rows.
         let column: u64 = chosen(&file, 1_000)
@@ -659,6 +704,24 @@ mod tests {
         assert!(chunks.read(file.len() as u64, short).is_err());
         assert!(footer_bytes(b"PAR1").is_err());
         assert!(footer_bytes(b"\x10\0\0\0NOPE").is_err());
+
+        // The first rows of three columns, across a row group's end: offsets 0 to 349.
+        let ids: Vec<RowId> = read_planned(&file, &ROW_ID_COLUMNS, Rows::First(350))
+            .unwrap()
+            .iter()
+            .flat_map(|b| row_ids_of(b).unwrap())
+            .collect();
+        assert_eq!(ids.len(), 350);
+        assert!(ids.iter().enumerate().all(|(i, id)| id.offset == i as i64));
+        assert_eq!(ids[349].hash, hashes[349]);
+        let plan = planned(&file, &ROW_ID_COLUMNS, Rows::First(350)).unwrap();
+        assert_eq!(plan.row_groups, [0, 1]);
+        let read: u64 = plan.ranges.iter().map(|(s, e)| e - s).sum();
+        assert!(
+            read * 2 < file.len() as u64,
+            "{read} of {} bytes",
+            file.len()
+        );
     }
 
     #[test]
@@ -673,17 +736,21 @@ mod tests {
         // The footer only, the offset index left out of the tail.
         let footer = footer_bytes(&file).unwrap() as usize;
         let tail = file.slice(file.len() - footer..);
-        let chunks = HashChunks::last(tail, file.len() as u64, 120).unwrap();
-        assert_eq!((chunks.row_groups.clone(), chunks.skip), (vec![2, 3], 0));
-        let pieces = chunks
+        let plan = PagePlan::new(
+            tail,
+            file.len() as u64,
+            &[COL_CONTENT_HASH],
+            Rows::Last(120),
+        )
+        .unwrap();
+        assert_eq!(plan.row_groups, [2, 3]);
+        let pieces = plan
             .ranges
             .iter()
             .map(|&(start, end)| file.slice(start as usize..end as usize))
             .collect();
-        assert_eq!(
-            chunks.read(file.len() as u64, pieces).unwrap(),
-            hashes[600..]
-        );
+        let batches = plan.read(file.len() as u64, pieces).unwrap();
+        assert_eq!(hashes_of(&batches).unwrap(), hashes[880..]);
     }
 
     #[test]
@@ -714,7 +781,8 @@ mod tests {
             last: 109,
         };
         let data = encode(&def, "ingest.sensor_readings", 1, range, &rows).unwrap();
-        assert_eq!(read_offsets(data.clone()).unwrap(), range);
+        let plan = planned(&data, &ROW_ID_COLUMNS, Rows::First(4)).unwrap();
+        assert_eq!(plan.offsets().unwrap(), range);
         let hashes: Vec<_> = rows.iter().map(|(_, m)| m.hash).collect();
         assert_eq!(last_hashes(&data, usize::MAX).unwrap(), hashes);
 
