@@ -398,6 +398,26 @@ pub async fn method_not_allowed() -> ApiError {
     )
 }
 
+/// The time a request has, from its first body byte to its answer: `request_timeout_ms`, plus
+/// its `Content-Length` at `min_body_bytes_per_sec`. Without the second part, an agent whose
+/// uplink carried its batch in longer than the timeout was answered 408 for every attempt, for
+/// ever. Only an authenticated client gets this far (the token is checked before the body is
+/// read), and `max_body_bytes` bounds what it can claim.
+fn request_time(limits: &LimitsConfig, headers: &HeaderMap) -> Duration {
+    let base = Duration::from_millis(limits.request_timeout_ms);
+    let length = headers
+        .get(axum::http::header::CONTENT_LENGTH)
+        .and_then(|v| v.to_str().ok())
+        .and_then(|v| v.parse::<u64>().ok())
+        .map(|n| n.min(limits.max_body_bytes as u64));
+    match (length, limits.min_body_bytes_per_sec) {
+        (Some(bytes), rate) if rate > 0 => {
+            base + Duration::from_secs_f64(bytes as f64 / rate as f64)
+        }
+        _ => base,
+    }
+}
+
 pub async fn ingest(
     State(state): State<Arc<AppState>>,
     path: Result<Path<String>, PathRejection>,
@@ -437,7 +457,7 @@ pub async fn ingest(
                 })?,
         ),
     };
-    let deadline = Instant::now() + Duration::from_millis(state.limits.request_timeout_ms);
+    let deadline = Instant::now() + request_time(&state.limits, &headers);
     let limit = state.limits.max_body_bytes;
     let body =
         match tokio::time::timeout_at(deadline.into(), axum::body::to_bytes(body, limit)).await {

@@ -168,10 +168,16 @@ pub struct LimitsConfig {
     /// memory.
     #[serde(default = "default_max_inflight")]
     pub max_inflight_bytes: usize,
-    /// Time for a whole request, from the first body byte to the answer, in milliseconds.
-    /// Reading the body past it answers 408; producing past it answers 503.
+    /// Time for a whole request, from the first body byte to the answer, in milliseconds, plus
+    /// the time its body (by `Content-Length`) takes at `min_body_bytes_per_sec`. Reading the
+    /// body past it answers 408; producing past it answers 503.
     #[serde(default = "default_request_timeout_ms")]
     pub request_timeout_ms: u64,
+    /// The slowest client uplink a request's body is given time for (bytes per second): the
+    /// request's time grows by its `Content-Length` at this rate, so an agent behind a slow
+    /// link is not cut off with 408 for every batch it sends. 0: `request_timeout_ms` alone.
+    #[serde(default = "default_min_body_bytes_per_sec")]
+    pub min_body_bytes_per_sec: u64,
     /// Time a connection has to send a request head, in milliseconds: a new connection, and a
     /// kept-alive one between requests. A client that sends nothing, trickles its headers or
     /// leaves its connection idle is disconnected after it.
@@ -203,6 +209,7 @@ impl Default for LimitsConfig {
             max_concurrent_requests: default_max_concurrent(),
             max_inflight_bytes: default_max_inflight(),
             request_timeout_ms: default_request_timeout_ms(),
+            min_body_bytes_per_sec: default_min_body_bytes_per_sec(),
             header_timeout_ms: default_header_timeout_ms(),
             max_connections: default_max_connections(),
             max_message_bytes: default_max_message(),
@@ -285,6 +292,10 @@ fn default_header_timeout_ms() -> u64 {
 }
 fn default_request_timeout_ms() -> u64 {
     60_000
+}
+fn default_min_body_bytes_per_sec() -> u64 {
+    // 16 kbit/s, as the agent's gateway.min_upload_bytes_per_sec.
+    2_000
 }
 fn default_dead_letter_topic() -> String {
     "ingest-dead-letters".into()

@@ -1175,3 +1175,69 @@ async fn sighup_reloads_the_tokens_and_the_certificate() {
     assert!(status.success());
     assert!(gateway.wait().unwrap().success());
 }
+
+/// Posts `body` (NDJSON) to the gateway on `port` over a connection of its own, the body
+/// trickled at `rate` bytes per second, as a slow uplink carries it; the answer's status.
+async fn trickle(port: u16, body: &[u8], rate: u64) -> u16 {
+    use tokio::io::{AsyncReadExt as _, AsyncWriteExt as _};
+    let mut stream = tokio::net::TcpStream::connect(("127.0.0.1", port))
+        .await
+        .unwrap();
+    let head = format!(
+        "POST /v1/streams/sensor_readings/records HTTP/1.1\r\nhost: localhost\r\n\
+         authorization: Bearer {TOKEN}\r\ncontent-type: application/x-ndjson\r\n\
+         content-length: {}\r\nconnection: close\r\n\r\n",
+        body.len()
+    );
+    stream.write_all(head.as_bytes()).await.unwrap();
+    for chunk in body.chunks(500) {
+        // An answer before the whole body (408) closes the connection.
+        if stream.write_all(chunk).await.is_err() {
+            break;
+        }
+        let pace = chunk.len() as f64 / rate as f64;
+        tokio::time::sleep(Duration::from_secs_f64(pace)).await;
+    }
+    let mut answer = Vec::new();
+    let _ = stream.read_to_end(&mut answer).await;
+    let answer = String::from_utf8_lossy(&answer);
+    let status = answer
+        .split_whitespace()
+        .nth(1)
+        .and_then(|s| s.parse().ok());
+    status.unwrap_or_else(|| panic!("no answer: {answer:?}"))
+}
+
+/// A request's time grows by its `Content-Length` at `limits.min_body_bytes_per_sec`: a body
+/// that a slow uplink carries in longer than `request_timeout_ms` is read and produced, and one
+/// slower than that rate still gets 408. Before, every attempt of such a body got 408, and the
+/// agent behind that link never got its batch in.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_slow_uplink_gets_time_for_its_body_by_its_length() {
+    let brokers = env("EDGE_INGEST_KAFKA");
+    let records: Vec<Value> = (0..150).map(reading).collect();
+    let body = ndjson(&records);
+    assert!(body.len() > 10_000, "{} bytes", body.len());
+    // 1 s, plus the body at 4,000 B/s: 2.5 s more.
+    let g = start(&brokers, |c| {
+        c.limits.request_timeout_ms = 1_000;
+        c.limits.min_body_bytes_per_sec = 4_000;
+    })
+    .await;
+    let port = g.addr.port();
+    assert_eq!(trickle(port, &body, 8_000).await, 200, "in 1.3 s");
+    assert_eq!(
+        trickle(port, &body, 2_000).await,
+        408,
+        "slower than the floor"
+    );
+    g.stop().await;
+    // The timeout alone, as before.
+    let g = start(&brokers, |c| {
+        c.limits.request_timeout_ms = 1_000;
+        c.limits.min_body_bytes_per_sec = 0;
+    })
+    .await;
+    assert_eq!(trickle(g.addr.port(), &body, 8_000).await, 408);
+    g.stop().await;
+}
