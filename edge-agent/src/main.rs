@@ -165,6 +165,7 @@ async fn main() -> anyhow::Result<()> {
         }
         Command::Run { config } => {
             plumbing::install_metrics();
+            plumbing::raise_open_files_limit();
             let (config, streams) = load(&config)?;
             let shutdown = CancellationToken::new();
             plumbing::cancel_on_signal(shutdown.clone());

@@ -52,6 +52,7 @@ fn main() -> anyhow::Result<()> {
 
 async fn serve(args: Args, config: GatewayConfig) -> anyhow::Result<()> {
     plumbing::install_metrics();
+    plumbing::raise_open_files_limit();
     let streams = plumbing::load_streams_dir(&config.streams_dir)?;
     let shutdown = CancellationToken::new();
     plumbing::cancel_on_signal(shutdown.clone());

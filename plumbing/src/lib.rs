@@ -21,6 +21,37 @@ pub use telemetry::{
 
 use tokio_util::sync::CancellationToken;
 
+/// Raises this process's soft limit on open files to its hard limit, and logs the limit in
+/// force. systemd starts services with a soft limit of 1,024 (and a hard one of 524,288) and
+/// leaves it to programs that need more to raise it: a sink holds a staged file per partition
+/// it writes, a gateway a socket per connection (`limits.max_connections`, 1,024 by default), and
+/// past the soft limit both failed with "Too many open files". Returns the soft limit in force
+/// (`None`: unlimited).
+pub fn raise_open_files_limit() -> Option<u64> {
+    use rustix::process::{Resource, Rlimit, getrlimit, setrlimit};
+    let limit = getrlimit(Resource::Nofile);
+    let (Some(soft), Some(hard)) = (limit.current, limit.maximum) else {
+        return limit.current;
+    };
+    if soft >= hard {
+        return Some(soft);
+    }
+    let raised = Rlimit {
+        current: Some(hard),
+        maximum: Some(hard),
+    };
+    match setrlimit(Resource::Nofile, raised) {
+        Ok(()) => {
+            tracing::info!(from = soft, to = hard, "raised the open files limit");
+            Some(hard)
+        }
+        Err(e) => {
+            tracing::warn!(limit = soft, error = %e, "cannot raise the open files limit");
+            Some(soft)
+        }
+    }
+}
+
 /// Cancels `token` on Ctrl-C or SIGTERM.
 pub fn cancel_on_signal(token: CancellationToken) {
     tokio::spawn(async move {

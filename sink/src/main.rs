@@ -46,6 +46,7 @@ async fn main() -> anyhow::Result<()> {
         return Ok(());
     }
     plumbing::install_metrics();
+    plumbing::raise_open_files_limit();
     let shutdown = CancellationToken::new();
     plumbing::cancel_on_signal(shutdown.clone());
     let health = plumbing::Health::default();

@@ -40,29 +40,37 @@ fn spawn_sink(mut command: Command, config: &Path, log: &Path) -> Child {
         .expect("cannot start the sink binary")
 }
 
-/// Whether the group committed every partition up to its high watermark.
+/// Whether the group committed every partition of the topic up to its high watermark.
 fn caught_up(bootstrap: &str) -> bool {
     let consumer: BaseConsumer = ClientConfig::new()
         .set("bootstrap.servers", bootstrap)
         .set("group.id", GROUP)
         .create()
         .unwrap();
+    let Ok(metadata) = consumer.fetch_metadata(Some(TOPIC), Duration::from_secs(5)) else {
+        return false;
+    };
+    let partitions = metadata
+        .topics()
+        .first()
+        .map_or(0, |t| t.partitions().len()) as i32;
     let mut list = TopicPartitionList::new();
-    for p in 0..PARTITIONS {
+    for p in 0..partitions {
         list.add_partition(TOPIC, p);
     }
     let Ok(committed) = consumer.committed_offsets(list, Duration::from_secs(5)) else {
         return false;
     };
-    (0..PARTITIONS).all(|p| {
-        let high = consumer
-            .fetch_watermarks(TOPIC, p, Duration::from_secs(5))
-            .map_or(i64::MAX, |(_, high)| high);
-        matches!(
-            committed.find_partition(TOPIC, p).map(|e| e.offset()),
-            Some(Offset::Offset(o)) if o >= high
-        )
-    })
+    partitions > 0
+        && (0..partitions).all(|p| {
+            let high = consumer
+                .fetch_watermarks(TOPIC, p, Duration::from_secs(5))
+                .map_or(i64::MAX, |(_, high)| high);
+            matches!(
+                committed.find_partition(TOPIC, p).map(|e| e.offset()),
+                Some(Offset::Offset(o)) if o >= high
+            )
+        })
 }
 
 /// A sink config on `dir` (staging under it) for the mock cluster at `bootstrap` and the bucket.
@@ -474,6 +482,48 @@ async fn a_joining_sink_takes_only_the_partitions_that_move() {
     );
     wait_caught_up(&bootstrap, &mut sinks, dir.path()).await;
     stop_gracefully(sinks);
+    let landed = common::pyarrow_s3(&s3, &bucket, "landing/");
+    common::assert_landed_exactly(&sent, &landed);
+    drop(cluster);
+}
+
+/// A sink whose soft limit on open files is below what it needs (a staged file per partition
+/// with records; systemd starts services with a soft limit of 1,024): it raises the limit to the
+/// hard one at start, and every record lands. Before, each staged file past the limit failed
+/// with "Too many open files".
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_low_open_files_limit_is_raised_at_start() {
+    let s3 = common::service_env("EDGE_INGEST_S3");
+    let bucket = format!("nofile-{}", common::unique_id());
+    common::pyarrow(&["--s3-endpoint", &s3, "--bucket", &bucket, "--create-bucket"]);
+    let cluster = MockCluster::new(1).unwrap();
+    cluster.create_topic(TOPIC, 100, 1).unwrap();
+    let bootstrap = cluster.bootstrap_servers();
+    let dir = tempfile::tempdir().unwrap();
+    // Files stay open until their partition is idle for 3 s: up to 100 at once.
+    let rotation = "max_records = 100000\nidle_ms = 3000";
+    let config = write_config_rotating(dir.path(), &bootstrap, &s3, &bucket, rotation);
+    let mut limited = Command::new("sh");
+    limited
+        .args(["-c", r#"ulimit -Sn 40 && exec "$0" "$@""#])
+        .arg(env!("CARGO_BIN_EXE_sink"));
+    let log = dir.path().join("sink.log");
+    let mut sinks = vec![spawn_sink(limited, &config, &log)];
+    // Distinct readings, each keyed by itself: they spread over all 100 partitions.
+    let mut sent = support::readings(1_000, 31);
+    let mut seen = std::collections::HashSet::new();
+    sent.retain(|r| seen.insert(r.to_string()));
+    let producer: FutureProducer = ClientConfig::new()
+        .set("bootstrap.servers", &bootstrap)
+        .create()
+        .unwrap();
+    for (i, r) in sent.iter().enumerate() {
+        support::produce_raw(&producer, TOPIC, &format!("k{i}"), &r.to_string()).await;
+    }
+    wait_caught_up(&bootstrap, &mut sinks, dir.path()).await;
+    stop_gracefully(sinks);
+    let text = std::fs::read_to_string(&log).unwrap();
+    assert!(!text.contains("Too many open files"), "{text}");
     let landed = common::pyarrow_s3(&s3, &bucket, "landing/");
     common::assert_landed_exactly(&sent, &landed);
     drop(cluster);
