@@ -658,16 +658,21 @@ mod tests {
         Bytes::from(writer.into_inner().unwrap())
     }
 
-    #[test]
-    fn the_last_hashes_are_read_from_the_last_pages_only() {
+    /// A landing file of 1,000 readings (offsets 0 to 999) in row groups of 300, 300, 300 and
+    /// 100 rows, in pages of 50, and the readings' content hashes.
+    fn paged_file() -> (Bytes, Vec<ContentHash>) {
         let def = schemas::example_streams()
             .get("sensor_readings")
             .unwrap()
             .clone();
         let rows = landing_rows(&def, 1_000);
-        let hashes: Vec<_> = rows.iter().map(|(_, m)| m.hash).collect();
-        // Row groups of 300, 300, 300 and 100 rows, in pages of 50.
-        let file = file_of(&def, &rows, 300, 50);
+        let hashes = rows.iter().map(|(_, m)| m.hash).collect();
+        (file_of(&def, &rows, 300, 50), hashes)
+    }
+
+    #[test]
+    fn the_last_hashes_are_read_from_the_last_pages_only() {
+        let (file, hashes) = paged_file();
         let groups = |want| chosen(&file, want).unwrap().row_groups;
         assert_eq!(groups(0), Vec::<usize>::new());
         assert_eq!(groups(1), [3]);
@@ -726,13 +731,7 @@ mod tests {
 
     #[test]
     fn without_an_offset_index_whole_chunks_are_read() {
-        let def = schemas::example_streams()
-            .get("sensor_readings")
-            .unwrap()
-            .clone();
-        let rows = landing_rows(&def, 1_000);
-        let hashes: Vec<_> = rows.iter().map(|(_, m)| m.hash).collect();
-        let file = file_of(&def, &rows, 300, 50);
+        let (file, hashes) = paged_file();
         // The footer only, the offset index left out of the tail.
         let footer = footer_bytes(&file).unwrap() as usize;
         let tail = file.slice(file.len() - footer..);

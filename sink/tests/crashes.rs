@@ -40,6 +40,35 @@ fn spawn_sink(mut command: Command, config: &Path, log: &Path) -> Child {
         .expect("cannot start the sink binary")
 }
 
+/// What a test of sink processes works on.
+struct Rig {
+    /// moto's address.
+    s3: String,
+    /// A bucket of the test's own there.
+    bucket: String,
+    cluster: MockCluster<'static, rdkafka::producer::DefaultProducerContext>,
+    bootstrap: String,
+    /// For configs, logs and staging.
+    dir: tempfile::TempDir,
+}
+
+/// A new bucket named after `name`, and a mock cluster whose topic has `partitions`.
+fn rig(name: &str, partitions: i32) -> Rig {
+    let s3 = common::service_env("EDGE_INGEST_S3");
+    let bucket = format!("{name}-{}", common::unique_id());
+    common::pyarrow(&["--s3-endpoint", &s3, "--bucket", &bucket, "--create-bucket"]);
+    let cluster = MockCluster::new(1).unwrap();
+    cluster.create_topic(TOPIC, partitions, 1).unwrap();
+    let bootstrap = cluster.bootstrap_servers();
+    Rig {
+        s3,
+        bucket,
+        cluster,
+        bootstrap,
+        dir: tempfile::tempdir().unwrap(),
+    }
+}
+
 /// Whether the group committed every partition of the topic up to its high watermark.
 fn caught_up(bootstrap: &str) -> bool {
     let consumer: BaseConsumer = ClientConfig::new()
@@ -164,15 +193,13 @@ fn stop_gracefully(sinks: Vec<Child>) {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn sinks_killed_at_random_points_land_every_record_exactly_once() {
-    let s3 = common::service_env("EDGE_INGEST_S3");
-    let id = common::unique_id();
-    let bucket = format!("crash-{id}");
-    common::pyarrow(&["--s3-endpoint", &s3, "--bucket", &bucket, "--create-bucket"]);
-
-    let cluster = MockCluster::new(1).unwrap();
-    cluster.create_topic(TOPIC, PARTITIONS, 1).unwrap();
-    let bootstrap = cluster.bootstrap_servers();
-    let dir = tempfile::tempdir().unwrap();
+    let Rig {
+        s3,
+        bucket,
+        cluster,
+        bootstrap,
+        dir,
+    } = rig("crash", PARTITIONS);
     let config = write_config(dir.path(), &bootstrap, &s3, &bucket);
 
     let sent = support::readings(6_000, 11);
@@ -252,16 +279,16 @@ async fn a_sink_stopped_during_an_s3_outage_loses_nothing() {
 /// Records through a sink that is stopped with `signal` ("kill" or "term") while S3 is
 /// unreachable, then through a sink started when S3 is back.
 async fn stopped_during_an_s3_outage(signal: &str) {
-    let s3 = common::service_env("EDGE_INGEST_S3");
-    let bucket = format!("outage-{signal}-{}", common::unique_id());
-    common::pyarrow(&["--s3-endpoint", &s3, "--bucket", &bucket, "--create-bucket"]);
+    let Rig {
+        s3,
+        bucket,
+        cluster,
+        bootstrap,
+        dir,
+    } = rig(&format!("outage-{signal}"), PARTITIONS);
     let moto_port: u16 = s3.rsplit(':').next().unwrap().parse().unwrap();
     let front = common::free_port();
     let link = common::proxy(front, moto_port).await;
-    let cluster = MockCluster::new(1).unwrap();
-    cluster.create_topic(TOPIC, PARTITIONS, 1).unwrap();
-    let bootstrap = cluster.bootstrap_servers();
-    let dir = tempfile::tempdir().unwrap();
     let config = write_config(
         dir.path(),
         &bootstrap,
@@ -317,13 +344,13 @@ async fn stopped_during_an_s3_outage(signal: &str) {
 /// through `/proc/<pid>/root`.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_full_staging_disk_rewinds_the_partitions_and_loses_nothing() {
-    let s3 = common::service_env("EDGE_INGEST_S3");
-    let bucket = format!("full-{}", common::unique_id());
-    common::pyarrow(&["--s3-endpoint", &s3, "--bucket", &bucket, "--create-bucket"]);
-    let cluster = MockCluster::new(1).unwrap();
-    cluster.create_topic(TOPIC, PARTITIONS, 1).unwrap();
-    let bootstrap = cluster.bootstrap_servers();
-    let dir = tempfile::tempdir().unwrap();
+    let Rig {
+        s3,
+        bucket,
+        cluster,
+        bootstrap,
+        dir,
+    } = rig("full", PARTITIONS);
     let config = write_config(dir.path(), &bootstrap, &s3, &bucket);
     let staging = dir.path().join("staging");
     std::fs::create_dir(&staging).unwrap();
@@ -428,13 +455,13 @@ fn logged_partitions(log: &Path, event: &str) -> Vec<i32> {
 /// group, and all of it was read again, up to a file target per partition.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_joining_sink_takes_only_the_partitions_that_move() {
-    let s3 = common::service_env("EDGE_INGEST_S3");
-    let bucket = format!("join-{}", common::unique_id());
-    common::pyarrow(&["--s3-endpoint", &s3, "--bucket", &bucket, "--create-bucket"]);
-    let cluster = MockCluster::new(1).unwrap();
-    cluster.create_topic(TOPIC, PARTITIONS, 1).unwrap();
-    let bootstrap = cluster.bootstrap_servers();
-    let dir = tempfile::tempdir().unwrap();
+    let Rig {
+        s3,
+        bucket,
+        cluster,
+        bootstrap,
+        dir,
+    } = rig("join", PARTITIONS);
     // Files stay open across the rebalance (nothing is idle for 5 s).
     let rotation = "max_records = 100000\nidle_ms = 5000";
     let config = write_config_rotating(dir.path(), &bootstrap, &s3, &bucket, rotation);
@@ -493,13 +520,13 @@ async fn a_joining_sink_takes_only_the_partitions_that_move() {
 /// with "Too many open files".
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_low_open_files_limit_is_raised_at_start() {
-    let s3 = common::service_env("EDGE_INGEST_S3");
-    let bucket = format!("nofile-{}", common::unique_id());
-    common::pyarrow(&["--s3-endpoint", &s3, "--bucket", &bucket, "--create-bucket"]);
-    let cluster = MockCluster::new(1).unwrap();
-    cluster.create_topic(TOPIC, 100, 1).unwrap();
-    let bootstrap = cluster.bootstrap_servers();
-    let dir = tempfile::tempdir().unwrap();
+    let Rig {
+        s3,
+        bucket,
+        cluster,
+        bootstrap,
+        dir,
+    } = rig("nofile", 100);
     // Files stay open until their partition is idle for 3 s: up to 100 at once.
     let rotation = "max_records = 100000\nidle_ms = 3000";
     let config = write_config_rotating(dir.path(), &bootstrap, &s3, &bucket, rotation);

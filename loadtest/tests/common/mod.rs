@@ -267,6 +267,39 @@ pub async fn slow_proxy(
     bytes_per_sec: u64,
 ) -> tokio_util::sync::CancellationToken {
     use tokio::io::{AsyncReadExt as _, AsyncWriteExt as _};
+    each_connection(port, move |client, token| async move {
+        let Ok(upstream) = tokio::net::TcpStream::connect(("127.0.0.1", target)).await else {
+            return;
+        };
+        let (mut from_client, mut to_client) = client.into_split();
+        let (mut from_upstream, mut to_upstream) = upstream.into_split();
+        let up = async move {
+            let mut buf = [0u8; 1024];
+            while let Ok(n @ 1..) = from_client.read(&mut buf).await {
+                let pace = n as f64 / bytes_per_sec as f64;
+                tokio::time::sleep(std::time::Duration::from_secs_f64(pace)).await;
+                if to_upstream.write_all(&buf[..n]).await.is_err() {
+                    break;
+                }
+            }
+            let _ = to_upstream.shutdown().await;
+        };
+        let down = tokio::io::copy(&mut from_upstream, &mut to_client);
+        tokio::select! {
+            _ = token.cancelled() => {}
+            _ = async { tokio::join!(up, down) } => {}
+        }
+    })
+    .await
+}
+
+/// Listens on `port` and runs `serve` on each connection, until the token it returns is
+/// cancelled (which `serve` is given too).
+async fn each_connection<F, Fut>(port: u16, serve: F) -> tokio_util::sync::CancellationToken
+where
+    F: Fn(tokio::net::TcpStream, tokio_util::sync::CancellationToken) -> Fut + Send + 'static,
+    Fut: std::future::Future<Output = ()> + Send + 'static,
+{
     let stop = tokio_util::sync::CancellationToken::new();
     let listener = tokio::net::TcpListener::bind(("127.0.0.1", port))
         .await
@@ -278,31 +311,7 @@ pub async fn slow_proxy(
                 _ = token.cancelled() => return,
                 accepted = listener.accept() => accepted.unwrap(),
             };
-            let token = token.clone();
-            tokio::spawn(async move {
-                let Ok(upstream) = tokio::net::TcpStream::connect(("127.0.0.1", target)).await
-                else {
-                    return;
-                };
-                let (mut from_client, mut to_client) = client.into_split();
-                let (mut from_upstream, mut to_upstream) = upstream.into_split();
-                let up = async move {
-                    let mut buf = [0u8; 1024];
-                    while let Ok(n @ 1..) = from_client.read(&mut buf).await {
-                        let pace = n as f64 / bytes_per_sec as f64;
-                        tokio::time::sleep(std::time::Duration::from_secs_f64(pace)).await;
-                        if to_upstream.write_all(&buf[..n]).await.is_err() {
-                            break;
-                        }
-                    }
-                    let _ = to_upstream.shutdown().await;
-                };
-                let down = tokio::io::copy(&mut from_upstream, &mut to_client);
-                tokio::select! {
-                    _ = token.cancelled() => {}
-                    _ = async { tokio::join!(up, down) } => {}
-                }
-            });
+            tokio::spawn(serve(client, token.clone()));
         }
     });
     stop
@@ -323,31 +332,20 @@ async fn relay(
     target: u16,
     tls: Option<tokio_rustls::TlsAcceptor>,
 ) -> tokio_util::sync::CancellationToken {
-    let stop = tokio_util::sync::CancellationToken::new();
-    let listener = tokio::net::TcpListener::bind(("127.0.0.1", port))
-        .await
-        .unwrap();
-    let token = stop.clone();
-    tokio::spawn(async move {
-        loop {
-            let (client, _) = tokio::select! {
-                _ = token.cancelled() => return,
-                accepted = listener.accept() => accepted.unwrap(),
-            };
-            let (token, tls) = (token.clone(), tls.clone());
-            tokio::spawn(async move {
-                match tls {
-                    None => pipe(client, target, &token).await,
-                    Some(acceptor) => {
-                        if let Ok(client) = acceptor.accept(client).await {
-                            pipe(client, target, &token).await;
-                        }
+    each_connection(port, move |client, token| {
+        let tls = tls.clone();
+        async move {
+            match tls {
+                None => pipe(client, target, &token).await,
+                Some(acceptor) => {
+                    if let Ok(client) = acceptor.accept(client).await {
+                        pipe(client, target, &token).await;
                     }
                 }
-            });
+            }
         }
-    });
-    stop
+    })
+    .await
 }
 
 /// Copies between `client` and a new connection to `target` until either ends or `token`.
