@@ -40,33 +40,41 @@ fn spawn_sink(mut command: Command, config: &Path, log: &Path) -> Child {
         .expect("cannot start the sink binary")
 }
 
-/// What a test of sink processes works on.
-struct Rig {
-    /// moto's address.
-    s3: String,
-    /// A bucket of the test's own there.
-    bucket: String,
-    cluster: MockCluster<'static, rdkafka::producer::DefaultProducerContext>,
-    bootstrap: String,
-    /// For configs, logs and staging.
-    dir: tempfile::TempDir,
-}
-
-/// A new bucket named after `name`, and a mock cluster whose topic has `partitions`.
-fn rig(name: &str, partitions: i32) -> Rig {
+/// What a test of sink processes works on: moto's address, a bucket of the test's own there
+/// (named after `name`), a mock cluster whose topic has `partitions`, its bootstrap address,
+/// and a directory for configs, logs and staging.
+fn rig(
+    name: &str,
+    partitions: i32,
+) -> (
+    String,
+    String,
+    MockCluster<'static, rdkafka::producer::DefaultProducerContext>,
+    String,
+    tempfile::TempDir,
+) {
     let s3 = common::service_env("EDGE_INGEST_S3");
     let bucket = format!("{name}-{}", common::unique_id());
     common::pyarrow(&["--s3-endpoint", &s3, "--bucket", &bucket, "--create-bucket"]);
     let cluster = MockCluster::new(1).unwrap();
     cluster.create_topic(TOPIC, partitions, 1).unwrap();
     let bootstrap = cluster.bootstrap_servers();
-    Rig {
-        s3,
-        bucket,
-        cluster,
-        bootstrap,
-        dir: tempfile::tempdir().unwrap(),
-    }
+    (s3, bucket, cluster, bootstrap, tempfile::tempdir().unwrap())
+}
+
+/// Waits until `sinks` committed every partition, stops them gracefully, and checks with
+/// pyarrow that each of `sent` is in `bucket` exactly once.
+async fn land_exactly_once(
+    bootstrap: &str,
+    mut sinks: Vec<Child>,
+    dir: &Path,
+    (s3, bucket): (&str, &str),
+    sent: &[serde_json::Value],
+) {
+    wait_caught_up(bootstrap, &mut sinks, dir).await;
+    stop_gracefully(sinks);
+    let landed = common::pyarrow_s3(s3, bucket, "landing/");
+    common::assert_landed_exactly(sent, &landed);
 }
 
 /// Whether the group committed every partition of the topic up to its high watermark.
@@ -193,13 +201,7 @@ fn stop_gracefully(sinks: Vec<Child>) {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn sinks_killed_at_random_points_land_every_record_exactly_once() {
-    let Rig {
-        s3,
-        bucket,
-        cluster,
-        bootstrap,
-        dir,
-    } = rig("crash", PARTITIONS);
+    let (s3, bucket, cluster, bootstrap, dir) = rig("crash", PARTITIONS);
     let config = write_config(dir.path(), &bootstrap, &s3, &bucket);
 
     let sent = support::readings(6_000, 11);
@@ -279,13 +281,7 @@ async fn a_sink_stopped_during_an_s3_outage_loses_nothing() {
 /// Records through a sink that is stopped with `signal` ("kill" or "term") while S3 is
 /// unreachable, then through a sink started when S3 is back.
 async fn stopped_during_an_s3_outage(signal: &str) {
-    let Rig {
-        s3,
-        bucket,
-        cluster,
-        bootstrap,
-        dir,
-    } = rig(&format!("outage-{signal}"), PARTITIONS);
+    let (s3, bucket, cluster, bootstrap, dir) = rig(&format!("outage-{signal}"), PARTITIONS);
     let moto_port: u16 = s3.rsplit(':').next().unwrap().parse().unwrap();
     let front = common::free_port();
     let link = common::proxy(front, moto_port).await;
@@ -327,12 +323,9 @@ async fn stopped_during_an_s3_outage(signal: &str) {
         assert!(took < Duration::from_secs(12), "the stop took {took:?}");
     }
     let _back = common::proxy(front, moto_port).await;
-    let mut sinks = vec![start_sink(&config, &dir.path().join("sink-1.log"))];
+    let sinks = vec![start_sink(&config, &dir.path().join("sink-1.log"))];
     support::produce(&producer, TOPIC, &sent[2_000..]).await;
-    wait_caught_up(&bootstrap, &mut sinks, dir.path()).await;
-    stop_gracefully(sinks);
-    let landed = common::pyarrow_s3(&s3, &bucket, "landing/");
-    common::assert_landed_exactly(&sent, &landed);
+    land_exactly_once(&bootstrap, sinks, dir.path(), (&s3, &bucket), &sent).await;
     drop(cluster);
 }
 
@@ -344,13 +337,7 @@ async fn stopped_during_an_s3_outage(signal: &str) {
 /// through `/proc/<pid>/root`.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_full_staging_disk_rewinds_the_partitions_and_loses_nothing() {
-    let Rig {
-        s3,
-        bucket,
-        cluster,
-        bootstrap,
-        dir,
-    } = rig("full", PARTITIONS);
+    let (s3, bucket, cluster, bootstrap, dir) = rig("full", PARTITIONS);
     let config = write_config(dir.path(), &bootstrap, &s3, &bucket);
     let staging = dir.path().join("staging");
     std::fs::create_dir(&staging).unwrap();
@@ -423,10 +410,7 @@ async fn a_full_staging_disk_rewinds_the_partitions_and_loses_nothing() {
     // The space comes back: the partitions are read again from their open ranges.
     std::fs::remove_file(&filler).unwrap();
     support::produce(&producer, TOPIC, &sent[2_000..]).await;
-    wait_caught_up(&bootstrap, &mut sinks, dir.path()).await;
-    stop_gracefully(sinks);
-    let landed = common::pyarrow_s3(&s3, &bucket, "landing/");
-    common::assert_landed_exactly(&sent, &landed);
+    land_exactly_once(&bootstrap, sinks, dir.path(), (&s3, &bucket), &sent).await;
     drop(cluster);
 }
 
@@ -455,13 +439,7 @@ fn logged_partitions(log: &Path, event: &str) -> Vec<i32> {
 /// group, and all of it was read again, up to a file target per partition.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_joining_sink_takes_only_the_partitions_that_move() {
-    let Rig {
-        s3,
-        bucket,
-        cluster,
-        bootstrap,
-        dir,
-    } = rig("join", PARTITIONS);
+    let (s3, bucket, cluster, bootstrap, dir) = rig("join", PARTITIONS);
     // Files stay open across the rebalance (nothing is idle for 5 s).
     let rotation = "max_records = 100000\nidle_ms = 5000";
     let config = write_config_rotating(dir.path(), &bootstrap, &s3, &bucket, rotation);
@@ -507,10 +485,7 @@ async fn a_joining_sink_takes_only_the_partitions_that_move() {
         logged_partitions(&log_b, "partition revoked").is_empty(),
         "the second sink kept its partitions"
     );
-    wait_caught_up(&bootstrap, &mut sinks, dir.path()).await;
-    stop_gracefully(sinks);
-    let landed = common::pyarrow_s3(&s3, &bucket, "landing/");
-    common::assert_landed_exactly(&sent, &landed);
+    land_exactly_once(&bootstrap, sinks, dir.path(), (&s3, &bucket), &sent).await;
     drop(cluster);
 }
 
@@ -520,13 +495,7 @@ async fn a_joining_sink_takes_only_the_partitions_that_move() {
 /// with "Too many open files".
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_low_open_files_limit_is_raised_at_start() {
-    let Rig {
-        s3,
-        bucket,
-        cluster,
-        bootstrap,
-        dir,
-    } = rig("nofile", 100);
+    let (s3, bucket, cluster, bootstrap, dir) = rig("nofile", 100);
     // Files stay open until their partition is idle for 3 s: up to 100 at once.
     let rotation = "max_records = 100000\nidle_ms = 3000";
     let config = write_config_rotating(dir.path(), &bootstrap, &s3, &bucket, rotation);
@@ -535,7 +504,7 @@ async fn a_low_open_files_limit_is_raised_at_start() {
         .args(["-c", r#"ulimit -Sn 40 && exec "$0" "$@""#])
         .arg(env!("CARGO_BIN_EXE_sink"));
     let log = dir.path().join("sink.log");
-    let mut sinks = vec![spawn_sink(limited, &config, &log)];
+    let sinks = vec![spawn_sink(limited, &config, &log)];
     // Distinct readings, each keyed by itself: they spread over all 100 partitions.
     let mut sent = support::readings(1_000, 31);
     let mut seen = std::collections::HashSet::new();
@@ -547,11 +516,8 @@ async fn a_low_open_files_limit_is_raised_at_start() {
     for (i, r) in sent.iter().enumerate() {
         support::produce_raw(&producer, TOPIC, &format!("k{i}"), &r.to_string()).await;
     }
-    wait_caught_up(&bootstrap, &mut sinks, dir.path()).await;
-    stop_gracefully(sinks);
+    land_exactly_once(&bootstrap, sinks, dir.path(), (&s3, &bucket), &sent).await;
     let text = std::fs::read_to_string(&log).unwrap();
     assert!(!text.contains("Too many open files"), "{text}");
-    let landed = common::pyarrow_s3(&s3, &bucket, "landing/");
-    common::assert_landed_exactly(&sent, &landed);
     drop(cluster);
 }
