@@ -354,12 +354,13 @@ impl<V> Series<V> {
         self.map.remove(&key).map(|(_, state)| state)
     }
 
-    /// The states for which `f` holds, taken out.
-    fn take_where(&mut self, mut f: impl FnMut(&V) -> bool) -> Vec<V> {
+    /// The states for which `f` (of when a series was last seen, and its state) holds, taken
+    /// out.
+    fn take_where(&mut self, mut f: impl FnMut(u64, &V) -> bool) -> Vec<V> {
         let keys: Vec<u64> = self
             .map
             .iter()
-            .filter(|(_, (_, state))| f(state))
+            .filter(|(_, (tick, state))| f(*tick, state))
             .map(|(k, _)| *k)
             .collect();
         keys.into_iter().filter_map(|k| self.remove(k)).collect()
@@ -376,14 +377,9 @@ impl<V> Series<V> {
         let forget = ticks.len() - keep;
         // Ticks are distinct: exactly `forget` series were seen at or before the cut.
         let cut = *ticks.select_nth_unstable(forget - 1).1;
-        let keys: Vec<u64> = self
-            .map
-            .iter()
-            .filter(|(_, (tick, _))| *tick <= cut)
-            .map(|(k, _)| *k)
-            .collect();
-        self.evicted += keys.len() as u64;
-        keys.into_iter().filter_map(|k| self.remove(k)).collect()
+        let forgotten = self.take_where(|tick, _| tick <= cut);
+        self.evicted += forgotten.len() as u64;
+        forgotten
     }
 
     fn values_mut(&mut self) -> impl Iterator<Item = &mut V> {
@@ -587,7 +583,7 @@ impl Filter {
             } => {
                 let horizon = latest.saturating_sub(2 * *micros);
                 let mut dropped = 0;
-                for w in open.take_where(|w| all || w.start <= horizon) {
+                for w in open.take_where(|_, w| all || w.start <= horizon) {
                     dropped += close_window(def, *field, *aggregate, w, out);
                 }
                 dropped
