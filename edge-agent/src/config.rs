@@ -149,6 +149,10 @@ pub struct KafkaTarget {
     /// Topic prefix (`ingest.` like the gateway).
     #[serde(default = "default_topic_prefix")]
     pub topic_prefix: String,
+    /// Where a record too large for a Kafka message goes instead (cut at 64 KiB, with the
+    /// reason), as the gateway sends it (the gateway's default `kafka.dead_letter_topic`).
+    #[serde(default = "default_dead_letter_topic")]
+    pub dead_letter_topic: String,
     /// TLS to the brokers: `tls = {}` trusts the platform's roots; `ca_file` a CA of its own;
     /// `client_cert` and `client_key` for brokers that require a client certificate.
     #[serde(default)]
@@ -542,6 +546,9 @@ fn default_retry_statuses() -> Vec<u16> {
 }
 fn default_topic_prefix() -> String {
     schemas::wire::DEFAULT_TOPIC_PREFIX.to_owned()
+}
+fn default_dead_letter_topic() -> String {
+    "ingest-dead-letters".into()
 }
 fn default_max_records() -> usize {
     50_000

@@ -35,6 +35,9 @@ pub const REJECTED_BYTES: &str = "edge_agent_rejected_bytes";
 pub const REJECTED_WAITING: &str = "edge_agent_rejected_waiting_batches";
 /// Records the gateway rejected individually inside accepted batches.
 pub const RECORDS_REJECTED: &str = "edge_agent_records_rejected_total";
+/// Records too large for a Kafka message that the Kafka output could not produce to the
+/// dead-letter topic either (missing, or the broker gone): left out, and logged.
+pub const DEAD_LETTERS_LOST: &str = "edge_agent_dead_letters_lost_total";
 /// Series whose state a deadband or downsample filter forgot, by `filter` (kind): the filter
 /// held `max_series` series, and these were seen longest ago.
 pub const FILTER_EVICTED_SERIES: &str = "edge_agent_filter_evicted_series_total";

@@ -16,7 +16,7 @@
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use plumbing::kafka::{DeliveryGroup, GroupProducer, Messages};
+use plumbing::kafka::{DeadLetter, DeliveryGroup, GroupProducer, Messages};
 use rand::Rng;
 use reqwest::StatusCode;
 use reqwest::header::{CONTENT_ENCODING, CONTENT_TYPE, RETRY_AFTER};
@@ -90,7 +90,8 @@ impl Output {
                     k.attempt(&def.name, &messages)
                 })
                 .await?;
-                response.rejected = too_large;
+                k.keep_dead_letters(&def.name, batch, &too_large).await;
+                response.rejected = too_large.into_iter().map(|(r, _)| r).collect();
                 Ok((response, batch.body.len() as u64))
             }
         }
@@ -410,6 +411,8 @@ pub struct KafkaOutput {
     topic_prefix: String,
     /// The producer's `message.max.bytes`.
     max_message_bytes: usize,
+    /// `kafka.dead_letter_topic`.
+    dead_letter_topic: String,
 }
 
 impl KafkaOutput {
@@ -425,18 +428,19 @@ impl KafkaOutput {
                 .map_err(|e| SendError::Config(e.to_string()))?,
             topic_prefix: target.topic_prefix.clone(),
             max_message_bytes: plumbing::kafka::max_message_bytes(&config),
+            dead_letter_topic: target.dead_letter_topic.clone(),
         })
     }
 
     /// The batch's records as Kafka messages: decompress, decode, validate and encode, on the
     /// blocking pool. A record whose message would pass the producer's `message.max.bytes` is
-    /// left out and returned as rejected, as the gateway rejects it: librdkafka refuses it at
-    /// once, and retrying the batch would hold the stream up for ever.
+    /// left out and returned as rejected, with its dead letter, as the gateway rejects it:
+    /// librdkafka refuses it at once, and retrying the batch would hold the stream up for ever.
     async fn prepare(
         &self,
         def: Arc<StreamDef>,
         batch: Batch,
-    ) -> Result<(Messages, Vec<RejectedRecord>), SendError> {
+    ) -> Result<(Messages, Vec<(RejectedRecord, DeadLetter)>), SendError> {
         let max = self.max_message_bytes;
         let prepared = tokio::task::spawn_blocking(move || {
             batch.records(&def).map(|records| {
@@ -446,11 +450,11 @@ impl KafkaOutput {
                     messages.push(&def, r);
                     let size = messages.last_message_bytes();
                     if size > max {
+                        let reason = plumbing::kafka::too_large_reason(size, max);
+                        let value = messages.iter().last().map_or(&[][..], |(_, v)| v);
+                        let dead = DeadLetter::new(index, "too_large", &reason, value);
                         messages.pop();
-                        too_large.push(RejectedRecord {
-                            index,
-                            reason: plumbing::kafka::too_large_reason(size, max),
-                        });
+                        too_large.push((RejectedRecord { index, reason }, dead));
                     }
                 }
                 (messages, too_large)
@@ -462,6 +466,37 @@ impl KafkaOutput {
             status: 0,
             body: e.to_string(),
         })
+    }
+
+    /// Produces the dead letters of a delivered batch's records that were too large, once: a
+    /// failure (the topic missing, the broker gone) is logged and counted
+    /// (`edge_agent_dead_letters_lost_total`), and the batch is not held up for them.
+    async fn keep_dead_letters(
+        &self,
+        stream: &str,
+        batch: &Batch,
+        too_large: &[(RejectedRecord, DeadLetter)],
+    ) {
+        if too_large.is_empty() {
+            return;
+        }
+        let ingest_ts = plumbing::kafka::ingest_ts_now();
+        let mut group = DeliveryGroup::new();
+        let sent = too_large.iter().try_for_each(|(_, dead)| {
+            let topic = &self.dead_letter_topic;
+            dead.send(&self.producer, &mut group, topic, stream, &ingest_ts)
+        });
+        let settled = group.settled().await;
+        match sent.and(settled) {
+            Ok(_) => {
+                tracing::warn!(stream, batch = %batch.id, records = too_large.len(), topic = %self.dead_letter_topic, "records too large for a Kafka message went to the dead-letter topic")
+            }
+            Err(e) => {
+                metrics::counter!(m::DEAD_LETTERS_LOST, "stream" => stream.to_owned())
+                    .increment(too_large.len() as u64);
+                tracing::error!(stream, batch = %batch.id, records = too_large.len(), topic = %self.dead_letter_topic, error = %e, "records too large for a Kafka message could not go to the dead-letter topic: they are left out");
+            }
+        }
     }
 
     async fn attempt(&self, stream: &str, messages: &Messages) -> Result<IngestResponse, Attempt> {

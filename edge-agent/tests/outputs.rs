@@ -93,7 +93,8 @@ fn read_topic(
 fn kafka_config(dir: &Path, kafka: &str, prefix: &str, batch: &str, file: &Path) -> String {
     format!(
         "streams_dir = {streams:?}\nstate_dir = {state:?}\n[kafka]\nbrokers = \"{kafka}\"\n\
-         topic_prefix = \"{prefix}\"\n[batch]\n{batch}\n{source}",
+         topic_prefix = \"{prefix}\"\ndead_letter_topic = \"{prefix}dead-letters\"\n\
+         [batch]\n{batch}\n{source}",
         streams = Path::new(env!("CARGO_MANIFEST_DIR")).join("../streams"),
         state = dir.join("state"),
         source = file_source_toml(file, ""),
@@ -158,20 +159,76 @@ async fn run_to_kafka(
 /// A reading under the line limit (1 MiB) whose Kafka message is over the producer's
 /// `message.max.bytes` (librdkafka's 1,000,000): librdkafka refuses it at once, and the agent
 /// retried its batch for ever, so its stream stood still. It is now left out and reported as a
-/// rejected record (as the gateway rejects it), and the rest of the batch is produced.
+/// rejected record, the rest of the batch is produced, and the record goes to the dead-letter
+/// topic, cut at 64 KiB with its reason, as the gateway sends it (before, it was only logged).
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn kafka_output_rejects_a_record_too_large_for_a_message_and_goes_on() {
     let kafka = service_env("EDGE_INGEST_KAFKA");
     let prefix = format!("agentbig{}.", rand::random::<u32>());
     let topic = format!("{prefix}sensor_readings");
     create_topic(&kafka, &topic, 1).await;
+    create_topic(&kafka, &format!("{prefix}dead-letters"), 1).await;
     let dir = tempfile::tempdir().unwrap();
+    let (lines, expected) = with_a_record_too_large();
+    let stats = run_to_kafka(dir.path(), &kafka, &prefix, "max_records = 10", &lines).await;
+    assert_eq!(stats.delivery.accepted, 2);
+    assert_eq!(stats.delivery.rejected_records, 1);
+    let landed = read_topic(&kafka, &topic, expected.len(), Duration::ZERO);
+    assert_exactly_once(&landed, &expected);
+    let consumer: BaseConsumer = ClientConfig::new()
+        .set("bootstrap.servers", &kafka)
+        .set("group.id", format!("check-{prefix}dead-letters"))
+        .set("auto.offset.reset", "earliest")
+        .create()
+        .unwrap();
+    consumer
+        .subscribe(&[&format!("{prefix}dead-letters")])
+        .unwrap();
+    let deadline = Instant::now() + Duration::from_secs(30);
+    let dead = loop {
+        assert!(Instant::now() < deadline, "no dead letter");
+        if let Some(m) = consumer.poll(Duration::from_millis(200)) {
+            break m.unwrap().detach();
+        }
+    };
+    let headers: HashMap<&str, &[u8]> = dead
+        .headers()
+        .unwrap()
+        .iter()
+        .map(|h| (h.key, h.value.unwrap()))
+        .collect();
+    assert_eq!(headers["reason-code"], b"too_large");
+    assert_eq!(headers["truncated"], b"true");
+    assert_eq!(headers["stream"], b"sensor_readings");
+    assert_eq!(headers["record-index"], b"1");
+    assert_eq!(dead.key(), Some(&b"sensor_readings"[..]));
+    assert_eq!(dead.payload().unwrap().len(), 64 * 1024);
+    assert!(dead.payload().unwrap().starts_with(b"{"));
+}
+
+/// Two readings with one too large for a Kafka message between them, and the two's hashes.
+fn with_a_record_too_large() -> (Vec<String>, Vec<ContentHash>) {
     let (mut lines, expected) = readings(2, 9, 0, 4);
     let mut big: serde_json::Value = serde_json::from_str(&lines[0]).unwrap();
     big["unit"] = serde_json::Value::String("x".repeat(1_010_000));
     big["ts"] = serde_json::json!(1);
     lines.insert(1, big.to_string());
-    let stats = run_to_kafka(dir.path(), &kafka, &prefix, "max_records = 10", &lines).await;
+    (lines, expected)
+}
+
+/// Without the dead-letter topic (not created; Kafka does not create it), the record too large
+/// is left out and logged, and the batch is not held up for it: the stream goes on.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn kafka_output_goes_on_without_the_dead_letter_topic() {
+    let kafka = service_env("EDGE_INGEST_KAFKA");
+    let prefix = format!("agentnodlq{}.", rand::random::<u32>());
+    let topic = format!("{prefix}sensor_readings");
+    create_topic(&kafka, &topic, 1).await;
+    let dir = tempfile::tempdir().unwrap();
+    let (lines, expected) = with_a_record_too_large();
+    // librdkafka gives up on the missing topic at the message timeout.
+    let batch = "max_records = 10\n[kafka.properties]\n\"message.timeout.ms\" = \"3000\"";
+    let stats = run_to_kafka(dir.path(), &kafka, &prefix, batch, &lines).await;
     assert_eq!(stats.delivery.accepted, 2);
     assert_eq!(stats.delivery.rejected_records, 1);
     let landed = read_topic(&kafka, &topic, expected.len(), Duration::ZERO);

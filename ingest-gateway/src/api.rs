@@ -23,7 +23,8 @@ use crate::auth::Auth;
 use crate::config::{IdempotencyConfig, LimitsConfig};
 use crate::idempotency::{self, Begin, IdempotencyCache};
 use crate::metrics as m;
-use crate::produce::{DeadLetter, Producer};
+use crate::produce::Producer;
+use plumbing::kafka::DeadLetter;
 
 /// Shared state of the handlers.
 pub struct AppState {

@@ -5,56 +5,17 @@ use std::sync::mpsc;
 use std::sync::{Arc, RwLock};
 use std::time::Duration;
 
-use plumbing::kafka::{DeliveryGroup, GroupProducer, Messages};
+use plumbing::kafka::{DeadLetter, DeliveryGroup, GroupProducer, Messages};
 use rdkafka::ClientConfig;
 use rdkafka::admin::{AdminClient, AdminOptions, NewTopic, TopicReplication};
 use rdkafka::client::DefaultClientContext;
 use rdkafka::error::{KafkaError, KafkaResult, RDKafkaErrorCode};
-use rdkafka::message::{Header, OwnedHeaders};
 use rdkafka::producer::Producer as _;
 use schemas::Streams;
-use schemas::wire::{HEADER_INGEST_TS, topic_name};
+use schemas::wire::topic_name;
 
 use crate::api::ApiError;
 use crate::config::KafkaConfig;
-
-/// A rejected record bound for the dead-letter topic.
-pub struct DeadLetter {
-    index: String,
-    code: &'static str,
-    reason: String,
-    /// The record as received, cut at [`MAX_DEAD_LETTER_BYTES`].
-    raw: Vec<u8>,
-    truncated: bool,
-}
-
-/// Longest record kept in the dead-letter topic (Kafka's default message limit is 1 MB).
-pub const MAX_DEAD_LETTER_BYTES: usize = 64 * 1024;
-
-impl DeadLetter {
-    /// The reason code (a metric label).
-    pub fn code(&self) -> &'static str {
-        self.code
-    }
-
-    pub fn new(index: usize, code: &'static str, reason: &str, raw: &[u8]) -> DeadLetter {
-        let cut = raw.len().min(MAX_DEAD_LETTER_BYTES);
-        DeadLetter {
-            index: index.to_string(),
-            code,
-            reason: reason.to_owned(),
-            raw: raw[..cut].to_vec(),
-            truncated: cut < raw.len(),
-        }
-    }
-}
-
-/// Dead-letter headers: the stream, the record's index in its request, a reason code and text.
-pub const DLQ_HEADER_STREAM: &str = "stream";
-pub const DLQ_HEADER_INDEX: &str = "record-index";
-pub const DLQ_HEADER_CODE: &str = "reason-code";
-pub const DLQ_HEADER_REASON: &str = "reason";
-pub const DLQ_HEADER_TRUNCATED: &str = "truncated";
 
 pub struct Producer {
     /// Replaced when librdkafka reports a fatal error (e.g. a fenced idempotent producer after
@@ -201,32 +162,13 @@ impl Producer {
         // librdkafka copied the values: their buffer need not live while the acks are awaited.
         drop(records);
         for d in &dead_letters {
-            let headers = OwnedHeaders::new_with_capacity(6)
-                .insert(Header {
-                    key: DLQ_HEADER_STREAM,
-                    value: Some(stream),
-                })
-                .insert(Header {
-                    key: DLQ_HEADER_INDEX,
-                    value: Some(&d.index),
-                })
-                .insert(Header {
-                    key: DLQ_HEADER_CODE,
-                    value: Some(d.code),
-                })
-                .insert(Header {
-                    key: DLQ_HEADER_REASON,
-                    value: Some(&d.reason),
-                })
-                .insert(Header {
-                    key: DLQ_HEADER_TRUNCATED,
-                    value: Some(if d.truncated { "true" } else { "false" }),
-                })
-                .insert(Header {
-                    key: HEADER_INGEST_TS,
-                    value: Some(&ingest_ts),
-                });
-            group.send(producer, &self.dead_letter_topic, stream, &d.raw, headers)?;
+            d.send(
+                producer,
+                &mut group,
+                &self.dead_letter_topic,
+                stream,
+                &ingest_ts,
+            )?;
         }
         group.settled().await.map(drop)
     }

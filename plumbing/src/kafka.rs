@@ -207,6 +207,79 @@ impl Messages {
     }
 }
 
+/// A rejected record bound for the dead-letter topic: the gateway's records that are invalid or
+/// too large for a Kafka message, and the agent Kafka output's that are too large.
+pub struct DeadLetter {
+    index: String,
+    code: &'static str,
+    reason: String,
+    /// The record as received, cut at [`MAX_DEAD_LETTER_BYTES`].
+    raw: Vec<u8>,
+    truncated: bool,
+}
+
+/// Longest record kept in the dead-letter topic (Kafka's default message limit is 1 MB).
+pub const MAX_DEAD_LETTER_BYTES: usize = 64 * 1024;
+
+/// Dead-letter headers: the stream, the record's index in its request, a reason code and text.
+pub const DLQ_HEADER_STREAM: &str = "stream";
+pub const DLQ_HEADER_INDEX: &str = "record-index";
+pub const DLQ_HEADER_CODE: &str = "reason-code";
+pub const DLQ_HEADER_REASON: &str = "reason";
+pub const DLQ_HEADER_TRUNCATED: &str = "truncated";
+
+impl DeadLetter {
+    /// The record at `index` of its request or batch, `raw` as it came, refused for `reason`
+    /// (`code`, a metric label).
+    pub fn new(index: usize, code: &'static str, reason: &str, raw: &[u8]) -> DeadLetter {
+        let cut = raw.len().min(MAX_DEAD_LETTER_BYTES);
+        DeadLetter {
+            index: index.to_string(),
+            code,
+            reason: reason.to_owned(),
+            raw: raw[..cut].to_vec(),
+            truncated: cut < raw.len(),
+        }
+    }
+
+    /// The reason code (a metric label).
+    pub fn code(&self) -> &'static str {
+        self.code
+    }
+
+    /// Hands it to librdkafka in `group`, for `topic`, keyed by its stream, with the
+    /// dead-letter headers and the ingest time.
+    pub fn send(
+        &self,
+        producer: &GroupProducer,
+        group: &mut DeliveryGroup,
+        topic: &str,
+        stream: &str,
+        ingest_ts: &str,
+    ) -> KafkaResult<()> {
+        let truncated = if self.truncated { "true" } else { "false" };
+        let headers = [
+            (DLQ_HEADER_STREAM, stream),
+            (DLQ_HEADER_INDEX, self.index.as_str()),
+            (DLQ_HEADER_CODE, self.code),
+            (DLQ_HEADER_REASON, self.reason.as_str()),
+            (DLQ_HEADER_TRUNCATED, truncated),
+            (HEADER_INGEST_TS, ingest_ts),
+        ]
+        .into_iter()
+        .fold(
+            OwnedHeaders::new_with_capacity(6),
+            |headers, (key, value)| {
+                headers.insert(Header {
+                    key,
+                    value: Some(value),
+                })
+            },
+        );
+        group.send(producer, topic, stream, &self.raw, headers)
+    }
+}
+
 /// A producer whose deliveries are counted per group of messages (a request, a batch): the
 /// waiter wakes once when the whole group is settled, instead of a oneshot channel and a future
 /// per message as with rdkafka's `FutureProducer`.
