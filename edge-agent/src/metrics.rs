@@ -55,7 +55,12 @@ pub fn register(spool_limit_bytes: u64) {
 /// [`register`] for one stream, whose spool overflows by `policy`.
 pub fn register_stream(stream: &str, policy: &'static str) {
     let labels = [("stream", stream.to_owned())];
-    for counter in [BATCHES_REJECTED, RECORDS_REJECTED, SPOOL_BLOCKED] {
+    for counter in [
+        BATCHES_REJECTED,
+        RECORDS_REJECTED,
+        SPOOL_BLOCKED,
+        DEAD_LETTERS_LOST,
+    ] {
         metrics::counter!(counter, &labels).increment(0);
     }
     metrics::counter!(SPOOL_DROPPED_RECORDS, "stream" => stream.to_owned(), "policy" => policy)
