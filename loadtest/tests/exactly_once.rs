@@ -1466,3 +1466,71 @@ async fn send_with_ingest_ts(producer: &FutureProducer, key: &str, value: &[u8],
         .await
         .unwrap();
 }
+
+/// A stream defined after the sink started: a sink whose selection has a glob subscribes by a
+/// pattern, finds the new stream's topic at a metadata refresh, reads `streams_dir` again and
+/// lands the stream. Its records that came before the definition wait for it (the partition is
+/// held and read again from them), none skipped. Before, a new stream took a restart of every
+/// sink.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_stream_defined_after_the_start_is_landed_without_a_restart() {
+    let (cluster, producer) = mock_cluster(2);
+    let (landing, streams) = (tempfile::tempdir().unwrap(), tempfile::tempdir().unwrap());
+    let shipped = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("../streams");
+    std::fs::copy(
+        shipped.join("sensor_readings.toml"),
+        streams.path().join("sensor_readings.toml"),
+    )
+    .unwrap();
+    let mut config = local_sink(&cluster, landing.path(), "later", quick_rotation());
+    config.streams_dir = streams.path().to_path_buf();
+    config
+        .kafka
+        .consumer
+        .insert("topic.metadata.refresh.interval.ms".into(), "500".into());
+    let shutdown = CancellationToken::new();
+    let defined = plumbing::load_streams_dir(streams.path()).unwrap();
+    let sink = sink::start(config, defined, shutdown.clone())
+        .await
+        .unwrap();
+    let readings = distinct_readings(200);
+    for r in &readings {
+        let (key, value) = (r["device_id"].as_str().unwrap(), r.to_string());
+        let record = FutureRecord::to(TOPIC).key(key).payload(&value);
+        producer.send(record, Duration::from_secs(5)).await.unwrap();
+    }
+    // The vehicle stream's topic and records, then (a few seconds later) its definition.
+    cluster
+        .create_topic("ingest.vehicle_telemetry", 1, 1)
+        .unwrap();
+    for i in 0..30 {
+        let value = serde_json::json!({"vehicle_id": format!("v{}", i % 3), "recorded_at": 1_767_225_600_000i64 + i, "lat": 1.0, "lon": 2.0}).to_string();
+        let record = FutureRecord::to("ingest.vehicle_telemetry")
+            .key("v")
+            .payload(&value);
+        producer.send(record, Duration::from_secs(5)).await.unwrap();
+    }
+    wait_for("the readings", 60, || {
+        sink.stats.records_written.load(Ordering::Relaxed) >= 200
+    })
+    .await;
+    tokio::time::sleep(Duration::from_secs(3)).await;
+    assert_eq!(sink.stats.records_written.load(Ordering::Relaxed), 200);
+    std::fs::copy(
+        shipped.join("vehicle_telemetry.toml"),
+        streams.path().join("vehicle_telemetry.toml"),
+    )
+    .unwrap();
+    wait_for("the vehicle records", 60, || {
+        sink.stats.records_written.load(Ordering::Relaxed) >= 230
+    })
+    .await;
+    shutdown.cancel();
+    sink.task.await.unwrap().unwrap();
+    assert_eq!(sink.stats.records_written.load(Ordering::Relaxed), 230);
+    assert_eq!(sink.stats.dead_letters.load(Ordering::Relaxed), 0);
+    let vehicles = read_landing_dir(&landing.path().join("landing/vehicle_telemetry")).unwrap();
+    assert_eq!(vehicles.rows, 30);
+    assert_exactly_once(&readings, &landing.path().join("landing/sensor_readings"));
+    drop(cluster);
+}

@@ -407,6 +407,17 @@ impl Streams {
         self.by_name.len()
     }
 
+    /// Adds `def` unless a stream of its name is there; whether it was added.
+    pub fn insert(&mut self, def: Arc<StreamDef>) -> bool {
+        match self.by_name.entry(def.name.clone()) {
+            std::collections::btree_map::Entry::Occupied(_) => false,
+            std::collections::btree_map::Entry::Vacant(slot) => {
+                slot.insert(def);
+                true
+            }
+        }
+    }
+
     /// Keeps only the streams for which `keep` is true.
     pub fn retain(&mut self, mut keep: impl FnMut(&StreamDef) -> bool) {
         self.by_name.retain(|_, def| keep(def));

@@ -114,6 +114,50 @@ impl SinkConfig {
     /// The streams of `all` that [`SinkConfig::streams`] selects. Every entry must be a valid
     /// pattern that selects at least one stream: a misspelt name would otherwise land nothing
     /// without a word. All problems are reported together.
+    /// The regular expression (librdkafka's, which a subscription starting with `^` is) of the
+    /// topics of the selected streams, when the selection has glob patterns: the sink then
+    /// subscribes by it and also reads the topics of streams defined after it started. `None`
+    /// for a selection of names only, which subscribes by the list.
+    pub fn topic_pattern(&self) -> Option<String> {
+        let globbed = |entry: &String| entry.contains(['*', '?', '[']);
+        if !self.streams.iter().any(globbed) {
+            return None;
+        }
+        let escape = |text: &str| -> String {
+            text.chars()
+                .map(|c| match c {
+                    c if c.is_ascii_alphanumeric() || c == '_' || c == '-' => c.to_string(),
+                    c => format!("\\{c}"),
+                })
+                .collect()
+        };
+        let alternatives: Vec<String> = self
+            .streams
+            .iter()
+            .map(|entry| {
+                let mut regex = String::new();
+                let mut class = false;
+                for c in entry.chars() {
+                    match c {
+                        '[' => (class, regex) = (true, regex + "["),
+                        ']' => (class, regex) = (false, regex + "]"),
+                        '!' if class && regex.ends_with('[') => regex.push('^'),
+                        c if class => regex.push(c),
+                        '*' => regex.push_str(".*"),
+                        '?' => regex.push('.'),
+                        c => regex.push_str(&escape(&c.to_string())),
+                    }
+                }
+                regex
+            })
+            .collect();
+        Some(format!(
+            "^{}({})$",
+            escape(&self.kafka.topic_prefix),
+            alternatives.join("|")
+        ))
+    }
+
     pub fn select_streams(&self, mut all: Streams) -> anyhow::Result<Streams> {
         let mut patterns = Vec::new();
         let mut problems = Vec::new();

@@ -324,6 +324,12 @@ pub async fn start(
     if let Some(id) = &config.kafka.instance_id {
         client.set("group.instance.id", id);
     }
+    let pattern = config.topic_pattern();
+    if pattern.is_some() {
+        // A topic created later (a stream defined after the start) is found at the next
+        // metadata refresh: every 30 s rather than librdkafka's 5 minutes.
+        client.set("topic.metadata.refresh.interval.ms", "30000");
+    }
     plumbing::kafka_security::apply(
         &mut client,
         config.kafka.tls.as_ref(),
@@ -341,11 +347,14 @@ pub async fn start(
         .iter()
         .map(|s| topic_name(&config.kafka.topic_prefix, &s.name))
         .collect();
-    let topic_refs: Vec<&str> = topics.iter().map(String::as_str).collect();
+    let topic_refs: Vec<&str> = match &pattern {
+        Some(pattern) => vec![pattern.as_str()],
+        None => topics.iter().map(String::as_str).collect(),
+    };
     consumer
         .subscribe(&topic_refs)
         .context("cannot subscribe to the stream topics")?;
-    tracing::info!(topics = ?topics, store = %store.describe(), group = %config.kafka.group_id, "sink started");
+    tracing::info!(topics = ?topics, pattern = pattern.as_deref().unwrap_or("-"), store = %store.describe(), group = %config.kafka.group_id, "sink started");
     let consumer = Arc::new(consumer);
     let readiness = Readiness {
         consumer: Arc::downgrade(&consumer),
@@ -368,6 +377,7 @@ pub async fn start(
         round_start: Instant::now(),
         store_given_up: AtomicBool::new(false),
         commits_given_up: false,
+        streams_read: None,
         paused: Vec::new(),
         staging_attempts: HashMap::new(),
     };
@@ -406,7 +416,10 @@ struct Worker {
     /// A commit failed at shutdown (the broker unreachable): the other partitions' commits are
     /// not tried either, each of which would wait for the coordinator as long.
     commits_given_up: bool,
-    /// Partitions paused after a staged write failed, and when they are read again.
+    /// When `streams_dir` was last read again for a topic of an unknown stream.
+    streams_read: Option<Instant>,
+    /// Partitions paused (after a staged write failed, or while their stream is not defined),
+    /// and when they are read again.
     paused: Vec<(PartKey, Instant)>,
     /// Staged writes that failed in a row, by partition (the backoff before it is read again);
     /// a partition leaves when it writes a file.
@@ -493,6 +506,9 @@ impl Listings {
 const BUDGET_CHECK_EVERY: u64 = 16;
 /// Messages handled per wake-up of the consumer loop at most.
 const DRAIN_MAX: usize = 1024;
+
+/// How often the stream definitions are read again while a topic's stream is unknown.
+const STREAMS_RELOAD: Duration = Duration::from_secs(10);
 
 /// How often abandoned multipart uploads and staged files are looked for.
 const SWEEP_INTERVAL: Duration = Duration::from_secs(3600);
@@ -664,7 +680,7 @@ impl Worker {
     }
 
     async fn on_message(&mut self, msg: OwnedMessage) -> anyhow::Result<()> {
-        self.open_partition(&msg).await;
+        self.open_partition(&msg).await?;
         let fields = Fields::of(&msg, self.config.kafka.ingest_time);
         if let Some(key) = self.rotates_before(&fields) {
             self.flush(&key, FlushReason::Hour).await?;
@@ -806,13 +822,26 @@ impl Worker {
             retry_in_ms = delay.as_millis() as u64,
             "cannot write a staged file (is the staging disk full?): the partition's open file is dropped and read again from Kafka"
         );
+        self.hold(key, resume, Instant::now() + delay).await
+    }
+
+    /// Pauses the partition until `until` ([`Worker::resume_due`]) and seeks it back to
+    /// `offset`, so that its records from there are read again then. A seek that fails stops
+    /// the sink, which then reads the partition again from its committed offset after a
+    /// restart.
+    async fn hold(
+        &mut self,
+        key: PartKey,
+        offset: Option<i64>,
+        until: Instant,
+    ) -> anyhow::Result<()> {
         let mut list = TopicPartitionList::new();
         list.add_partition(&key.0, key.1);
         self.consumer
             .pause(&list)
             .with_context(|| format!("cannot pause {}[{}]", key.0, key.1))?;
-        self.paused.push((key.clone(), Instant::now() + delay));
-        let Some(offset) = resume else {
+        self.paused.push((key.clone(), until));
+        let Some(offset) = offset else {
             return Ok(());
         };
         let consumer = self.consumer.clone();
@@ -826,10 +855,10 @@ impl Worker {
             )
         })
         .await?
-        .with_context(|| format!("cannot seek back to offset {offset} after a staged write failed"))
+        .with_context(|| format!("cannot seek back to offset {offset}"))
     }
 
-    /// Resumes the partitions paused by [`Worker::rewind`] whose backoff is over.
+    /// Resumes the partitions held ([`Worker::hold`]) whose time is over.
     fn resume_due(&mut self) {
         if self.paused.is_empty() {
             return;
@@ -846,7 +875,7 @@ impl Worker {
         if list.count() > 0
             && let Err(e) = self.consumer.resume(&list)
         {
-            tracing::warn!(error = %e, "cannot resume partitions paused after a staged write failed");
+            tracing::warn!(error = %e, "cannot resume held partitions");
         }
     }
 
@@ -896,16 +925,16 @@ impl Worker {
     /// Sets up the state of a partition the first time one of its messages arrives, with the
     /// dedupe window warmed from the partition's recent landing files, so that duplicates that
     /// straddle a restart or a rebalance are dropped too.
-    async fn open_partition(&mut self, msg: &OwnedMessage) {
+    async fn open_partition(&mut self, msg: &OwnedMessage) -> anyhow::Result<()> {
         if self.parts.contains_key(&part_ref(msg)) {
-            return;
+            return Ok(());
         }
         let key = (msg.topic().to_owned(), msg.partition());
-        let Some(def) = stream_of_topic(&self.config.kafka.topic_prefix, msg.topic())
-            .and_then(|s| self.streams.get(s))
-            .cloned()
-        else {
-            return;
+        let Some(def) = self.stream_of(msg.topic()) else {
+            // Read again from this message once the definition may have come: skipped, its
+            // records would wait for the next rebalance.
+            let until = Instant::now() + STREAMS_RELOAD;
+            return self.hold(key, Some(msg.offset()), until).await;
         };
         // More partitions than before share the dedupe memory: the open ones give up their
         // oldest entries first.
@@ -948,6 +977,50 @@ impl Worker {
         }
         self.parts.insert(key, state);
         self.report_dedupe_memory();
+        Ok(())
+    }
+
+    /// The definition of the stream of `topic`. A topic of no stream known (subscribed by a
+    /// pattern, the topic of a stream defined after the start) makes the sink read
+    /// `streams_dir` again, at most every [`STREAMS_RELOAD`], and take the streams the selection
+    /// adds; definitions it has are kept as they were (a changed one takes effect at a
+    /// restart). Records of a topic without a definition are read but not written or committed,
+    /// until the definition comes.
+    fn stream_of(&mut self, topic: &str) -> Option<Arc<schemas::StreamDef>> {
+        let name = stream_of_topic(&self.config.kafka.topic_prefix, topic)?;
+        if let Some(def) = self.streams.get(name) {
+            return Some(def.clone());
+        }
+        if self
+            .streams_read
+            .is_some_and(|t| t.elapsed() < STREAMS_RELOAD)
+        {
+            return None;
+        }
+        self.streams_read = Some(Instant::now());
+        let read = plumbing::load_streams_dir(&self.config.streams_dir)
+            .and_then(|all| self.config.select_streams(all));
+        match read {
+            Ok(selected) => {
+                for def in selected.iter() {
+                    if self.streams.insert(def.clone()) {
+                        m::register_stream(def);
+                        tracing::info!(stream = %def.name, "a stream defined after the start is landed from now on");
+                    }
+                }
+            }
+            Err(e) => {
+                tracing::warn!(error = %format!("{e:#}"), "cannot read the stream definitions again")
+            }
+        }
+        let def = self.streams.get(name).cloned();
+        if def.is_none() {
+            tracing::warn!(
+                topic,
+                "no stream definition for this topic: its records wait, uncommitted, until one is added to streams_dir"
+            );
+        }
+        def
     }
 
     /// Loads the content hashes of the newest landing files of a partition (from the last

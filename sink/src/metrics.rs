@@ -60,11 +60,16 @@ pub fn register(streams: &schemas::Streams) {
     ::metrics::counter!(LANDING_LISTINGS).increment(0);
     ::metrics::counter!(STAGING_ERRORS).increment(0);
     for def in streams.iter() {
-        ::metrics::counter!(DEAD_LETTERS, "stream" => def.name.clone()).increment(0);
-        ::metrics::counter!(ADOPTED_RECORDS, "stream" => def.name.clone()).increment(0);
-        ::metrics::counter!(LANDING_CONFLICTS, "stream" => def.name.clone()).increment(0);
-        duplicates(&def.name).increment(0);
+        register_stream(def);
     }
+}
+
+/// [`register`]'s series of one stream.
+pub fn register_stream(def: &schemas::StreamDef) {
+    ::metrics::counter!(DEAD_LETTERS, "stream" => def.name.clone()).increment(0);
+    ::metrics::counter!(ADOPTED_RECORDS, "stream" => def.name.clone()).increment(0);
+    ::metrics::counter!(LANDING_CONFLICTS, "stream" => def.name.clone()).increment(0);
+    duplicates(&def.name).increment(0);
 }
 
 /// `DISCARDED` for the duplicates of `stream`.
