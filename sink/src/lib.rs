@@ -547,32 +547,21 @@ enum Conflict {
     Unreadable(anyhow::Error),
 }
 
-/// What reading parts of a landing file by range came to ([`Worker::read_pages`]).
-enum Ranged {
-    Read {
-        plan: PagePlan,
-        /// The bytes of the plan's ranges.
-        pieces: Vec<bytes::Bytes>,
-        /// The object's size.
-        size: u64,
-    },
+/// What reading a landing file by range came to ([`Worker::read_pages`]).
+enum Ranged<T> {
+    Read(T),
     /// The object is not there (any more).
     Gone,
     /// Not a landing file that can be read.
     Unreadable(parquet::errors::ParquetError),
 }
+
+/// The pages of a landing file read for a plan: the plan, the bytes of its ranges and the
+/// object's size.
+type Pages = (PagePlan, Vec<bytes::Bytes>, u64);
 
 /// Rows of an object to adopt that are compared with the partition's own.
 const ADOPT_SAMPLE: Rows = Rows::First(4096);
-
-/// What reading the content hashes of a landing file came to.
-enum Hashes {
-    Read(Vec<ContentHash>),
-    /// The object is not there (any more).
-    Gone,
-    /// Not a landing file that can be read.
-    Unreadable(parquet::errors::ParquetError),
-}
 
 /// What remains to do for a message after [`Worker::on_borrowed`].
 enum Next {
@@ -799,8 +788,7 @@ impl Worker {
     /// seeks it back to the first offset no object holds. When it is read again, its state is
     /// opened anew, with a window warmed from its landing files (the dropped records' hashes
     /// are not in it). A disk that stays full costs a retry per backoff, and the other
-    /// partitions go on. A seek that fails stops the sink, which then reads the partition
-    /// again from its committed offset after a restart.
+    /// partitions go on.
     async fn rewind(&mut self, failed: StagingFailed) -> anyhow::Result<()> {
         let StagingFailed { key, resume, error } = failed;
         let dropped_rows = self.parts.remove(&key).map_or(0, |p| p.rows());
@@ -891,12 +879,19 @@ impl Worker {
                 tracing::info!(topic = %key.0, partition = key.1, dropped_rows = p.rows(), "partition revoked");
             }
             // Its next owner reads it from the committed offset, with a disk of its own.
-            self.staging_attempts.remove(&key);
+            self.staging_recovered(&key);
         }
-        self.stats
-            .staging_failing
-            .store(!self.staging_attempts.is_empty(), Ordering::Relaxed);
         self.report_dedupe_memory();
+    }
+
+    /// The partition no longer waits after a failed staged write: it wrote a file, or went to
+    /// another sink. The sink is ready again once no partition waits.
+    fn staging_recovered(&mut self, key: &PartKey) {
+        if self.staging_attempts.remove(key).is_some() {
+            self.stats
+                .staging_failing
+                .store(!self.staging_attempts.is_empty(), Ordering::Relaxed);
+        }
     }
 
     /// The dedupe window of a partition: `dedupe_window` entries, fewer when the windows of all
@@ -930,7 +925,7 @@ impl Worker {
             return Ok(());
         }
         let key = (msg.topic().to_owned(), msg.partition());
-        let Some(def) = self.stream_of(msg.topic()) else {
+        let Some(def) = self.stream_of(msg.topic()).await else {
             // Read again from this message once the definition may have come: skipped, its
             // records would wait for the next rebalance.
             let until = Instant::now() + STREAMS_RELOAD;
@@ -986,7 +981,7 @@ impl Worker {
     /// adds; definitions it has are kept as they were (a changed one takes effect at a
     /// restart). Records of a topic without a definition are read but not written or committed,
     /// until the definition comes.
-    fn stream_of(&mut self, topic: &str) -> Option<Arc<schemas::StreamDef>> {
+    async fn stream_of(&mut self, topic: &str) -> Option<Arc<schemas::StreamDef>> {
         let name = stream_of_topic(&self.config.kafka.topic_prefix, topic)?;
         if let Some(def) = self.streams.get(name) {
             return Some(def.clone());
@@ -998,8 +993,15 @@ impl Worker {
             return None;
         }
         self.streams_read = Some(Instant::now());
-        let read = plumbing::load_streams_dir(&self.config.streams_dir)
-            .and_then(|all| self.config.select_streams(all));
+        // Files are read on the blocking pool, not on the reactor.
+        let config = self.config.clone();
+        let read = tokio::task::spawn_blocking(move || {
+            plumbing::load_streams_dir(&config.streams_dir)
+                .and_then(|all| config.select_streams(all))
+        })
+        .await
+        .map_err(anyhow::Error::from)
+        .and_then(|read| read);
         match read {
             Ok(selected) => {
                 for def in selected.iter() {
@@ -1060,9 +1062,9 @@ impl Worker {
                 }
                 tracing::debug!(key, "reading content hashes");
                 let hashes = match self.last_hashes(&key, window.capacity() - total).await? {
-                    Hashes::Read(hashes) => hashes,
-                    Hashes::Gone => continue,
-                    Hashes::Unreadable(e) => {
+                    Ranged::Read(hashes) => hashes,
+                    Ranged::Gone => continue,
+                    Ranged::Unreadable(e) => {
                         // Not the store failing: retrying would not help.
                         tracing::warn!(key, error = %e, "cannot read a landing file's content hashes; its records are not in the dedupe window");
                         continue;
@@ -1083,17 +1085,21 @@ impl Worker {
     /// The content hashes of the last `want` rows of the landing file at `key` (all of them
     /// when it has fewer), read by range ([`Worker::read_pages`]). Fails when the store does
     /// (the caller retries).
-    async fn last_hashes(&self, key: &str, want: usize) -> anyhow::Result<Hashes> {
+    async fn last_hashes(
+        &self,
+        key: &str,
+        want: usize,
+    ) -> anyhow::Result<Ranged<Vec<ContentHash>>> {
         let columns = [schemas::arrow::COL_CONTENT_HASH];
         let (plan, pieces, size) = match self.read_pages(key, &columns, Rows::Last(want)).await? {
-            Ranged::Read { plan, pieces, size } => (plan, pieces, size),
-            Ranged::Gone => return Ok(Hashes::Gone),
-            Ranged::Unreadable(e) => return Ok(Hashes::Unreadable(e)),
+            Ranged::Read(pages) => pages,
+            Ranged::Gone => return Ok(Ranged::Gone),
+            Ranged::Unreadable(e) => return Ok(Ranged::Unreadable(e)),
         };
         let read =
             tokio::task::spawn_blocking(move || parquet_file::hashes_of(&plan.read(size, pieces)?))
                 .await?;
-        Ok(read.map_or_else(Hashes::Unreadable, Hashes::Read))
+        Ok(read.map_or_else(Ranged::Unreadable, Ranged::Read))
     }
 
     /// Reads `rows` of `columns` of the landing file at `key` by range: its footer and offset
@@ -1105,7 +1111,7 @@ impl Worker {
         key: &str,
         columns: &[&'static str],
         rows: Rows,
-    ) -> Result<Ranged, StoreError> {
+    ) -> Result<Ranged<Pages>, StoreError> {
         let tail = self
             .store
             .get_range(key, ByteRange::Suffix(parquet_file::TAIL_BYTES))
@@ -1139,7 +1145,7 @@ impl Worker {
             };
             pieces.push(piece);
         }
-        Ok(Ranged::Read { plan, pieces, size })
+        Ok(Ranged::Read((plan, pieces, size)))
     }
 
     /// The partition whose open file must close before `msg` joins it: its first record was
@@ -1301,11 +1307,7 @@ impl Worker {
                         .fetch_add(rows as u64, Ordering::Relaxed);
                     self.stats.files_written.fetch_add(1, Ordering::Relaxed);
                     part.range_start = None;
-                    if self.staging_attempts.remove(key).is_some() {
-                        self.stats
-                            .staging_failing
-                            .store(!self.staging_attempts.is_empty(), Ordering::Relaxed);
-                    }
+                    self.staging_recovered(key);
                     tracing::debug!(
                         object,
                         rows,
@@ -1423,7 +1425,7 @@ impl Worker {
             return Ok(());
         };
         let (plan, pieces, size) = match existing {
-            Ranged::Read { plan, pieces, size } => (plan, pieces, size),
+            Ranged::Read(pages) => pages,
             Ranged::Gone => anyhow::bail!("{object} vanished after a conflicting create"),
             Ranged::Unreadable(e) => {
                 self.landing_conflict(key, object, Conflict::Unreadable(e.into()));
