@@ -3,6 +3,8 @@
 //! object at the same key, adopts it and lands only the rest; duplicates re-sent into Kafka and
 //! an undecodable record are dropped.
 
+mod common;
+
 use std::collections::HashSet;
 use std::sync::atomic::Ordering;
 use std::time::{Duration, Instant};
@@ -1532,5 +1534,130 @@ async fn a_stream_defined_after_the_start_is_landed_without_a_restart() {
     let vehicles = read_landing_dir(&landing.path().join("landing/vehicle_telemetry")).unwrap();
     assert_eq!(vehicles.rows, 30);
     assert_exactly_once(&readings, &landing.path().join("landing/sensor_readings"));
+    drop(cluster);
+}
+
+/// A stream's definition changed while the sink runs. A nullable field added (`humidity`,
+/// version 2) is taken when the first record that sets it arrives: the partition's open file of
+/// the old columns closes, and the record lands in a file with the new column, none of them a
+/// dead letter. Before, such records went to the dead letters until every sink restarted. An
+/// incompatible edit after it (`quality` retyped) is refused: the running definition stays, so
+/// records of the old shape still land and those of the new shape are dead letters.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_compatible_definition_change_is_taken_without_a_restart() {
+    let (cluster, producer) = mock_cluster(2);
+    let (landing, streams) = (tempfile::tempdir().unwrap(), tempfile::tempdir().unwrap());
+    let file = streams.path().join("sensor_readings.toml");
+    let shipped = include_str!("../../streams/sensor_readings.toml");
+    std::fs::write(&file, shipped).unwrap();
+    // Files stay open 2 s after their last record, so that the change meets open files.
+    let rotation = RotationConfig {
+        idle_ms: 2000,
+        ..RotationConfig::default()
+    };
+    let mut config = local_sink(&cluster, landing.path(), "redefined", rotation);
+    config.streams_dir = streams.path().to_path_buf();
+    let shutdown = CancellationToken::new();
+    let defined = plumbing::load_streams_dir(streams.path()).unwrap();
+    let sink = sink::start(config, defined, shutdown.clone())
+        .await
+        .unwrap();
+    let readings = distinct_readings(300);
+    let (old, new) = readings.split_at(150);
+    let send = |r: &serde_json::Value| {
+        let (key, value) = (r["device_id"].as_str().unwrap().to_owned(), r.to_string());
+        let producer = producer.clone();
+        async move { send_plain(&producer, &key, &value).await }
+    };
+    for r in old {
+        send(r).await;
+    }
+    wait_received(&sink, 150).await;
+    let extended = format!(
+        "{}\n[[fields]]\nname = \"humidity\"\ntype = \"float64\"\ndoc = \"Relative humidity, %\"\n",
+        shipped.replace("version = 1", "version = 2")
+    );
+    std::fs::write(&file, &extended).unwrap();
+    let mut with_humidity = Vec::new();
+    for (i, r) in new.iter().enumerate() {
+        let mut r = r.clone();
+        r["humidity"] = serde_json::json!(40.0 + i as f64);
+        send(&r).await;
+        with_humidity.push(r);
+    }
+    wait_for("the records with the new field", 60, || {
+        sink.stats.records_written.load(Ordering::Relaxed) >= 300
+    })
+    .await;
+    assert_eq!(sink.stats.dead_letters.load(Ordering::Relaxed), 0);
+
+    // An incompatible edit: refused, the definition with `humidity` stays.
+    std::fs::write(
+        &file,
+        extended.replace(
+            "name = \"quality\"\ntype = \"int64\"",
+            "name = \"quality\"\ntype = \"string\"",
+        ),
+    )
+    .unwrap();
+    let more = distinct_readings(320);
+    let mut retyped = more[300..310].to_vec();
+    for r in &mut retyped {
+        r["quality"] = serde_json::json!("good");
+        send(r).await;
+    }
+    let kept: Vec<serde_json::Value> = more[310..]
+        .iter()
+        .map(|r| {
+            let mut r = r.clone();
+            r["humidity"] = serde_json::json!(1.5);
+            r
+        })
+        .collect();
+    for r in &kept {
+        send(r).await;
+    }
+    wait_for("the records after the refused edit", 60, || {
+        sink.stats.records_written.load(Ordering::Relaxed) >= 310
+            && sink.stats.dead_letters.load(Ordering::Relaxed) >= 10
+    })
+    .await;
+    shutdown.cancel();
+    sink.task.await.unwrap().unwrap();
+    assert_eq!(sink.stats.records_written.load(Ordering::Relaxed), 310);
+    assert_eq!(sink.stats.dead_letters.load(Ordering::Relaxed), 10);
+
+    // Every record once, by the new definition's hashes (`humidity` is not hashed).
+    let def = schemas::StreamDef::from_toml(&extended).unwrap();
+    let expected: HashSet<_> = old
+        .iter()
+        .chain(&with_humidity)
+        .chain(&kept)
+        .map(|r| schemas::check(&def, r.clone()).unwrap().hash)
+        .collect();
+    let dir = landing.path().join("landing/sensor_readings");
+    let verdict = compare(&expected, &read_landing_dir(&dir).unwrap());
+    assert!(verdict.exactly_once(), "{verdict:?}");
+    // pyarrow: files of version 1 without the column, files of version 2 with it, and every
+    // reading that set it has its value there.
+    let read = common::pyarrow(&["--dir", dir.to_str().unwrap()]);
+    let mut versions = HashSet::new();
+    for f in read["files"].as_array().unwrap() {
+        let version = f["metadata"]["schema_version"].as_str().unwrap().to_owned();
+        let has_column = f["schema"].get("humidity").is_some();
+        assert_eq!(has_column, version == "2", "{f}");
+        versions.insert(version);
+    }
+    assert_eq!(versions.len(), 2, "{versions:?}");
+    let humid: Vec<f64> = read["rows"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .filter_map(|r| r.get("humidity").and_then(|h| h.as_f64()))
+        .collect();
+    assert_eq!(humid.len(), 160);
+    let sum: f64 = humid.iter().sum();
+    let want: f64 = (0..150).map(|i| 40.0 + i as f64).sum::<f64>() + 10.0 * 1.5;
+    assert_eq!(sum, want);
     drop(cluster);
 }

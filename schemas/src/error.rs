@@ -37,6 +37,16 @@ pub enum RecordError {
 }
 
 impl RecordError {
+    /// Whether a compatible newer definition of the stream may take the record: it sets a field
+    /// the definition lacks (a nullable field added since), or lacks a required one (made
+    /// optional since). Malformed records and wrong types stay invalid under any.
+    pub fn newer_definition_may_take(&self) -> bool {
+        matches!(
+            self,
+            RecordError::Unknown { .. } | RecordError::Missing { .. }
+        )
+    }
+
     /// A short, fixed reason code for metrics labels and dead-letter headers.
     pub fn code(&self) -> &'static str {
         match self {

@@ -24,7 +24,7 @@ pub mod wire;
 
 pub use error::{DecodeError, RecordError, SchemaError};
 pub use hash::{ContentHash, content_hash};
-pub use stream::{FieldDef, FieldType, StreamDef, Streams, validate_stream_name};
+pub use stream::{Change, FieldDef, FieldType, StreamDef, Streams, validate_stream_name};
 pub use value::{Record, Str, Value, validate};
 
 /// A record that passed validation, with its content hash.

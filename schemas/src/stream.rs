@@ -198,6 +198,101 @@ impl StreamDef {
     }
 }
 
+/// How a definition read again relates to the one in use ([`StreamDef::change_to`]).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Change {
+    /// The same records, columns and hashes (its description or docs may differ).
+    Same,
+    /// Every record the running definition takes, the new one takes too, with the same content
+    /// hash: nullable fields added, required fields made optional, fields reordered, the version
+    /// raised. Records written under either fit one table (new columns are null in old files).
+    Compatible,
+    /// Records in Kafka or in landing files would no longer be taken, or would hash otherwise:
+    /// a new version of the stream (DESIGN.md's evolution rule). The reason names the field.
+    Incompatible(String),
+}
+
+impl StreamDef {
+    /// Whether `new` may replace this definition while components run (see [`Change`]).
+    pub fn change_to(&self, new: &StreamDef) -> Change {
+        if let Err(reason) = self.compatible_with(new) {
+            return Change::Incompatible(reason);
+        }
+        let columns = |d: &StreamDef| {
+            d.fields
+                .iter()
+                .map(|f| (f.name.clone(), f.ty.clone(), f.required))
+                .collect::<Vec<_>>()
+        };
+        if self.version == new.version && columns(self) == columns(new) {
+            Change::Same
+        } else {
+            Change::Compatible
+        }
+    }
+
+    fn compatible_with(&self, new: &StreamDef) -> Result<(), String> {
+        if new.version < self.version {
+            return Err(format!(
+                "its version goes back from {} to {}",
+                self.version, new.version
+            ));
+        }
+        for (role, old, now) in [
+            (
+                "event_time_field",
+                self.event_time_field(),
+                new.event_time_field(),
+            ),
+            (
+                "partition_key_field",
+                self.partition_key_field(),
+                new.partition_key_field(),
+            ),
+        ] {
+            if old.name != now.name {
+                return Err(format!(
+                    "{role} changes from '{}' to '{}'",
+                    old.name, now.name
+                ));
+            }
+        }
+        for (i, old) in self.fields.iter().enumerate() {
+            let Some(j) = new.index.get(&old.name).copied() else {
+                return Err(format!("field '{}' is removed", old.name));
+            };
+            let now = &new.fields[j];
+            if now.ty != old.ty {
+                return Err(format!(
+                    "field '{}' changes type from {} to {}",
+                    old.name, old.ty, now.ty
+                ));
+            }
+            if now.required && !old.required {
+                return Err(format!("field '{}' becomes required", old.name));
+            }
+            if new.hashed[j] != self.hashed[i] {
+                return Err(format!(
+                    "field '{}' {} the content hash",
+                    old.name,
+                    if new.hashed[j] { "joins" } else { "leaves" }
+                ));
+            }
+        }
+        if let Some(added) = new
+            .fields
+            .iter()
+            .find(|f| f.required && !self.index.contains_key(&f.name))
+        {
+            return Err(format!(
+                "new field '{}' is required (only nullable fields can be added)",
+                added.name
+            ));
+        }
+        Ok(())
+    }
+}
+
 #[derive(Debug, Deserialize)]
 #[serde(deny_unknown_fields)]
 struct RawStream {
@@ -405,6 +500,11 @@ impl Streams {
 
     pub fn len(&self) -> usize {
         self.by_name.len()
+    }
+
+    /// Puts `def` in place of the stream of its name (or adds it).
+    pub fn replace(&mut self, def: Arc<StreamDef>) {
+        self.by_name.insert(def.name.clone(), def);
     }
 
     /// Adds `def` unless a stream of its name is there; whether it was added.

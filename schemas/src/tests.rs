@@ -344,6 +344,86 @@ fn adding_a_nullable_field_keeps_hashes() {
     assert_ne!(check(&extended, set).unwrap().hash, old);
 }
 
+/// Which edits of a running stream's definition components take without a restart.
+#[test]
+fn definition_changes_are_compatible_only_when_old_records_still_fit() {
+    let text = include_str!("../../streams/sensor_readings.toml");
+    let def = sensor();
+    let edit = |t: String| StreamDef::from_toml(&t).unwrap();
+    let with_humidity = format!("{text}\n[[fields]]\nname = \"humidity\"\ntype = \"float64\"\n");
+    let same = [
+        text.to_owned(),
+        text.replace("Measured value", "The measured value"),
+        text.replace("description = \"Readings", "description = \"All readings"),
+    ];
+    for t in same {
+        assert_eq!(def.change_to(&edit(t)), Change::Same);
+    }
+    let compatible = [
+        with_humidity.clone(),
+        with_humidity.replace("version = 1", "version = 2"),
+        text.replace("version = 1", "version = 2"),
+        // `value` made optional.
+        text.replace(
+            "type = \"float64\"\nrequired = true",
+            "type = \"float64\"\nrequired = false",
+        ),
+        // A new hashed field: records without it keep their hashes.
+        format!(
+            "{}\n[[fields]]\nname = \"firmware\"\ntype = \"string\"\n",
+            text.replace("hash_fields = [", "hash_fields = [\"firmware\", ")
+        ),
+    ];
+    for t in compatible {
+        assert_eq!(def.change_to(&edit(t)), Change::Compatible);
+    }
+    let incompatible = [
+        (
+            text.replace(
+                "name = \"tags\"\ntype = \"map<string>\"",
+                "name = \"labels\"\ntype = \"map<string>\"",
+            ),
+            "field 'tags' is removed",
+        ),
+        (
+            text.replace(
+                "name = \"quality\"\ntype = \"int64\"",
+                "name = \"quality\"\ntype = \"string\"",
+            ),
+            "field 'quality' changes type from int64 to string",
+        ),
+        (
+            text.replace("type = \"int64\"\n", "type = \"int64\"\nrequired = true\n"),
+            "field 'quality' becomes required",
+        ),
+        (
+            format!("{text}\n[[fields]]\nname = \"site\"\ntype = \"string\"\nrequired = true\n"),
+            "new field 'site' is required",
+        ),
+        (
+            text.replace("\"unit\", \"quality\"]", "\"unit\"]"),
+            "field 'quality' leaves the content hash",
+        ),
+        (
+            text.replace("\"unit\", \"quality\"]", "\"unit\", \"quality\", \"tags\"]"),
+            "field 'tags' joins the content hash",
+        ),
+    ];
+    for (t, why) in incompatible {
+        match def.change_to(&edit(t)) {
+            Change::Incompatible(reason) => assert!(reason.contains(why), "{reason} / {why}"),
+            other => panic!("{other:?}, expected: {why}"),
+        }
+    }
+    let newer = edit(with_humidity.replace("version = 1", "version = 3"));
+    match newer.change_to(&def) {
+        Change::Incompatible(reason) => {
+            assert!(reason.contains("version goes back from 3 to 1"), "{reason}")
+        }
+        other => panic!("{other:?}"),
+    }
+}
+
 #[test]
 fn long_strings_hash_by_their_whole_length() {
     // Lengths of 128 bytes and more take two LEB128 bytes; a string and its extension, and a

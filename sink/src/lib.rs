@@ -15,6 +15,7 @@ pub mod staging;
 pub mod store;
 
 use std::collections::HashMap;
+use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
@@ -28,7 +29,7 @@ use rdkafka::message::{BorrowedMessage, Headers, Message, OwnedMessage};
 use rdkafka::{ClientConfig, ClientContext, Offset, TopicPartitionList};
 use schemas::window::{DigestWindow, MAX_UNTIMED_ENTRY_BYTES, digest};
 use schemas::wire::{HEADER_INGEST_TS, parse_decimal_header, stream_of_topic, topic_name};
-use schemas::{ContentHash, Streams};
+use schemas::{Change, ContentHash, Streams};
 use tokio::task::JoinHandle;
 use tokio_util::sync::CancellationToken;
 
@@ -380,6 +381,7 @@ pub async fn start(
         streams_read: None,
         paused: Vec::new(),
         staging_attempts: HashMap::new(),
+        stamps: HashMap::new(),
     };
     Ok(Sink {
         task: tokio::spawn(worker.run()),
@@ -424,6 +426,9 @@ struct Worker {
     /// Staged writes that failed in a row, by partition (the backoff before it is read again);
     /// a partition leaves when it writes a file.
     staging_attempts: HashMap<PartKey, u32>,
+    /// The definition files as they were when last read for a record that did not fit
+    /// ([`Worker::redefine`]), by stream: a file that is not as it was is read again.
+    stamps: HashMap<String, Stamp>,
 }
 
 /// A staged file could not be written (the staging disk full, an I/O error). The sink does not
@@ -563,6 +568,37 @@ type Pages = (PagePlan, Vec<bytes::Bytes>, u64);
 /// Rows of an object to adopt that are compared with the partition's own.
 const ADOPT_SAMPLE: Rows = Rows::First(4096);
 
+/// What [`Worker::handle`] did with a message.
+enum Handled {
+    /// Taken (a row, a duplicate, a dead letter): the partition to flush, if one must be.
+    Taken(Option<(PartKey, FlushReason)>),
+    /// Not taken: its stream's definition may have a newer version that takes it
+    /// ([`Worker::redefine`]).
+    Redefine,
+}
+
+/// The file of stream `name`'s definition in `dir`.
+fn definition_file(dir: &Path, name: &str) -> PathBuf {
+    dir.join(format!("{name}.toml"))
+}
+
+/// What tells a version of a definition file from another without reading it: its inode, size
+/// and modification time (`None` for a file that is not there). A rewrite in place changes the
+/// time, a replacement by rename (editors, Kubernetes config maps) the inode too.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+struct Stamp(Option<(u64, u64, SystemTime)>);
+
+impl Stamp {
+    fn of(path: &Path) -> Stamp {
+        use std::os::unix::fs::MetadataExt as _;
+        Stamp(
+            std::fs::metadata(path)
+                .ok()
+                .map(|m| (m.ino(), m.len(), m.modified().unwrap_or(UNIX_EPOCH))),
+        )
+    }
+}
+
 /// What remains to do for a message after [`Worker::on_borrowed`].
 enum Next {
     Done,
@@ -664,7 +700,11 @@ impl Worker {
         if !fast {
             return Ok(Next::Slow(msg.detach()));
         }
-        let flush = self.handle(&fields)?.or(self.count_received()?);
+        let Handled::Taken(flush) = self.handle(&fields)? else {
+            // A definition is read again, which awaits.
+            return Ok(Next::Slow(msg.detach()));
+        };
+        let flush = flush.or(self.count_received()?);
         Ok(flush.map_or(Next::Done, |(key, reason)| Next::Flush(key, reason)))
     }
 
@@ -675,7 +715,18 @@ impl Worker {
             self.flush(&key, FlushReason::Hour).await?;
         }
         self.round_start = Instant::now();
-        if let Some((key, reason)) = self.handle(&fields)?.or(self.count_received()?) {
+        let flush = loop {
+            match self.handle(&fields)? {
+                Handled::Taken(flush) => break flush,
+                // Handled again with the definition there is now: a redefinition ends in a
+                // stamp that matches, so this ends.
+                Handled::Redefine => {
+                    let PartRef(topic, partition) = fields.part;
+                    self.redefine(&(topic.to_owned(), partition)).await?
+                }
+            }
+        };
+        if let Some((key, reason)) = flush.or(self.count_received()?) {
             self.flush(&key, reason).await?;
         }
         Ok(())
@@ -791,10 +842,7 @@ impl Worker {
     /// partitions go on.
     async fn rewind(&mut self, failed: StagingFailed) -> anyhow::Result<()> {
         let StagingFailed { key, resume, error } = failed;
-        let dropped_rows = self.parts.remove(&key).map_or(0, |p| p.rows());
-        self.report_dedupe_memory();
-        // Files of the partition written since the listings were taken are not in them.
-        self.listings = Listings::default();
+        let dropped_rows = self.drop_partition(&key);
         let attempt = self.staging_attempts.entry(key.clone()).or_default();
         let delay = store::backoff(*attempt);
         *attempt += 1;
@@ -811,6 +859,16 @@ impl Worker {
             "cannot write a staged file (is the staging disk full?): the partition's open file is dropped and read again from Kafka"
         );
         self.hold(key, resume, Instant::now() + delay).await
+    }
+
+    /// Forgets the state of a partition that is read again from its first unwritten offset (its
+    /// open file, dead letters and dedupe window); returns the rows its open file dropped.
+    fn drop_partition(&mut self, key: &PartKey) -> usize {
+        let dropped_rows = self.parts.remove(key).map_or(0, |p| p.rows());
+        self.report_dedupe_memory();
+        // Files of the partition written since the listings were taken are not in them.
+        self.listings = Listings::default();
+        dropped_rows
     }
 
     /// Pauses the partition until `until` ([`Worker::resume_due`]) and seeks it back to
@@ -978,8 +1036,8 @@ impl Worker {
     /// The definition of the stream of `topic`. A topic of no stream known (subscribed by a
     /// pattern, the topic of a stream defined after the start) makes the sink read
     /// `streams_dir` again, at most every [`STREAMS_RELOAD`], and take the streams the selection
-    /// adds; definitions it has are kept as they were (a changed one takes effect at a
-    /// restart). Records of a topic without a definition are read but not written or committed,
+    /// adds; definitions it has are kept as they were (a changed one is read again when a
+    /// record needs it, [`Worker::redefine`]). Records of a topic without a definition are read but not written or committed,
     /// until the definition comes.
     async fn stream_of(&mut self, topic: &str) -> Option<Arc<schemas::StreamDef>> {
         let name = stream_of_topic(&self.config.kafka.topic_prefix, topic)?;
@@ -1164,31 +1222,49 @@ impl Worker {
 
     /// Adds one message to its partition; returns the partition to flush, if one must be.
     /// Fails only when the staged file cannot be written (nothing is committed then).
-    fn handle(&mut self, msg: &Fields<'_>) -> anyhow::Result<Option<(PartKey, FlushReason)>> {
+    fn handle(&mut self, msg: &Fields<'_>) -> anyhow::Result<Handled> {
         let targets = self.targets();
         // `open_partition` created the state (with its warmed window and its stream) before
         // this call.
         let Some(part) = self.parts.get_mut(&msg.part).filter(|p| !p.stopped) else {
-            return Ok(None);
+            return Ok(Handled::Taken(None));
         };
-        // The idle timer's clock, read once per round of ready messages.
-        part.last_append = self.round_start;
-        self.stats.records_received.fetch_add(1, Ordering::Relaxed);
         let Fields {
             offset,
             ingest_ts,
             payload,
             ..
         } = *msg;
+        let adopted = part.next_offset.is_some_and(|next| offset < next);
+        let appended = if adopted {
+            None
+        } else {
+            let appended = part
+                .append(payload, offset, ingest_ts, self.staging.path(), targets)
+                .map_err(|e| StagingFailed::of(part, Some(offset), e))?;
+            Some(match appended {
+                Appended::Unfit(e) => {
+                    let file = definition_file(&self.config.streams_dir, &part.def.name);
+                    if part.newer.is_some()
+                        || self.stamps.get(&part.def.name) != Some(&Stamp::of(&file))
+                    {
+                        return Ok(Handled::Redefine);
+                    }
+                    part.dead_letter(offset, ingest_ts, &e.to_string(), payload);
+                    Appended::DeadLetter(e)
+                }
+                appended => appended,
+            })
+        };
+        // The idle timer's clock, read once per round of ready messages.
+        part.last_append = self.round_start;
+        self.stats.records_received.fetch_add(1, Ordering::Relaxed);
         part.received.increment(1);
-        if part.next_offset.is_some_and(|next| offset < next) {
+        let Some(appended) = appended else {
             // Already durable in an adopted object.
             self.stats.count_adopted(part, 1);
-            return Ok(None);
-        }
-        let appended = part
-            .append(payload, offset, ingest_ts, self.staging.path(), targets)
-            .map_err(|e| StagingFailed::of(part, Some(offset), e))?;
+            return Ok(Handled::Taken(None));
+        };
         let full = match appended {
             Appended::Row { full } => full,
             Appended::Duplicate => {
@@ -1196,8 +1272,9 @@ impl Worker {
                 self.stats
                     .duplicates_dropped
                     .fetch_add(1, Ordering::Relaxed);
-                return Ok(None);
+                return Ok(Handled::Taken(None));
             }
+            Appended::Unfit(_) => unreachable!("made a dead letter above"),
             Appended::DeadLetter(e) => {
                 let PartRef(topic, partition) = msg.part;
                 tracing::warn!(topic, partition, offset, reason = %e, "dead letter: undecodable or invalid record");
@@ -1206,16 +1283,105 @@ impl Worker {
                     .increment(1);
                 self.stats.dead_letters.fetch_add(1, Ordering::Relaxed);
                 let full = part.dead.len() >= self.config.rotation.max_dead_letter_bytes;
-                return Ok(full.then(|| (part.key(), FlushReason::DeadLetters)));
+                return Ok(Handled::Taken(
+                    full.then(|| (part.key(), FlushReason::DeadLetters)),
+                ));
             }
         };
-        Ok(if part.rows() >= self.config.rotation.max_records {
-            Some((part.key(), FlushReason::Records))
-        } else if full {
-            Some((part.key(), FlushReason::Bytes))
-        } else {
-            None
+        Ok(Handled::Taken(
+            if part.rows() >= self.config.rotation.max_records {
+                Some((part.key(), FlushReason::Records))
+            } else if full {
+                Some((part.key(), FlushReason::Bytes))
+            } else {
+                None
+            },
+        ))
+    }
+
+    /// A record of partition `key` sets a field its stream's definition lacks, or lacks one it
+    /// requires ([`Appended::Unfit`]). If the definition's file changed since it was read, it
+    /// is read again ([`Worker::read_definition`]). If a compatible newer definition is there,
+    /// the partition's open file closes and the partition takes it; the record is then handled
+    /// again, and becomes a dead letter only if that one does not take it either.
+    async fn redefine(&mut self, key: &PartKey) -> anyhow::Result<()> {
+        let Some(name) = self.parts.get(key).map(|p| p.def.name.clone()) else {
+            return Ok(());
+        };
+        let file = definition_file(&self.config.streams_dir, &name);
+        let stamp = Stamp::of(&file);
+        if self.stamps.get(&name) != Some(&stamp) {
+            // Taken before the file is read: a change while it is read is read again.
+            self.stamps.insert(name.clone(), stamp);
+            self.read_definition(&name, file).await;
+        }
+        if self.parts.get(key).is_some_and(|p| p.newer.is_some()) {
+            self.flush(key, FlushReason::Definition).await?;
+            let Some(part) = self.parts.get_mut(key).filter(|p| !p.stopped) else {
+                return Ok(());
+            };
+            if part.file.is_none() {
+                part.def = part.newer.take().unwrap_or_else(|| part.def.clone());
+            } else {
+                // The open range cannot close yet (an adopted dead-letter object reaches past
+                // it): it is read again from its start, by a state opened with the new
+                // definition.
+                let resume = part.unwritten_from();
+                self.drop_partition(key);
+                self.hold(key.clone(), resume, Instant::now()).await?;
+            }
+        }
+        Ok(())
+    }
+
+    /// Reads the definition of stream `name` from `file` again. A compatible change (see
+    /// [`schemas::Change`]) replaces it: partitions opened from now on take the new one, and
+    /// open ones at their next file or at their next record that needs it. An incompatible
+    /// change is refused until a restart: records the running definition does not take go to
+    /// the dead letters, as before.
+    async fn read_definition(&mut self, name: &str, file: PathBuf) {
+        let Some(running) = self.streams.get(name).cloned() else {
+            return;
+        };
+        let shown = file.display().to_string();
+        let read = tokio::task::spawn_blocking(move || {
+            let text = std::fs::read_to_string(&file)?;
+            anyhow::Ok(schemas::StreamDef::from_toml(&text)?)
         })
+        .await
+        .map_err(anyhow::Error::from)
+        .and_then(|read| read)
+        .and_then(|def| {
+            anyhow::ensure!(def.name == name, "it defines stream '{}'", def.name);
+            Ok(def)
+        });
+        let def = match read {
+            Ok(def) => def,
+            Err(e) => {
+                tracing::warn!(stream = name, file = %shown, error = %format!("{e:#}"), "cannot read the stream's definition again; records the running one does not take go to the dead letters");
+                return;
+            }
+        };
+        match running.change_to(&def) {
+            Change::Same => {}
+            Change::Incompatible(reason) => {
+                ::metrics::counter!(m::DEFINITION_CHANGES, "stream" => name.to_owned(), "result" => "refused").increment(1);
+                tracing::error!(stream = name, file = %shown, %reason, "the stream's definition changed incompatibly (a new version of the stream needs a new stream): the running one stays until a restart, and records it does not take go to the dead letters");
+            }
+            Change::Compatible => {
+                ::metrics::counter!(m::DEFINITION_CHANGES, "stream" => name.to_owned(), "result" => "taken").increment(1);
+                tracing::info!(
+                    stream = name,
+                    version = def.version,
+                    "the stream's definition changed: its files take the new columns from their next file on"
+                );
+                let def = Arc::new(def);
+                self.streams.replace(def.clone());
+                for part in self.parts.values_mut().filter(|p| p.def.name == name) {
+                    part.newer = Some(def.clone());
+                }
+            }
+        }
     }
 
     /// Closes the partition's open file, makes it an object and commits past it. On a

@@ -45,6 +45,11 @@ pub const LANDING_LISTINGS: &str = "sink_landing_listings_total";
 /// partition's open file was dropped and its range read again from Kafka after a backoff.
 pub const STAGING_ERRORS: &str = "sink_staging_errors_total";
 
+/// Definitions of a stream read again because a record did not fit the running one, by
+/// `result`: `taken` (a compatible change, in force from then on) or `refused` (incompatible,
+/// kept out until a restart; records that need it go to the dead letters).
+pub const DEFINITION_CHANGES: &str = "sink_definition_changes_total";
+
 /// Creates, at zero, the series that alerts and dashboards watch: Prometheus sees no increase in
 /// a counter whose first sample is already 1, so the first dead letter of a stream would go
 /// unnoticed.
@@ -69,6 +74,10 @@ pub fn register_stream(def: &schemas::StreamDef) {
     ::metrics::counter!(DEAD_LETTERS, "stream" => def.name.clone()).increment(0);
     ::metrics::counter!(ADOPTED_RECORDS, "stream" => def.name.clone()).increment(0);
     ::metrics::counter!(LANDING_CONFLICTS, "stream" => def.name.clone()).increment(0);
+    for result in ["taken", "refused"] {
+        ::metrics::counter!(DEFINITION_CHANGES, "stream" => def.name.clone(), "result" => result)
+            .increment(0);
+    }
     duplicates(&def.name).increment(0);
 }
 

@@ -51,6 +51,10 @@ pub struct PartitionState {
     /// A write was given up at shutdown: the partition takes no more records and writes and
     /// commits nothing more, so that its next owner reads the unwritten range again.
     pub stopped: bool,
+    /// A compatible newer definition of the stream, read while a file of the old one was open:
+    /// the partition takes it when it opens its next file, or sooner when a record needs it
+    /// (the open file then closes first). A file's rows all have one definition's columns.
+    pub newer: Option<Arc<StreamDef>>,
 }
 
 /// Dead letters not yet in an object: JSON lines, each line's offset and ingest time kept to
@@ -167,6 +171,9 @@ pub enum FlushReason {
     /// The staged files of all open files together reached `upload.staging_budget_bytes`: the
     /// one with the most on disk closes early.
     StagingBudget,
+    /// The stream's definition changed (compatibly) and a record needs the new one: the file of
+    /// the old columns closes.
+    Definition,
     Shutdown,
 }
 
@@ -180,6 +187,7 @@ impl FlushReason {
             FlushReason::Age => "age",
             FlushReason::DeadLetters => "dead_letters",
             FlushReason::StagingBudget => "staging_budget",
+            FlushReason::Definition => "definition",
             FlushReason::Shutdown => "shutdown",
         }
     }
@@ -194,6 +202,10 @@ pub enum Appended {
     Duplicate,
     /// Undecodable or invalid: kept for the dead-letter object.
     DeadLetter(RecordError),
+    /// Not taken, and not consumed: the stream's definition lacks a field the record sets, or
+    /// requires one it lacks, which a newer definition may not. The worker looks for one
+    /// ([`PartitionState::newer`]) before it makes the record a dead letter.
+    Unfit(RecordError),
 }
 
 impl PartitionState {
@@ -208,9 +220,15 @@ impl PartitionState {
         staging: &Path,
         targets: FileTargets,
     ) -> anyhow::Result<Appended> {
+        if self.file.is_none()
+            && let Some(newer) = self.newer.take()
+        {
+            self.def = newer;
+        }
         let def = &self.def;
         let row = match schemas::check_bytes_row(def, payload) {
             Ok(row) => row,
+            Err(e) if e.newer_definition_may_take() => return Ok(Appended::Unfit(e)),
             Err(e) => {
                 self.dead_letter(offset, ingest_ts, &e.to_string(), payload);
                 return Ok(Appended::DeadLetter(e));
@@ -270,6 +288,7 @@ impl PartitionState {
             dead: DeadLetters::default(),
             dead_through: None,
             stopped: false,
+            newer: None,
         }
     }
 
