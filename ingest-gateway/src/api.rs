@@ -28,7 +28,9 @@ use plumbing::kafka::DeadLetter;
 
 /// Shared state of the handlers.
 pub struct AppState {
-    pub streams: Streams,
+    /// Replaced whole when the definitions are reloaded (SIGHUP); a request keeps the
+    /// definition it began with.
+    streams: std::sync::RwLock<Streams>,
     /// Replaced whole when the tokens are reloaded (SIGHUP); a request keeps the one it began
     /// with.
     auth: std::sync::RwLock<Arc<Auth>>,
@@ -54,7 +56,7 @@ impl AppState {
             inflight: Arc::new(Semaphore::new(
                 (limits.max_inflight_bytes / 1024).clamp(1, Semaphore::MAX_PERMITS),
             )),
-            streams,
+            streams: std::sync::RwLock::new(streams),
             auth: std::sync::RwLock::new(Arc::new(auth)),
             limits,
             producer,
@@ -68,6 +70,31 @@ impl AppState {
             .read()
             .unwrap_or_else(std::sync::PoisonError::into_inner)
             .clone()
+    }
+
+    /// The definition of `stream` in force.
+    pub fn stream(&self, stream: &str) -> Option<Arc<StreamDef>> {
+        self.streams
+            .read()
+            .unwrap_or_else(std::sync::PoisonError::into_inner)
+            .get(stream)
+            .cloned()
+    }
+
+    /// The definitions in force.
+    pub fn streams(&self) -> Streams {
+        self.streams
+            .read()
+            .unwrap_or_else(std::sync::PoisonError::into_inner)
+            .clone()
+    }
+
+    /// Puts `streams` in force for the requests that begin from now on.
+    pub fn set_streams(&self, streams: Streams) {
+        *self
+            .streams
+            .write()
+            .unwrap_or_else(std::sync::PoisonError::into_inner) = streams;
     }
 
     /// Puts `auth` in force for the requests that begin from now on.
@@ -435,7 +462,7 @@ pub async fn ingest(
     validate_stream_name(&stream).map_err(|e| ApiError::bad_request(e.to_string()))?;
     auth.authorize(who, &stream)?;
     auth.admit(who)?;
-    let def = state.streams.get(&stream).cloned().ok_or_else(|| {
+    let def = state.stream(&stream).ok_or_else(|| {
         ApiError::new(
             StatusCode::NOT_FOUND,
             "unknown_stream",

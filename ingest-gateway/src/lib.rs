@@ -62,20 +62,33 @@ pub struct Gateway {
 }
 
 /// What a running gateway takes again from its config without a restart: the tokens of
-/// `[auth]` and the certificate, key and client CA files of `[tls]` (certificates are renewed
-/// on their own schedule, a leaked token must stop working now). Other settings take effect at
-/// the next start. Connections and requests in progress are not disturbed: a request keeps the
-/// tokens it began with, a TLS session the certificate it was made with.
+/// `[auth]`, the certificate, key and client CA files of `[tls]` (certificates are renewed on
+/// their own schedule, a leaked token must stop working now) and the stream definitions of
+/// `streams_dir` (new streams, compatible changes, new zstd dictionaries). Other settings take
+/// effect at the next start. Connections and requests in progress are not disturbed: a request
+/// keeps the tokens and definition it began with, a TLS session the certificate it was made
+/// with.
 #[derive(Clone)]
 pub struct Reload {
     state: Arc<AppState>,
     tls: Option<plumbing::server::RustlsConfig>,
 }
 
+/// What a [`Reload`] put in force.
+#[derive(Debug)]
+pub struct Reloaded {
+    pub tokens: usize,
+    /// Streams defined anew, their topics created if `kafka.create_topics`.
+    pub added: Vec<String>,
+    /// Streams whose definition changed compatibly.
+    pub changed: Vec<String>,
+}
+
 impl Reload {
-    /// Puts `config`'s tokens and TLS files in force, once all of them are read and valid;
-    /// otherwise nothing changes. Returns how many tokens are in force.
-    pub fn apply(&self, config: &GatewayConfig) -> anyhow::Result<usize> {
+    /// Puts `config`'s tokens, TLS files and stream definitions in force, once all of them are
+    /// read and valid (a stream's definition changed incompatibly is not: a new version of a
+    /// stream is a new stream) and the topics of new streams exist; otherwise nothing changes.
+    pub async fn apply(&self, config: &GatewayConfig) -> anyhow::Result<Reloaded> {
         let auth = Auth::from_config(&config.auth)?;
         let tls = match (&self.tls, &config.tls) {
             (Some(running), Some(files)) => {
@@ -87,12 +100,31 @@ impl Reload {
             (None, None) => None,
             _ => anyhow::bail!("TLS is turned on or off only at a restart"),
         };
-        let tokens = config.auth.tokens.len();
+        let dir = config.streams_dir.clone();
+        let loaded =
+            tokio::task::spawn_blocking(move || plumbing::load_streams_dir(&dir)).await??;
+        let update =
+            self.state.streams().updated_by(loaded).map_err(|e| {
+                anyhow::anyhow!("{e}; a new version of a stream needs a new stream")
+            })?;
+        if !update.added.is_empty() {
+            let mut added = update.streams.clone();
+            added.retain(|def| update.added.contains(&def.name));
+            metrics::register(&added);
+            if config.kafka.create_topics {
+                produce::ensure_topics(&config.kafka, &added).await?;
+            }
+        }
         self.state.set_auth(auth);
         if let Some((running, server)) = tls {
             running.reload_from_config(Arc::new(server));
         }
-        Ok(tokens)
+        self.state.set_streams(update.streams);
+        Ok(Reloaded {
+            tokens: config.auth.tokens.len(),
+            added: update.added,
+            changed: update.changed,
+        })
     }
 }
 

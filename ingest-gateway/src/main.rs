@@ -69,24 +69,29 @@ async fn serve(args: Args, config: GatewayConfig) -> anyhow::Result<()> {
     }
 }
 
-/// On SIGHUP, reads the config file (and the environment) again and puts its tokens and TLS
-/// files in force ([`ingest_gateway::Reload`]); a config that does not load or check keeps the
+/// On SIGHUP, reads the config file (and the environment) again and puts its tokens, TLS files
+/// and stream definitions in force ([`ingest_gateway::Reload`]); a config that does not load or check keeps the
 /// running ones. Without this, SIGHUP ended the process.
 fn reload_on_sighup(reload: ingest_gateway::Reload, path: Option<PathBuf>) -> anyhow::Result<()> {
     use tokio::signal::unix::{SignalKind, signal};
     let mut hangups = signal(SignalKind::hangup()).context("cannot handle SIGHUP")?;
     tokio::spawn(async move {
         while hangups.recv().await.is_some() {
-            let reloaded = plumbing::load_config::<GatewayConfig>(path.as_deref(), ENV_PREFIX)
-                .and_then(|config| reload.apply(&config));
+            let reloaded = match plumbing::load_config::<GatewayConfig>(path.as_deref(), ENV_PREFIX)
+            {
+                Ok(config) => reload.apply(&config).await,
+                Err(e) => Err(e),
+            };
             match reloaded {
-                Ok(tokens) => tracing::info!(
-                    tokens,
-                    "SIGHUP: reloaded the tokens and the TLS files (other settings take effect at a restart)"
+                Ok(done) => tracing::info!(
+                    tokens = done.tokens,
+                    added_streams = ?done.added,
+                    changed_streams = ?done.changed,
+                    "SIGHUP: reloaded the tokens, the TLS files and the stream definitions (other settings take effect at a restart)"
                 ),
                 Err(e) => tracing::error!(
                     error = %format!("{e:#}"),
-                    "SIGHUP: the config does not load; the running tokens and certificate stay"
+                    "SIGHUP: the config does not load; the running tokens, certificate and stream definitions stay"
                 ),
             }
         }

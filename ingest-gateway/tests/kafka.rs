@@ -1128,23 +1128,7 @@ async fn sighup_reloads_the_tokens_and_the_certificate() {
             answer.map(|a| a.status().as_u16())
         }
     };
-    let sighup = |child: &Child, logged: &str, times: usize| {
-        let status = Command::new("kill")
-            .args(["-HUP", &child.id().to_string()])
-            .status()
-            .unwrap();
-        assert!(status.success());
-        let deadline = Instant::now() + Duration::from_secs(10);
-        while std::fs::read_to_string(&log)
-            .unwrap()
-            .matches(logged)
-            .count()
-            < times
-        {
-            assert!(Instant::now() < deadline, "no '{logged}' in the log");
-            std::thread::sleep(Duration::from_millis(20));
-        }
-    };
+    let sighup = |child: &Child, logged: &str, times: usize| sighup(child, &log, logged, times);
     const NEW: &str = "a-new-device-token";
     assert_eq!(send(trusting(&first), TOKEN).await.unwrap(), 200);
     assert_eq!(send(trusting(&first), NEW).await.unwrap(), 401);
@@ -1174,6 +1158,127 @@ async fn sighup_reloads_the_tokens_and_the_certificate() {
         .unwrap();
     assert!(status.success());
     assert!(gateway.wait().unwrap().success());
+}
+
+/// Sends SIGHUP to `child` and waits until its log (`log`) holds `logged` `times` times.
+fn sighup(child: &Child, log: &Path, logged: &str, times: usize) {
+    let status = Command::new("kill")
+        .args(["-HUP", &child.id().to_string()])
+        .status()
+        .unwrap();
+    assert!(status.success());
+    let deadline = Instant::now() + Duration::from_secs(10);
+    while std::fs::read_to_string(log)
+        .unwrap()
+        .matches(logged)
+        .count()
+        < times
+    {
+        assert!(Instant::now() < deadline, "no '{logged}' in the log");
+        std::thread::sleep(Duration::from_millis(20));
+    }
+}
+
+/// SIGHUP puts the stream definitions of `streams_dir` in force without a restart: a nullable
+/// field added to a stream is taken, a stream defined anew is served (its topic created), and
+/// an incompatible change (a field retyped) is refused whole, the running definitions staying.
+/// Before, every definition change took a restart of every gateway, and records with the new
+/// field were rejected until then.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn sighup_reloads_the_stream_definitions() {
+    let brokers = env("EDGE_INGEST_KAFKA");
+    let port = free_port();
+    let id = unique();
+    let dir = tempfile::tempdir().unwrap();
+    let streams = dir.path().join("streams");
+    std::fs::create_dir(&streams).unwrap();
+    let shipped = Path::new(env!("CARGO_MANIFEST_DIR")).join("../streams");
+    let sensor = std::fs::read_to_string(shipped.join("sensor_readings.toml")).unwrap();
+    std::fs::write(streams.join("sensor_readings.toml"), &sensor).unwrap();
+    let config = dir.path().join("gateway.toml");
+    std::fs::write(
+        &config,
+        format!(
+            "listen = \"127.0.0.1:{port}\"\nstreams_dir = {streams:?}\n\
+             [kafka]\nbrokers = \"{brokers}\"\ntopic_prefix = \"defs{id}.\"\n\
+             create_topics = true\ndead_letter_topic = \"defs{id}-dead-letters\"\n\
+             [[auth.tokens]]\nname = \"device\"\nblake3 = \"{}\"\nstreams = [\"*\"]\n",
+            blake3::hash(TOKEN.as_bytes()).to_hex(),
+        ),
+    )
+    .unwrap();
+    let log = dir.path().join("gateway.log");
+    let mut gateway = spawn_gateway(&config, port, &log).await;
+    let client = reqwest::Client::new();
+    // The answer's status and its count of accepted records.
+    let post = |stream: &str, record: Value| {
+        let (client, url) = (
+            client.clone(),
+            format!("http://127.0.0.1:{port}/v1/streams/{stream}/records"),
+        );
+        async move {
+            let answer = try_post(&client, &url, ndjson(&[record]), None)
+                .await
+                .unwrap();
+            let status = answer.status().as_u16();
+            let body: Value = answer.json().await.unwrap_or_default();
+            (status, body["accepted"].as_u64().unwrap_or(0))
+        }
+    };
+    let humid = |i: i64| {
+        let mut r = reading(i);
+        r["humidity"] = json!(41.5);
+        r
+    };
+    let vehicle =
+        json!({"vehicle_id": "v1", "recorded_at": 1_767_225_600_000_i64, "lat": 1.0, "lon": 2.0});
+    assert_eq!(post("sensor_readings", humid(1)).await, (200, 0));
+    assert_eq!(post("vehicle_telemetry", vehicle.clone()).await.0, 404);
+
+    let extended = format!(
+        "{}\n[[fields]]\nname = \"humidity\"\ntype = \"float64\"\n",
+        sensor.replace("version = 1", "version = 2")
+    );
+    std::fs::write(streams.join("sensor_readings.toml"), &extended).unwrap();
+    std::fs::copy(
+        shipped.join("vehicle_telemetry.toml"),
+        streams.join("vehicle_telemetry.toml"),
+    )
+    .unwrap();
+    tokio::task::block_in_place(|| sighup(&gateway, &log, "SIGHUP: reloaded", 1));
+    assert_eq!(post("sensor_readings", humid(2)).await, (200, 1));
+    assert_eq!(post("vehicle_telemetry", vehicle.clone()).await, (200, 1));
+    let landed = consume(&brokers, &format!("defs{id}.sensor_readings"), 1);
+    assert_eq!(landed.len(), 1);
+    let value: Value = serde_json::from_slice(&landed[0].0).unwrap();
+    assert_eq!(value["humidity"], json!(41.5));
+    assert_eq!(landed[0].1["schema-version"], "2");
+
+    // `quality` retyped: refused, and the definitions with `humidity` stay.
+    std::fs::write(
+        streams.join("sensor_readings.toml"),
+        extended.replace(
+            "name = \"quality\"\ntype = \"int64\"",
+            "name = \"quality\"\ntype = \"string\"",
+        ),
+    )
+    .unwrap();
+    tokio::task::block_in_place(|| sighup(&gateway, &log, "SIGHUP: the config does not load", 1));
+    let text = std::fs::read_to_string(&log).unwrap();
+    assert!(
+        text.contains("field 'quality' changes type from int64 to string"),
+        "{text}"
+    );
+    assert_eq!(post("sensor_readings", humid(3)).await, (200, 1));
+    let mut retyped = reading(4);
+    retyped["quality"] = json!("good");
+    assert_eq!(post("sensor_readings", retyped).await, (200, 0));
+    assert!(
+        gateway.try_wait().unwrap().is_none(),
+        "SIGHUP ended the gateway"
+    );
+    gateway.kill().unwrap();
+    gateway.wait().unwrap();
 }
 
 /// Posts `body` (NDJSON) to the gateway on `port` over a connection of its own, the body

@@ -450,6 +450,16 @@ fn next_keys(fields: &[FieldDef]) -> Vec<[usize; 2]> {
     out
 }
 
+/// What [`Streams::updated_by`] came to.
+#[derive(Debug, Default)]
+pub struct Updated {
+    pub streams: Streams,
+    /// Streams defined anew.
+    pub added: Vec<String>,
+    /// Streams whose definition changed compatibly.
+    pub changed: Vec<String>,
+}
+
 /// All stream definitions a component knows, by name.
 #[derive(Debug, Clone, Default)]
 pub struct Streams {
@@ -500,6 +510,34 @@ impl Streams {
 
     pub fn len(&self) -> usize {
         self.by_name.len()
+    }
+
+    /// The definitions to run with once `loaded` (the directory read again) is in force: streams
+    /// new in it are added, changed ones replaced when the change is compatible (see
+    /// [`StreamDef::change_to`]; their dictionaries are taken too), and streams no longer in it
+    /// are kept, as records of them may still be in flight. An incompatible change fails the
+    /// whole update, naming the stream and why.
+    pub fn updated_by(&self, loaded: Streams) -> Result<Updated, String> {
+        let mut update = Updated {
+            streams: self.clone(),
+            ..Updated::default()
+        };
+        for (name, def) in loaded.by_name {
+            match self
+                .by_name
+                .get(&name)
+                .map(|running| running.change_to(&def))
+            {
+                None => update.added.push(name),
+                Some(Change::Incompatible(reason)) => {
+                    return Err(format!("stream '{name}': {reason}"));
+                }
+                Some(Change::Compatible) => update.changed.push(name),
+                Some(Change::Same) => {}
+            }
+            update.streams.replace(def);
+        }
+        Ok(update)
     }
 
     /// Puts `def` in place of the stream of its name (or adds it).

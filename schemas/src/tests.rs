@@ -424,6 +424,51 @@ fn definition_changes_are_compatible_only_when_old_records_still_fit() {
     }
 }
 
+/// A stream directory read again: new streams are added, compatible changes taken, streams
+/// gone kept, and one incompatible change fails the whole update.
+#[test]
+fn streams_updated_by_a_directory_read_again() {
+    let sensor_text = include_str!("../../streams/sensor_readings.toml");
+    let vehicle_text = include_str!("../../streams/vehicle_telemetry.toml");
+    let humid = format!("{sensor_text}\n[[fields]]\nname = \"humidity\"\ntype = \"float64\"\n");
+    let running = Streams::from_sources([("sensor_readings", sensor_text)]).unwrap();
+    let loaded = Streams::from_sources([
+        ("sensor_readings", humid.as_str()),
+        ("vehicle_telemetry", vehicle_text),
+    ])
+    .unwrap();
+    let update = running.updated_by(loaded).unwrap();
+    assert_eq!(update.added, ["vehicle_telemetry"]);
+    assert_eq!(update.changed, ["sensor_readings"]);
+    let sensor = update.streams.get("sensor_readings").unwrap();
+    assert!(sensor.field_index("humidity").is_some());
+    assert_eq!(update.streams.len(), 2);
+
+    let only_vehicles = Streams::from_sources([("vehicle_telemetry", vehicle_text)]).unwrap();
+    let update = running.updated_by(only_vehicles).unwrap();
+    assert!(update.changed.is_empty());
+    assert_eq!(
+        update.streams.len(),
+        2,
+        "a stream no longer defined is kept"
+    );
+
+    let retyped = sensor_text.replace(
+        "name = \"quality\"\ntype = \"int64\"",
+        "name = \"quality\"\ntype = \"string\"",
+    );
+    let loaded = Streams::from_sources([
+        ("sensor_readings", retyped.as_str()),
+        ("vehicle_telemetry", vehicle_text),
+    ])
+    .unwrap();
+    let e = running.updated_by(loaded).unwrap_err();
+    assert!(
+        e.contains("stream 'sensor_readings': field 'quality' changes type"),
+        "{e}"
+    );
+}
+
 #[test]
 fn long_strings_hash_by_their_whole_length() {
     // Lengths of 128 bytes and more take two LEB128 bytes; a string and its extension, and a
