@@ -82,6 +82,8 @@ fn reload_on_sighup(reload: ingest_gateway::Reload, path: Option<PathBuf>) -> an
                 Ok(config) => reload.apply(&config).await,
                 Err(e) => Err(e),
             };
+            ::metrics::gauge!(ingest_gateway::metrics::RELOAD_SUCCESSFUL)
+                .set(if reloaded.is_ok() { 1.0 } else { 0.0 });
             match reloaded {
                 Ok(done) => tracing::info!(
                     tokens = done.tokens,

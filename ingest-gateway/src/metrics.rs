@@ -15,6 +15,9 @@ pub const RATE_LIMITED: &str = "gateway_rate_limited_requests_total";
 pub const OPEN_CONNECTIONS: &str = "gateway_open_connections";
 /// Connections closed as they came because `limits.max_connections` were open.
 pub const REFUSED_CONNECTIONS: &str = "gateway_refused_connections_total";
+/// 1 when the last SIGHUP reload put the config in force (or none was asked for), 0 when it
+/// did not load or check and the running settings stayed.
+pub const RELOAD_SUCCESSFUL: &str = "gateway_config_last_reload_successful";
 
 /// Creates, at zero, the series that alerts and dashboards watch: Prometheus sees no increase in
 /// a counter whose first sample is already 1, so the first rejected record of a stream would
@@ -25,6 +28,7 @@ pub fn register(streams: &schemas::Streams) {
     ::metrics::counter!(PRODUCER_REPLACED).increment(0);
     ::metrics::counter!(REFUSED_CONNECTIONS).increment(0);
     ::metrics::gauge!(OPEN_CONNECTIONS).set(0.0);
+    ::metrics::gauge!(RELOAD_SUCCESSFUL).set(1.0);
     for def in streams.iter() {
         for outcome in ["accepted", "duplicate", "rejected"] {
             ::metrics::counter!(RECORDS, "stream" => def.name.clone(), "outcome" => outcome)

@@ -1362,7 +1362,14 @@ impl Worker {
                 return;
             }
         };
-        match running.change_to(&def) {
+        let change = running.change_to(&def);
+        let refused = matches!(change, Change::Incompatible(_));
+        ::metrics::gauge!(m::DEFINITION_REFUSED, "stream" => name.to_owned()).set(if refused {
+            1.0
+        } else {
+            0.0
+        });
+        match change {
             Change::Same => {}
             Change::Incompatible(reason) => {
                 ::metrics::counter!(m::DEFINITION_CHANGES, "stream" => name.to_owned(), "result" => "refused").increment(1);

@@ -49,6 +49,9 @@ pub const STAGING_ERRORS: &str = "sink_staging_errors_total";
 /// `result`: `taken` (a compatible change, in force from then on) or `refused` (incompatible,
 /// kept out until a restart; records that need it go to the dead letters).
 pub const DEFINITION_CHANGES: &str = "sink_definition_changes_total";
+/// 1 while the definition file of a stream holds an incompatible change that this sink refused
+/// (it runs with the definition it had), else 0.
+pub const DEFINITION_REFUSED: &str = "sink_definition_refused";
 
 /// Creates, at zero, the series that alerts and dashboards watch: Prometheus sees no increase in
 /// a counter whose first sample is already 1, so the first dead letter of a stream would go
@@ -74,6 +77,7 @@ pub fn register_stream(def: &schemas::StreamDef) {
     ::metrics::counter!(DEAD_LETTERS, "stream" => def.name.clone()).increment(0);
     ::metrics::counter!(ADOPTED_RECORDS, "stream" => def.name.clone()).increment(0);
     ::metrics::counter!(LANDING_CONFLICTS, "stream" => def.name.clone()).increment(0);
+    ::metrics::gauge!(DEFINITION_REFUSED, "stream" => def.name.clone()).set(0.0);
     for result in ["taken", "refused"] {
         ::metrics::counter!(DEFINITION_CHANGES, "stream" => def.name.clone(), "result" => result)
             .increment(0);
