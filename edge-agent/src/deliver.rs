@@ -5,13 +5,13 @@ use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::Duration;
 
-use schemas::StreamDef;
 use tokio_util::sync::CancellationToken;
 
 use crate::batch::Batch;
 use crate::link::{Link, StreamCap};
 use crate::metrics as m;
 use crate::output::{Output, SendError};
+use crate::pipeline::CurrentDef;
 use crate::rejected::{Kept, RejectedDir};
 use crate::spool::Spool;
 
@@ -32,7 +32,8 @@ pub struct DeliveryStats {
 }
 
 pub struct Delivery {
-    pub def: Arc<StreamDef>,
+    /// The stream's definition, which its pipeline may replace.
+    pub def: CurrentDef,
     pub spool: Arc<Spool>,
     pub output: Arc<Output>,
     pub link: Arc<Link>,
@@ -48,7 +49,7 @@ impl Delivery {
     /// Sends until the inputs are done and the spool is empty, or until `shutdown`.
     pub async fn run(self, shutdown: CancellationToken) -> anyhow::Result<DeliveryStats> {
         let mut stats = DeliveryStats::default();
-        let labels = [("stream", self.def.name.clone())];
+        let labels = [("stream", self.def.name())];
         loop {
             let spool = self.spool.clone();
             let next = tokio::task::spawn_blocking(move || spool.first_pending()).await??;
@@ -73,11 +74,11 @@ impl Delivery {
                 } => {}
                 _ = shutdown.cancelled() => return Ok(stats),
             }
-            match self.output.send(&self.def, &batch, &shutdown).await {
+            match self.output.send(&self.def.get(), &batch, &shutdown).await {
                 Ok((response, sent)) => {
                     wire = sent;
                     for r in response.rejected.iter().take(10) {
-                        tracing::warn!(stream = %self.def.name, batch = %batch.id, index = r.index, reason = %r.reason, "a record of a delivered batch was rejected");
+                        tracing::warn!(stream = %self.def.name(), batch = %batch.id, index = r.index, reason = %r.reason, "a record of a delivered batch was rejected");
                     }
                     stats.accepted += response.accepted as u64;
                     stats.duplicates += response.duplicates as u64;
@@ -118,18 +119,18 @@ impl Delivery {
         shutdown: &CancellationToken,
     ) -> anyhow::Result<bool> {
         let (batch, answer) = (Arc::new(batch.clone()), Arc::new(answer));
-        let labels = [("stream", self.def.name.clone())];
+        let labels = [("stream", self.def.name())];
         let mut waiting = false;
         loop {
             let kept = {
-                let (dir, stream) = (self.rejected.clone(), self.def.name.clone());
+                let (dir, stream) = (self.rejected.clone(), self.def.name());
                 let (batch, answer) = (batch.clone(), answer.clone());
                 tokio::task::spawn_blocking(move || dir.keep(&stream, &batch, status, &answer))
                     .await?
             };
             let why = match kept {
                 Ok(Kept::Kept(path)) => {
-                    tracing::error!(stream = %self.def.name, batch = %batch.id, status, answer = %answer, kept = %path.display(), "batch refused for good; kept aside, not retried");
+                    tracing::error!(stream = %self.def.name(), batch = %batch.id, status, answer = %answer, kept = %path.display(), "batch refused for good; kept aside, not retried");
                     if waiting {
                         metrics::gauge!(m::REJECTED_WAITING, &labels).set(0.0);
                     }
@@ -147,7 +148,7 @@ impl Delivery {
             };
             if !waiting {
                 // Logged once per batch: the wait can last until an operator makes room.
-                tracing::error!(stream = %self.def.name, batch = %batch.id, status, answer = %answer, reason = %why, "batch refused for good but cannot be kept aside; it stays in the spool, and the stream's later batches wait behind it, until it can");
+                tracing::error!(stream = %self.def.name(), batch = %batch.id, status, answer = %answer, reason = %why, "batch refused for good but cannot be kept aside; it stays in the spool, and the stream's later batches wait behind it, until it can");
                 metrics::gauge!(m::REJECTED_WAITING, &labels).set(1.0);
                 waiting = true;
             }

@@ -269,13 +269,15 @@ pub async fn run(
         }
         let spool = Arc::new(spool);
         let pipeline = Pipeline::new(
-            def.clone(),
+            def,
             &settings,
             config.batch.clone(),
             &config.dedupe,
             spool.clone(),
             &dedupe_dir,
-        )?;
+        )?
+        .follow_definition(plumbing::DefinitionFile::new(&config.streams_dir, &name));
+        let def = pipeline.current();
         tracing::info!(stream = %name, dedupe_bytes = pipeline.dedupe_memory_bytes(), "stream ready");
         let (tx, rx) = std::sync::mpsc::sync_channel(QUEUED_CHUNKS);
         feeds.insert(

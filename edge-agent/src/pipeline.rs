@@ -10,6 +10,7 @@ use std::sync::atomic::AtomicBool;
 use std::sync::mpsc::{Receiver, RecvTimeoutError};
 use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
+use plumbing::{DefinitionFile, Reread};
 use schemas::api::RejectedRecord;
 use schemas::columnar::BodyBuilder;
 use schemas::decode::ndjson_lines;
@@ -19,7 +20,7 @@ use schemas::{Forward, Record, StreamDef, ValidRecord};
 use crate::batch::{Batch, BatchId, BodyEncoding};
 use crate::config::{BatchConfig, DedupeConfig, StreamSettings};
 use crate::dedupe::{Digest, DigestLog, DigestWindow, digest};
-use crate::filter::FilterChain;
+use crate::filter::{FilterChain, FilterConfig};
 use crate::metrics as m;
 use crate::spool::{Appended, Overflow, Spool, SpoolError};
 
@@ -125,8 +126,46 @@ pub enum PipelineError {
     Encode(String),
 }
 
+/// The definition a stream runs with, shared by its pipeline, which replaces it when the
+/// definition's file changes compatibly ([`Pipeline::follow_definition`]), and its delivery,
+/// which decodes batches (the Kafka output) and names the stream with it.
+#[derive(Clone)]
+pub struct CurrentDef(Arc<std::sync::RwLock<Arc<StreamDef>>>);
+
+impl CurrentDef {
+    pub fn new(def: Arc<StreamDef>) -> CurrentDef {
+        CurrentDef(Arc::new(std::sync::RwLock::new(def)))
+    }
+
+    pub fn get(&self) -> Arc<StreamDef> {
+        self.0
+            .read()
+            .unwrap_or_else(std::sync::PoisonError::into_inner)
+            .clone()
+    }
+
+    /// The stream's name (it never changes).
+    pub fn name(&self) -> String {
+        self.get().name.clone()
+    }
+
+    fn set(&self, def: Arc<StreamDef>) {
+        *self
+            .0
+            .write()
+            .unwrap_or_else(std::sync::PoisonError::into_inner) = def;
+    }
+}
+
 pub struct Pipeline {
     def: Arc<StreamDef>,
+    /// `def`, for the stream's delivery.
+    current: CurrentDef,
+    /// The file `def` was read from, looked at again when a record does not fit `def` in a way
+    /// a newer definition may take ([`Pipeline::redefine`]); `None`: `def` is kept.
+    definition: Option<DefinitionFile>,
+    /// The filters' settings, to set them up again for a new definition whose fields moved.
+    filter_configs: Vec<FilterConfig>,
     batch: BatchConfig,
     encoding: BodyEncoding,
     overflow: Overflow,
@@ -211,6 +250,9 @@ impl Pipeline {
         let mut pipeline = Pipeline {
             encoding: settings.encoding.unwrap_or(batch.encoding),
             overflow: settings.overflow,
+            current: CurrentDef::new(def.clone()),
+            definition: None,
+            filter_configs: settings.filters.clone(),
             def,
             batch,
             filters,
@@ -232,6 +274,73 @@ impl Pipeline {
         // Writes the digests queued above; a failure (a full disk) is not fatal, as in the run.
         pipeline.flush_log(true);
         Ok(pipeline)
+    }
+
+    /// Takes compatible changes of the stream's definition in `file` from now on: a record that
+    /// sets a field the definition lacks, or lacks a required one, makes the pipeline look at
+    /// the file, and read it again if it changed ([`Pipeline::redefine`]). Before, such records
+    /// were skipped as invalid until the agent restarted.
+    pub fn follow_definition(mut self, file: DefinitionFile) -> Pipeline {
+        self.definition = Some(file);
+        self
+    }
+
+    /// The definition in force, shared with the stream's delivery.
+    pub fn current(&self) -> CurrentDef {
+        self.current.clone()
+    }
+
+    /// Whether a record that does not fit the definition should make the pipeline read the
+    /// definition's file again: it changed since it was read (a `stat`).
+    fn definition_changed(&self) -> bool {
+        self.definition
+            .as_ref()
+            .is_some_and(DefinitionFile::changed)
+    }
+
+    /// Reads the definition's file again; a compatible change (see [`schemas::Change`]) is put
+    /// in force. The open batch closes first (a batch's records have one definition's fields),
+    /// and the filters keep their state unless fields moved (their positions are read anew then,
+    /// and their series start over). An incompatible change is refused and logged, until a
+    /// restart.
+    fn redefine(&mut self, cancel: &AtomicBool) -> Result<(), PipelineError> {
+        let Some(file) = self.definition.as_mut() else {
+            return Ok(());
+        };
+        let Reread::Compatible(def) = file.reread(&self.def) else {
+            return Ok(());
+        };
+        let def = Arc::new(*def);
+        let moved = self
+            .def
+            .fields
+            .iter()
+            .zip(&def.fields)
+            .any(|(old, new)| old.name != new.name);
+        let filters = if moved {
+            let filters = FilterChain::new(&def, &self.filter_configs).map_err(|e| {
+                PipelineError::Encode(format!("the filters do not fit the new definition: {e}"))
+            });
+            match filters {
+                Ok(filters) => Some(filters),
+                Err(e) => {
+                    tracing::error!(stream = %self.def.name, error = %e, "the new definition is not taken");
+                    return Ok(());
+                }
+            }
+        } else {
+            None
+        };
+        if let Some(filters) = filters {
+            // What the old filters hold back goes out under the old definition.
+            self.flush_filters(true, cancel)?;
+            self.filters = filters;
+            tracing::warn!(stream = %self.def.name, "fields moved in the new definition: the filters start over");
+        }
+        self.close_batch(cancel)?;
+        self.current.set(def.clone());
+        self.def = def;
+        Ok(())
     }
 
     pub fn dedupe_memory_bytes(&self) -> usize {
@@ -295,9 +404,16 @@ impl Pipeline {
         let mut group: Vec<(&[u8], Checked, Digest)> = Vec::with_capacity(DEDUPE_GROUP);
         let mut digests: Vec<Digest> = Vec::with_capacity(DEDUPE_GROUP);
         let mut lines = ndjson_lines(&chunk.data).enumerate().peekable();
-        while lines.peek().is_some() {
-            for (index, line) in lines.by_ref().take(DEDUPE_GROUP) {
-                read += 1;
+        // A line that a newer definition may take: checked again after the group before it is
+        // batched and the definition read again.
+        let mut again: Option<(usize, &[u8])> = None;
+        while lines.peek().is_some() || again.is_some() {
+            for (index, line) in again
+                .take()
+                .into_iter()
+                .chain(lines.by_ref())
+                .take(DEDUPE_GROUP)
+            {
                 let checked = if forward {
                     schemas::check_bytes_forward(&self.def, line).map(Checked::Forward)
                 } else {
@@ -306,7 +422,12 @@ impl Pipeline {
                 };
                 let checked = match checked {
                     Ok(checked) => checked,
+                    Err(e) if e.newer_definition_may_take() && self.definition_changed() => {
+                        again = Some((index, line));
+                        break;
+                    }
                     Err(e) => {
+                        read += 1;
                         invalid += 1;
                         self.invalid_logged += 1;
                         if self.invalid_logged <= 10 || self.invalid_logged.is_multiple_of(1000) {
@@ -319,6 +440,7 @@ impl Pipeline {
                         continue;
                     }
                 };
+                read += 1;
                 let d = digest(match &checked {
                     Checked::Forward(f) => &f.hash,
                     Checked::Record(valid, _) => &valid.hash,
@@ -352,6 +474,9 @@ impl Pipeline {
                         self.filtered_out = out;
                     }
                 }
+            }
+            if again.is_some() {
+                self.redefine(cancel)?;
             }
         }
         outcome.duplicates = duplicates as usize;

@@ -46,6 +46,22 @@ fn read_topic(
     count: usize,
     quiet: Duration,
 ) -> HashMap<ContentHash, u32> {
+    let def = schemas::example_streams()
+        .get("sensor_readings")
+        .unwrap()
+        .clone();
+    read_topic_as(kafka, topic, count, quiet, &def)
+}
+
+/// [`read_topic`] with the records checked against `def` (its version or an earlier one in the
+/// `schema-version` header).
+fn read_topic_as(
+    kafka: &str,
+    topic: &str,
+    count: usize,
+    quiet: Duration,
+    def: &schemas::StreamDef,
+) -> HashMap<ContentHash, u32> {
     let consumer: BaseConsumer = ClientConfig::new()
         .set("bootstrap.servers", kafka)
         .set("group.id", format!("check-{topic}"))
@@ -54,10 +70,6 @@ fn read_topic(
         .create()
         .unwrap();
     consumer.subscribe(&[topic]).unwrap();
-    let def = schemas::example_streams()
-        .get("sensor_readings")
-        .unwrap()
-        .clone();
     let mut landed = HashMap::new();
     let mut total = 0;
     let deadline = Instant::now() + Duration::from_secs(60);
@@ -68,11 +80,8 @@ fn read_topic(
             continue;
         };
         let m = m.unwrap();
-        let valid = schemas::check_bytes(&def, m.payload().unwrap()).unwrap();
-        assert_eq!(
-            m.key().unwrap(),
-            valid.record.partition_key(&def).as_bytes()
-        );
+        let valid = schemas::check_bytes(def, m.payload().unwrap()).unwrap();
+        assert_eq!(m.key().unwrap(), valid.record.partition_key(def).as_bytes());
         let headers: HashMap<&str, &[u8]> = m
             .headers()
             .unwrap()
@@ -80,7 +89,8 @@ fn read_topic(
             .map(|h| (h.key, h.value.unwrap()))
             .collect();
         assert_eq!(headers["content-hash"], valid.hash.to_hex().as_bytes());
-        assert_eq!(headers["schema-version"], b"1");
+        let version = schemas::wire::parse_decimal_header(headers["schema-version"]).unwrap();
+        assert!((1..=i64::from(def.version)).contains(&version), "{version}");
         assert!(schemas::wire::parse_decimal_header(headers["ingest-ts"]).is_some());
         *landed.entry(valid.hash).or_insert(0) += 1;
         total += 1;
@@ -429,4 +439,85 @@ async fn a_broker_outage_is_logged_once_not_per_connect() {
         reports.len(),
         reports.join("\n")
     );
+}
+
+/// A stream's definition gains a field while the agent runs (Parquet batches, a file followed).
+/// The first line that sets it makes the agent read the definition's file again: the change is
+/// compatible, so the open batch closes and the line and those after it are batched under the
+/// new definition, none skipped. Before, the agent skipped them as invalid until it restarted.
+/// `humidity` is hashed, so a record whose value was lost would hash otherwise.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_compatible_definition_change_is_taken_without_a_restart() {
+    let kafka = service_env("EDGE_INGEST_KAFKA");
+    let prefix = format!("agent{}.", rand::random::<u32>());
+    let topic = format!("{prefix}sensor_readings");
+    create_topic(&kafka, &topic, 1).await;
+    let dir = tempfile::tempdir().unwrap();
+    let streams = dir.path().join("streams");
+    std::fs::create_dir(&streams).unwrap();
+    let shipped = include_str!("../../streams/sensor_readings.toml");
+    std::fs::write(streams.join("sensor_readings.toml"), shipped).unwrap();
+    let (lines, _) = readings(200, 5, 0, 7);
+    let file = dir.path().join("r.ndjson");
+    std::fs::write(&file, lines[..100].join("\n") + "\n").unwrap();
+    let cfg = kafka_config(
+        dir.path(),
+        &kafka,
+        &prefix,
+        "max_records = 40\nmax_age_ms = 200\nencoding = \"parquet\"",
+        &file,
+    )
+    .replace(
+        &format!(
+            "streams_dir = {:?}",
+            Path::new(env!("CARGO_MANIFEST_DIR")).join("../streams")
+        ),
+        &format!("streams_dir = {streams:?}"),
+    )
+    .replace(
+        "stream = \"sensor_readings\"",
+        "stream = \"sensor_readings\"\nfollow = true\npoll_ms = 50",
+    );
+    let config = edge_agent::AgentConfig::parse(&cfg).unwrap();
+    let loaded = plumbing::load_streams_dir(&streams).unwrap();
+    let shutdown = tokio_util::sync::CancellationToken::new();
+    let agent = tokio::spawn(edge_agent::run(config, loaded.clone(), shutdown.clone()));
+    let old = loaded.get("sensor_readings").unwrap().clone();
+    assert_eq!(
+        read_topic_as(&kafka, &topic, 100, Duration::ZERO, &old).len(),
+        100
+    );
+
+    let extended = format!(
+        "{}\n[[fields]]\nname = \"humidity\"\ntype = \"float64\"\n",
+        shipped
+            .replace("version = 1", "version = 2")
+            .replace("hash_fields = [", "hash_fields = [\"humidity\", ")
+    );
+    std::fs::write(streams.join("sensor_readings.toml"), &extended).unwrap();
+    let humid: Vec<String> = lines[100..]
+        .iter()
+        .enumerate()
+        .map(|(i, line)| {
+            let mut r: serde_json::Value = serde_json::from_str(line).unwrap();
+            r["humidity"] = serde_json::json!(30.0 + i as f64);
+            r.to_string()
+        })
+        .collect();
+    let mut appended = std::fs::OpenOptions::new()
+        .append(true)
+        .open(&file)
+        .unwrap();
+    std::io::Write::write_all(&mut appended, (humid.join("\n") + "\n").as_bytes()).unwrap();
+    let new = schemas::StreamDef::from_toml(&extended).unwrap();
+    let expected: Vec<ContentHash> = lines[..100]
+        .iter()
+        .chain(&humid)
+        .map(|l| schemas::check_bytes(&new, l.as_bytes()).unwrap().hash)
+        .collect();
+    let landed = read_topic_as(&kafka, &topic, 200, Duration::from_millis(500), &new);
+    shutdown.cancel();
+    let stats = agent.await.unwrap().unwrap().total();
+    assert_eq!(stats.pipeline.invalid, 0);
+    assert_exactly_once(&landed, &expected);
 }

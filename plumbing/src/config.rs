@@ -1,12 +1,13 @@
 //! Config files (TOML) with environment overrides, and the stream definition directory.
 
-use std::path::Path;
+use std::path::{Path, PathBuf};
+use std::time::SystemTime;
 
 use anyhow::{Context, bail};
 use figment::Figment;
 use figment::providers::{Env, Format, Toml};
-use schemas::Streams;
 use schemas::dictionary::ZstdDictionary;
+use schemas::{Change, StreamDef, Streams};
 use serde::de::DeserializeOwned;
 
 /// Loads a config: defaults, then the TOML file (if given), then environment variables that start
@@ -193,5 +194,98 @@ mod tests {
         write("vehicle_telemetry.zdict", b"not a dictionary");
         let e = load_streams_dir(dir.path()).unwrap_err().to_string();
         assert!(e.contains("vehicle_telemetry.zdict"), "{e}");
+    }
+}
+
+/// A stream's definition file (`<dir>/<stream>.toml`) and how it was when last read. A component
+/// that meets a record its definition does not take, in a way a newer one may (a field it lacks,
+/// or a required one missing), looks at the file (a `stat`) and reads it again only if it is not
+/// as it was ([`DefinitionFile::reread`]), so that a compatible change is taken without a
+/// restart.
+#[derive(Debug, Clone)]
+pub struct DefinitionFile {
+    stream: String,
+    path: PathBuf,
+    read_as: Option<Stamp>,
+}
+
+/// What tells a version of a file from another without reading it: its inode, size and
+/// modification time (`None` for a file that is not there). A rewrite in place changes the time,
+/// a replacement by rename (editors, Kubernetes config maps) the inode too.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+struct Stamp(Option<(u64, u64, SystemTime)>);
+
+impl Stamp {
+    fn of(path: &Path) -> Stamp {
+        use std::os::unix::fs::MetadataExt as _;
+        Stamp(std::fs::metadata(path).ok().map(|m| {
+            (
+                m.ino(),
+                m.len(),
+                m.modified().unwrap_or(SystemTime::UNIX_EPOCH),
+            )
+        }))
+    }
+}
+
+/// What reading a definition file again came to ([`DefinitionFile::reread`]).
+#[derive(Debug)]
+pub enum Reread {
+    /// The file holds the running definition (or one that differs only in its docs).
+    Same,
+    /// A compatible change ([`schemas::Change::Compatible`]): the definition to run with from now
+    /// on. It has the running definition's zstd dictionaries.
+    Compatible(Box<StreamDef>),
+    /// An incompatible change, refused (logged as an error with the reason).
+    Refused,
+    /// The file cannot be read or is not a valid definition of the stream (logged).
+    Failed,
+}
+
+impl DefinitionFile {
+    pub fn new(dir: &Path, stream: &str) -> DefinitionFile {
+        DefinitionFile {
+            stream: stream.to_owned(),
+            path: dir.join(format!("{stream}.toml")),
+            read_as: None,
+        }
+    }
+
+    /// Whether the file is not as it was when last read (or was never read through this).
+    pub fn changed(&self) -> bool {
+        self.read_as != Some(Stamp::of(&self.path))
+    }
+
+    /// Reads the file (blocking) and compares its definition with `running`. How the file was
+    /// is taken before it is read, so that a change while it is read is read again next time.
+    pub fn reread(&mut self, running: &StreamDef) -> Reread {
+        self.read_as = Some(Stamp::of(&self.path));
+        let read = std::fs::read_to_string(&self.path)
+            .map_err(anyhow::Error::from)
+            .and_then(|text| Ok(StreamDef::from_toml(&text)?))
+            .and_then(|def| {
+                anyhow::ensure!(def.name == self.stream, "it defines stream '{}'", def.name);
+                Ok(def)
+            });
+        let (stream, file) = (&self.stream, self.path.display());
+        let mut def = match read {
+            Ok(def) => def,
+            Err(e) => {
+                tracing::warn!(stream, %file, error = %format!("{e:#}"), "cannot read the stream's definition again; the running one stays");
+                return Reread::Failed;
+            }
+        };
+        match running.change_to(&def) {
+            Change::Same => Reread::Same,
+            Change::Incompatible(reason) => {
+                tracing::error!(stream, %file, %reason, "the stream's definition changed incompatibly (a new version of a stream needs a new stream): the running one stays until a restart");
+                Reread::Refused
+            }
+            Change::Compatible => {
+                tracing::info!(stream, %file, version = def.version, "the stream's definition changed compatibly: it is in force from now on");
+                def.dictionaries = running.dictionaries.clone();
+                Reread::Compatible(Box::new(def))
+            }
+        }
     }
 }

@@ -15,13 +15,13 @@ pub mod staging;
 pub mod store;
 
 use std::collections::HashMap;
-use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
 use anyhow::Context as _;
 use futures::FutureExt as _;
+use plumbing::{DefinitionFile, Reread};
 use rdkafka::consumer::{
     BaseConsumer, CommitMode, Consumer, ConsumerContext, Rebalance, StreamConsumer,
 };
@@ -29,7 +29,7 @@ use rdkafka::message::{BorrowedMessage, Headers, Message, OwnedMessage};
 use rdkafka::{ClientConfig, ClientContext, Offset, TopicPartitionList};
 use schemas::window::{DigestWindow, MAX_UNTIMED_ENTRY_BYTES, digest};
 use schemas::wire::{HEADER_INGEST_TS, parse_decimal_header, stream_of_topic, topic_name};
-use schemas::{Change, ContentHash, Streams};
+use schemas::{ContentHash, Streams};
 use tokio::task::JoinHandle;
 use tokio_util::sync::CancellationToken;
 
@@ -381,7 +381,7 @@ pub async fn start(
         streams_read: None,
         paused: Vec::new(),
         staging_attempts: HashMap::new(),
-        stamps: HashMap::new(),
+        definitions: HashMap::new(),
     };
     Ok(Sink {
         task: tokio::spawn(worker.run()),
@@ -428,7 +428,7 @@ struct Worker {
     staging_attempts: HashMap<PartKey, u32>,
     /// The definition files as they were when last read for a record that did not fit
     /// ([`Worker::redefine`]), by stream: a file that is not as it was is read again.
-    stamps: HashMap<String, Stamp>,
+    definitions: HashMap<String, DefinitionFile>,
 }
 
 /// A staged file could not be written (the staging disk full, an I/O error). The sink does not
@@ -575,28 +575,6 @@ enum Handled {
     /// Not taken: its stream's definition may have a newer version that takes it
     /// ([`Worker::redefine`]).
     Redefine,
-}
-
-/// The file of stream `name`'s definition in `dir`.
-fn definition_file(dir: &Path, name: &str) -> PathBuf {
-    dir.join(format!("{name}.toml"))
-}
-
-/// What tells a version of a definition file from another without reading it: its inode, size
-/// and modification time (`None` for a file that is not there). A rewrite in place changes the
-/// time, a replacement by rename (editors, Kubernetes config maps) the inode too.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-struct Stamp(Option<(u64, u64, SystemTime)>);
-
-impl Stamp {
-    fn of(path: &Path) -> Stamp {
-        use std::os::unix::fs::MetadataExt as _;
-        Stamp(
-            std::fs::metadata(path)
-                .ok()
-                .map(|m| (m.ino(), m.len(), m.modified().unwrap_or(UNIX_EPOCH))),
-        )
-    }
 }
 
 /// What remains to do for a message after [`Worker::on_borrowed`].
@@ -1244,10 +1222,11 @@ impl Worker {
                 .map_err(|e| StagingFailed::of(part, Some(offset), e))?;
             Some(match appended {
                 Appended::Unfit(e) => {
-                    let file = definition_file(&self.config.streams_dir, &part.def.name);
-                    if part.newer.is_some()
-                        || self.stamps.get(&part.def.name) != Some(&Stamp::of(&file))
-                    {
+                    let changed = self
+                        .definitions
+                        .get(&part.def.name)
+                        .is_none_or(DefinitionFile::changed);
+                    if part.newer.is_some() || changed {
                         return Ok(Handled::Redefine);
                     }
                     part.dead_letter(offset, ingest_ts, &e.to_string(), payload);
@@ -1301,20 +1280,14 @@ impl Worker {
 
     /// A record of partition `key` sets a field its stream's definition lacks, or lacks one it
     /// requires ([`Appended::Unfit`]). If the definition's file changed since it was read, it
-    /// is read again ([`Worker::read_definition`]). If a compatible newer definition is there,
-    /// the partition's open file closes and the partition takes it; the record is then handled
+    /// is read again ([`Worker::reread`]). If a compatible newer definition is there, the
+    /// partition's open file closes and the partition takes it; the record is then handled
     /// again, and becomes a dead letter only if that one does not take it either.
     async fn redefine(&mut self, key: &PartKey) -> anyhow::Result<()> {
         let Some(name) = self.parts.get(key).map(|p| p.def.name.clone()) else {
             return Ok(());
         };
-        let file = definition_file(&self.config.streams_dir, &name);
-        let stamp = Stamp::of(&file);
-        if self.stamps.get(&name) != Some(&stamp) {
-            // Taken before the file is read: a change while it is read is read again.
-            self.stamps.insert(name.clone(), stamp);
-            self.read_definition(&name, file).await;
-        }
+        self.reread(&name).await?;
         if self.parts.get(key).is_some_and(|p| p.newer.is_some()) {
             self.flush(key, FlushReason::Definition).await?;
             let Some(part) = self.parts.get_mut(key).filter(|p| !p.stopped) else {
@@ -1334,61 +1307,50 @@ impl Worker {
         Ok(())
     }
 
-    /// Reads the definition of stream `name` from `file` again. A compatible change (see
-    /// [`schemas::Change`]) replaces it: partitions opened from now on take the new one, and
-    /// open ones at their next file or at their next record that needs it. An incompatible
-    /// change is refused until a restart: records the running definition does not take go to
-    /// the dead letters, as before.
-    async fn read_definition(&mut self, name: &str, file: PathBuf) {
+    /// Reads the definition of stream `name` again (on the blocking pool) if its file changed.
+    /// A compatible change (see [`schemas::Change`]) replaces it: partitions opened from now on
+    /// take the new one, and open ones at their next file or at their next record that needs
+    /// it. An incompatible change is refused until a restart: records the running definition
+    /// does not take go to the dead letters, as before.
+    async fn reread(&mut self, name: &str) -> anyhow::Result<()> {
         let Some(running) = self.streams.get(name).cloned() else {
-            return;
+            return Ok(());
         };
-        let shown = file.display().to_string();
-        let read = tokio::task::spawn_blocking(move || {
-            let text = std::fs::read_to_string(&file)?;
-            anyhow::Ok(schemas::StreamDef::from_toml(&text)?)
+        let mut file = self
+            .definitions
+            .remove(name)
+            .unwrap_or_else(|| DefinitionFile::new(&self.config.streams_dir, name));
+        if !file.changed() {
+            self.definitions.insert(name.to_owned(), file);
+            return Ok(());
+        }
+        let (file, reread) = tokio::task::spawn_blocking(move || {
+            let reread = file.reread(&running);
+            (file, reread)
         })
-        .await
-        .map_err(anyhow::Error::from)
-        .and_then(|read| read)
-        .and_then(|def| {
-            anyhow::ensure!(def.name == name, "it defines stream '{}'", def.name);
-            Ok(def)
-        });
-        let def = match read {
-            Ok(def) => def,
-            Err(e) => {
-                tracing::warn!(stream = name, file = %shown, error = %format!("{e:#}"), "cannot read the stream's definition again; records the running one does not take go to the dead letters");
-                return;
-            }
-        };
-        let change = running.change_to(&def);
-        let refused = matches!(change, Change::Incompatible(_));
+        .await?;
+        self.definitions.insert(name.to_owned(), file);
+        let refused = matches!(reread, Reread::Refused);
         ::metrics::gauge!(m::DEFINITION_REFUSED, "stream" => name.to_owned()).set(if refused {
             1.0
         } else {
             0.0
         });
-        match change {
-            Change::Same => {}
-            Change::Incompatible(reason) => {
-                ::metrics::counter!(m::DEFINITION_CHANGES, "stream" => name.to_owned(), "result" => "refused").increment(1);
-                tracing::error!(stream = name, file = %shown, %reason, "the stream's definition changed incompatibly (a new version of the stream needs a new stream): the running one stays until a restart, and records it does not take go to the dead letters");
-            }
-            Change::Compatible => {
-                ::metrics::counter!(m::DEFINITION_CHANGES, "stream" => name.to_owned(), "result" => "taken").increment(1);
-                tracing::info!(
-                    stream = name,
-                    version = def.version,
-                    "the stream's definition changed: its files take the new columns from their next file on"
-                );
-                let def = Arc::new(def);
+        let result = match reread {
+            Reread::Same | Reread::Failed => return Ok(()),
+            Reread::Refused => "refused",
+            Reread::Compatible(def) => {
+                let def = Arc::new(*def);
                 self.streams.replace(def.clone());
                 for part in self.parts.values_mut().filter(|p| p.def.name == name) {
                     part.newer = Some(def.clone());
                 }
+                "taken"
             }
-        }
+        };
+        ::metrics::counter!(m::DEFINITION_CHANGES, "stream" => name.to_owned(), "result" => result)
+            .increment(1);
+        Ok(())
     }
 
     /// Closes the partition's open file, makes it an object and commits past it. On a

@@ -329,3 +329,74 @@ fn a_stop_emits_the_open_downsample_windows() {
         [("d0".into(), 2.0), ("d1".into(), 3.0), ("d2".into(), 4.0)]
     );
 }
+
+/// The definition's file gains a field, put first so that the other fields move: the open
+/// downsample windows go out under the old definition, the filters start over under the new
+/// one, and the record that set the field is batched, not skipped. An incompatible edit after it
+/// is refused, and a record that needs it is skipped as invalid.
+#[test]
+fn a_changed_definition_is_taken_when_a_record_needs_it() {
+    let dir = tempfile::tempdir().unwrap();
+    let file = dir.path().join("sensor_readings.toml");
+    let shipped = include_str!("../../../streams/sensor_readings.toml");
+    std::fs::write(&file, shipped).unwrap();
+    let filter = serde_json::from_value(serde_json::json!(
+        {"type": "downsample", "window_secs": 60, "aggregate": "mean", "field": "value"}
+    ))
+    .unwrap();
+    let settings = StreamSettings {
+        filters: vec![filter],
+        ..StreamSettings::default()
+    };
+    let (p, spool) = pipeline_with(dir.path(), BodyEncoding::Parquet, 100, 1 << 24, &settings);
+    let mut p = p.follow_definition(DefinitionFile::new(dir.path(), "sensor_readings"));
+    let current = p.current();
+    let never = AtomicBool::new(false);
+    let log = Arc::new(Mutex::new(Vec::new()));
+    let lines: Vec<String> = (0..6).map(line).collect();
+    p.push_chunk(chunk(&lines, &log, 0), &never).unwrap();
+
+    let humid = shipped.replacen(
+        "[[fields]]",
+        "[[fields]]\nname = \"humidity\"\ntype = \"float64\"\n\n[[fields]]",
+        1,
+    );
+    std::fs::write(&file, &humid).unwrap();
+    let set = r#"{"device_id":"d0","sensor":"s","ts":1700000000100,"value":8.5,"humidity":40.5}"#;
+    p.push_chunk(chunk(&[set.to_owned()], &log, 1), &never)
+        .unwrap();
+    assert_eq!(p.stats.invalid, 0);
+    assert!(current.get().field_index("humidity").is_some());
+
+    std::fs::write(
+        &file,
+        humid.replace("type = \"int64\"", "type = \"string\""),
+    )
+    .unwrap();
+    let retyped =
+        r#"{"device_id":"d0","sensor":"s","ts":1700000000200,"value":1.5,"quality":"good"}"#;
+    p.push_chunk(chunk(&[retyped.to_owned()], &log, 2), &never)
+        .unwrap();
+    assert_eq!(p.stats.invalid, 1);
+    p.flush_filters(true, &never).unwrap();
+    p.close_batch(&never).unwrap();
+
+    // The three windows of the old definition, then the new record's window alone.
+    let (seq, first) = spool.first_pending().unwrap().unwrap();
+    let mut means: Vec<f64> = first
+        .records(&def())
+        .unwrap()
+        .iter()
+        .map(|r| match r.record.values[3] {
+            schemas::Value::Float(v) => v,
+            ref other => panic!("{other:?}"),
+        })
+        .collect();
+    means.sort_by(f64::total_cmp);
+    assert_eq!(means, [2.0, 3.0, 4.0]);
+    spool.ack(seq).unwrap();
+    let (_, second) = spool.first_pending().unwrap().unwrap();
+    let records = second.records(&current.get()).unwrap();
+    assert_eq!(records.len(), 1);
+    assert_eq!(records[0].record.values[0], schemas::Value::Float(40.5));
+}
