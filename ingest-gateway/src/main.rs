@@ -31,6 +31,12 @@ struct Args {
     /// exit (0 when valid) without connecting to Kafka.
     #[arg(long)]
     check: bool,
+    /// With --check: also check that the definitions of streams_dir may replace those in this
+    /// directory (the ones in force) while gateways, sinks and agents run: only compatible
+    /// changes (nullable fields added, required fields made optional; see
+    /// streams/README.md, "Evolution"). Exits 1 naming the stream and field otherwise.
+    #[arg(long, value_name = "DIR", requires = "check")]
+    compatible_with: Option<PathBuf>,
 }
 
 fn main() -> anyhow::Result<()> {
@@ -41,6 +47,21 @@ fn main() -> anyhow::Result<()> {
         let streams = plumbing::load_streams_dir(&config.streams_dir)?;
         let served = ingest_gateway::check(&config, &streams)?;
         println!("configuration is valid: {served} streams");
+        if let Some(dir) = &args.compatible_with {
+            let update = plumbing::load_streams_dir(dir)?
+                .updated_by(streams)
+                .map_err(|e| {
+                    anyhow::anyhow!(
+                        "{e}: running components refuse this change; a new version of a stream needs a new stream"
+                    )
+                })?;
+            println!(
+                "compatible with {}: streams added {:?}, changed {:?}",
+                dir.display(),
+                update.added,
+                update.changed
+            );
+        }
         return Ok(());
     }
     // Built here, on the main thread: `serve` runs on this thread (block_on), so the Kafka

@@ -45,3 +45,47 @@ fn the_check_passes_the_shipped_config_and_names_what_is_wrong() {
         assert!(!ok && text.contains(expected), "{env:?}: {text}");
     }
 }
+
+/// `--check --compatible-with DIR`: the shipped definitions against an older set (without the
+/// vehicle stream, without a field of the sensor stream) are compatible, and a retyped field is
+/// named, with a non-zero exit.
+#[test]
+fn the_check_tells_whether_definitions_may_replace_those_in_force() {
+    let running = tempfile::tempdir().unwrap();
+    let shipped = common::repo_root().join("streams/sensor_readings.toml");
+    let sensor = std::fs::read_to_string(shipped).unwrap();
+    let without_tags = &sensor[..sensor.rfind("[[fields]]").unwrap()];
+    assert!(!without_tags.contains("name = \"tags\""));
+    let file = running.path().join("sensor_readings.toml");
+    std::fs::write(&file, without_tags).unwrap();
+    let dir = running.path().as_os_str();
+    let args = [
+        "--check",
+        "--config",
+        "config/ingest-gateway.toml",
+        "--compatible-with",
+    ]
+    .map(std::ffi::OsStr::new);
+    let with = |args: &[&std::ffi::OsStr]| {
+        common::run_from_root(env!("CARGO_BIN_EXE_ingest-gateway"), args, &[])
+    };
+    let (ok, text) = with(&[&args[..], &[dir]].concat());
+    assert!(ok, "{text}");
+    assert!(
+        text.contains("streams added [\"vehicle_telemetry\"], changed [\"sensor_readings\"]"),
+        "{text}"
+    );
+    std::fs::write(
+        &file,
+        sensor.replace("type = \"int64\"", "type = \"float64\""),
+    )
+    .unwrap();
+    let (ok, text) = with(&[&args[..], &[dir]].concat());
+    assert!(!ok, "{text}");
+    assert!(
+        text.contains(
+            "stream 'sensor_readings': field 'quality' changes type from float64 to int64"
+        ),
+        "{text}"
+    );
+}
