@@ -25,6 +25,7 @@ use crate::idempotency::{self, Begin, IdempotencyCache};
 use crate::metrics as m;
 use crate::produce::Producer;
 use plumbing::kafka::DeadLetter;
+use plumbing::{DefinitionFile, Reread};
 
 /// Shared state of the handlers.
 pub struct AppState {
@@ -41,6 +42,16 @@ pub struct AppState {
     pub concurrency: Semaphore,
     /// One permit per KiB of request bytes held at once.
     pub inflight: Arc<Semaphore>,
+    /// The definition files of `streams_dir`, looked at when a request's records do not fit
+    /// their stream's definition ([`AppState::newer_definition`]); empty: definitions change
+    /// only at SIGHUP.
+    definitions: std::sync::Mutex<Option<DefinitionFiles>>,
+}
+
+/// The definition files of the streams, by stream, as they were when last read.
+struct DefinitionFiles {
+    dir: std::path::PathBuf,
+    files: std::collections::HashMap<String, DefinitionFile>,
 }
 
 impl AppState {
@@ -61,7 +72,63 @@ impl AppState {
             limits,
             producer,
             idempotency: IdempotencyCache::new(idempotency),
+            definitions: std::sync::Mutex::new(None),
         }
+    }
+
+    /// Takes compatible changes of the definitions in `dir` from now on, when a request needs
+    /// one ([`AppState::newer_definition`]).
+    pub fn follow_definitions(&self, dir: std::path::PathBuf) {
+        *self
+            .definitions
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner) = Some(DefinitionFiles {
+            dir,
+            files: Default::default(),
+        });
+    }
+
+    /// A request's records did not fit `running` in a way a newer definition may take (a field
+    /// or Parquet column it lacks, a required field missing). If the stream's file changed since
+    /// it was read (a `stat`), it is read again, and a compatible change is put in force for
+    /// this request and those after it; the request is then checked again. An incompatible
+    /// change is refused (logged) until SIGHUP or a restart takes the directory whole. Another
+    /// request (or SIGHUP) may have put a newer definition in force already: that one is given.
+    pub async fn newer_definition(
+        self: &Arc<Self>,
+        running: &Arc<StreamDef>,
+    ) -> Option<Arc<StreamDef>> {
+        let state = self.clone();
+        let running = running.clone();
+        tokio::task::spawn_blocking(move || {
+            let mut guard = state
+                .definitions
+                .lock()
+                .unwrap_or_else(std::sync::PoisonError::into_inner);
+            let definitions = guard.as_mut()?;
+            let current = state.stream(&running.name)?;
+            if !Arc::ptr_eq(&current, &running) {
+                return Some(current);
+            }
+            let file = definitions
+                .files
+                .entry(running.name.clone())
+                .or_insert_with(|| DefinitionFile::new(&definitions.dir, &running.name));
+            if !file.changed() {
+                return None;
+            }
+            let Reread::Compatible(def) = file.reread(&current) else {
+                return None;
+            };
+            let def = Arc::new(*def);
+            let mut streams = state.streams();
+            streams.replace(def.clone());
+            state.set_streams(streams);
+            Some(def)
+        })
+        .await
+        .ok()
+        .flatten()
     }
 
     /// The tokens in force.
@@ -113,6 +180,9 @@ pub struct ApiError {
     pub code: &'static str,
     pub message: String,
     pub retry_after_secs: Option<u64>,
+    /// The body may fit a newer definition of its stream (a Parquet column the definition
+    /// lacks): the gateway looks for one before it answers ([`AppState::newer_definition`]).
+    pub newer_definition_may_take: bool,
 }
 
 impl ApiError {
@@ -122,6 +192,7 @@ impl ApiError {
             code,
             message: message.into(),
             retry_after_secs: None,
+            newer_definition_may_take: false,
         }
     }
     pub fn unauthorized(message: impl Into<String>) -> ApiError {
@@ -249,6 +320,9 @@ pub struct Checked {
     pub decompressed_bytes: usize,
     /// The request's records, for `Idempotency-Key`.
     pub fingerprint: idempotency::Fingerprint,
+    /// Some record set a field the definition lacks, or lacked a required one: a newer
+    /// definition may take it ([`AppState::newer_definition`]).
+    pub newer_definition_may_take: bool,
 }
 
 /// Decompresses, decodes, validates and hashes a body; CPU work, run on the blocking pool.
@@ -299,7 +373,10 @@ fn check_plain(
             )
             .map_err(|e| match e {
                 DecodeError::TooLarge(limit) => decompressed_too_large(limit),
-                e => ApiError::bad_request(e.to_string()),
+                e => ApiError {
+                    newer_definition_may_take: e.newer_definition_may_take(),
+                    ..ApiError::bad_request(e.to_string())
+                },
             })?;
             (BodyFormat::Ndjson, &converted[..])
         }
@@ -320,6 +397,7 @@ fn check_plain(
     // Hashed once at the end: BLAKE3 takes a long input several chunks at a time, where 32
     // bytes per update would go one block at a time.
     let mut fingerprint = Vec::with_capacity(records.len() * 32);
+    let mut newer_definition_may_take = false;
     for (index, raw) in records.into_iter().enumerate() {
         let checked = if raw.len() > limits.max_line_bytes {
             Err(RecordError::Malformed(format!(
@@ -354,6 +432,7 @@ fn check_plain(
                 }
             }
             Err(e) => {
+                newer_definition_may_take |= e.newer_definition_may_take();
                 let reason = e.to_string();
                 dead_letters.push(DeadLetter::new(index, e.code(), &reason, raw));
                 response.rejected.push(RejectedRecord { index, reason });
@@ -366,6 +445,7 @@ fn check_plain(
         response,
         decompressed_bytes: plain.len(),
         fingerprint: *blake3::hash(&fingerprint).as_bytes(),
+        newer_definition_may_take,
     })
 }
 
@@ -508,12 +588,25 @@ pub async fn ingest(
     let labels = [("stream", stream.clone())];
     metrics::counter!(m::RECEIVED_BYTES, &labels).increment(body.len() as u64);
 
-    let st = state.clone();
-    let def2 = def.clone();
-    let checked =
-        tokio::task::spawn_blocking(move || check_body(&def2, format, encoding, body, &st.limits))
+    let check = |def: Arc<StreamDef>, body: Bytes| {
+        let st = state.clone();
+        async move {
+            tokio::task::spawn_blocking(move || {
+                check_body(&def, format, encoding, body, &st.limits)
+            })
             .await
-            .map_err(|e| ApiError::unavailable(format!("internal error: {e}"), 1))??;
+            .map_err(|e| ApiError::unavailable(format!("internal error: {e}"), 1))?
+        }
+    };
+    let mut checked = check(def.clone(), body.clone()).await;
+    let unfit = match &checked {
+        Ok(c) => c.newer_definition_may_take,
+        Err(e) => e.newer_definition_may_take,
+    };
+    if unfit && let Some(newer) = state.newer_definition(&def).await {
+        checked = check(newer, body).await;
+    }
+    let checked = checked?;
     let _decompressed = Inflight::acquire(&state.inflight, checked.decompressed_bytes)?;
     metrics::counter!(m::DECOMPRESSED_BYTES, &labels).increment(checked.decompressed_bytes as u64);
     // The key is looked up once the records are known: a repeat must carry the same ones.

@@ -249,6 +249,7 @@ pub async fn start(
         producer,
         &config.idempotency,
     ));
+    state.follow_definitions(config.streams_dir.clone());
     let health = Health::default();
     let probed = state.clone();
     plumbing::spawn_readiness_probe(health.clone(), shutdown.clone(), move || {

@@ -1179,13 +1179,15 @@ fn sighup(child: &Child, log: &Path, logged: &str, times: usize) {
     }
 }
 
-/// SIGHUP puts the stream definitions of `streams_dir` in force without a restart: a nullable
-/// field added to a stream is taken, a stream defined anew is served (its topic created), and
-/// an incompatible change (a field retyped) is refused whole, the running definitions staying.
-/// Before, every definition change took a restart of every gateway, and records with the new
-/// field were rejected until then.
+/// Stream definitions changed while the gateway runs. A nullable field added to a stream is
+/// taken at the first request that sets it, without SIGHUP: NDJSON records and a Parquet body
+/// with the new column (the file is looked at when a request does not fit). A stream defined
+/// anew is served after SIGHUP (its topic created), and an incompatible change (a field
+/// retyped) is refused whole, the running definitions staying. Before, every definition change
+/// took a restart of every gateway, and records and bodies with the new field were rejected
+/// until then.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn sighup_reloads_the_stream_definitions() {
+async fn stream_definitions_change_without_a_restart() {
     let brokers = env("EDGE_INGEST_KAFKA");
     let port = free_port();
     let id = unique();
@@ -1211,13 +1213,18 @@ async fn sighup_reloads_the_stream_definitions() {
     let mut gateway = spawn_gateway(&config, port, &log).await;
     let client = reqwest::Client::new();
     // The answer's status and its count of accepted records.
-    let post = |stream: &str, record: Value| {
+    let post_body = |stream: &str, body: Vec<u8>, content_type: &'static str| {
         let (client, url) = (
             client.clone(),
             format!("http://127.0.0.1:{port}/v1/streams/{stream}/records"),
         );
         async move {
-            let answer = try_post(&client, &url, ndjson(&[record]), None)
+            let answer = client
+                .post(url)
+                .bearer_auth(TOKEN)
+                .header("content-type", content_type)
+                .body(body)
+                .send()
                 .await
                 .unwrap();
             let status = answer.status().as_u16();
@@ -1225,6 +1232,8 @@ async fn sighup_reloads_the_stream_definitions() {
             (status, body["accepted"].as_u64().unwrap_or(0))
         }
     };
+    let post =
+        |stream: &str, record: Value| post_body(stream, ndjson(&[record]), "application/x-ndjson");
     let humid = |i: i64| {
         let mut r = reading(i);
         r["humidity"] = json!(41.5);
@@ -1235,24 +1244,48 @@ async fn sighup_reloads_the_stream_definitions() {
     assert_eq!(post("sensor_readings", humid(1)).await, (200, 0));
     assert_eq!(post("vehicle_telemetry", vehicle.clone()).await.0, 404);
 
+    // A nullable field added: taken at the next request that sets it, no SIGHUP; first a
+    // Parquet body with the new column, then (another field added) an NDJSON record.
     let extended = format!(
         "{}\n[[fields]]\nname = \"humidity\"\ntype = \"float64\"\n",
         sensor.replace("version = 1", "version = 2")
     );
     std::fs::write(streams.join("sensor_readings.toml"), &extended).unwrap();
+    let new_def = schemas::StreamDef::from_toml(&extended).unwrap();
+    let mut columns = schemas::columnar::BodyBuilder::new(&new_def, 1);
+    columns.push(&schemas::check(&new_def, humid(2)).unwrap().record);
+    let parquet = columns.finish(&new_def, 3).unwrap();
+    assert_eq!(
+        post_body("sensor_readings", parquet, "application/vnd.apache.parquet").await,
+        (200, 1)
+    );
+    let extended = format!(
+        "{}\n[[fields]]\nname = \"site\"\ntype = \"string\"\n",
+        extended.replace("version = 2", "version = 3")
+    );
+    std::fs::write(streams.join("sensor_readings.toml"), &extended).unwrap();
+    let mut sited = humid(3);
+    sited["site"] = json!("plant-7");
+    assert_eq!(post("sensor_readings", sited).await, (200, 1));
+    let landed = consume(&brokers, &format!("defs{id}.sensor_readings"), 2);
+    assert_eq!(landed.len(), 2);
+    let mut versions = Vec::new();
+    for (payload, headers) in &landed {
+        let value: Value = serde_json::from_slice(payload).unwrap();
+        assert_eq!(value["humidity"], json!(41.5));
+        versions.push(headers["schema-version"].clone());
+    }
+    versions.sort();
+    assert_eq!(versions, ["2", "3"]);
+    // A new stream: served after SIGHUP.
     std::fs::copy(
         shipped.join("vehicle_telemetry.toml"),
         streams.join("vehicle_telemetry.toml"),
     )
     .unwrap();
+    assert_eq!(post("vehicle_telemetry", vehicle.clone()).await.0, 404);
     tokio::task::block_in_place(|| sighup(&gateway, &log, "SIGHUP: reloaded", 1));
-    assert_eq!(post("sensor_readings", humid(2)).await, (200, 1));
     assert_eq!(post("vehicle_telemetry", vehicle.clone()).await, (200, 1));
-    let landed = consume(&brokers, &format!("defs{id}.sensor_readings"), 1);
-    assert_eq!(landed.len(), 1);
-    let value: Value = serde_json::from_slice(&landed[0].0).unwrap();
-    assert_eq!(value["humidity"], json!(41.5));
-    assert_eq!(landed[0].1["schema-version"], "2");
 
     // `quality` retyped: refused, and the definitions with `humidity` stay.
     std::fs::write(
@@ -1269,8 +1302,8 @@ async fn sighup_reloads_the_stream_definitions() {
         text.contains("field 'quality' changes type from int64 to string"),
         "{text}"
     );
-    assert_eq!(post("sensor_readings", humid(3)).await, (200, 1));
-    let mut retyped = reading(4);
+    assert_eq!(post("sensor_readings", humid(4)).await, (200, 1));
+    let mut retyped = reading(5);
     retyped["quality"] = json!("good");
     assert_eq!(post("sensor_readings", retyped).await, (200, 0));
     assert!(

@@ -352,12 +352,9 @@ fn decode_parquet(def: &StreamDef, body: Bytes, max_bytes: usize) -> Result<Vec<
     let schema = builder.schema().clone();
     let mut columns = Vec::with_capacity(def.fields.len());
     for field in schema.fields() {
-        let index = def.field_index(field.name()).ok_or_else(|| {
-            malformed(format!(
-                "column '{}' is not a field of the stream",
-                crate::stream::printable(field.name())
-            ))
-        })?;
+        let index = def
+            .field_index(field.name())
+            .ok_or_else(|| DecodeError::UnknownColumn(crate::stream::printable(field.name())))?;
         let expected = arrow_type(&def.fields[index].ty);
         if !field.data_type().equals_datatype(&expected) {
             return Err(malformed(format!(

@@ -68,4 +68,16 @@ pub enum DecodeError {
     NotAnArray(String),
     #[error("decoded body is larger than {0} bytes")]
     TooLarge(usize),
+    /// A column of a Parquet body that the stream's definition lacks (a field a newer,
+    /// compatible definition may have added).
+    #[error("Parquet body: column '{0}' is not a field of the stream")]
+    UnknownColumn(String),
+}
+
+impl DecodeError {
+    /// Whether a compatible newer definition of the stream may take the body (see
+    /// [`RecordError::newer_definition_may_take`]).
+    pub fn newer_definition_may_take(&self) -> bool {
+        matches!(self, DecodeError::UnknownColumn(_))
+    }
 }

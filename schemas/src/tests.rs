@@ -908,7 +908,11 @@ fn parquet_bodies_that_panic_the_reader_are_malformed() {
         for def in example_streams().iter() {
             let e =
                 crate::columnar::parquet_to_ndjson(def, body.to_vec().into(), 1 << 20).unwrap_err();
-            assert!(matches!(e, DecodeError::Malformed(_)), "{e:?}");
+            // Another stream's body is refused by its first column before it is read.
+            assert!(
+                matches!(e, DecodeError::Malformed(_) | DecodeError::UnknownColumn(_)),
+                "{e:?}"
+            );
         }
     }
 }
