@@ -317,19 +317,15 @@ impl Pipeline {
             .iter()
             .zip(&def.fields)
             .any(|(old, new)| old.name != new.name);
-        let filters = if moved {
-            let filters = FilterChain::new(&def, &self.filter_configs).map_err(|e| {
-                PipelineError::Encode(format!("the filters do not fit the new definition: {e}"))
-            });
-            match filters {
-                Ok(filters) => Some(filters),
-                Err(e) => {
-                    tracing::error!(stream = %self.def.name, error = %e, "the new definition is not taken");
-                    return Ok(());
-                }
+        let filters = match moved
+            .then(|| FilterChain::new(&def, &self.filter_configs))
+            .transpose()
+        {
+            Ok(filters) => filters,
+            Err(e) => {
+                tracing::error!(stream = %self.def.name, error = %e, "the filters do not fit the new definition; it is not taken");
+                return Ok(());
             }
-        } else {
-            None
         };
         if let Some(filters) = filters {
             // What the old filters hold back goes out under the old definition.

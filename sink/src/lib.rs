@@ -1015,8 +1015,8 @@ impl Worker {
     /// pattern, the topic of a stream defined after the start) makes the sink read
     /// `streams_dir` again, at most every [`STREAMS_RELOAD`], and take the streams the selection
     /// adds; definitions it has are kept as they were (a changed one is read again when a
-    /// record needs it, [`Worker::redefine`]). Records of a topic without a definition are read but not written or committed,
-    /// until the definition comes.
+    /// record needs it, [`Worker::redefine`]). Records of a topic without a definition are
+    /// read but not written or committed, until the definition comes.
     async fn stream_of(&mut self, topic: &str) -> Option<Arc<schemas::StreamDef>> {
         let name = stream_of_topic(&self.config.kafka.topic_prefix, topic)?;
         if let Some(def) = self.streams.get(name) {
