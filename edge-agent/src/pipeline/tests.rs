@@ -292,9 +292,9 @@ fn plain_lines_go_into_ndjson_batches_as_they_are_and_others_canonically() {
 /// A stop (every source gone) emits the downsample windows still open, before the last batch
 /// closes: a window's readings are acknowledged upstream as they arrive, so a stop that did not
 /// emit it would lose them.
-#[test]
-fn a_stop_emits_the_open_downsample_windows() {
-    let dir = tempfile::tempdir().unwrap();
+/// A pipeline (batches of up to 100 records) whose one filter takes the mean `value` per
+/// series and minute.
+fn downsampling(dir: &Path, encoding: BodyEncoding) -> (Pipeline, Arc<Spool>) {
     let filter = serde_json::from_value(serde_json::json!(
         {"type": "downsample", "window_secs": 60, "aggregate": "mean", "field": "value"}
     ))
@@ -303,7 +303,13 @@ fn a_stop_emits_the_open_downsample_windows() {
         filters: vec![filter],
         ..StreamSettings::default()
     };
-    let (p, spool) = pipeline_with(dir.path(), BodyEncoding::Ndjson, 100, 1 << 24, &settings);
+    pipeline_with(dir, encoding, 100, 1 << 24, &settings)
+}
+
+#[test]
+fn a_stop_emits_the_open_downsample_windows() {
+    let dir = tempfile::tempdir().unwrap();
+    let (p, spool) = downsampling(dir.path(), BodyEncoding::Ndjson);
     // Three series (d0, d1, d2), two readings each, all in one minute.
     let lines: Vec<String> = (0..6).map(line).collect();
     let log = Arc::new(Mutex::new(Vec::new()));
@@ -340,15 +346,7 @@ fn a_changed_definition_is_taken_when_a_record_needs_it() {
     let file = dir.path().join("sensor_readings.toml");
     let shipped = include_str!("../../../streams/sensor_readings.toml");
     std::fs::write(&file, shipped).unwrap();
-    let filter = serde_json::from_value(serde_json::json!(
-        {"type": "downsample", "window_secs": 60, "aggregate": "mean", "field": "value"}
-    ))
-    .unwrap();
-    let settings = StreamSettings {
-        filters: vec![filter],
-        ..StreamSettings::default()
-    };
-    let (p, spool) = pipeline_with(dir.path(), BodyEncoding::Parquet, 100, 1 << 24, &settings);
+    let (p, spool) = downsampling(dir.path(), BodyEncoding::Parquet);
     let mut p = p.follow_definition(DefinitionFile::new(dir.path(), "sensor_readings"));
     let current = p.current();
     let never = AtomicBool::new(false);
