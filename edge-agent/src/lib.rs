@@ -536,6 +536,7 @@ fn start_sources(
             } => {
                 let router = source::http::router(
                     streams.clone(),
+                    &config.streams_dir,
                     feeds.clone(),
                     token.as_deref(),
                     max_body_bytes,

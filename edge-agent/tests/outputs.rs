@@ -15,8 +15,8 @@ use rdkafka::consumer::{BaseConsumer, Consumer};
 use rdkafka::message::{Headers, Message};
 use schemas::ContentHash;
 use support::{
-    Faults, Stub, assert_enough_kills, assert_exactly_once, config, file_source_toml, readings,
-    run_with_kills, service_env,
+    Faults, Stub, assert_enough_kills, assert_exactly_once, config, file_source_toml, free_port,
+    readings, run_with_kills, service_env, wait_for_port,
 };
 
 /// Creates `topic` with `partitions` partitions on the test broker.
@@ -520,4 +520,71 @@ async fn a_compatible_definition_change_is_taken_without_a_restart() {
     let stats = agent.await.unwrap().unwrap().total();
     assert_eq!(stats.pipeline.invalid, 0);
     assert_exactly_once(&landed, &expected);
+}
+
+/// The local HTTP port takes a Parquet body with a column its stream's definition gained while
+/// the agent runs: refused (400) before the file changed, read with the new definition after,
+/// and delivered with the column's value. Before, such bodies were refused until the agent
+/// restarted.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_local_port_reads_a_parquet_column_a_changed_definition_added() {
+    let kafka = service_env("EDGE_INGEST_KAFKA");
+    let prefix = format!("agent{}.", rand::random::<u32>());
+    let topic = format!("{prefix}sensor_readings");
+    create_topic(&kafka, &topic, 1).await;
+    let dir = tempfile::tempdir().unwrap();
+    let streams = dir.path().join("streams");
+    std::fs::create_dir(&streams).unwrap();
+    let shipped = include_str!("../../streams/sensor_readings.toml");
+    std::fs::write(streams.join("sensor_readings.toml"), shipped).unwrap();
+    let port = free_port();
+    let cfg = format!(
+        "streams_dir = {streams:?}\nstate_dir = {state:?}\n[kafka]\nbrokers = \"{kafka}\"\n\
+         topic_prefix = \"{prefix}\"\ndead_letter_topic = \"{prefix}dead-letters\"\n\
+         [batch]\nmax_age_ms = 100\n\
+         [[sources]]\ntype = \"http\"\nlisten = \"127.0.0.1:{port}\"\n",
+        state = dir.path().join("state"),
+    );
+    let loaded = plumbing::load_streams_dir(&streams).unwrap();
+    let shutdown = tokio_util::sync::CancellationToken::new();
+    let agent = tokio::spawn(edge_agent::run(
+        edge_agent::AgentConfig::parse(&cfg).unwrap(),
+        loaded,
+        shutdown.clone(),
+    ));
+    wait_for_port(port).await;
+    let extended = format!(
+        "{}\n[[fields]]\nname = \"humidity\"\ntype = \"float64\"\n",
+        shipped
+            .replace("version = 1", "version = 2")
+            .replace("hash_fields = [", "hash_fields = [\"humidity\", ")
+    );
+    let new = schemas::StreamDef::from_toml(&extended).unwrap();
+    let (lines, _) = readings(1, 1, 0, 3);
+    let mut record: serde_json::Value = serde_json::from_str(&lines[0]).unwrap();
+    record["humidity"] = serde_json::json!(55.5);
+    let valid = schemas::check(&new, record).unwrap();
+    let mut columns = schemas::columnar::BodyBuilder::new(&new, 1);
+    columns.push(&valid.record);
+    let body = columns.finish(&new, 3).unwrap();
+    let post = || {
+        reqwest::Client::new()
+            .post(format!(
+                "http://127.0.0.1:{port}/v1/streams/sensor_readings/records"
+            ))
+            .header("content-type", "application/vnd.apache.parquet")
+            .body(body.clone())
+            .send()
+    };
+    assert_eq!(post().await.unwrap().status(), 400);
+    std::fs::write(streams.join("sensor_readings.toml"), &extended).unwrap();
+    let answer = post().await.unwrap();
+    assert_eq!(answer.status(), 200);
+    let answer: serde_json::Value = serde_json::from_slice(&answer.bytes().await.unwrap()).unwrap();
+    assert_eq!(answer["accepted"], 1, "{answer}");
+    let landed = read_topic_as(&kafka, &topic, 1, Duration::ZERO, &new);
+    assert_exactly_once(&landed, &[valid.hash]);
+    shutdown.cancel();
+    let stats = agent.await.unwrap().unwrap().total();
+    assert_eq!(stats.pipeline.invalid, 0);
 }

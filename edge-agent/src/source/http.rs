@@ -3,8 +3,10 @@
 //! answer (accepted, duplicates, rejected by index) comes once the records are durable in the
 //! agent's spool; from there the agent delivers them.
 
+use std::collections::HashMap;
 use std::net::SocketAddr;
-use std::sync::Arc;
+use std::path::PathBuf;
+use std::sync::{Arc, Mutex, PoisonError};
 
 use axum::Router;
 use axum::body::Bytes;
@@ -14,9 +16,10 @@ use axum::response::{IntoResponse, Response};
 use axum::routing::post;
 use plumbing::body::{DecompressError, Encoding, decompress_into};
 use plumbing::server::TlsConfig;
+use plumbing::{DefinitionFile, Reread};
 use schemas::api::{ErrorBody, IngestResponse};
 use schemas::decode::{BodyFormat, split_body};
-use schemas::{DecodeError, Streams};
+use schemas::{DecodeError, StreamDef, Streams};
 use tokio_util::sync::CancellationToken;
 
 use super::Feeds;
@@ -27,6 +30,49 @@ struct Local {
     feeds: Feeds,
     token: Option<blake3::Hash>,
     max_body_bytes: usize,
+    /// Definitions read again for Parquet bodies with a column the running one lacks
+    /// ([`Local::newer`]), by stream, with their files.
+    definitions: Mutex<HashMap<String, (Arc<StreamDef>, DefinitionFile)>>,
+    streams_dir: PathBuf,
+}
+
+impl Local {
+    /// The definition Parquet bodies of `stream` are read with.
+    fn definition(&self, stream: &str) -> Option<Arc<StreamDef>> {
+        let newer = self
+            .definitions
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+            .get(stream)
+            .map(|(def, _)| def.clone());
+        newer.or_else(|| self.streams.get(stream).cloned())
+    }
+
+    /// A Parquet body has a column `running` lacks: if the stream's file changed since it was
+    /// read (a `stat`), it is read again, and a compatible change is used for this body and
+    /// those after it (the pipeline takes it too, at the first record that needs it). Another
+    /// body may have found it already: that one is given.
+    fn newer(&self, running: &Arc<StreamDef>) -> Option<Arc<StreamDef>> {
+        let mut definitions = self
+            .definitions
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner);
+        let (current, file) = definitions.entry(running.name.clone()).or_insert_with(|| {
+            let file = DefinitionFile::new(&self.streams_dir, &running.name);
+            (running.clone(), file)
+        });
+        if !Arc::ptr_eq(current, running) {
+            return Some(current.clone());
+        }
+        if !file.changed() {
+            return None;
+        }
+        let Reread::Compatible(def) = file.reread(current) else {
+            return None;
+        };
+        *current = Arc::new(*def);
+        Some(current.clone())
+    }
 }
 
 /// A refused request: a 4xx (or 503) with the gateway's JSON error body.
@@ -67,6 +113,7 @@ impl IntoResponse for Refusal {
 /// The router of the local ingest port.
 pub fn router(
     streams: Streams,
+    streams_dir: &std::path::Path,
     feeds: Feeds,
     token: Option<&str>,
     max_body_bytes: usize,
@@ -76,6 +123,8 @@ pub fn router(
         feeds,
         token: token.map(|t| blake3::hash(t.as_bytes())),
         max_body_bytes,
+        definitions: Mutex::default(),
+        streams_dir: streams_dir.to_path_buf(),
     });
     Router::new()
         .route("/v1/streams/{stream}/records", post(ingest))
@@ -127,7 +176,7 @@ async fn ingest(
             "missing or wrong bearer token",
         ));
     }
-    let (Some(def), Some(feed)) = (local.streams.get(&stream), local.feeds.get(&stream)) else {
+    let (Some(def), Some(feed)) = (local.definition(&stream), local.feeds.get(&stream)) else {
         return Err(error(
             StatusCode::NOT_FOUND,
             "unknown_stream",
@@ -153,7 +202,7 @@ async fn ingest(
                 "Content-Encoding must be zstd, gzip or identity",
             )
         })?;
-    let (def, limit) = (def.clone(), local.max_body_bytes);
+    let (limit, reader) = (local.max_body_bytes, local.clone());
     let ndjson = tokio::task::spawn_blocking(move || -> Result<Vec<u8>, Refusal> {
         let mut plain = Vec::new();
         decompress_into(
@@ -175,7 +224,20 @@ async fn ingest(
                 e.to_string(),
             ),
         })?;
-        to_ndjson(&def, format, plain, limit)
+        let (plain, mut def) = match format {
+            BodyFormat::Ndjson => return Ok(plain),
+            BodyFormat::JsonArray => return array_to_ndjson(&plain),
+            BodyFormat::Parquet => (Bytes::from(plain), def),
+        };
+        loop {
+            match schemas::columnar::parquet_to_ndjson(&def, plain.clone(), limit) {
+                Err(e) if e.newer_definition_may_take() => match reader.newer(&def) {
+                    Some(newer) => def = newer,
+                    None => return Err(bad_body(e)),
+                },
+                converted => return converted.map_err(bad_body),
+            }
+        }
     })
     .await
     .map_err(|e| error(StatusCode::SERVICE_UNAVAILABLE, "internal", e.to_string()))??;
@@ -212,36 +274,27 @@ async fn ingest(
     }))
 }
 
-/// The body as NDJSON lines, whatever its format.
-fn to_ndjson(
-    def: &schemas::StreamDef,
-    format: BodyFormat,
-    plain: Vec<u8>,
-    limit: usize,
-) -> Result<Vec<u8>, Refusal> {
-    let bad = |e: DecodeError| match e {
+/// A body that cannot be read as records.
+fn bad_body(e: DecodeError) -> Refusal {
+    match e {
         DecodeError::TooLarge(_) => {
             error(StatusCode::PAYLOAD_TOO_LARGE, "too_large", e.to_string())
         }
         e => error(StatusCode::BAD_REQUEST, "malformed", e.to_string()),
-    };
-    match format {
-        BodyFormat::Ndjson => Ok(plain),
-        BodyFormat::Parquet => {
-            schemas::columnar::parquet_to_ndjson(def, plain.into(), limit).map_err(bad)
-        }
-        BodyFormat::JsonArray => {
-            let items = split_body(format, &plain).map_err(bad)?;
-            let mut out = Vec::with_capacity(plain.len());
-            for item in items {
-                // JSON strings cannot hold raw line breaks, so any in an element are whitespace.
-                out.extend(
-                    item.iter()
-                        .map(|&b| if b == b'\n' || b == b'\r' { b' ' } else { b }),
-                );
-                out.push(b'\n');
-            }
-            Ok(out)
-        }
     }
+}
+
+/// A JSON array body as NDJSON lines.
+fn array_to_ndjson(plain: &[u8]) -> Result<Vec<u8>, Refusal> {
+    let items = split_body(BodyFormat::JsonArray, plain).map_err(bad_body)?;
+    let mut out = Vec::with_capacity(plain.len());
+    for item in items {
+        // JSON strings cannot hold raw line breaks, so any in an element are whitespace.
+        out.extend(
+            item.iter()
+                .map(|&b| if b == b'\n' || b == b'\r' { b' ' } else { b }),
+        );
+        out.push(b'\n');
+    }
+    Ok(out)
 }
