@@ -30,6 +30,12 @@ struct Stack {
 
 impl Stack {
     async fn start() -> Stack {
+        Stack::start_with(schemas::example_streams(), None).await
+    }
+
+    /// The stack on `streams`; the gateway and the sink read their definitions again from
+    /// `streams_dir` when records need it.
+    async fn start_with(streams: schemas::Streams, streams_dir: Option<&std::path::Path>) -> Stack {
         let kafka = common::service_env("EDGE_INGEST_KAFKA");
         let s3 = common::service_env("EDGE_INGEST_S3");
         let id = common::unique_id();
@@ -37,7 +43,6 @@ impl Stack {
         let bucket = format!("landing-{id}");
         common::pyarrow(&["--s3-endpoint", &s3, "--bucket", &bucket, "--create-bucket"]);
 
-        let streams = schemas::example_streams();
         let shutdown = CancellationToken::new();
         let mut gateway = GatewayConfig {
             listen: ([127, 0, 0, 1], 0).into(),
@@ -56,6 +61,9 @@ impl Stack {
         gateway.kafka.topic_prefix = topic_prefix.clone();
         gateway.kafka.create_topics = true;
         gateway.kafka.produce_timeout_ms = 20_000;
+        if let Some(dir) = streams_dir {
+            gateway.streams_dir = dir.to_path_buf();
+        }
         let gateway = ingest_gateway::start(gateway, streams.clone(), shutdown.clone())
             .await
             .unwrap();
@@ -80,6 +88,9 @@ impl Stack {
         sink.kafka.brokers = kafka;
         sink.kafka.topic_prefix = topic_prefix;
         sink.kafka.group_id = format!("e2e-sink-{id}");
+        if let Some(dir) = streams_dir {
+            sink.streams_dir = dir.to_path_buf();
+        }
         let sink = sink::start(sink, streams.clone(), shutdown.clone())
             .await
             .unwrap();
@@ -166,6 +177,103 @@ async fn agent_gateway_tansu_sink_s3_pyarrow() {
 
     let landed = common::pyarrow_s3(&s3, &bucket, "landing/");
     common::assert_landed_exactly(&records, &landed);
+}
+
+/// A stream gains a field while the whole path runs, and the definition's file is replaced in
+/// the one directory that the agent, the gateway and the sink read: nothing is restarted or
+/// signalled. The agent (Parquet batches) takes the new definition at the first line that sets
+/// the field, the gateway at the first body with its column, the sink at the first record that
+/// sets it. Every reading lands once, each new one with its value, in files of version 2 with
+/// the column (pyarrow, from S3).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_field_added_while_the_path_runs_lands_without_a_restart() {
+    let dir = tempfile::tempdir().unwrap();
+    let streams_dir = dir.path().join("streams");
+    std::fs::create_dir(&streams_dir).unwrap();
+    let definition = streams_dir.join("sensor_readings.toml");
+    let shipped = include_str!("../../streams/sensor_readings.toml");
+    std::fs::write(&definition, shipped).unwrap();
+    let streams = plumbing::load_streams_dir(&streams_dir).unwrap();
+    let stack = Stack::start_with(streams.clone(), Some(&streams_dir)).await;
+    let fleet = FleetSpec {
+        records: 600,
+        devices: 6,
+        duplicate_ratio: 0.0,
+        seed: 11,
+        ..FleetSpec::default()
+    };
+    let mut records = sensor_readings(&fleet);
+    for (i, r) in records[300..].iter_mut().enumerate() {
+        r["humidity"] = serde_json::json!(i as f64 / 2.0);
+    }
+    let file = dir.path().join("readings.ndjson");
+    std::fs::write(&file, to_ndjson(&records[..300])).unwrap();
+    let agent = AgentConfig::parse(&format!(
+        r#"
+        streams_dir = {streams_dir:?}
+        state_dir = {state:?}
+        [gateway]
+        url = "http://{addr}"
+        token = "e2e-secret"
+        [batch]
+        max_records = 100
+        max_age_ms = 200
+        encoding = "parquet"
+        [[sources]]
+        type = "file"
+        path = {file:?}
+        stream = "sensor_readings"
+        follow = true
+        poll_ms = 50
+        "#,
+        state = dir.path().join("state"),
+        addr = stack.gateway.addr,
+    ))
+    .unwrap();
+    let agent = tokio::spawn(edge_agent::run(agent, streams, stack.shutdown.clone()));
+    stack.wait_written(300).await;
+
+    let extended = format!(
+        "{}\n[[fields]]\nname = \"humidity\"\ntype = \"float64\"\n",
+        shipped.replace("version = 1", "version = 2")
+    );
+    std::fs::write(&definition, extended).unwrap();
+    let mut appended = std::fs::OpenOptions::new()
+        .append(true)
+        .open(&file)
+        .unwrap();
+    std::io::Write::write_all(&mut appended, &to_ndjson(&records[300..])).unwrap();
+    stack.wait_written(600).await;
+    let dead = stack.sink.stats.dead_letters.load(Ordering::Relaxed);
+    let (s3, bucket) = (stack.s3.clone(), stack.bucket.clone());
+    stack.stop().await;
+    let stats = agent.await.unwrap().unwrap().total();
+    assert_eq!(
+        (
+            stats.pipeline.invalid,
+            stats.delivery.rejected_records,
+            dead
+        ),
+        (0, 0, 0)
+    );
+
+    let landed = common::pyarrow_s3(&s3, &bucket, "landing/");
+    common::assert_landed_exactly(&records, &landed);
+    let humid: Vec<f64> = landed["rows"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .filter_map(|r| r.get("humidity").and_then(|h| h.as_f64()))
+        .collect();
+    assert_eq!(humid.len(), 300);
+    assert_eq!(
+        humid.iter().sum::<f64>(),
+        (0..300).map(|i| i as f64 / 2.0).sum::<f64>()
+    );
+    for f in landed["files"].as_array().unwrap() {
+        let version = f["metadata"]["schema_version"].as_str().unwrap();
+        assert_eq!(f["schema"].get("humidity").is_some(), version == "2", "{f}");
+    }
 }
 
 /// Runs the `loadtest` binary with `args`.
