@@ -120,6 +120,7 @@ impl Reload {
             running.reload_from_config(Arc::new(server));
         }
         self.state.set_streams(update.streams);
+        self.state.follow_definitions(config.streams_dir.clone());
         Ok(Reloaded {
             tokens: config.auth.tokens.len(),
             added: update.added,

@@ -91,8 +91,8 @@ async fn serve(args: Args, config: GatewayConfig) -> anyhow::Result<()> {
 }
 
 /// On SIGHUP, reads the config file (and the environment) again and puts its tokens, TLS files
-/// and stream definitions in force ([`ingest_gateway::Reload`]); a config that does not load or check keeps the
-/// running ones. Without this, SIGHUP ended the process.
+/// and stream definitions in force ([`ingest_gateway::Reload`]); a config that does not load or
+/// check keeps the running ones. Without this, SIGHUP ended the process.
 fn reload_on_sighup(reload: ingest_gateway::Reload, path: Option<PathBuf>) -> anyhow::Result<()> {
     use tokio::signal::unix::{SignalKind, signal};
     let mut hangups = signal(SignalKind::hangup()).context("cannot handle SIGHUP")?;
