@@ -1541,8 +1541,9 @@ async fn a_stream_defined_after_the_start_is_landed_without_a_restart() {
 /// version 2) is taken when the first record that sets it arrives: the partition's open file of
 /// the old columns closes, and the record lands in a file with the new column, none of them a
 /// dead letter. Before, such records went to the dead letters until every sink restarted. An
-/// incompatible edit after it (`quality` retyped) is refused: the running definition stays, so
-/// records of the old shape still land and those of the new shape are dead letters.
+/// incompatible edit after it (`quality` retyped, `site` added) is refused at the first record
+/// that sets `site`: the running definition stays, so records of the old shape still land and
+/// those of the new shape are dead letters; the refusal ends once the file is mended.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_compatible_definition_change_is_taken_without_a_restart() {
     let (cluster, producer) = mock_cluster(2);
@@ -1591,19 +1592,20 @@ async fn a_compatible_definition_change_is_taken_without_a_restart() {
     .await;
     assert_eq!(sink.stats.dead_letters.load(Ordering::Relaxed), 0);
 
-    // An incompatible edit: refused, the definition with `humidity` stays.
+    // An incompatible edit (`quality` retyped, `site` added): refused when records with `site`
+    // come, and the definition with `humidity` stays.
     std::fs::write(
         &file,
-        extended.replace(
+        format!("{extended}\n[[fields]]\nname = \"site\"\ntype = \"string\"\n").replace(
             "name = \"quality\"\ntype = \"int64\"",
             "name = \"quality\"\ntype = \"string\"",
         ),
     )
     .unwrap();
     let more = distinct_readings(320);
-    let mut retyped = more[300..310].to_vec();
-    for r in &mut retyped {
-        r["quality"] = serde_json::json!("good");
+    let mut sited = more[300..310].to_vec();
+    for r in &mut sited {
+        r["site"] = serde_json::json!("plant-7");
         send(r).await;
     }
     let kept: Vec<serde_json::Value> = more[310..]
@@ -1620,6 +1622,13 @@ async fn a_compatible_definition_change_is_taken_without_a_restart() {
     wait_for("the records after the refused edit", 60, || {
         sink.stats.records_written.load(Ordering::Relaxed) >= 310
             && sink.stats.dead_letters.load(Ordering::Relaxed) >= 10
+    })
+    .await;
+    assert_eq!(sink.stats.definitions_refused.load(Ordering::Relaxed), 1);
+    // The file mended: the refusal ends without another record.
+    std::fs::write(&file, &extended).unwrap();
+    wait_for("the refusal to end", 10, || {
+        sink.stats.definitions_refused.load(Ordering::Relaxed) == 0
     })
     .await;
     shutdown.cancel();

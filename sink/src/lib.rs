@@ -74,6 +74,9 @@ pub struct SinkStats {
     pub staging_errors: AtomicU64,
     /// A partition's last staged write failed, and it has not written a file since.
     pub staging_failing: AtomicBool,
+    /// Streams whose definition file holds an incompatible change this sink refused
+    /// ([`m::DEFINITION_REFUSED`]).
+    pub definitions_refused: AtomicU64,
 }
 
 impl SinkStats {
@@ -382,6 +385,7 @@ pub async fn start(
         paused: Vec::new(),
         staging_attempts: HashMap::new(),
         definitions: HashMap::new(),
+        refused: Vec::new(),
     };
     Ok(Sink {
         task: tokio::spawn(worker.run()),
@@ -429,6 +433,9 @@ struct Worker {
     /// The definition files as they were when last read for a record that did not fit
     /// ([`Worker::redefine`]), by stream: a file that is not as it was is read again.
     definitions: HashMap<String, DefinitionFile>,
+    /// Streams whose definition file holds a change this sink refused: their files are looked
+    /// at on every tick, so that the refusal ends when the file is mended.
+    refused: Vec<String>,
 }
 
 /// A staged file could not be written (the staging disk full, an I/O error). The sink does not
@@ -606,6 +613,9 @@ impl Worker {
                     self.drop_revoked();
                     self.resume_due();
                     self.sweep_if_due().await;
+                    for name in self.refused.clone() {
+                        self.reread(&name).await?;
+                    }
                     let now = Instant::now();
                     let due: Vec<(PartKey, FlushReason)> = self
                         .parts
@@ -1331,6 +1341,13 @@ impl Worker {
         .await?;
         self.definitions.insert(name.to_owned(), file);
         let refused = matches!(reread, Reread::Refused);
+        self.refused.retain(|r| r != name);
+        if refused {
+            self.refused.push(name.to_owned());
+        }
+        self.stats
+            .definitions_refused
+            .store(self.refused.len() as u64, Ordering::Relaxed);
         ::metrics::gauge!(m::DEFINITION_REFUSED, "stream" => name.to_owned()).set(if refused {
             1.0
         } else {

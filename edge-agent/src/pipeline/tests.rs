@@ -339,7 +339,7 @@ fn a_stop_emits_the_open_downsample_windows() {
 /// The definition's file gains a field, put first so that the other fields move: the open
 /// downsample windows go out under the old definition, the filters start over under the new
 /// one, and the record that set the field is batched, not skipped. An incompatible edit after it
-/// is refused, and a record that needs it is skipped as invalid.
+/// is refused when a record needs it, and that record is skipped as invalid.
 #[test]
 fn a_changed_definition_is_taken_when_a_record_needs_it() {
     let dir = tempfile::tempdir().unwrap();
@@ -366,16 +366,15 @@ fn a_changed_definition_is_taken_when_a_record_needs_it() {
     assert_eq!(p.stats.invalid, 0);
     assert!(current.get().field_index("humidity").is_some());
 
-    std::fs::write(
-        &file,
-        humid.replace("type = \"int64\"", "type = \"string\""),
-    )
-    .unwrap();
-    let retyped =
-        r#"{"device_id":"d0","sensor":"s","ts":1700000000200,"value":1.5,"quality":"good"}"#;
-    p.push_chunk(chunk(&[retyped.to_owned()], &log, 2), &never)
+    // `quality` retyped and `site` added: refused at the first record that sets `site`.
+    let retyped = format!("{humid}\n[[fields]]\nname = \"site\"\ntype = \"string\"\n")
+        .replace("type = \"int64\"", "type = \"string\"");
+    std::fs::write(&file, retyped).unwrap();
+    let sited = r#"{"device_id":"d0","sensor":"s","ts":1700000000200,"value":1.5,"site":"a"}"#;
+    p.push_chunk(chunk(&[sited.to_owned()], &log, 2), &never)
         .unwrap();
     assert_eq!(p.stats.invalid, 1);
+    assert!(current.get().field_index("site").is_none());
     p.flush_filters(true, &never).unwrap();
     p.close_batch(&never).unwrap();
 
