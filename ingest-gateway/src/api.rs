@@ -46,11 +46,15 @@ pub struct AppState {
     /// their stream's definition ([`AppState::newer_definition`]); empty: definitions change
     /// only at SIGHUP.
     definitions: std::sync::Mutex<Option<DefinitionFiles>>,
+    /// Held while a stream defined after the start is looked for and added.
+    adding: tokio::sync::Mutex<()>,
 }
 
 /// The definition files of the streams, by stream, as they were when last read.
 struct DefinitionFiles {
     dir: std::path::PathBuf,
+    /// For the topics of streams defined after the start.
+    kafka: crate::config::KafkaConfig,
     files: std::collections::HashMap<String, DefinitionFile>,
 }
 
@@ -73,19 +77,68 @@ impl AppState {
             producer,
             idempotency: IdempotencyCache::new(idempotency),
             definitions: std::sync::Mutex::new(None),
+            adding: tokio::sync::Mutex::new(()),
         }
     }
 
     /// Takes compatible changes of the definitions in `dir` from now on, when a request needs
     /// one ([`AppState::newer_definition`]).
-    pub fn follow_definitions(&self, dir: std::path::PathBuf) {
+    pub fn follow_definitions(&self, dir: std::path::PathBuf, kafka: crate::config::KafkaConfig) {
         *self
             .definitions
             .lock()
             .unwrap_or_else(std::sync::PoisonError::into_inner) = Some(DefinitionFiles {
             dir,
+            kafka,
             files: Default::default(),
         });
+    }
+
+    /// A request for `stream`, which no definition in force names. If `<stream>.toml` in
+    /// `streams_dir` appeared or changed since it was last looked at (a `stat`), the directory
+    /// is put in force as at SIGHUP ([`crate::put_definitions_in_force`]: the new stream's
+    /// topic created first when `kafka.create_topics`), and the stream's definition is given if
+    /// it is there now. Requests for a stream that is being added wait for it.
+    pub async fn defined_since_start(self: &Arc<Self>, stream: &str) -> Option<Arc<StreamDef>> {
+        let _one_at_a_time = self.adding.lock().await;
+        if let Some(def) = self.stream(stream) {
+            return Some(def);
+        }
+        let (state, name) = (self.clone(), stream.to_owned());
+        let (dir, kafka) = tokio::task::spawn_blocking(move || {
+            let mut guard = state
+                .definitions
+                .lock()
+                .unwrap_or_else(std::sync::PoisonError::into_inner);
+            let definitions = guard.as_mut()?;
+            // Names without a file are not remembered: a client cannot grow this by asking
+            // for streams that do not exist.
+            if !definitions.dir.join(format!("{name}.toml")).is_file() {
+                return None;
+            }
+            let file = definitions
+                .files
+                .entry(name.clone())
+                .or_insert_with(|| DefinitionFile::new(&definitions.dir, &name));
+            file.changed_since_seen()
+                .then(|| (definitions.dir.clone(), definitions.kafka.clone()))
+        })
+        .await
+        .ok()
+        .flatten()?;
+        match crate::put_definitions_in_force(self, &dir, &kafka).await {
+            Ok((added, _)) => {
+                tracing::info!(
+                    stream,
+                    ?added,
+                    "a stream defined after the start is served from now on"
+                );
+            }
+            Err(e) => {
+                tracing::error!(stream, error = %format!("{e:#}"), "a stream defined after the start cannot be served: the definitions in streams_dir do not load or check");
+            }
+        }
+        self.stream(stream)
     }
 
     /// A request's records did not fit `running` in a way a newer definition may take (a field
@@ -542,7 +595,11 @@ pub async fn ingest(
     validate_stream_name(&stream).map_err(|e| ApiError::bad_request(e.to_string()))?;
     auth.authorize(who, &stream)?;
     auth.admit(who)?;
-    let def = state.stream(&stream).ok_or_else(|| {
+    let def = match state.stream(&stream) {
+        Some(def) => Some(def),
+        None => state.defined_since_start(&stream).await,
+    };
+    let def = def.ok_or_else(|| {
         ApiError::new(
             StatusCode::NOT_FOUND,
             "unknown_stream",

@@ -100,33 +100,46 @@ impl Reload {
             (None, None) => None,
             _ => anyhow::bail!("TLS is turned on or off only at a restart"),
         };
-        let dir = config.streams_dir.clone();
-        let loaded =
-            tokio::task::spawn_blocking(move || plumbing::load_streams_dir(&dir)).await??;
-        let update =
-            self.state.streams().updated_by(loaded).map_err(|e| {
-                anyhow::anyhow!("{e}; a new version of a stream needs a new stream")
-            })?;
-        if !update.added.is_empty() {
-            let mut added = update.streams.clone();
-            added.retain(|def| update.added.contains(&def.name));
-            metrics::register(&added);
-            if config.kafka.create_topics {
-                produce::ensure_topics(&config.kafka, &added).await?;
-            }
-        }
+        let (added, changed) =
+            put_definitions_in_force(&self.state, &config.streams_dir, &config.kafka).await?;
         self.state.set_auth(auth);
         if let Some((running, server)) = tls {
             running.reload_from_config(Arc::new(server));
         }
-        self.state.set_streams(update.streams);
-        self.state.follow_definitions(config.streams_dir.clone());
+        self.state
+            .follow_definitions(config.streams_dir.clone(), config.kafka.clone());
         Ok(Reloaded {
             tokens: config.auth.tokens.len(),
-            added: update.added,
-            changed: update.changed,
+            added,
+            changed,
         })
     }
+}
+
+/// Reads the definitions of `dir` and puts them in force ([`schemas::Streams::updated_by`]):
+/// new streams (their topics created first when `kafka.create_topics`) and compatible changes,
+/// or nothing when a change is incompatible. Returns the streams added and changed.
+pub async fn put_definitions_in_force(
+    state: &AppState,
+    dir: &std::path::Path,
+    kafka: &config::KafkaConfig,
+) -> anyhow::Result<(Vec<String>, Vec<String>)> {
+    let dir = dir.to_path_buf();
+    let loaded = tokio::task::spawn_blocking(move || plumbing::load_streams_dir(&dir)).await??;
+    let update = state
+        .streams()
+        .updated_by(loaded)
+        .map_err(|e| anyhow::anyhow!("{e}; a new version of a stream needs a new stream"))?;
+    if !update.added.is_empty() {
+        let mut added = update.streams.clone();
+        added.retain(|def| update.added.contains(&def.name));
+        metrics::register(&added);
+        if kafka.create_topics {
+            produce::ensure_topics(kafka, &added).await?;
+        }
+    }
+    state.set_streams(update.streams);
+    Ok((update.added, update.changed))
 }
 
 /// Builds the router: the ingest API, plus `/metrics`, `/healthz` and `/readyz` when `admin` is
@@ -250,7 +263,7 @@ pub async fn start(
         producer,
         &config.idempotency,
     ));
-    state.follow_definitions(config.streams_dir.clone());
+    state.follow_definitions(config.streams_dir.clone(), config.kafka.clone());
     let health = Health::default();
     let probed = state.clone();
     plumbing::spawn_readiness_probe(health.clone(), shutdown.clone(), move || {

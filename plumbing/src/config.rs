@@ -256,6 +256,13 @@ impl DefinitionFile {
         self.read_as != Some(Stamp::of(&self.path))
     }
 
+    /// [`DefinitionFile::changed`], and takes the file as seen: for a caller that reads it by
+    /// other means (the whole directory), or not at all when it is not there.
+    pub fn changed_since_seen(&mut self) -> bool {
+        let now = Some(Stamp::of(&self.path));
+        std::mem::replace(&mut self.read_as, now) != now
+    }
+
     /// Reads the file (blocking) and compares its definition with `running`. How the file was
     /// is taken before it is read, so that a change while it is read is read again next time.
     pub fn reread(&mut self, running: &StreamDef) -> Reread {
