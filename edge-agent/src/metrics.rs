@@ -41,6 +41,9 @@ pub const DEAD_LETTERS_LOST: &str = "edge_agent_dead_letters_lost_total";
 /// Series whose state a deadband or downsample filter forgot, by `filter` (kind): the filter
 /// held `max_series` series, and these were seen longest ago.
 pub const FILTER_EVICTED_SERIES: &str = "edge_agent_filter_evicted_series_total";
+/// 1 while a stream's definition file holds an incompatible change that the agent refused (it
+/// runs with the definition it had; records that need the new one are skipped as invalid).
+pub const DEFINITION_REFUSED: &str = "edge_agent_definition_refused";
 /// The spool's size limit over all streams (`spool.max_mb`), for "spool filling up" alerts.
 pub const SPOOL_LIMIT_BYTES: &str = "edge_agent_spool_limit_bytes";
 
@@ -66,6 +69,7 @@ pub fn register_stream(stream: &str, policy: &'static str) {
     metrics::counter!(SPOOL_DROPPED_RECORDS, "stream" => stream.to_owned(), "policy" => policy)
         .increment(0);
     metrics::gauge!(REJECTED_WAITING, &labels).set(0.0);
+    metrics::gauge!(DEFINITION_REFUSED, &labels).set(0.0);
     for (reason, intentional) in [("invalid", "false"), ("duplicate", "true")] {
         metrics::counter!(DISCARDED, "stream" => stream.to_owned(), "reason" => reason, "intentional" => intentional)
             .increment(0);

@@ -166,6 +166,9 @@ pub struct Pipeline {
     definition: Option<DefinitionFile>,
     /// The filters' settings, to set them up again for a new definition whose fields moved.
     filter_configs: Vec<FilterConfig>,
+    /// The definition's file holds a change that was refused: it is looked at again as chunks
+    /// and ticks come, so that the refusal ends when the file is mended.
+    refused: bool,
     batch: BatchConfig,
     encoding: BodyEncoding,
     overflow: Overflow,
@@ -253,6 +256,7 @@ impl Pipeline {
             current: CurrentDef::new(def.clone()),
             definition: None,
             filter_configs: settings.filters.clone(),
+            refused: false,
             def,
             batch,
             filters,
@@ -307,7 +311,11 @@ impl Pipeline {
         let Some(file) = self.definition.as_mut() else {
             return Ok(());
         };
-        let Reread::Compatible(def) = file.reread(&self.def) else {
+        let reread = file.reread(&self.def);
+        self.refused = matches!(reread, Reread::Refused);
+        metrics::gauge!(m::DEFINITION_REFUSED, "stream" => self.def.name.clone())
+            .set(if self.refused { 1.0 } else { 0.0 });
+        let Reread::Compatible(def) = reread else {
             return Ok(());
         };
         let def = Arc::new(*def);
@@ -336,6 +344,15 @@ impl Pipeline {
         self.close_batch(cancel)?;
         self.current.set(def.clone());
         self.def = def;
+        Ok(())
+    }
+
+    /// Reads a refused definition's file again once it changed, so that the refusal (and its
+    /// gauge) ends when the file is mended, not at the next record that needs it.
+    fn recheck_refused(&mut self, cancel: &AtomicBool) -> Result<(), PipelineError> {
+        if self.refused && self.definition_changed() {
+            self.redefine(cancel)?;
+        }
         Ok(())
     }
 
@@ -380,6 +397,7 @@ impl Pipeline {
             }
             self.flush_filters(false, cancel)?;
             self.sync(false)?;
+            self.recheck_refused(cancel)?;
         }
         self.flush_filters(true, cancel)?;
         self.close_batch(cancel)?;

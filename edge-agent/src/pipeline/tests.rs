@@ -375,6 +375,11 @@ fn a_changed_definition_is_taken_when_a_record_needs_it() {
         .unwrap();
     assert_eq!(p.stats.invalid, 1);
     assert!(current.get().field_index("site").is_none());
+    assert!(p.refused);
+    // Mended (the `humidity` definition again): the refusal ends without another record.
+    std::fs::write(&file, &humid).unwrap();
+    p.recheck_refused(&never).unwrap();
+    assert!(!p.refused);
     p.flush_filters(true, &never).unwrap();
     p.close_batch(&never).unwrap();
 
