@@ -169,6 +169,11 @@ async fn main() -> anyhow::Result<()> {
             let (config, streams) = load(&config)?;
             let shutdown = CancellationToken::new();
             plumbing::cancel_on_signal(shutdown.clone());
+            plumbing::on_sighup(|| {
+                tracing::info!(
+                    "SIGHUP: nothing to reload; stream definitions are read again when records need them, other settings at a restart"
+                )
+            })?;
             let stats = edge_agent::run(config, streams, shutdown).await?;
             let t = stats.total();
             // A log event, so that it is one JSON object too with LOG_FORMAT=json.

@@ -62,3 +62,45 @@ fn logs_are_plain_text_off_a_terminal_and_json_lines_on_request() {
         "{other}"
     );
 }
+
+/// SIGHUP does not end the agent: it is logged (there is nothing to reload: definitions are
+/// read again as records need them), and the agent goes on until its input ends, then stops
+/// as usual. Before, SIGHUP's default action ended it at once, without the graceful stop that
+/// emits the filters' open windows.
+#[test]
+fn sighup_is_logged_and_does_not_end_the_agent() {
+    let dir = tempfile::tempdir().unwrap();
+    let cfg = support::write_config(
+        dir.path(),
+        "http://127.0.0.1:9",
+        "",
+        "[[sources]]\ntype = \"stdin\"\nstream = \"sensor_readings\"\n",
+    );
+    let mut agent = support::spawn_agent_with(&cfg, dir.path(), 0, Stdio::piped(), "info");
+    let log = dir.path().join("agent-0.log");
+    let wait_logged = |text: &str| {
+        let deadline = std::time::Instant::now() + std::time::Duration::from_secs(20);
+        while !std::fs::read_to_string(&log).unwrap().contains(text) {
+            assert!(
+                std::time::Instant::now() < deadline,
+                "no '{text}' in the log"
+            );
+            std::thread::sleep(std::time::Duration::from_millis(50));
+        }
+    };
+    wait_logged("stream ready");
+    let status = Command::new("kill")
+        .args(["-HUP", &agent.id().to_string()])
+        .status()
+        .unwrap();
+    assert!(status.success());
+    wait_logged("SIGHUP: nothing to reload");
+    std::thread::sleep(std::time::Duration::from_millis(300));
+    assert!(
+        agent.try_wait().unwrap().is_none(),
+        "SIGHUP ended the agent"
+    );
+    drop(agent.stdin.take());
+    assert!(agent.wait().unwrap().success());
+    wait_logged("run finished");
+}

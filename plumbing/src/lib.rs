@@ -52,6 +52,21 @@ pub fn raise_open_files_limit() -> Option<u64> {
     }
 }
 
+/// Calls `each` on every SIGHUP, instead of its default action, which ends the process at once
+/// without a graceful stop. For the sink and the agent, which have nothing to reload on it: a
+/// tool sends it out of habit (a `logrotate` postrotate script, a reload meant for the
+/// gateway). `each` logs under its caller's target, which `RUST_LOG` filters name.
+#[cfg(unix)]
+pub fn on_sighup(mut each: impl FnMut() + Send + 'static) -> std::io::Result<()> {
+    let mut hangups = tokio::signal::unix::signal(tokio::signal::unix::SignalKind::hangup())?;
+    tokio::spawn(async move {
+        while hangups.recv().await.is_some() {
+            each();
+        }
+    });
+    Ok(())
+}
+
 /// Cancels `token` on Ctrl-C or SIGTERM.
 pub fn cancel_on_signal(token: CancellationToken) {
     tokio::spawn(async move {

@@ -49,6 +49,11 @@ async fn main() -> anyhow::Result<()> {
     plumbing::raise_open_files_limit();
     let shutdown = CancellationToken::new();
     plumbing::cancel_on_signal(shutdown.clone());
+    plumbing::on_sighup(|| {
+        tracing::info!(
+            "SIGHUP: nothing to reload; stream definitions are read again when records need them, other settings at a restart"
+        )
+    })?;
     let health = plumbing::Health::default();
     let admin =
         plumbing::serve_admin(config.admin_listen, health.clone(), shutdown.clone()).await?;

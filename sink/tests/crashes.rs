@@ -521,3 +521,51 @@ async fn a_low_open_files_limit_is_raised_at_start() {
     assert!(!text.contains("Too many open files"), "{text}");
     drop(cluster);
 }
+
+/// SIGHUP does not end the sink: it is logged (there is nothing to reload: definitions are
+/// read again as records need them), and the sink lands what comes after it and stops
+/// gracefully. Before, SIGHUP's default action ended it at once, whenever a tool sent it out of
+/// habit (a logrotate script, a reload meant for the gateway).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn sighup_is_logged_and_does_not_end_the_sink() {
+    let (s3, bucket, cluster, bootstrap, dir) = rig("hup", 2);
+    let config = write_config(dir.path(), &bootstrap, &s3, &bucket);
+    let log = dir.path().join("sink.log");
+    let sink = start_sink(&config, &log);
+    let sent = support::readings(200, 37);
+    let producer: FutureProducer = ClientConfig::new()
+        .set("bootstrap.servers", &bootstrap)
+        .create()
+        .unwrap();
+    // Keyed by device, as the gateway keys them: a repeated reading meets its first copy.
+    let key = |r: &serde_json::Value| r["device_id"].as_str().unwrap().to_owned();
+    for r in &sent[..100] {
+        support::produce_raw(&producer, TOPIC, &key(r), &r.to_string()).await;
+    }
+    let logged = |text: &str| std::fs::read_to_string(&log).unwrap().contains(text);
+    let deadline = std::time::Instant::now() + Duration::from_secs(30);
+    while !logged("partition assigned") {
+        assert!(
+            std::time::Instant::now() < deadline,
+            "the sink took no partition"
+        );
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    let status = Command::new("kill")
+        .args(["-HUP", &sink.id().to_string()])
+        .status()
+        .unwrap();
+    assert!(status.success());
+    while !logged("SIGHUP: nothing to reload") {
+        assert!(
+            std::time::Instant::now() < deadline,
+            "SIGHUP was not logged"
+        );
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    for r in &sent[100..] {
+        support::produce_raw(&producer, TOPIC, &key(r), &r.to_string()).await;
+    }
+    land_exactly_once(&bootstrap, vec![sink], dir.path(), (&s3, &bucket), &sent).await;
+    drop(cluster);
+}
