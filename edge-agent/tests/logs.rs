@@ -6,16 +6,21 @@ mod support;
 
 use std::process::{Command, Stdio};
 
+/// A config in `dir` reading sensor readings from stdin, its gateway nowhere.
+fn stdin_config(dir: &std::path::Path) -> std::path::PathBuf {
+    support::write_config(
+        dir,
+        "http://127.0.0.1:9",
+        "",
+        "[[sources]]\ntype = \"stdin\"\nstream = \"sensor_readings\"\n",
+    )
+}
+
 /// Runs the agent on an empty stdin until it ends, with `format` as LOG_FORMAT (none: unset),
 /// and returns its stderr.
 fn agent_log(format: Option<&str>) -> String {
     let dir = tempfile::tempdir().unwrap();
-    let cfg = support::write_config(
-        dir.path(),
-        "http://127.0.0.1:9",
-        "",
-        "[[sources]]\ntype = \"stdin\"\nstream = \"sensor_readings\"\n",
-    );
+    let cfg = stdin_config(dir.path());
     let mut command = Command::new(env!("CARGO_BIN_EXE_edge-agent"));
     command
         .args(["run", "--config"])
@@ -70,12 +75,7 @@ fn logs_are_plain_text_off_a_terminal_and_json_lines_on_request() {
 #[test]
 fn sighup_is_logged_and_does_not_end_the_agent() {
     let dir = tempfile::tempdir().unwrap();
-    let cfg = support::write_config(
-        dir.path(),
-        "http://127.0.0.1:9",
-        "",
-        "[[sources]]\ntype = \"stdin\"\nstream = \"sensor_readings\"\n",
-    );
+    let cfg = stdin_config(dir.path());
     let mut agent = support::spawn_agent_with(&cfg, dir.path(), 0, Stdio::piped(), "info");
     let log = dir.path().join("agent-0.log");
     let wait_logged = |text: &str| {

@@ -441,13 +441,19 @@ async fn a_broker_outage_is_logged_once_not_per_connect() {
     );
 }
 
-/// A stream's definition gains a field while the agent runs (Parquet batches, a file followed).
-/// The first line that sets it makes the agent read the definition's file again: the change is
-/// compatible, so the open batch closes and the line and those after it are batched under the
-/// new definition, none skipped. Before, the agent skipped them as invalid until it restarted.
-/// `humidity` is hashed, so a record whose value was lost would hash otherwise.
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn a_compatible_definition_change_is_taken_without_a_restart() {
+/// What a test of definition changes works on: the broker, a topic prefix and its sensor topic
+/// (created), and a directory holding `streams/` with the shipped sensor definition.
+struct Rig {
+    kafka: String,
+    prefix: String,
+    topic: String,
+    dir: tempfile::TempDir,
+    streams: std::path::PathBuf,
+}
+
+const SHIPPED_SENSOR: &str = include_str!("../../streams/sensor_readings.toml");
+
+async fn definition_rig() -> Rig {
     let kafka = service_env("EDGE_INGEST_KAFKA");
     let prefix = format!("agent{}.", rand::random::<u32>());
     let topic = format!("{prefix}sensor_readings");
@@ -455,8 +461,40 @@ async fn a_compatible_definition_change_is_taken_without_a_restart() {
     let dir = tempfile::tempdir().unwrap();
     let streams = dir.path().join("streams");
     std::fs::create_dir(&streams).unwrap();
-    let shipped = include_str!("../../streams/sensor_readings.toml");
-    std::fs::write(streams.join("sensor_readings.toml"), shipped).unwrap();
+    std::fs::write(streams.join("sensor_readings.toml"), SHIPPED_SENSOR).unwrap();
+    Rig {
+        kafka,
+        prefix,
+        topic,
+        dir,
+        streams,
+    }
+}
+
+/// The shipped sensor definition with a nullable `humidity` in its content hash, as version 2.
+fn with_humidity() -> String {
+    format!(
+        "{}\n[[fields]]\nname = \"humidity\"\ntype = \"float64\"\n",
+        SHIPPED_SENSOR
+            .replace("version = 1", "version = 2")
+            .replace("hash_fields = [", "hash_fields = [\"humidity\", ")
+    )
+}
+
+/// A stream's definition gains a field while the agent runs (Parquet batches, a file followed).
+/// The first line that sets it makes the agent read the definition's file again: the change is
+/// compatible, so the open batch closes and the line and those after it are batched under the
+/// new definition, none skipped. Before, the agent skipped them as invalid until it restarted.
+/// `humidity` is hashed, so a record whose value was lost would hash otherwise.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_compatible_definition_change_is_taken_without_a_restart() {
+    let Rig {
+        kafka,
+        prefix,
+        topic,
+        dir,
+        streams,
+    } = definition_rig().await;
     let (lines, _) = readings(200, 5, 0, 7);
     let file = dir.path().join("r.ndjson");
     std::fs::write(&file, lines[..100].join("\n") + "\n").unwrap();
@@ -488,12 +526,7 @@ async fn a_compatible_definition_change_is_taken_without_a_restart() {
         100
     );
 
-    let extended = format!(
-        "{}\n[[fields]]\nname = \"humidity\"\ntype = \"float64\"\n",
-        shipped
-            .replace("version = 1", "version = 2")
-            .replace("hash_fields = [", "hash_fields = [\"humidity\", ")
-    );
+    let extended = with_humidity();
     std::fs::write(streams.join("sensor_readings.toml"), &extended).unwrap();
     let humid: Vec<String> = lines[100..]
         .iter()
@@ -528,15 +561,13 @@ async fn a_compatible_definition_change_is_taken_without_a_restart() {
 /// restarted.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn the_local_port_reads_a_parquet_column_a_changed_definition_added() {
-    let kafka = service_env("EDGE_INGEST_KAFKA");
-    let prefix = format!("agent{}.", rand::random::<u32>());
-    let topic = format!("{prefix}sensor_readings");
-    create_topic(&kafka, &topic, 1).await;
-    let dir = tempfile::tempdir().unwrap();
-    let streams = dir.path().join("streams");
-    std::fs::create_dir(&streams).unwrap();
-    let shipped = include_str!("../../streams/sensor_readings.toml");
-    std::fs::write(streams.join("sensor_readings.toml"), shipped).unwrap();
+    let Rig {
+        kafka,
+        prefix,
+        topic,
+        dir,
+        streams,
+    } = definition_rig().await;
     let port = free_port();
     let cfg = format!(
         "streams_dir = {streams:?}\nstate_dir = {state:?}\n[kafka]\nbrokers = \"{kafka}\"\n\
@@ -553,12 +584,7 @@ async fn the_local_port_reads_a_parquet_column_a_changed_definition_added() {
         shutdown.clone(),
     ));
     wait_for_port(port).await;
-    let extended = format!(
-        "{}\n[[fields]]\nname = \"humidity\"\ntype = \"float64\"\n",
-        shipped
-            .replace("version = 1", "version = 2")
-            .replace("hash_fields = [", "hash_fields = [\"humidity\", ")
-    );
+    let extended = with_humidity();
     let new = schemas::StreamDef::from_toml(&extended).unwrap();
     let (lines, _) = readings(1, 1, 0, 3);
     let mut record: serde_json::Value = serde_json::from_str(&lines[0]).unwrap();
