@@ -442,18 +442,14 @@ async fn a_broker_outage_is_logged_once_not_per_connect() {
 }
 
 /// What a test of definition changes works on: the broker, a topic prefix and its sensor topic
-/// (created), and a directory holding `streams/` with the shipped sensor definition.
-struct Rig {
-    kafka: String,
-    prefix: String,
-    topic: String,
-    dir: tempfile::TempDir,
-    streams: std::path::PathBuf,
-}
-
-const SHIPPED_SENSOR: &str = include_str!("../../streams/sensor_readings.toml");
-
-async fn definition_rig() -> Rig {
+/// (created), a directory, and in it `streams/` holding the shipped sensor definition.
+async fn definition_rig() -> (
+    String,
+    String,
+    String,
+    tempfile::TempDir,
+    std::path::PathBuf,
+) {
     let kafka = service_env("EDGE_INGEST_KAFKA");
     let prefix = format!("agent{}.", rand::random::<u32>());
     let topic = format!("{prefix}sensor_readings");
@@ -462,14 +458,10 @@ async fn definition_rig() -> Rig {
     let streams = dir.path().join("streams");
     std::fs::create_dir(&streams).unwrap();
     std::fs::write(streams.join("sensor_readings.toml"), SHIPPED_SENSOR).unwrap();
-    Rig {
-        kafka,
-        prefix,
-        topic,
-        dir,
-        streams,
-    }
+    (kafka, prefix, topic, dir, streams)
 }
+
+const SHIPPED_SENSOR: &str = include_str!("../../streams/sensor_readings.toml");
 
 /// The shipped sensor definition with a nullable `humidity` in its content hash, as version 2.
 fn with_humidity() -> String {
@@ -488,13 +480,7 @@ fn with_humidity() -> String {
 /// `humidity` is hashed, so a record whose value was lost would hash otherwise.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_compatible_definition_change_is_taken_without_a_restart() {
-    let Rig {
-        kafka,
-        prefix,
-        topic,
-        dir,
-        streams,
-    } = definition_rig().await;
+    let (kafka, prefix, topic, dir, streams) = definition_rig().await;
     let (lines, _) = readings(200, 5, 0, 7);
     let file = dir.path().join("r.ndjson");
     std::fs::write(&file, lines[..100].join("\n") + "\n").unwrap();
@@ -561,13 +547,7 @@ async fn a_compatible_definition_change_is_taken_without_a_restart() {
 /// restarted.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn the_local_port_reads_a_parquet_column_a_changed_definition_added() {
-    let Rig {
-        kafka,
-        prefix,
-        topic,
-        dir,
-        streams,
-    } = definition_rig().await;
+    let (kafka, prefix, topic, dir, streams) = definition_rig().await;
     let port = free_port();
     let cfg = format!(
         "streams_dir = {streams:?}\nstate_dir = {state:?}\n[kafka]\nbrokers = \"{kafka}\"\n\
