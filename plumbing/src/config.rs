@@ -98,6 +98,58 @@ fn load_dictionaries(dir: &Path, mut streams: Streams) -> anyhow::Result<Streams
 mod tests {
     use super::*;
 
+    /// A definition file is read again only when it changed; what the read came to follows the
+    /// kind of change, and a file that cannot be read keeps the running definition.
+    #[test]
+    fn a_definition_file_is_read_again_only_when_it_changed() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("sensor_readings.toml");
+        let shipped = include_str!("../../streams/sensor_readings.toml");
+        std::fs::write(&path, shipped).unwrap();
+        let running = StreamDef::from_toml(shipped).unwrap();
+        let mut file = DefinitionFile::new(dir.path(), "sensor_readings");
+        assert!(file.changed(), "never read");
+        assert!(matches!(file.reread(&running), Reread::Same));
+        assert!(!file.changed());
+        let humid = format!("{shipped}\n[[fields]]\nname = \"humidity\"\ntype = \"float64\"\n");
+        std::fs::write(&path, &humid).unwrap();
+        assert!(file.changed());
+        match file.reread(&running) {
+            Reread::Compatible(def) => assert!(def.field_index("humidity").is_some()),
+            other => panic!("{other:?}"),
+        }
+        std::fs::write(
+            &path,
+            shipped.replace("type = \"int64\"", "type = \"string\""),
+        )
+        .unwrap();
+        assert!(matches!(file.reread(&running), Reread::Refused));
+        std::fs::write(&path, "name = ").unwrap();
+        assert!(matches!(file.reread(&running), Reread::Failed));
+        assert!(
+            !file.changed(),
+            "a failed read is not retried until the file changes"
+        );
+        // Replaced by rename, as editors and config maps do, with the same size and time.
+        let other = dir.path().join("next.toml");
+        std::fs::write(&other, "name = ").unwrap();
+        let modified = std::fs::metadata(&path).unwrap().modified().unwrap();
+        std::fs::File::options()
+            .write(true)
+            .open(&other)
+            .unwrap()
+            .set_modified(modified)
+            .unwrap();
+        std::fs::rename(&other, &path).unwrap();
+        assert!(file.changed(), "a new inode is a change");
+        std::fs::remove_file(&path).unwrap();
+        assert!(file.changed_since_seen());
+        assert!(
+            !file.changed_since_seen(),
+            "a missing file, once seen, is not a change"
+        );
+    }
+
     #[derive(Debug, serde::Deserialize)]
     #[serde(deny_unknown_fields)]
     struct Cfg {
