@@ -24,8 +24,8 @@ use crate::config::{IdempotencyConfig, LimitsConfig};
 use crate::idempotency::{self, Begin, IdempotencyCache};
 use crate::metrics as m;
 use crate::produce::Producer;
+use plumbing::DefinitionFile;
 use plumbing::kafka::DeadLetter;
-use plumbing::{DefinitionFile, Reread};
 
 /// Shared state of the handlers.
 pub struct AppState {
@@ -163,20 +163,17 @@ impl AppState {
             if !Arc::ptr_eq(&current, &running) {
                 return Some(current);
             }
-            let file = definitions
+            let def = definitions
                 .files
                 .entry(running.name.clone())
-                .or_insert_with(|| DefinitionFile::new(&definitions.dir, &running.name));
-            if !file.changed() {
-                return None;
-            }
-            let Reread::Compatible(def) = file.reread(&current) else {
-                return None;
-            };
-            let def = Arc::new(*def);
-            let mut streams = state.streams();
-            streams.replace(def.clone());
-            state.set_streams(streams);
+                .or_insert_with(|| DefinitionFile::new(&definitions.dir, &running.name))
+                .compatible_change(&current)?;
+            let def = Arc::new(def);
+            state
+                .streams
+                .write()
+                .unwrap_or_else(std::sync::PoisonError::into_inner)
+                .replace(def.clone());
             Some(def)
         })
         .await

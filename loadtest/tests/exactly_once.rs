@@ -1650,20 +1650,8 @@ async fn a_compatible_definition_change_is_taken_without_a_restart() {
     // pyarrow: files of version 1 without the column, files of version 2 with it, and every
     // reading that set it has its value there.
     let read = common::pyarrow(&["--dir", dir.to_str().unwrap()]);
-    let mut versions = HashSet::new();
-    for f in read["files"].as_array().unwrap() {
-        let version = f["metadata"]["schema_version"].as_str().unwrap().to_owned();
-        let has_column = f["schema"].get("humidity").is_some();
-        assert_eq!(has_column, version == "2", "{f}");
-        versions.insert(version);
-    }
+    let (versions, humid) = common::column_added_in(&read, "humidity", "2");
     assert_eq!(versions.len(), 2, "{versions:?}");
-    let humid: Vec<f64> = read["rows"]
-        .as_array()
-        .unwrap()
-        .iter()
-        .filter_map(|r| r.get("humidity").and_then(|h| h.as_f64()))
-        .collect();
     assert_eq!(humid.len(), 160);
     let sum: f64 = humid.iter().sum();
     let want: f64 = (0..150).map(|i| 40.0 + i as f64).sum::<f64>() + 10.0 * 1.5;

@@ -315,6 +315,18 @@ impl DefinitionFile {
         std::mem::replace(&mut self.read_as, now) != now
     }
 
+    /// A compatible change of `running` in the file, if it changed since it was last read
+    /// ([`DefinitionFile::reread`]; a refused or failed read is logged there).
+    pub fn compatible_change(&mut self, running: &StreamDef) -> Option<StreamDef> {
+        if !self.changed() {
+            return None;
+        }
+        match self.reread(running) {
+            Reread::Compatible(def) => Some(*def),
+            _ => None,
+        }
+    }
+
     /// Reads the file (blocking) and compares its definition with `running`. How the file was
     /// is taken before it is read, so that a change while it is read is read again next time.
     pub fn reread(&mut self, running: &StreamDef) -> Reread {

@@ -1239,8 +1239,9 @@ impl Worker {
                     if part.newer.is_some() || changed {
                         return Ok(Handled::Redefine);
                     }
+                    // No newer definition takes it.
                     part.dead_letter(offset, ingest_ts, &e.to_string(), payload);
-                    Appended::DeadLetter(e)
+                    Appended::Unfit(e)
                 }
                 appended => appended,
             })
@@ -1263,8 +1264,7 @@ impl Worker {
                     .fetch_add(1, Ordering::Relaxed);
                 return Ok(Handled::Taken(None));
             }
-            Appended::Unfit(_) => unreachable!("made a dead letter above"),
-            Appended::DeadLetter(e) => {
+            Appended::DeadLetter(e) | Appended::Unfit(e) => {
                 let PartRef(topic, partition) = msg.part;
                 tracing::warn!(topic, partition, offset, reason = %e, "dead letter: undecodable or invalid record");
                 ::metrics::counter!(m::DISCARDED, "stream" => part.def.name.clone(), "reason" => e.code(), "intentional" => "false").increment(1);
@@ -1304,7 +1304,9 @@ impl Worker {
                 return Ok(());
             };
             if part.file.is_none() {
-                part.def = part.newer.take().unwrap_or_else(|| part.def.clone());
+                if let Some(newer) = part.newer.take() {
+                    part.def = newer;
+                }
             } else {
                 // The open range cannot close yet (an adopted dead-letter object reaches past
                 // it): it is read again from its start, by a state opened with the new

@@ -14,9 +14,9 @@ use axum::extract::{DefaultBodyLimit, Path, State};
 use axum::http::{HeaderMap, StatusCode, header};
 use axum::response::{IntoResponse, Response};
 use axum::routing::post;
+use plumbing::DefinitionFile;
 use plumbing::body::{DecompressError, Encoding, decompress_into};
 use plumbing::server::TlsConfig;
-use plumbing::{DefinitionFile, Reread};
 use schemas::api::{ErrorBody, IngestResponse};
 use schemas::decode::{BodyFormat, split_body};
 use schemas::{DecodeError, StreamDef, Streams};
@@ -64,13 +64,7 @@ impl Local {
         if !Arc::ptr_eq(current, running) {
             return Some(current.clone());
         }
-        if !file.changed() {
-            return None;
-        }
-        let Reread::Compatible(def) = file.reread(current) else {
-            return None;
-        };
-        *current = Arc::new(*def);
+        *current = Arc::new(file.compatible_change(current)?);
         Some(current.clone())
     }
 }

@@ -67,6 +67,29 @@ pub fn pyarrow_s3(endpoint: &str, bucket: &str, prefix: &str) -> Value {
     ])
 }
 
+/// Checks that of the files pyarrow read (`landed`), those of `schema_version` `version` have
+/// the float `column` and the others do not; returns the schema versions seen and the column's
+/// values in the rows that set it.
+pub fn column_added_in(
+    landed: &Value,
+    column: &str,
+    version: &str,
+) -> (std::collections::HashSet<String>, Vec<f64>) {
+    let mut versions = std::collections::HashSet::new();
+    for f in landed["files"].as_array().expect("files") {
+        let seen = f["metadata"]["schema_version"].as_str().unwrap().to_owned();
+        assert_eq!(f["schema"].get(column).is_some(), seen == version, "{f}");
+        versions.insert(seen);
+    }
+    let values = landed["rows"]
+        .as_array()
+        .expect("rows")
+        .iter()
+        .filter_map(|r| r.get(column).and_then(Value::as_f64))
+        .collect();
+    (versions, values)
+}
+
 /// A sensor reading reduced to a canonical, comparable form.
 fn canonical(
     device: &Value,
