@@ -28,12 +28,12 @@ use std::collections::{BTreeMap, BTreeSet};
 use std::io::BufReader;
 use std::os::fd::AsFd;
 use std::path::Path;
-use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{Arc, Mutex, PoisonError};
 use std::time::Duration;
 
 use anyhow::Context;
-use schemas::Streams;
+use schemas::{StreamDef, Streams};
 use tokio::task::JoinHandle;
 use tokio_util::sync::CancellationToken;
 
@@ -98,8 +98,10 @@ impl AgentStats {
     }
 }
 
-/// Streams the agent runs a pipeline for: those its sources name, every known stream if there is
-/// an HTTP source, and any stream with batches left in the spool from an earlier run.
+/// Streams the agent runs a pipeline for from the start: those its sources name, every known
+/// stream if there is an HTTP source, and any stream with batches left in the spool from an
+/// earlier run. An HTTP source starts streams defined later as they are asked for
+/// ([`Starter`]).
 fn active_streams(config: &AgentConfig, streams: &Streams, spool_root: &Path) -> BTreeSet<String> {
     let mut names: BTreeSet<String> = config
         .sources
@@ -207,6 +209,99 @@ struct Running {
     recovery: Recovery,
 }
 
+/// Starts a stream's spool, pipeline (a thread of its own) and delivery (a task): at the start
+/// for the streams the agent runs, and later for a stream the local HTTP port is asked for
+/// once its definition is in `streams_dir`. What runs is joined when the agent stops.
+pub(crate) struct Starter {
+    config: AgentConfig,
+    spool_root: std::path::PathBuf,
+    dedupe_dir: std::path::PathBuf,
+    usage: Arc<Usage>,
+    output: Arc<Output>,
+    link: Arc<Link>,
+    rejected: Arc<RejectedDir>,
+    cancel: Arc<AtomicBool>,
+    shutdown: CancellationToken,
+    /// `None` once the agent stops: no stream starts after that.
+    running: Mutex<Option<BTreeMap<String, Running>>>,
+}
+
+impl Starter {
+    /// Starts the stream `def` names (blocking: it opens the spool and loads the dedupe log) and
+    /// gives the feed its sources hand chunks to.
+    pub(crate) fn start(&self, def: Arc<StreamDef>) -> anyhow::Result<Feed> {
+        let mut running = self.running.lock().unwrap_or_else(PoisonError::into_inner);
+        let Some(running) = running.as_mut() else {
+            anyhow::bail!("the agent is stopping");
+        };
+        let name = def.name.clone();
+        anyhow::ensure!(!running.contains_key(&name), "stream '{name}' runs already");
+        let config = &self.config;
+        let settings = config.settings(&name);
+        metrics::register_stream(&name, settings.overflow.label());
+        let (spool, recovery) = Spool::open(
+            &self.spool_root,
+            &name,
+            config.spool.options(),
+            self.usage.clone(),
+        )?;
+        if recovery != Recovery::default() {
+            tracing::info!(stream = %name, ?recovery, "spool recovered");
+        }
+        let spool = Arc::new(spool);
+        let pipeline = Pipeline::new(
+            def,
+            &settings,
+            config.batch.clone(),
+            &config.dedupe,
+            spool.clone(),
+            &self.dedupe_dir,
+        )?
+        .follow_definition(plumbing::DefinitionFile::new(&config.streams_dir, &name));
+        let def = pipeline.current();
+        tracing::info!(stream = %name, dedupe_bytes = pipeline.dedupe_memory_bytes(), "stream ready");
+        let (tx, rx) = std::sync::mpsc::sync_channel(QUEUED_CHUNKS);
+        let feed = Feed::new(tx, &name, config.batch.max_line_bytes);
+        let inputs_done = Arc::new(AtomicBool::new(false));
+        let pipeline = {
+            let (cancel, inputs_done) = (self.cancel.clone(), inputs_done.clone());
+            std::thread::Builder::new()
+                .name(format!("pipeline-{name}"))
+                .spawn(move || {
+                    let result = pipeline.run(rx, &cancel);
+                    inputs_done.store(true, Ordering::Release);
+                    result
+                })?
+        };
+        let delivery = Delivery {
+            def,
+            spool,
+            output: self.output.clone(),
+            link: self.link.clone(),
+            cap: StreamCap::new(settings.max_bytes_per_sec),
+            priority: settings.priority,
+            rejected: self.rejected.clone(),
+            inputs_done,
+        };
+        let delivery = tokio::spawn(delivery.run(self.shutdown.child_token()));
+        running.insert(
+            name,
+            Running {
+                pipeline,
+                delivery,
+                recovery,
+            },
+        );
+        Ok(feed)
+    }
+
+    /// The streams started, to be joined; none starts from now on.
+    fn stop_starting(&self) -> BTreeMap<String, Running> {
+        let mut running = self.running.lock().unwrap_or_else(PoisonError::into_inner);
+        running.take().unwrap_or_default()
+    }
+}
+
 /// Runs the agent: until every source has ended and the spool is delivered (sources that read to
 /// an end), or until `shutdown` (then the open batches go to the spool and are delivered at the
 /// next start).
@@ -241,79 +336,35 @@ pub async fn run(
             cancel.store(true, Ordering::Relaxed);
         });
     }
-    let usage = Arc::new(Usage::default());
     metrics::register(config.spool.options().max_bytes);
     let output = Arc::new(Output::new(config.gateway.as_ref(), config.kafka.as_ref())?);
     if let Some(proxy) = config.gateway.as_ref().and_then(|g| g.proxy.as_ref()) {
         tracing::info!(proxy = %config::redacted_url(&proxy.url), no_proxy = proxy.no_proxy.as_deref().unwrap_or(""), "gateway proxy");
     }
-    let link = Arc::new(Link::new(config.max_bytes_per_sec));
     let rejected = Arc::new(RejectedDir::new(
         state.join("rejected"),
         config.spool.rejected_max_bytes(),
     ));
     ::metrics::gauge!(metrics::REJECTED_BYTES).set(rejected.used().unwrap_or(0) as f64);
+    let starter = Arc::new(Starter {
+        config: config.clone(),
+        spool_root: spool_root.clone(),
+        dedupe_dir,
+        usage: Arc::new(Usage::default()),
+        output,
+        link: Arc::new(Link::new(config.max_bytes_per_sec)),
+        rejected,
+        cancel,
+        shutdown: shutdown.clone(),
+        running: Mutex::new(Some(BTreeMap::new())),
+    });
     let mut feeds = Feeds::new();
-    let mut running = BTreeMap::new();
     for name in active_streams(&config, &streams, &spool_root) {
         let def = streams
             .get(&name)
             .expect("active streams are known")
             .clone();
-        let settings = config.settings(&name);
-        metrics::register_stream(&name, settings.overflow.label());
-        let (spool, recovery) =
-            Spool::open(&spool_root, &name, config.spool.options(), usage.clone())?;
-        if recovery != Recovery::default() {
-            tracing::info!(stream = %name, ?recovery, "spool recovered");
-        }
-        let spool = Arc::new(spool);
-        let pipeline = Pipeline::new(
-            def,
-            &settings,
-            config.batch.clone(),
-            &config.dedupe,
-            spool.clone(),
-            &dedupe_dir,
-        )?
-        .follow_definition(plumbing::DefinitionFile::new(&config.streams_dir, &name));
-        let def = pipeline.current();
-        tracing::info!(stream = %name, dedupe_bytes = pipeline.dedupe_memory_bytes(), "stream ready");
-        let (tx, rx) = std::sync::mpsc::sync_channel(QUEUED_CHUNKS);
-        feeds.insert(
-            name.clone(),
-            Feed::new(tx, &name, config.batch.max_line_bytes),
-        );
-        let inputs_done = Arc::new(AtomicBool::new(false));
-        let pipeline = {
-            let (cancel, inputs_done) = (cancel.clone(), inputs_done.clone());
-            std::thread::Builder::new()
-                .name(format!("pipeline-{name}"))
-                .spawn(move || {
-                    let result = pipeline.run(rx, &cancel);
-                    inputs_done.store(true, Ordering::Release);
-                    result
-                })?
-        };
-        let delivery = Delivery {
-            def,
-            spool,
-            output: output.clone(),
-            link: link.clone(),
-            cap: StreamCap::new(settings.max_bytes_per_sec),
-            priority: settings.priority,
-            rejected: rejected.clone(),
-            inputs_done,
-        };
-        let delivery = tokio::spawn(delivery.run(shutdown.child_token()));
-        running.insert(
-            name,
-            Running {
-                pipeline,
-                delivery,
-                recovery,
-            },
-        );
+        feeds.insert(name, starter.start(def)?);
     }
     let positions = Arc::new(Positions::load(state)?);
     let saver = {
@@ -333,7 +384,7 @@ pub async fn run(
         });
         (task, stop)
     };
-    let sources = start_sources(&config, &streams, &feeds, &positions, &shutdown)?;
+    let sources = start_sources(&config, &streams, &feeds, &starter, &positions, &shutdown)?;
     drop(feeds);
     health.set_ready(true);
     let mut failure = None;
@@ -359,7 +410,7 @@ pub async fn run(
         }
     }
     let mut stats = AgentStats::default();
-    for (name, r) in running {
+    for (name, r) in starter.stop_starting() {
         let pipeline = tokio::task::spawn_blocking(move || r.pipeline.join())
             .await?
             .map_err(|_| anyhow::anyhow!("pipeline of {name} panicked"))?;
@@ -426,6 +477,7 @@ fn start_sources(
     config: &AgentConfig,
     streams: &Streams,
     feeds: &Feeds,
+    starter: &Arc<Starter>,
     positions: &Arc<Positions>,
     shutdown: &CancellationToken,
 ) -> anyhow::Result<Vec<SourceTask>> {
@@ -534,10 +586,12 @@ fn start_sources(
                 max_body_bytes,
                 tls,
             } => {
+                let starter = starter.clone();
                 let router = source::http::router(
                     streams.clone(),
                     &config.streams_dir,
                     feeds.clone(),
+                    Arc::new(move |def| starter.start(def)),
                     token.as_deref(),
                     max_body_bytes,
                 );

@@ -541,13 +541,18 @@ async fn a_compatible_definition_change_is_taken_without_a_restart() {
     assert_exactly_once(&landed, &expected);
 }
 
-/// The local HTTP port takes a Parquet body with a column its stream's definition gained while
-/// the agent runs: refused (400) before the file changed, read with the new definition after,
-/// and delivered with the column's value. Before, such bodies were refused until the agent
-/// restarted.
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn the_local_port_reads_a_parquet_column_a_changed_definition_added() {
-    let (kafka, prefix, topic, dir, streams) = definition_rig().await;
+/// An agent with the Kafka output and a local HTTP port, on the definitions of `streams`; its
+/// port, its shutdown token and its run.
+async fn local_port_agent(
+    kafka: &str,
+    prefix: &str,
+    dir: &tempfile::TempDir,
+    streams: &Path,
+) -> (
+    u16,
+    tokio_util::sync::CancellationToken,
+    tokio::task::JoinHandle<anyhow::Result<edge_agent::AgentStats>>,
+) {
     let port = free_port();
     let cfg = format!(
         "streams_dir = {streams:?}\nstate_dir = {state:?}\n[kafka]\nbrokers = \"{kafka}\"\n\
@@ -556,7 +561,7 @@ async fn the_local_port_reads_a_parquet_column_a_changed_definition_added() {
          [[sources]]\ntype = \"http\"\nlisten = \"127.0.0.1:{port}\"\n",
         state = dir.path().join("state"),
     );
-    let loaded = plumbing::load_streams_dir(&streams).unwrap();
+    let loaded = plumbing::load_streams_dir(streams).unwrap();
     let shutdown = tokio_util::sync::CancellationToken::new();
     let agent = tokio::spawn(edge_agent::run(
         edge_agent::AgentConfig::parse(&cfg).unwrap(),
@@ -564,6 +569,73 @@ async fn the_local_port_reads_a_parquet_column_a_changed_definition_added() {
         shutdown.clone(),
     ));
     wait_for_port(port).await;
+    (port, shutdown, agent)
+}
+
+/// A stream defined after the agent started: a device posting to the local port for it got 404
+/// until the agent restarted. Now the port finds the stream's file and starts its spool,
+/// pipeline and delivery; the records land once, a re-post is dropped as duplicates, and the
+/// stream is joined at the stop like the others. A name that is not a stream name is 404, also
+/// when it leads to a definition outside `streams_dir`.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_stream_defined_after_the_start_is_served_by_the_local_port() {
+    let (kafka, prefix, _, dir, streams) = definition_rig().await;
+    let topic = format!("{prefix}vehicle_telemetry");
+    create_topic(&kafka, &topic, 1).await;
+    let (port, shutdown, agent) = local_port_agent(&kafka, &prefix, &dir, &streams).await;
+    let shipped = include_str!("../../streams/vehicle_telemetry.toml");
+    let def = schemas::StreamDef::from_toml(shipped).unwrap();
+    let mut body = String::new();
+    let mut hashes = Vec::new();
+    for i in 0..50 {
+        let line = format!(
+            r#"{{"vehicle_id":"truck-{}","recorded_at":{},"lat":52.{i},"lon":13.{i},"ignition":true}}"#,
+            i % 4,
+            1_767_225_600_000_i64 + i * 1000,
+        );
+        hashes.push(schemas::check_bytes(&def, line.as_bytes()).unwrap().hash);
+        body.push_str(&line);
+        body.push('\n');
+    }
+    let post = |stream: &str| {
+        reqwest::Client::new()
+            .post(format!(
+                "http://127.0.0.1:{port}/v1/streams/{stream}/records"
+            ))
+            .header("content-type", "application/x-ndjson")
+            .body(body.clone())
+            .send()
+    };
+    assert_eq!(post("vehicle_telemetry").await.unwrap().status(), 404);
+    std::fs::write(dir.path().join("escape.toml"), shipped).unwrap();
+    assert_eq!(post("..%2Fescape").await.unwrap().status(), 404);
+    std::fs::write(streams.join("vehicle_telemetry.toml"), shipped).unwrap();
+    for expected in ["accepted", "duplicates"] {
+        let answer = post("vehicle_telemetry").await.unwrap();
+        assert_eq!(answer.status(), 200);
+        let answer: serde_json::Value =
+            serde_json::from_slice(&answer.bytes().await.unwrap()).unwrap();
+        assert_eq!(answer[expected], 50, "{answer}");
+    }
+    let landed = read_topic_as(&kafka, &topic, 50, Duration::from_secs(1), &def);
+    assert_exactly_once(&landed, &hashes);
+    shutdown.cancel();
+    let stats = agent.await.unwrap().unwrap();
+    let vehicles = &stats.streams["vehicle_telemetry"];
+    assert_eq!(
+        (vehicles.pipeline.batched, vehicles.pipeline.duplicates),
+        (50, 50)
+    );
+}
+
+/// The local HTTP port takes a Parquet body with a column its stream's definition gained while
+/// the agent runs: refused (400) before the file changed, read with the new definition after,
+/// and delivered with the column's value. Before, such bodies were refused until the agent
+/// restarted.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_local_port_reads_a_parquet_column_a_changed_definition_added() {
+    let (kafka, prefix, topic, dir, streams) = definition_rig().await;
+    let (port, shutdown, agent) = local_port_agent(&kafka, &prefix, &dir, &streams).await;
     let extended = with_humidity();
     let new = schemas::StreamDef::from_toml(&extended).unwrap();
     let (lines, _) = readings(1, 1, 0, 3);

@@ -1,6 +1,7 @@
 //! Config files (TOML) with environment overrides, and the stream definition directory.
 
 use std::path::{Path, PathBuf};
+use std::sync::Arc;
 use std::time::SystemTime;
 
 use anyhow::{Context, bail};
@@ -62,12 +63,36 @@ pub fn load_streams_dir(dir: &Path) -> anyhow::Result<Streams> {
     if streams.is_empty() {
         bail!("no stream definitions (*.toml) in {}", dir.display());
     }
-    load_dictionaries(dir, streams)
+    load_dictionaries(dir, streams, None)
 }
 
-/// Adds the zstd dictionaries of `dir` to their streams: `<stream>.zdict` is the one agents
-/// compress with, `<stream>.<label>.zdict` are retired ones still decoded.
-fn load_dictionaries(dir: &Path, mut streams: Streams) -> anyhow::Result<Streams> {
+/// Loads one stream's definition, `<stream>.toml` of `dir`, with its zstd dictionaries: for a
+/// stream defined after a component started. Other files of `dir` are not read, so a broken
+/// definition of another stream does not keep this one out.
+pub fn load_stream(dir: &Path, stream: &str) -> anyhow::Result<Arc<StreamDef>> {
+    schemas::validate_stream_name(stream)?;
+    let path = dir.join(format!("{stream}.toml"));
+    let text = std::fs::read_to_string(&path)
+        .with_context(|| format!("cannot read {}", path.display()))?;
+    let streams = Streams::from_sources([(stream, text.as_str())]).map_err(|errors| {
+        let all: Vec<String> = errors.iter().map(ToString::to_string).collect();
+        anyhow::anyhow!(
+            "invalid stream definition in {}: {}",
+            dir.display(),
+            all.join("; ")
+        )
+    })?;
+    let streams = load_dictionaries(dir, streams, Some(stream))?;
+    Ok(streams.get(stream).expect("loaded above").clone())
+}
+
+/// Adds the zstd dictionaries of `dir` to their streams (of `only` that stream): `<stream>.zdict`
+/// is the one agents compress with, `<stream>.<label>.zdict` are retired ones still decoded.
+fn load_dictionaries(
+    dir: &Path,
+    mut streams: Streams,
+    only: Option<&str>,
+) -> anyhow::Result<Streams> {
     let mut files: Vec<_> = std::fs::read_dir(dir)
         .with_context(|| format!("cannot read stream directory {}", dir.display()))?
         .filter_map(|e| e.ok().map(|e| e.path()))
@@ -83,6 +108,9 @@ fn load_dictionaries(dir: &Path, mut streams: Streams) -> anyhow::Result<Streams
             Some((stream, _label)) => (stream, false),
             None => (name, true),
         };
+        if only.is_some_and(|only| only != stream) {
+            continue;
+        }
         let bytes =
             std::fs::read(&path).with_context(|| format!("cannot read {}", path.display()))?;
         let dictionary =
@@ -246,6 +274,37 @@ mod tests {
         write("vehicle_telemetry.zdict", b"not a dictionary");
         let e = load_streams_dir(dir.path()).unwrap_err().to_string();
         assert!(e.contains("vehicle_telemetry.zdict"), "{e}");
+    }
+
+    /// One stream loads with its own dictionaries, whatever the other files of the directory
+    /// hold; a name that is not a stream's, or a file that defines another stream, does not.
+    #[test]
+    fn one_stream_loads_alone() {
+        let dir = tempfile::tempdir().unwrap();
+        let write =
+            |name: &str, bytes: &[u8]| std::fs::write(dir.path().join(name), bytes).unwrap();
+        let sensor = schemas::EXAMPLE_STREAMS[0];
+        assert_eq!(sensor.0, "sensor_readings");
+        write("sensor_readings.toml", sensor.1.as_bytes());
+        write("broken.toml", b"oops");
+        write("nosuch.zdict", b"not a dictionary");
+        let current = dictionary(0);
+        write("sensor_readings.zdict", current.bytes());
+        let def = load_stream(dir.path(), "sensor_readings").unwrap();
+        assert_eq!(def.name, "sensor_readings");
+        assert_eq!(def.dictionaries.current().unwrap().id(), current.id());
+        assert!(
+            load_streams_dir(dir.path()).is_err(),
+            "the directory as a whole does not load"
+        );
+
+        let e = load_stream(dir.path(), "vehicle_telemetry").unwrap_err();
+        assert!(format!("{e:#}").contains("vehicle_telemetry.toml"), "{e:#}");
+        write("other.toml", sensor.1.as_bytes());
+        let e = load_stream(dir.path(), "other").unwrap_err();
+        assert!(format!("{e:#}").contains("must be named"), "{e:#}");
+        std::fs::create_dir(dir.path().join("sub")).unwrap();
+        assert!(load_stream(&dir.path().join("sub"), "../sensor_readings").is_err());
     }
 }
 

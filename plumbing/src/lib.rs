@@ -13,7 +13,7 @@ pub mod secret;
 pub mod server;
 pub mod telemetry;
 
-pub use config::{DefinitionFile, Reread, load_config, load_streams_dir};
+pub use config::{DefinitionFile, Reread, load_config, load_stream, load_streams_dir};
 pub use telemetry::{
     Health, admin_router, init_tracing, init_tracing_with_default, install_metrics, serve_admin,
     serve_admin_with, spawn_readiness_probe,

@@ -22,30 +22,97 @@ use schemas::decode::{BodyFormat, split_body};
 use schemas::{DecodeError, StreamDef, Streams};
 use tokio_util::sync::CancellationToken;
 
-use super::Feeds;
+use super::{Feed, Feeds};
 use crate::pipeline::{Chunk, ChunkOutcome};
+
+/// Starts the pipeline of a stream defined after the agent started (blocking) and gives its feed.
+pub type StartStream = Arc<dyn Fn(Arc<StreamDef>) -> anyhow::Result<Feed> + Send + Sync>;
 
 struct Local {
     streams: Streams,
-    feeds: Feeds,
+    /// The feeds of the streams served: those known at the start, and those started since.
+    feeds: Mutex<Feeds>,
+    start: StartStream,
     token: Option<blake3::Hash>,
     max_body_bytes: usize,
     /// Definitions read again for Parquet bodies with a column the running one lacks
-    /// ([`Local::newer`]), by stream, with their files.
+    /// ([`Local::newer`]), and those of streams started since the start, by stream, with their
+    /// files.
     definitions: Mutex<HashMap<String, (Arc<StreamDef>, DefinitionFile)>>,
+    /// The files of streams asked for that were not running, as last seen
+    /// ([`Local::defined_since_start`]); only names with a file are kept.
+    asked: Mutex<HashMap<String, DefinitionFile>>,
     streams_dir: PathBuf,
 }
 
 impl Local {
     /// The definition Parquet bodies of `stream` are read with.
     fn definition(&self, stream: &str) -> Option<Arc<StreamDef>> {
-        let newer = self
-            .definitions
-            .lock()
-            .unwrap_or_else(PoisonError::into_inner)
+        let newer = lock(&self.definitions)
             .get(stream)
             .map(|(def, _)| def.clone());
         newer.or_else(|| self.streams.get(stream).cloned())
+    }
+
+    /// The definition and feed of `stream` if it runs.
+    fn served(&self, stream: &str) -> Option<(Arc<StreamDef>, Feed)> {
+        let feed = lock(&self.feeds).get(stream)?.clone();
+        Some((self.definition(stream)?, feed))
+    }
+
+    /// A request for a stream that does not run (blocking): if `streams_dir` has a file of that
+    /// name that is new or changed since last looked at (a `stat`), the stream is loaded from it
+    /// and started (spool, pipeline, delivery) and served from now on, as at the next start.
+    /// Names without a file cost a `stat` and are not remembered, so a client cannot grow
+    /// anything by asking for streams that do not exist; a file that does not load is logged
+    /// once and looked at again when it changes. One stream starts at a time. A stream that
+    /// cannot be started (its spool cannot be opened, the agent is stopping) is a 503.
+    fn defined_since_start(&self, stream: &str) -> Result<Option<(Arc<StreamDef>, Feed)>, Refusal> {
+        if schemas::validate_stream_name(stream).is_err() {
+            return Ok(None);
+        }
+        let mut asked = lock(&self.asked);
+        if let Some(served) = self.served(stream) {
+            return Ok(Some(served));
+        }
+        if !self.streams_dir.join(format!("{stream}.toml")).is_file() {
+            asked.remove(stream);
+            return Ok(None);
+        }
+        let file = asked
+            .entry(stream.to_owned())
+            .or_insert_with(|| DefinitionFile::new(&self.streams_dir, stream));
+        if !file.changed_since_seen() {
+            return Ok(None);
+        }
+        let def = match plumbing::load_stream(&self.streams_dir, stream) {
+            Ok(def) => def,
+            Err(e) => {
+                tracing::warn!(stream, error = %format!("{e:#}"), "a stream asked for at the local port is defined in streams_dir, but its definition does not load");
+                return Ok(None);
+            }
+        };
+        let feed = match (self.start)(def.clone()) {
+            Ok(feed) => feed,
+            Err(e) => {
+                tracing::error!(stream, error = %format!("{e:#}"), "a stream defined after the start cannot be started");
+                // Looked at again at the next request: the file did not change, the start failed.
+                *file = DefinitionFile::new(&self.streams_dir, stream);
+                return Err(error(
+                    StatusCode::SERVICE_UNAVAILABLE,
+                    "unavailable",
+                    format!("stream '{stream}' cannot be started: {e:#}"),
+                ));
+            }
+        };
+        let file = asked.remove(stream).expect("inserted above");
+        lock(&self.definitions).insert(stream.to_owned(), (def.clone(), file));
+        lock(&self.feeds).insert(stream.to_owned(), feed.clone());
+        tracing::info!(
+            stream,
+            "a stream defined after the start is served at the local port from now on"
+        );
+        Ok(Some((def, feed)))
     }
 
     /// A Parquet body has a column `running` lacks: if the stream's file changed since it was
@@ -53,10 +120,7 @@ impl Local {
     /// those after it (the pipeline takes it too, at the first record that needs it). Another
     /// body may have found it already: that one is given.
     fn newer(&self, running: &Arc<StreamDef>) -> Option<Arc<StreamDef>> {
-        let mut definitions = self
-            .definitions
-            .lock()
-            .unwrap_or_else(PoisonError::into_inner);
+        let mut definitions = lock(&self.definitions);
         let (current, file) = definitions.entry(running.name.clone()).or_insert_with(|| {
             let file = DefinitionFile::new(&self.streams_dir, &running.name);
             (running.clone(), file)
@@ -67,6 +131,10 @@ impl Local {
         *current = Arc::new(file.compatible_change(current)?);
         Some(current.clone())
     }
+}
+
+fn lock<T>(mutex: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
+    mutex.lock().unwrap_or_else(PoisonError::into_inner)
 }
 
 /// A refused request: a 4xx (or 503) with the gateway's JSON error body.
@@ -109,12 +177,15 @@ pub fn router(
     streams: Streams,
     streams_dir: &std::path::Path,
     feeds: Feeds,
+    start: StartStream,
     token: Option<&str>,
     max_body_bytes: usize,
 ) -> Router {
     let local = Arc::new(Local {
         streams,
-        feeds,
+        feeds: Mutex::new(feeds),
+        start,
+        asked: Mutex::default(),
         token: token.map(|t| blake3::hash(t.as_bytes())),
         max_body_bytes,
         definitions: Mutex::default(),
@@ -170,7 +241,16 @@ async fn ingest(
             "missing or wrong bearer token",
         ));
     }
-    let (Some(def), Some(feed)) = (local.definition(&stream), local.feeds.get(&stream)) else {
+    let served = match local.served(&stream) {
+        Some(served) => Some(served),
+        None => {
+            let (local, stream) = (local.clone(), stream.clone());
+            tokio::task::spawn_blocking(move || local.defined_since_start(&stream))
+                .await
+                .map_err(|e| error(StatusCode::SERVICE_UNAVAILABLE, "internal", e.to_string()))??
+        }
+    };
+    let Some((def, feed)) = served else {
         return Err(error(
             StatusCode::NOT_FOUND,
             "unknown_stream",
