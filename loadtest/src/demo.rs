@@ -161,6 +161,9 @@ pub async fn run(options: DemoOptions) -> anyhow::Result<DemoSummary> {
     shutdown.cancel();
     gateway.task.await??;
     sink.task.await??;
+    // The gateway's reload handle holds its producer: the cluster goes after every client, or
+    // the clients left log that all brokers are down.
+    drop(gateway.reload);
     drop(cluster);
 
     let run_dir = options.landing.join(&run_prefix);

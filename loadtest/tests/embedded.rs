@@ -37,3 +37,26 @@ async fn embedded_default_lands_every_record_exactly_once() {
     let landed = common::pyarrow(&["--dir", summary.run_dir.to_str().unwrap()]);
     common::assert_landed_exactly(&sensor_readings(&fleet), &landed);
 }
+
+/// The README's first command, as a user runs it: it succeeds, prints the verdict, and logs no
+/// error. Its last line used to be a librdkafka error that all brokers were down: the mock
+/// cluster went while the gateway's reload handle still held a producer.
+#[test]
+fn the_demo_command_verifies_and_logs_no_error() {
+    let landing = tempfile::tempdir().unwrap();
+    let out = std::process::Command::new(env!("CARGO_BIN_EXE_loadtest"))
+        .args(["demo", "--records", "2000", "--landing"])
+        .arg(landing.path())
+        .output()
+        .unwrap();
+    let (stdout, stderr) = (
+        String::from_utf8_lossy(&out.stdout),
+        String::from_utf8_lossy(&out.stderr),
+    );
+    assert!(out.status.success(), "{stdout}\n{stderr}");
+    assert!(
+        stdout.contains("every distinct record landed exactly once"),
+        "{stdout}"
+    );
+    assert!(!stderr.contains("ERROR"), "{stderr}");
+}
