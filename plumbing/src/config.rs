@@ -2,7 +2,7 @@
 
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
-use std::time::SystemTime;
+use std::time::{Duration, Instant, SystemTime};
 
 use anyhow::{Context, bail};
 use figment::Figment;
@@ -68,21 +68,22 @@ pub fn load_streams_dir(dir: &Path) -> anyhow::Result<Streams> {
 
 /// Loads one stream's definition, `<stream>.toml` of `dir`, with its zstd dictionaries: for a
 /// stream defined after a component started. Other files of `dir` are not read, so a broken
-/// definition of another stream does not keep this one out.
+/// definition of another stream does not keep this one out. A file being written is read until
+/// it parses ([`settled`]).
 pub fn load_stream(dir: &Path, stream: &str) -> anyhow::Result<Arc<StreamDef>> {
     schemas::validate_stream_name(stream)?;
     let path = dir.join(format!("{stream}.toml"));
-    let text = std::fs::read_to_string(&path)
-        .with_context(|| format!("cannot read {}", path.display()))?;
-    let streams = Streams::from_sources([(stream, text.as_str())]).map_err(|errors| {
-        let all: Vec<String> = errors.iter().map(ToString::to_string).collect();
-        anyhow::anyhow!(
-            "invalid stream definition in {}: {}",
-            dir.display(),
-            all.join("; ")
-        )
-    })?;
-    let streams = load_dictionaries(dir, streams, Some(stream))?;
+    let (_, streams) = settled(&path, |text| {
+        Streams::from_sources([(stream, text)]).map_err(|errors| {
+            let all: Vec<String> = errors.iter().map(ToString::to_string).collect();
+            anyhow::anyhow!(
+                "invalid stream definition in {}: {}",
+                dir.display(),
+                all.join("; ")
+            )
+        })
+    });
+    let streams = load_dictionaries(dir, streams?, Some(stream))?;
     Ok(streams.get(stream).expect("loaded above").clone())
 }
 
@@ -176,6 +177,44 @@ mod tests {
             !file.changed_since_seen(),
             "a missing file, once seen, is not a change"
         );
+    }
+
+    /// A file read while a program writes it in place, in pieces, is read again until it is
+    /// whole: the compatible change is taken, not refused as unreadable. Before, the half read
+    /// was logged as a failed read and the record in hand became a dead letter (sink), a
+    /// rejection (gateway) or an invalid record (agent). The same for a stream's first load.
+    #[test]
+    fn a_file_being_written_is_read_once_whole() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("sensor_readings.toml");
+        let shipped = include_str!("../../streams/sensor_readings.toml");
+        std::fs::write(&path, shipped).unwrap();
+        let running = StreamDef::from_toml(shipped).unwrap();
+        let humid = format!("{shipped}\n[[fields]]\nname = \"humidity\"\ntype = \"float64\"\n");
+        let write_in_two = |path: std::path::PathBuf, text: String| {
+            let (head, tail) = text.split_at(text.len() / 2);
+            std::fs::write(&path, head).unwrap();
+            let tail = tail.to_owned();
+            std::thread::spawn(move || {
+                std::thread::sleep(Duration::from_millis(300));
+                use std::io::Write as _;
+                let mut f = std::fs::File::options().append(true).open(&path).unwrap();
+                f.write_all(tail.as_bytes()).unwrap();
+            })
+        };
+        let mut file = DefinitionFile::new(dir.path(), "sensor_readings");
+        let writer = write_in_two(path.clone(), humid);
+        match file.reread(&running) {
+            Reread::Compatible(def) => assert!(def.field_index("humidity").is_some()),
+            other => panic!("{other:?}"),
+        }
+        writer.join().unwrap();
+
+        let vehicles = include_str!("../../streams/vehicle_telemetry.toml");
+        let writer = write_in_two(dir.path().join("vehicle_telemetry.toml"), vehicles.into());
+        let def = load_stream(dir.path(), "vehicle_telemetry").unwrap();
+        assert_eq!(def.name, "vehicle_telemetry");
+        writer.join().unwrap();
     }
 
     #[derive(Debug, serde::Deserialize)]
@@ -339,6 +378,42 @@ impl Stamp {
     }
 }
 
+/// A definition file that does not parse and was modified less than this ago may be in the
+/// middle of being written (a program that writes it in place, in pieces): it is read again.
+const SETTLE: Duration = Duration::from_secs(2);
+/// How often such a file is read again.
+const SETTLE_STEP: Duration = Duration::from_millis(100);
+/// For how long at most, whatever the file's time says.
+const SETTLE_MAX: Duration = Duration::from_secs(5);
+
+/// Reads `path` and parses it with `parse`; while that fails and the file was modified less
+/// than [`SETTLE`] ago, it is read again every [`SETTLE_STEP`], for at most [`SETTLE_MAX`]. So
+/// a component that looks at a file while it is written in place reads it whole rather than
+/// refusing what it read. Gives how the file was before the last read (blocking).
+fn settled<T>(
+    path: &Path,
+    parse: impl Fn(&str) -> anyhow::Result<T>,
+) -> (Stamp, anyhow::Result<T>) {
+    let deadline = Instant::now() + SETTLE_MAX;
+    loop {
+        let stamp = Stamp::of(path);
+        let read = std::fs::read_to_string(path)
+            .with_context(|| format!("cannot read {}", path.display()))
+            .and_then(|text| parse(&text));
+        let fresh = || {
+            std::fs::metadata(path)
+                .and_then(|m| m.modified())
+                .ok()
+                .and_then(|t| t.elapsed().ok())
+                .is_some_and(|age| age < SETTLE)
+        };
+        if read.is_ok() || Instant::now() >= deadline || !fresh() {
+            return (stamp, read);
+        }
+        std::thread::sleep(SETTLE_STEP);
+    }
+}
+
 /// What reading a definition file again came to ([`DefinitionFile::reread`]).
 #[derive(Debug)]
 pub enum Reread {
@@ -389,14 +464,12 @@ impl DefinitionFile {
     /// Reads the file (blocking) and compares its definition with `running`. How the file was
     /// is taken before it is read, so that a change while it is read is read again next time.
     pub fn reread(&mut self, running: &StreamDef) -> Reread {
-        self.read_as = Some(Stamp::of(&self.path));
-        let read = std::fs::read_to_string(&self.path)
-            .map_err(anyhow::Error::from)
-            .and_then(|text| Ok(StreamDef::from_toml(&text)?))
-            .and_then(|def| {
-                anyhow::ensure!(def.name == self.stream, "it defines stream '{}'", def.name);
-                Ok(def)
-            });
+        let (stamp, read) = settled(&self.path, |text| {
+            let def = StreamDef::from_toml(text)?;
+            anyhow::ensure!(def.name == self.stream, "it defines stream '{}'", def.name);
+            Ok(def)
+        });
+        self.read_as = Some(stamp);
         let (stream, file) = (&self.stream, self.path.display());
         let mut def = match read {
             Ok(def) => def,
