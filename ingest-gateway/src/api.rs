@@ -100,6 +100,8 @@ impl AppState {
     /// topic created first when `kafka.create_topics`), and the stream's definition is given if
     /// it is there now. Requests for a stream that is being added wait for it.
     pub async fn defined_since_start(self: &Arc<Self>, stream: &str) -> Option<Arc<StreamDef>> {
+        // A name no stream can have (`../x`) is not looked for on disk at all.
+        schemas::validate_stream_name(stream).ok()?;
         let _one_at_a_time = self.adding.lock().await;
         if let Some(def) = self.stream(stream) {
             return Some(def);
