@@ -11,6 +11,7 @@ pub mod metrics;
 pub mod open_file;
 pub mod parquet_file;
 pub mod partition;
+pub mod redrive;
 pub mod staging;
 pub mod store;
 

@@ -23,7 +23,7 @@ static GLOBAL: mimalloc::MiMalloc = mimalloc::MiMalloc;
 #[command(version)]
 struct Args {
     /// Config file (TOML).
-    #[arg(long, short)]
+    #[arg(long, short, global = true)]
     config: Option<PathBuf>,
     /// Seconds to wait for buffered files to be written and committed on shutdown.
     #[arg(long, default_value_t = 60)]
@@ -32,6 +32,30 @@ struct Args {
     /// exit (0 when valid) without connecting to Kafka or the object store.
     #[arg(long)]
     check: bool,
+    #[command(subcommand)]
+    command: Option<Command>,
+}
+
+#[derive(Debug, clap::Subcommand)]
+enum Command {
+    /// Produces a stream's dead letters that its definition takes now (after a fix) back to the
+    /// topics they came from, for the sinks to land; the rest stay, counted by reason. Prints
+    /// a JSON report. Offsets redriven are noted under <key_prefix>/_redriven/ and left out
+    /// by later runs.
+    Redrive {
+        /// The stream whose dead letters to redrive.
+        #[arg(long)]
+        stream: String,
+        /// Only the dead letters of this day (YYYY-MM-DD, their ingest time's).
+        #[arg(long)]
+        date: Option<String>,
+        /// With --date: only this hour (0-23).
+        #[arg(long)]
+        hour: Option<u8>,
+        /// Check and count only: produce nothing, note nothing.
+        #[arg(long)]
+        dry_run: bool,
+    },
 }
 
 #[tokio::main]
@@ -40,6 +64,23 @@ async fn main() -> anyhow::Result<()> {
     plumbing::init_tracing();
     let config: SinkConfig = plumbing::load_config(args.config.as_deref(), ENV_PREFIX)?;
     let streams = plumbing::load_streams_dir(&config.streams_dir)?;
+    if let Some(Command::Redrive {
+        stream,
+        date,
+        hour,
+        dry_run,
+    }) = args.command
+    {
+        let options = sink::redrive::RedriveOptions {
+            stream,
+            date,
+            hour,
+            dry_run,
+        };
+        let report = sink::redrive::redrive(&config, &streams, &options).await?;
+        println!("{}", serde_json::to_string_pretty(&report)?);
+        return Ok(());
+    }
     if args.check {
         let selected = sink::check(&config, streams)?;
         println!("configuration is valid: streams {}", selected.join(", "));

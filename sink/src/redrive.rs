@@ -1,0 +1,298 @@
+//! `sink redrive`: a stream's dead letters back into their topics, once its definition takes them.
+//!
+//! The sink's dead-letter objects (`<key_prefix>/_dead_letters/<stream>/…`) hold every record it
+//! could not land, with its topic, partition, offset and payload. Once the cause is mended (a
+//! definition that was refused and is fixed now, a field its producers set before the file had
+//! it), `sink redrive --stream S` reads them, checks each payload against the stream's
+//! definition as it is now, and produces those that pass to the topic they came from, in the
+//! gateway's wire format (key, canonical value, `content-hash`, `schema-version`, `ingest-ts`
+//! of the redrive), so that the sinks of the group land them like any record. Records still
+//! invalid stay where they are and are counted by reason.
+//!
+//! Each object's redriven offsets are written to `<key_prefix>/_redriven/<object's path>.<ms>.json`
+//! once Kafka acknowledged every one of them, and a later run leaves those offsets out: run it
+//! again after another fix, and only what that fix lets through goes. A crash between the
+//! acknowledgement and that note produces the object's records again at the next run; the
+//! sinks drop them by content hash (their dedupe window), as any record re-sent. Nothing is
+//! deleted: dead-letter objects stay, for the record.
+
+use std::collections::{BTreeMap, BTreeSet};
+use std::time::Duration;
+
+use anyhow::Context as _;
+use bytes::Bytes;
+use plumbing::kafka::{DeliveryGroup, GroupProducer, Messages};
+use rdkafka::ClientConfig;
+use rdkafka::producer::Producer as _;
+use schemas::{StreamDef, Streams};
+use serde::{Deserialize, Serialize};
+
+use crate::SinkConfig;
+use crate::store::{ObjectStore, PutOutcome};
+
+/// What to redrive.
+#[derive(Debug, Clone, Default)]
+pub struct RedriveOptions {
+    pub stream: String,
+    /// Only dead letters of this day (`YYYY-MM-DD`, the ingest time's, as the objects' folders).
+    pub date: Option<String>,
+    /// With `date`: only this hour (0–23).
+    pub hour: Option<u8>,
+    /// Check and count, produce nothing, note nothing.
+    pub dry_run: bool,
+}
+
+/// What a run did.
+#[derive(Debug, Default, Clone, PartialEq, Eq, Serialize)]
+pub struct RedriveReport {
+    pub stream: String,
+    /// Dead-letter objects read.
+    pub objects: u64,
+    /// Dead letters in them.
+    pub records: u64,
+    /// Left out: redriven by an earlier run.
+    pub redriven_before: u64,
+    /// Produced (and acknowledged by Kafka) in this run; with `--dry-run`, those that would be.
+    pub redriven: u64,
+    /// Still invalid under the definition as it is now, by reason (the first 200 characters).
+    pub still_invalid: u64,
+    pub reasons: BTreeMap<String, u64>,
+    pub dry_run: bool,
+}
+
+/// One line of a dead-letter object (what `PartitionState::dead_letter` writes).
+#[derive(Debug, Deserialize)]
+struct DeadLetterLine {
+    topic: String,
+    offset: i64,
+    payload_hex: String,
+}
+
+/// What `_redriven/` notes of an object: the offsets produced again.
+#[derive(Debug, Serialize, Deserialize)]
+struct Note {
+    offsets: Vec<i64>,
+    at: String,
+}
+
+/// How long Kafka has to acknowledge an object's records.
+const PRODUCE_TIMEOUT: Duration = Duration::from_secs(60);
+
+/// Redrives the dead letters of `options.stream` (blocking on Kafka acknowledgements, object by
+/// object). Fails on a store or Kafka error; what was noted by then stays done.
+pub async fn redrive(
+    config: &SinkConfig,
+    streams: &Streams,
+    options: &RedriveOptions,
+) -> anyhow::Result<RedriveReport> {
+    let stream = &options.stream;
+    schemas::validate_stream_name(stream)?;
+    let def = streams.get(stream).with_context(|| {
+        format!(
+            "no stream '{stream}' in {} (redrive checks records against its definition)",
+            config.streams_dir.display()
+        )
+    })?;
+    let folder = folder(options)?;
+    let store = ObjectStore::from_config(&config.store).await?;
+    let dead_prefix = format!("{}/_dead_letters/{stream}/{folder}", config.key_prefix);
+    let note_prefix = format!("{}/_redriven/{stream}/{folder}", config.key_prefix);
+    let mut objects: Vec<String> = store
+        .list(&dead_prefix)
+        .await?
+        .into_iter()
+        .filter(|k| k.ends_with(".ndjson"))
+        .collect();
+    objects.sort();
+    let notes = store.list(&note_prefix).await?;
+    // Made at the first record to produce: a run with nothing to do needs no brokers.
+    let mut producer = None;
+    let mut report = RedriveReport {
+        stream: stream.clone(),
+        dry_run: options.dry_run,
+        ..RedriveReport::default()
+    };
+    let total = objects.len();
+    for (n, key) in objects.iter().enumerate() {
+        let relative = key
+            .strip_prefix(&format!("{}/_dead_letters/", config.key_prefix))
+            .expect("listed under the prefix");
+        let note_key_start = format!("{}/_redriven/{relative}.", config.key_prefix);
+        let done = redriven_before(&store, &notes, &note_key_start).await?;
+        let data = store
+            .get(key)
+            .await?
+            .with_context(|| format!("dead-letter object {key} is gone"))?;
+        let (by_topic, offsets) = check_object(def, key, &data, &done, &mut report)?;
+        if !offsets.is_empty() && !options.dry_run {
+            let producer = match &mut producer {
+                Some(p) => p,
+                None => producer.insert(make_producer(config)?),
+            };
+            produce(producer, key, &by_topic).await?;
+            let note = Note {
+                offsets,
+                at: chrono::Utc::now().to_rfc3339(),
+            };
+            let note_key = format!(
+                "{note_key_start}{}.json",
+                chrono::Utc::now().timestamp_millis()
+            );
+            let body = Bytes::from(serde_json::to_vec(&note)?);
+            if store.put_if_absent(&note_key, body).await? == PutOutcome::AlreadyExists {
+                tracing::warn!(key = %note_key, "a redrive note of the same millisecond is there already");
+            }
+        }
+        report.objects += 1;
+        tracing::info!(
+            object = %key,
+            done = n + 1,
+            of = total,
+            redriven = report.redriven,
+            still_invalid = report.still_invalid,
+            "dead-letter object redriven"
+        );
+    }
+    if let Some(producer) = producer {
+        producer.flush(PRODUCE_TIMEOUT)?;
+    }
+    Ok(report)
+}
+
+/// The folder under a stream's dead letters that `options` selects (`""`: all of them).
+fn folder(options: &RedriveOptions) -> anyhow::Result<String> {
+    match (&options.date, options.hour) {
+        (None, None) => Ok(String::new()),
+        (None, Some(_)) => anyhow::bail!("--hour needs --date"),
+        (Some(date), hour) => {
+            chrono::NaiveDate::parse_from_str(date, "%Y-%m-%d")
+                .with_context(|| format!("--date {date:?} is not YYYY-MM-DD"))?;
+            match hour {
+                None => Ok(format!("date={date}/")),
+                Some(h) if h < 24 => Ok(format!("date={date}/hour={h:02}/")),
+                Some(h) => anyhow::bail!("--hour {h} is not 0 to 23"),
+            }
+        }
+    }
+}
+
+/// The offsets of an object that earlier runs produced again, from its notes.
+async fn redriven_before(
+    store: &ObjectStore,
+    notes: &[String],
+    start: &str,
+) -> anyhow::Result<BTreeSet<i64>> {
+    let mut done = BTreeSet::new();
+    for key in notes.iter().filter(|k| k.starts_with(start)) {
+        let Some(data) = store.get(key).await? else {
+            continue;
+        };
+        let note: Note = serde_json::from_slice(&data)
+            .with_context(|| format!("redrive note {key} is not one"))?;
+        done.extend(note.offsets);
+    }
+    Ok(done)
+}
+
+/// Checks the dead letters of one object: those that pass (and that no earlier run produced)
+/// as messages by topic, and their offsets.
+fn check_object(
+    def: &StreamDef,
+    key: &str,
+    data: &[u8],
+    done: &BTreeSet<i64>,
+    report: &mut RedriveReport,
+) -> anyhow::Result<(BTreeMap<String, Messages>, Vec<i64>)> {
+    let mut by_topic: BTreeMap<String, Messages> = BTreeMap::new();
+    let mut offsets = Vec::new();
+    for (i, line) in data.split(|&b| b == b'\n').enumerate() {
+        if line.trim_ascii().is_empty() {
+            continue;
+        }
+        let dead: DeadLetterLine = serde_json::from_slice(line)
+            .with_context(|| format!("line {} of {key} is not a dead letter", i + 1))?;
+        report.records += 1;
+        if done.contains(&dead.offset) {
+            report.redriven_before += 1;
+            continue;
+        }
+        let payload = hex::decode(&dead.payload_hex)
+            .with_context(|| format!("line {} of {key}: payload_hex", i + 1))?;
+        match schemas::check_bytes(def, &payload) {
+            Ok(valid) => {
+                by_topic
+                    .entry(dead.topic)
+                    .or_insert_with(|| Messages::new(def, 1, payload.len()))
+                    .push(def, &valid);
+                offsets.push(dead.offset);
+                report.redriven += 1;
+            }
+            Err(e) => {
+                report.still_invalid += 1;
+                let reason: String = e.to_string().chars().take(200).collect();
+                *report.reasons.entry(reason).or_default() += 1;
+            }
+        }
+    }
+    Ok((by_topic, offsets))
+}
+
+/// Produces the messages of one object and waits for Kafka's acknowledgement of all of them.
+async fn produce(
+    producer: &GroupProducer,
+    key: &str,
+    by_topic: &BTreeMap<String, Messages>,
+) -> anyhow::Result<()> {
+    let mut group = DeliveryGroup::new();
+    let ingest_ts = plumbing::kafka::ingest_ts_now();
+    for (topic, messages) in by_topic {
+        messages
+            .send(producer, &mut group, topic, &ingest_ts)
+            .with_context(|| format!("cannot produce to {topic}"))?;
+    }
+    tokio::time::timeout(PRODUCE_TIMEOUT, group.settled())
+        .await
+        .with_context(|| format!("Kafka did not acknowledge the records of {key} in time"))?
+        .with_context(|| format!("Kafka refused records of {key}"))?;
+    Ok(())
+}
+
+/// An idempotent producer to the sink's brokers, with its TLS and SASL settings.
+fn make_producer(config: &SinkConfig) -> anyhow::Result<GroupProducer> {
+    let mut client: ClientConfig =
+        plumbing::kafka::producer_config(&config.kafka.brokers, PRODUCE_TIMEOUT.as_millis() as u64);
+    plumbing::kafka_security::apply(
+        &mut client,
+        config.kafka.tls.as_ref(),
+        config.kafka.sasl.as_ref(),
+    )?;
+    Ok(plumbing::kafka::group_producer(&client)?)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn folders_by_date_and_hour() {
+        let opts = |date: Option<&str>, hour: Option<u8>| RedriveOptions {
+            stream: "s".into(),
+            date: date.map(str::to_owned),
+            hour,
+            dry_run: false,
+        };
+        assert_eq!(folder(&opts(None, None)).unwrap(), "");
+        assert_eq!(
+            folder(&opts(Some("2026-11-25"), None)).unwrap(),
+            "date=2026-11-25/"
+        );
+        assert_eq!(
+            folder(&opts(Some("2026-11-25"), Some(7))).unwrap(),
+            "date=2026-11-25/hour=07/"
+        );
+        assert!(folder(&opts(None, Some(7))).is_err());
+        assert!(folder(&opts(Some("2026-11-25"), Some(24))).is_err());
+        assert!(folder(&opts(Some("25.11.2026"), None)).is_err());
+        assert!(folder(&opts(Some("../x"), None)).is_err());
+    }
+}
