@@ -48,6 +48,8 @@ pub struct RedriveReport {
     pub stream: String,
     /// Dead-letter objects read.
     pub objects: u64,
+    /// Objects under the dead letters that are not dead-letter objects of a sink (logged).
+    pub unreadable_objects: u64,
     /// Dead letters in them.
     pub records: u64,
     /// Left out: redriven by an earlier run.
@@ -123,7 +125,18 @@ pub async fn redrive(
             .get(key)
             .await?
             .with_context(|| format!("dead-letter object {key} is gone"))?;
-        let (by_topic, offsets) = check_object(def, key, &data, &done, &mut report)?;
+        let counted = report.clone();
+        let (by_topic, offsets) = match check_object(def, key, &data, &done, &mut report) {
+            Ok(checked) => checked,
+            Err(e) => {
+                // Not a dead-letter object of a sink (another program's file, a damaged copy):
+                // left alone, and the run goes on.
+                report = counted;
+                report.unreadable_objects += 1;
+                tracing::warn!(object = %key, error = %format!("{e:#}"), "not a dead-letter object; left out");
+                continue;
+            }
+        };
         if !offsets.is_empty() && !options.dry_run {
             let producer = match &mut producer {
                 Some(p) => p,
