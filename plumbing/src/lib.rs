@@ -9,6 +9,7 @@ pub mod kafka_security;
 pub mod pem;
 pub mod priority;
 pub mod rate;
+pub mod redrive;
 pub mod secret;
 pub mod server;
 pub mod telemetry;

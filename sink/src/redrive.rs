@@ -17,12 +17,11 @@
 //! deleted: dead-letter objects stay, for the record.
 
 use std::collections::{BTreeMap, BTreeSet};
-use std::time::Duration;
 
 use anyhow::Context as _;
 use bytes::Bytes;
-use plumbing::kafka::{DeliveryGroup, GroupProducer, Messages};
-use rdkafka::ClientConfig;
+use plumbing::kafka::{GroupProducer, Messages};
+use plumbing::redrive::{PRODUCE_TIMEOUT, Tally};
 use rdkafka::producer::Producer as _;
 use schemas::{StreamDef, Streams};
 use serde::{Deserialize, Serialize};
@@ -50,15 +49,11 @@ pub struct RedriveReport {
     pub objects: u64,
     /// Objects under the dead letters that are not dead-letter objects of a sink (logged).
     pub unreadable_objects: u64,
-    /// Dead letters in them.
-    pub records: u64,
-    /// Left out: redriven by an earlier run.
+    /// Dead letters left out: an earlier run redrove them.
     pub redriven_before: u64,
-    /// Produced (and acknowledged by Kafka) in this run; with `--dry-run`, those that would be.
-    pub redriven: u64,
-    /// Still invalid under the definition as it is now, by reason (the first 200 characters).
-    pub still_invalid: u64,
-    pub reasons: BTreeMap<String, u64>,
+    /// The others, checked against the definition as it is now.
+    #[serde(flatten)]
+    pub tally: Tally,
     pub dry_run: bool,
 }
 
@@ -76,9 +71,6 @@ struct Note {
     offsets: Vec<i64>,
     at: String,
 }
-
-/// How long Kafka has to acknowledge an object's records.
-const PRODUCE_TIMEOUT: Duration = Duration::from_secs(60);
 
 /// Redrives the dead letters of `options.stream` (blocking on Kafka acknowledgements, object by
 /// object). Fails on a store or Kafka error; what was noted by then stays done.
@@ -142,7 +134,10 @@ pub async fn redrive(
                 Some(p) => p,
                 None => producer.insert(make_producer(config)?),
             };
-            produce(producer, key, &by_topic).await?;
+            let batches = by_topic.iter().map(|(t, m)| (t.as_str(), m));
+            plumbing::redrive::produce(producer, batches)
+                .await
+                .with_context(|| format!("redriving {key}"))?;
             let note = Note {
                 offsets,
                 at: chrono::Utc::now().to_rfc3339(),
@@ -161,8 +156,8 @@ pub async fn redrive(
             object = %key,
             done = n + 1,
             of = total,
-            redriven = report.redriven,
-            still_invalid = report.still_invalid,
+            redriven = report.tally.redriven,
+            still_invalid = report.tally.still_invalid,
             "dead-letter object redriven"
         );
     }
@@ -224,62 +219,32 @@ fn check_object(
         }
         let dead: DeadLetterLine = serde_json::from_slice(line)
             .with_context(|| format!("line {} of {key} is not a dead letter", i + 1))?;
-        report.records += 1;
         if done.contains(&dead.offset) {
             report.redriven_before += 1;
             continue;
         }
         let payload = hex::decode(&dead.payload_hex)
             .with_context(|| format!("line {} of {key}: payload_hex", i + 1))?;
-        match schemas::check_bytes(def, &payload) {
-            Ok(valid) => {
-                by_topic
-                    .entry(dead.topic)
-                    .or_insert_with(|| Messages::new(def, 1, payload.len()))
-                    .push(def, &valid);
-                offsets.push(dead.offset);
-                report.redriven += 1;
-            }
-            Err(e) => {
-                report.still_invalid += 1;
-                let reason: String = e.to_string().chars().take(200).collect();
-                *report.reasons.entry(reason).or_default() += 1;
-            }
+        if let Some(valid) = report.tally.check(def, &payload) {
+            by_topic
+                .entry(dead.topic)
+                .or_insert_with(|| Messages::new(def, 1, payload.len()))
+                .push(def, &valid);
+            offsets.push(dead.offset);
         }
     }
     Ok((by_topic, offsets))
 }
 
-/// Produces the messages of one object and waits for Kafka's acknowledgement of all of them.
-async fn produce(
-    producer: &GroupProducer,
-    key: &str,
-    by_topic: &BTreeMap<String, Messages>,
-) -> anyhow::Result<()> {
-    let mut group = DeliveryGroup::new();
-    let ingest_ts = plumbing::kafka::ingest_ts_now();
-    for (topic, messages) in by_topic {
-        messages
-            .send(producer, &mut group, topic, &ingest_ts)
-            .with_context(|| format!("cannot produce to {topic}"))?;
-    }
-    tokio::time::timeout(PRODUCE_TIMEOUT, group.settled())
-        .await
-        .with_context(|| format!("Kafka did not acknowledge the records of {key} in time"))?
-        .with_context(|| format!("Kafka refused records of {key}"))?;
-    Ok(())
-}
-
 /// An idempotent producer to the sink's brokers, with its TLS and SASL settings.
 fn make_producer(config: &SinkConfig) -> anyhow::Result<GroupProducer> {
-    let mut client: ClientConfig =
-        plumbing::kafka::producer_config(&config.kafka.brokers, PRODUCE_TIMEOUT.as_millis() as u64);
-    plumbing::kafka_security::apply(
-        &mut client,
-        config.kafka.tls.as_ref(),
-        config.kafka.sasl.as_ref(),
-    )?;
-    Ok(plumbing::kafka::group_producer(&client)?)
+    plumbing::redrive::producer(&config.kafka.brokers, |client| {
+        plumbing::kafka_security::apply(
+            client,
+            config.kafka.tls.as_ref(),
+            config.kafka.sasl.as_ref(),
+        )
+    })
 }
 
 #[cfg(test)]

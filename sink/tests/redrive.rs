@@ -161,7 +161,11 @@ async fn dead_letters_are_redriven_once_a_definition_takes_them() {
     // Under the shipped definition nothing passes: a redrive now would produce nothing.
     let before = redriven(&config, true).await;
     assert_eq!(
-        (before.records, before.redriven, before.still_invalid),
+        (
+            before.tally.records,
+            before.tally.redriven,
+            before.tally.still_invalid
+        ),
         (33, 0, 33)
     );
 
@@ -171,20 +175,33 @@ async fn dead_letters_are_redriven_once_a_definition_takes_them() {
     );
     std::fs::write(&file, extended).unwrap();
     let dry = redriven(&config, true).await;
-    assert_eq!((dry.redriven, dry.still_invalid), (30, 3), "{dry:?}");
+    assert_eq!(
+        (dry.tally.redriven, dry.tally.still_invalid),
+        (30, 3),
+        "{dry:?}"
+    );
     let report = redriven(&config, false).await;
     assert_eq!(
-        (report.records, report.redriven, report.still_invalid),
+        (
+            report.tally.records,
+            report.tally.redriven,
+            report.tally.still_invalid
+        ),
         (33, 30, 3),
         "{report:?}"
     );
     assert_eq!(report.unreadable_objects, 1);
     assert!(report.objects >= 1);
-    assert_eq!(report.reasons.values().sum::<u64>(), 3);
+    assert_eq!(report.tally.reasons.values().sum::<u64>(), 3);
     let again = redriven(&config, false).await;
     assert_eq!(
-        (again.redriven, again.redriven_before, again.still_invalid),
-        (0, 30, 3),
+        (
+            again.redriven_before,
+            again.tally.records,
+            again.tally.redriven,
+            again.tally.still_invalid
+        ),
+        (30, 3, 0, 3),
         "{again:?}"
     );
 
