@@ -7,6 +7,7 @@ pub mod config;
 pub mod idempotency;
 pub mod metrics;
 pub mod produce;
+pub mod redrive;
 
 use std::net::SocketAddr;
 use std::sync::Arc;

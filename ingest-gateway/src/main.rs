@@ -22,7 +22,7 @@ static GLOBAL: mimalloc::MiMalloc = mimalloc::MiMalloc;
 #[command(version)]
 struct Args {
     /// Config file (TOML).
-    #[arg(long, short)]
+    #[arg(long, short, global = true)]
     config: Option<PathBuf>,
     /// Seconds to wait for in-flight requests and the producer on shutdown.
     #[arg(long, default_value_t = 30)]
@@ -37,6 +37,38 @@ struct Args {
     /// streams/README.md, "Evolution"). Exits 1 naming the stream and field otherwise.
     #[arg(long, value_name = "DIR", requires = "check")]
     compatible_with: Option<PathBuf>,
+    #[command(subcommand)]
+    command: Option<Command>,
+}
+
+#[derive(Debug, clap::Subcommand)]
+enum Command {
+    /// Produces the records of a stream that the gateway rejected (kafka.dead_letter_topic) and
+    /// that its definition in streams_dir takes now (after a fix) to the stream's topic, for the
+    /// sinks to land; the rest stay, counted by reason. Reads the dead-letter topic to its end
+    /// and prints a JSON report, with the time to give --since next.
+    Redrive {
+        /// The stream whose rejected records to redrive.
+        #[arg(long)]
+        stream: String,
+        /// Only records rejected at or after this time: RFC 3339 (2026-11-25T08:00:00Z) or
+        /// milliseconds since the epoch. Default: the topic's start. A window read twice is
+        /// produced twice (the sinks drop the copies they still remember).
+        #[arg(long, value_parser = parse_since)]
+        since: Option<i64>,
+        /// Check and count only: produce nothing.
+        #[arg(long)]
+        dry_run: bool,
+    },
+}
+
+/// `--since`: RFC 3339 or milliseconds since the epoch.
+fn parse_since(text: &str) -> Result<i64, String> {
+    text.parse::<i64>().or_else(|_| {
+        chrono::DateTime::parse_from_rfc3339(text)
+            .map(|t| t.timestamp_millis())
+            .map_err(|e| format!("{text:?} is neither RFC 3339 nor epoch milliseconds: {e}"))
+    })
 }
 
 fn main() -> anyhow::Result<()> {
@@ -62,6 +94,25 @@ fn main() -> anyhow::Result<()> {
                 update.changed
             );
         }
+        return Ok(());
+    }
+    if let Some(Command::Redrive {
+        stream,
+        since,
+        dry_run,
+    }) = args.command
+    {
+        let streams = plumbing::load_streams_dir(&config.streams_dir)?;
+        let options = ingest_gateway::redrive::RedriveOptions {
+            stream,
+            since_ms: since,
+            dry_run,
+        };
+        let runtime = tokio::runtime::Runtime::new()?;
+        let report = runtime.block_on(ingest_gateway::redrive::redrive(
+            &config, &streams, &options,
+        ))?;
+        println!("{}", serde_json::to_string_pretty(&report)?);
         return Ok(());
     }
     // Built here, on the main thread: `serve` runs on this thread (block_on), so the Kafka
