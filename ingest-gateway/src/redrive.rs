@@ -73,13 +73,7 @@ pub async fn redrive(
     options: &RedriveOptions,
 ) -> anyhow::Result<RedriveReport> {
     let stream = options.stream.as_str();
-    schemas::validate_stream_name(stream)?;
-    let def = streams.get(stream).with_context(|| {
-        format!(
-            "no stream '{stream}' in {} (redrive checks records against its definition)",
-            config.streams_dir.display()
-        )
-    })?;
+    let def = plumbing::redrive::definition(streams, stream, &config.streams_dir)?;
     let dlq = config.kafka.dead_letter_topic.clone();
     let topic = schemas::wire::topic_name(&config.kafka.topic_prefix, stream);
     let (consumer, mut left) = reader(config, &dlq)?;

@@ -69,6 +69,22 @@ pub async fn produce<'a>(
     Ok(())
 }
 
+/// The definition of `stream` that dead letters are checked against (`streams` were loaded
+/// from `streams_dir`).
+pub fn definition<'a>(
+    streams: &'a schemas::Streams,
+    stream: &str,
+    streams_dir: &std::path::Path,
+) -> anyhow::Result<&'a std::sync::Arc<StreamDef>> {
+    schemas::validate_stream_name(stream)?;
+    streams.get(stream).with_context(|| {
+        format!(
+            "no stream '{stream}' in {} (redrive checks records against its definition)",
+            streams_dir.display()
+        )
+    })
+}
+
 /// An idempotent producer to `brokers` ([`crate::kafka::producer_config`]), with what
 /// `configure` adds (TLS, SASL, extra properties).
 pub fn producer(

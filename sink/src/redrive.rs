@@ -80,13 +80,7 @@ pub async fn redrive(
     options: &RedriveOptions,
 ) -> anyhow::Result<RedriveReport> {
     let stream = &options.stream;
-    schemas::validate_stream_name(stream)?;
-    let def = streams.get(stream).with_context(|| {
-        format!(
-            "no stream '{stream}' in {} (redrive checks records against its definition)",
-            config.streams_dir.display()
-        )
-    })?;
+    let def = plumbing::redrive::definition(streams, stream, &config.streams_dir)?;
     let folder = folder(options)?;
     let store = ObjectStore::from_config(&config.store).await?;
     let dead_prefix = format!("{}/_dead_letters/{stream}/{folder}", config.key_prefix);
