@@ -250,6 +250,12 @@ pub struct SpoolConfig {
     /// apply); nothing kept is deleted.
     #[serde(default = "default_rejected_mb")]
     pub rejected_max_mb: u64,
+    /// Size limit of `invalid/` per stream, in MiB: records skipped as invalid are kept there
+    /// with the reason and tried again when the stream's definition changes compatibly and when
+    /// the agent starts. Past the limit they are only counted
+    /// (`edge_agent_invalid_not_kept_total`). 0: none kept.
+    #[serde(default = "default_invalid_mb")]
+    pub invalid_max_mb: u64,
 }
 
 impl Default for SpoolConfig {
@@ -260,6 +266,7 @@ impl Default for SpoolConfig {
             fsync: FsyncPolicy::default(),
             fsync_interval_ms: default_fsync_interval_ms(),
             rejected_max_mb: default_rejected_mb(),
+            invalid_max_mb: default_invalid_mb(),
         }
     }
 }
@@ -278,6 +285,11 @@ impl SpoolConfig {
     /// `rejected_max_mb` in bytes.
     pub fn rejected_max_bytes(&self) -> u64 {
         self.rejected_max_mb.saturating_mul(1 << 20)
+    }
+
+    /// `invalid_max_mb` in bytes.
+    pub fn invalid_max_bytes(&self) -> u64 {
+        self.invalid_max_mb.saturating_mul(1 << 20)
     }
 }
 
@@ -580,6 +592,9 @@ fn default_spool_mb() -> u64 {
 }
 fn default_rejected_mb() -> u64 {
     64
+}
+fn default_invalid_mb() -> u64 {
+    16
 }
 fn default_segment_mb() -> u64 {
     8

@@ -14,6 +14,7 @@ pub mod dedupe;
 pub mod deliver;
 pub mod dictionary;
 pub mod filter;
+pub mod invalid;
 pub mod link;
 pub mod metrics;
 pub mod output;
@@ -41,6 +42,7 @@ pub use config::AgentConfig;
 
 use crate::config::SourceConfig;
 use crate::deliver::{Delivery, DeliveryStats};
+use crate::invalid::KeptInvalid;
 use crate::link::{Link, StreamCap};
 use crate::output::Output;
 use crate::pipeline::{Pipeline, PipelineStats};
@@ -85,6 +87,7 @@ impl AgentStats {
             t.pipeline.spool_dropped += p.spool_dropped;
             t.pipeline.raw_bytes += p.raw_bytes;
             t.pipeline.encoded_bytes += p.encoded_bytes;
+            t.pipeline.retried += p.retried;
             t.delivery.batches += d.batches;
             t.delivery.records += d.records;
             t.delivery.accepted += d.accepted;
@@ -216,6 +219,7 @@ pub(crate) struct Starter {
     config: AgentConfig,
     spool_root: std::path::PathBuf,
     dedupe_dir: std::path::PathBuf,
+    invalid_dir: std::path::PathBuf,
     usage: Arc<Usage>,
     output: Arc<Output>,
     link: Arc<Link>,
@@ -257,7 +261,12 @@ impl Starter {
             spool.clone(),
             &self.dedupe_dir,
         )?
-        .follow_definition(plumbing::DefinitionFile::new(&config.streams_dir, &name));
+        .follow_definition(plumbing::DefinitionFile::new(&config.streams_dir, &name))
+        .keep_invalid(KeptInvalid::open(
+            &self.invalid_dir,
+            &name,
+            config.spool.invalid_max_bytes(),
+        )?);
         let def = pipeline.current();
         tracing::info!(stream = %name, dedupe_bytes = pipeline.dedupe_memory_bytes(), "stream ready");
         let (tx, rx) = std::sync::mpsc::sync_channel(QUEUED_CHUNKS);
@@ -350,6 +359,7 @@ pub async fn run(
         config: config.clone(),
         spool_root: spool_root.clone(),
         dedupe_dir,
+        invalid_dir: state.join("invalid"),
         usage: Arc::new(Usage::default()),
         output,
         link: Arc::new(Link::new(config.max_bytes_per_sec)),

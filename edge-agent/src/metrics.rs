@@ -44,6 +44,14 @@ pub const FILTER_EVICTED_SERIES: &str = "edge_agent_filter_evicted_series_total"
 /// 1 while a stream's definition file holds an incompatible change that the agent refused (it
 /// runs with the definition it had; records that need the new one are skipped as invalid).
 pub const DEFINITION_REFUSED: &str = "edge_agent_definition_refused";
+/// Bytes of invalid records kept under `invalid/<stream>.ndjson` to be tried again when the
+/// stream's definition changes (`spool.invalid_max_mb`).
+pub const INVALID_KEPT_BYTES: &str = "edge_agent_invalid_kept_bytes";
+/// Invalid records that could not be kept (`spool.invalid_max_mb` reached, or a write failed):
+/// only counted, as before keeping.
+pub const INVALID_NOT_KEPT: &str = "edge_agent_invalid_not_kept_total";
+/// Kept invalid records that passed when tried again under a changed definition.
+pub const INVALID_RETRIED: &str = "edge_agent_invalid_retried_total";
 /// The spool's size limit over all streams (`spool.max_mb`), for "spool filling up" alerts.
 pub const SPOOL_LIMIT_BYTES: &str = "edge_agent_spool_limit_bytes";
 
@@ -63,6 +71,8 @@ pub fn register_stream(stream: &str, policy: &'static str) {
         RECORDS_REJECTED,
         SPOOL_BLOCKED,
         DEAD_LETTERS_LOST,
+        INVALID_NOT_KEPT,
+        INVALID_RETRIED,
     ] {
         metrics::counter!(counter, &labels).increment(0);
     }

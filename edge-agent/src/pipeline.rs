@@ -21,6 +21,7 @@ use crate::batch::{Batch, BatchId, BodyEncoding};
 use crate::config::{BatchConfig, DedupeConfig, StreamSettings};
 use crate::dedupe::{Digest, DigestLog, DigestWindow, digest};
 use crate::filter::{FilterChain, FilterConfig};
+use crate::invalid::KeptInvalid;
 use crate::metrics as m;
 use crate::spool::{Appended, Overflow, Spool, SpoolError};
 
@@ -84,6 +85,8 @@ pub struct PipelineStats {
     pub spool_dropped: u64,
     pub raw_bytes: u64,
     pub encoded_bytes: u64,
+    /// Invalid records kept earlier that passed when tried again (also counted in `read` again).
+    pub retried: u64,
 }
 
 #[derive(Default)]
@@ -169,6 +172,9 @@ pub struct Pipeline {
     /// The definition's file holds a change that was refused: it is looked at again as chunks
     /// and ticks come, so that the refusal ends when the file is mended.
     refused: bool,
+    /// Where invalid records are kept to be tried again ([`Pipeline::retry_kept`]); `None`:
+    /// they are only counted.
+    kept: Option<KeptInvalid>,
     batch: BatchConfig,
     encoding: BodyEncoding,
     overflow: Overflow,
@@ -257,6 +263,7 @@ impl Pipeline {
             definition: None,
             filter_configs: settings.filters.clone(),
             refused: false,
+            kept: None,
             def,
             batch,
             filters,
@@ -287,6 +294,74 @@ impl Pipeline {
     pub fn follow_definition(mut self, file: DefinitionFile) -> Pipeline {
         self.definition = Some(file);
         self
+    }
+
+    /// Keeps the records skipped as invalid in `kept`, and tries them again when the run starts
+    /// and when the definition changes compatibly ([`Pipeline::retry_kept`]).
+    pub fn keep_invalid(mut self, kept: KeptInvalid) -> Pipeline {
+        metrics::gauge!(m::INVALID_KEPT_BYTES, "stream" => self.def.name.clone())
+            .set(kept.bytes() as f64);
+        self.kept = Some(kept);
+        self
+    }
+
+    /// Tries the invalid records kept so far again under the definition in force: those that
+    /// pass now are batched like any record (the dedupe window drops those already sent), those
+    /// that still do not are kept again with their new reason. What passed is durable in the
+    /// spool before the taken records are let go.
+    fn retry_kept(&mut self, cancel: &AtomicBool) -> Result<(), PipelineError> {
+        let Some(kept) = self.kept.as_mut().filter(|k| k.any()) else {
+            return Ok(());
+        };
+        let stream = self.def.name.clone();
+        let taken = match kept.take() {
+            Ok(taken) => taken,
+            Err(e) => {
+                tracing::error!(stream, error = %e, "cannot take the kept invalid records to try them again");
+                return Ok(());
+            }
+        };
+        let (mut data, mut passed, mut still, mut lost) = (Vec::new(), 0u64, 0u64, 0u64);
+        for k in &taken {
+            let line = k.bytes();
+            match schemas::check_bytes(&self.def, &line) {
+                Ok(_) => {
+                    data.extend_from_slice(&line);
+                    data.push(b'\n');
+                    passed += 1;
+                }
+                Err(e) => {
+                    still += 1;
+                    if !kept.keep(&line, &e.to_string(), k.at_ms) {
+                        lost += 1;
+                    }
+                }
+            }
+        }
+        self.not_kept(lost);
+        tracing::info!(
+            stream,
+            passed,
+            still,
+            "invalid records kept earlier tried again"
+        );
+        self.stats.retried += passed;
+        metrics::counter!(m::INVALID_RETRIED, "stream" => stream).increment(passed);
+        if !data.is_empty() {
+            self.push_chunk(Chunk::new(data, None), cancel)?;
+        }
+        self.close_batch(cancel)?;
+        self.sync(true)?;
+        if let Some(kept) = self.kept.as_mut()
+            && let Err(e) = kept.tried()
+        {
+            tracing::error!(stream = %self.def.name, error = %e, "cannot end a try of the kept invalid records; they are tried again");
+        }
+        Ok(())
+    }
+
+    fn not_kept(&self, n: u64) {
+        metrics::counter!(m::INVALID_NOT_KEPT, "stream" => self.def.name.clone()).increment(n);
     }
 
     /// The definition in force, shared with the stream's delivery.
@@ -344,7 +419,7 @@ impl Pipeline {
         self.close_batch(cancel)?;
         self.current.set(def.clone());
         self.def = def;
-        Ok(())
+        self.retry_kept(cancel)
     }
 
     /// Reads a refused definition's file again once it changed, so that the refusal (and its
@@ -372,6 +447,8 @@ impl Pipeline {
         let max_age = Duration::from_millis(self.batch.max_age_ms.max(1));
         let tick = max_age.min(Duration::from_millis(200));
         let mut stop_by: Option<Instant> = None;
+        // A definition changed while the agent was down: what was kept may pass now.
+        self.retry_kept(cancel)?;
         loop {
             if stop_by.is_none() && cancel.load(std::sync::atomic::Ordering::Relaxed) {
                 stop_by = Some(Instant::now() + STOP_GRACE);
@@ -443,6 +520,11 @@ impl Pipeline {
                     Err(e) => {
                         read += 1;
                         invalid += 1;
+                        if let Some(kept) = self.kept.as_mut()
+                            && !kept.keep(line, &e.to_string(), now_ms())
+                        {
+                            self.not_kept(1);
+                        }
                         self.invalid_logged += 1;
                         if self.invalid_logged <= 10 || self.invalid_logged.is_multiple_of(1000) {
                             tracing::warn!(stream = %self.def.name, index, error = %e, total = self.invalid_logged, "invalid record skipped");
@@ -706,6 +788,20 @@ impl Pipeline {
             if durable > self.durable {
                 self.flush_log(true);
                 self.durable = durable;
+            }
+        }
+        if let Some(kept) = self.kept.as_mut() {
+            // Kept before the chunks they came in are acknowledged; a failure (a full disk)
+            // loses them as before keeping, and is logged.
+            match kept.sync() {
+                Ok(false) => {}
+                Ok(true) => {
+                    metrics::gauge!(m::INVALID_KEPT_BYTES, "stream" => self.def.name.clone())
+                        .set(kept.bytes() as f64)
+                }
+                Err(e) => {
+                    tracing::error!(stream = %self.def.name, error = %e, "cannot make the kept invalid records durable");
+                }
             }
         }
         self.fire_ready();

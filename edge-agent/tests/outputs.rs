@@ -463,6 +463,37 @@ async fn definition_rig() -> (
 
 const SHIPPED_SENSOR: &str = include_str!("../../streams/sensor_readings.toml");
 
+/// [`kafka_config`] on the definitions of `streams` (the rig's).
+fn rig_config(
+    dir: &Path,
+    kafka: &str,
+    prefix: &str,
+    batch: &str,
+    file: &Path,
+    streams: &Path,
+) -> String {
+    kafka_config(dir, kafka, prefix, batch, file).replace(
+        &format!(
+            "streams_dir = {:?}",
+            Path::new(env!("CARGO_MANIFEST_DIR")).join("../streams")
+        ),
+        &format!("streams_dir = {streams:?}"),
+    )
+}
+
+/// Lines of readings that set `humidity` (30.0, 31.0, ...), which the shipped definition lacks.
+fn with_humidity_set(lines: &[String]) -> Vec<String> {
+    lines
+        .iter()
+        .enumerate()
+        .map(|(i, line)| {
+            let mut r: serde_json::Value = serde_json::from_str(line).unwrap();
+            r["humidity"] = serde_json::json!(30.0 + i as f64);
+            r.to_string()
+        })
+        .collect()
+}
+
 /// The shipped sensor definition with a nullable `humidity` in its content hash, as version 2.
 fn with_humidity() -> String {
     format!(
@@ -484,19 +515,13 @@ async fn a_compatible_definition_change_is_taken_without_a_restart() {
     let (lines, _) = readings(200, 5, 0, 7);
     let file = dir.path().join("r.ndjson");
     std::fs::write(&file, lines[..100].join("\n") + "\n").unwrap();
-    let cfg = kafka_config(
+    let cfg = rig_config(
         dir.path(),
         &kafka,
         &prefix,
         "max_records = 40\nmax_age_ms = 200\nencoding = \"parquet\"",
         &file,
-    )
-    .replace(
-        &format!(
-            "streams_dir = {:?}",
-            Path::new(env!("CARGO_MANIFEST_DIR")).join("../streams")
-        ),
-        &format!("streams_dir = {streams:?}"),
+        &streams,
     )
     .replace(
         "stream = \"sensor_readings\"",
@@ -514,15 +539,7 @@ async fn a_compatible_definition_change_is_taken_without_a_restart() {
 
     let extended = with_humidity();
     std::fs::write(streams.join("sensor_readings.toml"), &extended).unwrap();
-    let humid: Vec<String> = lines[100..]
-        .iter()
-        .enumerate()
-        .map(|(i, line)| {
-            let mut r: serde_json::Value = serde_json::from_str(line).unwrap();
-            r["humidity"] = serde_json::json!(30.0 + i as f64);
-            r.to_string()
-        })
-        .collect();
+    let humid = with_humidity_set(&lines[100..]);
     let mut appended = std::fs::OpenOptions::new()
         .append(true)
         .open(&file)
@@ -539,6 +556,54 @@ async fn a_compatible_definition_change_is_taken_without_a_restart() {
     let stats = agent.await.unwrap().unwrap().total();
     assert_eq!(stats.pipeline.invalid, 0);
     assert_exactly_once(&landed, &expected);
+}
+
+/// Lines the agent skipped as invalid (a field its definition lacks, garbage) are kept under
+/// `invalid/`; the agent started again after the definition gained the field tries them at
+/// start, and the 30 land once, before no other line came. The garbage stays kept. Before, the
+/// 30 were counted and lost.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn lines_skipped_as_invalid_land_once_the_definition_takes_them() {
+    let (kafka, prefix, topic, dir, streams) = definition_rig().await;
+    let (lines, _) = readings(40, 5, 0, 11);
+    let humid = with_humidity_set(&lines[10..]);
+    let mut all: Vec<String> = lines[..10].to_vec();
+    all.extend(humid.iter().cloned());
+    all.push("{oops".into());
+    all.push("[1]".into());
+    let file = dir.path().join("r.ndjson");
+    std::fs::write(&file, all.join("\n") + "\n").unwrap();
+    let cfg = rig_config(
+        dir.path(),
+        &kafka,
+        &prefix,
+        "max_age_ms = 100",
+        &file,
+        &streams,
+    );
+    let run = || {
+        let config = edge_agent::AgentConfig::parse(&cfg).unwrap();
+        let loaded = plumbing::load_streams_dir(&streams).unwrap();
+        edge_agent::run(config, loaded, tokio_util::sync::CancellationToken::new())
+    };
+    let first = run().await.unwrap().total();
+    assert_eq!((first.pipeline.invalid, first.pipeline.batched), (32, 10));
+    let kept = dir.path().join("state/invalid/sensor_readings.ndjson");
+    assert_eq!(std::fs::read_to_string(&kept).unwrap().lines().count(), 32);
+
+    std::fs::write(streams.join("sensor_readings.toml"), with_humidity()).unwrap();
+    let second = run().await.unwrap().total();
+    assert_eq!((second.pipeline.retried, second.pipeline.batched), (30, 30));
+    let new = schemas::StreamDef::from_toml(&with_humidity()).unwrap();
+    let expected: Vec<ContentHash> = lines[..10]
+        .iter()
+        .chain(&humid)
+        .map(|l| schemas::check_bytes(&new, l.as_bytes()).unwrap().hash)
+        .collect();
+    let landed = read_topic_as(&kafka, &topic, 40, Duration::from_millis(500), &new);
+    assert_exactly_once(&landed, &expected);
+    let left = std::fs::read_to_string(&kept).unwrap();
+    assert_eq!(left.lines().count(), 2, "{left}");
 }
 
 /// An agent with the Kafka output and a local HTTP port, on the definitions of `streams`; its

@@ -402,3 +402,73 @@ fn a_changed_definition_is_taken_when_a_record_needs_it() {
     assert_eq!(records.len(), 1);
     assert_eq!(records[0].record.values[0], schemas::Value::Float(40.5));
 }
+
+/// Records skipped as invalid are kept, and when a record makes the pipeline take a compatible
+/// change they are tried again under it: those that pass now are batched (once: a second try
+/// finds them in the dedupe window), and those that still do not stay kept. Before, they were
+/// counted and lost.
+#[test]
+fn kept_invalid_records_pass_once_the_definition_takes_them() {
+    let dir = tempfile::tempdir().unwrap();
+    let file = dir.path().join("sensor_readings.toml");
+    let shipped = include_str!("../../../streams/sensor_readings.toml");
+    std::fs::write(&file, shipped).unwrap();
+    let (p, spool) = pipeline(dir.path(), BodyEncoding::Ndjson, 1000);
+    let kept = KeptInvalid::open(&dir.path().join("invalid"), "sensor_readings", 1 << 20).unwrap();
+    let mut p = p
+        .follow_definition(DefinitionFile::new(dir.path(), "sensor_readings"))
+        .keep_invalid(kept);
+    let never = AtomicBool::new(false);
+    let log = Arc::new(Mutex::new(Vec::new()));
+    let humid = |i: usize| {
+        format!(
+            r#"{{"device_id":"d0","sensor":"s","ts":{},"value":1.5,"humidity":{i}.5}}"#,
+            1_700_000_000_000u64 + i as u64
+        )
+    };
+    let mut first: Vec<String> = (0..5).map(humid).collect();
+    first.push("{oops".to_owned());
+    p.push_chunk(chunk(&first, &log, 0), &never).unwrap();
+    p.close_batch(&never).unwrap();
+    p.sync(true).unwrap();
+    assert_eq!((p.stats.invalid, p.stats.batched), (6, 0));
+    assert_eq!(log.lock().unwrap().len(), 1, "acknowledged once kept");
+
+    let with_humidity = shipped.replacen(
+        "[[fields]]",
+        "[[fields]]\nname = \"humidity\"\ntype = \"float64\"\n\n[[fields]]",
+        1,
+    );
+    std::fs::write(&file, &with_humidity).unwrap();
+    p.push_chunk(chunk(&[humid(5)], &log, 1), &never).unwrap();
+    p.close_batch(&never).unwrap();
+    p.sync(true).unwrap();
+    assert_eq!((p.stats.retried, p.stats.batched), (5, 6));
+    // A second try (the next start) finds the garbage only, and the window drops repeats.
+    p.kept
+        .as_mut()
+        .unwrap()
+        .keep(humid(0).as_bytes(), "again", 0);
+    p.retry_kept(&never).unwrap();
+    assert_eq!((p.stats.retried, p.stats.batched), (6, 6));
+    let current = p.current().get();
+    let mut values = Vec::new();
+    while let Some((seq, batch)) = spool.first_pending().unwrap() {
+        for r in batch.records(&current).unwrap() {
+            values.push(r.record.values[current.field_index("humidity").unwrap()].clone());
+        }
+        spool.ack(seq).unwrap();
+    }
+    let mut values: Vec<f64> = values
+        .into_iter()
+        .map(|v| match v {
+            schemas::Value::Float(f) => f,
+            other => panic!("{other:?}"),
+        })
+        .collect();
+    values.sort_by(f64::total_cmp);
+    assert_eq!(values, [0.5, 1.5, 2.5, 3.5, 4.5, 5.5]);
+    let left = p.kept.as_mut().unwrap().take().unwrap();
+    assert_eq!(left.len(), 1, "{left:?}");
+    assert_eq!(left[0].bytes(), b"{oops");
+}
