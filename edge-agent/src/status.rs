@@ -36,6 +36,9 @@ pub struct StreamStatus {
     /// Batches the receiver refused for good, kept under `rejected/`, and their records.
     pub rejected_batches: u64,
     pub rejected_records: u64,
+    /// Bytes of records skipped as invalid, kept under `invalid/` to be tried again when the
+    /// stream's definition changes.
+    pub invalid_kept_bytes: u64,
 }
 
 #[derive(Debug, Serialize)]
@@ -74,6 +77,13 @@ pub fn status(config: &AgentConfig) -> anyhow::Result<Status> {
         streams.push(StreamStatus {
             spool: spool::peek(&spool_root, &stream)?,
             rejected_batches: of_stream.clone().count() as u64,
+            invalid_kept_bytes: ["ndjson", "retrying"]
+                .iter()
+                .filter_map(|ext| {
+                    std::fs::metadata(state.join("invalid").join(format!("{stream}.{ext}"))).ok()
+                })
+                .map(|m| m.len())
+                .sum(),
             rejected_records: of_stream.map(|k| u64::from(k.batch.records)).sum(),
             stream,
         });
@@ -195,6 +205,14 @@ impl fmt::Display for Status {
                 oldest,
                 s.rejected_batches
             )?;
+            if s.invalid_kept_bytes > 0 {
+                writeln!(
+                    f,
+                    "  {} of records skipped as invalid kept under invalid/ (tried again when \
+                     the definition changes)",
+                    size(s.invalid_kept_bytes)
+                )?;
+            }
             if s.spool.unread_bytes > 0 {
                 writeln!(
                     f,

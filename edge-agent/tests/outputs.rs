@@ -590,6 +590,12 @@ async fn lines_skipped_as_invalid_land_once_the_definition_takes_them() {
     assert_eq!((first.pipeline.invalid, first.pipeline.batched), (32, 10));
     let kept = dir.path().join("state/invalid/sensor_readings.ndjson");
     assert_eq!(std::fs::read_to_string(&kept).unwrap().lines().count(), 32);
+    let kept_bytes = || {
+        let status =
+            edge_agent::status::status(&edge_agent::AgentConfig::parse(&cfg).unwrap()).unwrap();
+        status.streams[0].invalid_kept_bytes
+    };
+    assert_eq!(kept_bytes(), std::fs::metadata(&kept).unwrap().len());
 
     std::fs::write(streams.join("sensor_readings.toml"), with_humidity()).unwrap();
     let second = run().await.unwrap().total();
@@ -604,6 +610,7 @@ async fn lines_skipped_as_invalid_land_once_the_definition_takes_them() {
     assert_exactly_once(&landed, &expected);
     let left = std::fs::read_to_string(&kept).unwrap();
     assert_eq!(left.lines().count(), 2, "{left}");
+    assert_eq!(kept_bytes(), left.len() as u64);
 }
 
 /// An agent with the Kafka output and a local HTTP port, on the definitions of `streams`; its
