@@ -95,10 +95,11 @@ impl AppState {
     }
 
     /// A request for `stream`, which no definition in force names. If `<stream>.toml` in
-    /// `streams_dir` appeared or changed since it was last looked at (a `stat`), the directory
-    /// is put in force as at SIGHUP ([`crate::put_definitions_in_force`]: the new stream's
-    /// topic created first when `kafka.create_topics`), and the stream's definition is given if
-    /// it is there now. Requests for a stream that is being added wait for it.
+    /// `streams_dir` appeared or changed since it was last looked at (a `stat`), that file alone
+    /// is put in force ([`crate::put_stream_in_force`]: the new stream's topic created first
+    /// when `kafka.create_topics`; other files of the directory wait for SIGHUP or a restart),
+    /// and the stream's definition is given if it is there now. Requests for a stream that is
+    /// being added wait for it.
     pub async fn defined_since_start(self: &Arc<Self>, stream: &str) -> Option<Arc<StreamDef>> {
         // A name no stream can have (`../x`) is not looked for on disk at all.
         schemas::validate_stream_name(stream).ok()?;
@@ -128,16 +129,15 @@ impl AppState {
         .await
         .ok()
         .flatten()?;
-        match crate::put_definitions_in_force(self, &dir, &kafka).await {
-            Ok((added, _)) => {
+        match crate::put_stream_in_force(self, &dir, stream, &kafka).await {
+            Ok(()) => {
                 tracing::info!(
                     stream,
-                    ?added,
                     "a stream defined after the start is served from now on"
                 );
             }
             Err(e) => {
-                tracing::error!(stream, error = %format!("{e:#}"), "a stream defined after the start cannot be served: the definitions in streams_dir do not load or check");
+                tracing::error!(stream, error = %format!("{e:#}"), "a stream defined after the start cannot be served: its definition does not load, or its topic cannot be created");
             }
         }
         self.stream(stream)

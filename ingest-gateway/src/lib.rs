@@ -143,6 +143,30 @@ pub async fn put_definitions_in_force(
     Ok((update.added, update.changed))
 }
 
+/// Loads the definition of `stream` alone from `dir` (with its dictionaries, a file being
+/// written read whole: [`plumbing::load_stream`]) and puts it in force beside the streams in
+/// force, its topic created first when `kafka.create_topics`: a stream defined after the start,
+/// at its first request. A broken file of another stream does not keep it out.
+pub async fn put_stream_in_force(
+    state: &AppState,
+    dir: &std::path::Path,
+    stream: &str,
+    kafka: &config::KafkaConfig,
+) -> anyhow::Result<()> {
+    let (dir, name) = (dir.to_path_buf(), stream.to_owned());
+    let def = tokio::task::spawn_blocking(move || plumbing::load_stream(&dir, &name)).await??;
+    let mut added = schemas::Streams::default();
+    added.insert(def.clone());
+    metrics::register(&added);
+    if kafka.create_topics {
+        produce::ensure_topics(kafka, &added).await?;
+    }
+    let mut streams = state.streams();
+    streams.insert(def);
+    state.set_streams(streams);
+    Ok(())
+}
+
 /// Builds the router: the ingest API, plus `/metrics`, `/healthz` and `/readyz` when `admin` is
 /// given (they are served on the API's listener).
 pub fn router(state: Arc<AppState>, admin: Option<Health>) -> Router {

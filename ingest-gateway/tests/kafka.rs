@@ -1277,7 +1277,9 @@ async fn stream_definitions_change_without_a_restart() {
     }
     versions.sort();
     assert_eq!(versions, ["2", "3"]);
-    // A new stream: served at its first request, its topic created, no SIGHUP.
+    // A new stream: served at its first request, its topic created, no SIGHUP; a broken file
+    // of another stream (being written, say) does not keep it out.
+    std::fs::write(streams.join("half_written.toml"), "name = \"half_wr").unwrap();
     std::fs::copy(
         shipped.join("vehicle_telemetry.toml"),
         streams.join("vehicle_telemetry.toml"),
@@ -1288,6 +1290,7 @@ async fn stream_definitions_change_without_a_restart() {
         consume(&brokers, &format!("defs{id}.vehicle_telemetry"), 1).len(),
         1
     );
+    std::fs::remove_file(streams.join("half_written.toml")).unwrap();
 
     // `quality` retyped: refused, and the definitions with `humidity` stay.
     std::fs::write(
