@@ -136,9 +136,9 @@ impl KeptInvalid {
     }
 
     /// Takes every kept record for a try: the file is moved aside (what is kept from now on
-    /// goes to a new one), and read with what an unfinished try left. Finish the try with
-    /// [`KeptInvalid::tried`] once what passed is durable.
-    pub fn take(&mut self) -> std::io::Result<Vec<Kept>> {
+    /// goes to a new one), and read a record at a time with what an unfinished try left.
+    /// Finish the try with [`KeptInvalid::tried`] once what passed is durable.
+    pub fn take(&mut self) -> std::io::Result<Taken> {
         self.sync()?;
         self.out = None;
         if self.bytes > 0 || self.path.exists() {
@@ -153,24 +153,13 @@ impl KeptInvalid {
             }
             self.bytes = 0;
         }
-        let Ok(file) = File::open(&self.taken) else {
-            return Ok(Vec::new());
-        };
-        let mut kept = Vec::new();
-        for line in BufReader::new(file).split(b'\n') {
-            let line = line?;
-            if line.trim_ascii().is_empty() {
-                continue;
-            }
-            match serde_json::from_slice(&line) {
-                Ok(k) => kept.push(k),
-                // A torn last line of a crash while keeping: it was not acknowledged.
-                Err(e) => {
-                    tracing::warn!(file = %self.taken.display(), error = %e, "a kept invalid record cannot be read; left out")
-                }
-            }
-        }
-        Ok(kept)
+        let lines = File::open(&self.taken)
+            .ok()
+            .map(|file| BufReader::new(file).split(b'\n'));
+        Ok(Taken {
+            path: self.taken.clone(),
+            lines,
+        })
     }
 
     /// Ends a try: the taken records are gone (those still invalid were kept again).
@@ -179,6 +168,40 @@ impl KeptInvalid {
         match std::fs::remove_file(&self.taken) {
             Err(e) if e.kind() != std::io::ErrorKind::NotFound => Err(e),
             _ => Ok(()),
+        }
+    }
+}
+
+/// The records a try took, read a record at a time (so a large `invalid/` file is not held in
+/// memory whole).
+pub struct Taken {
+    path: PathBuf,
+    lines: Option<std::io::Split<BufReader<File>>>,
+}
+
+impl Iterator for Taken {
+    type Item = Kept;
+
+    fn next(&mut self) -> Option<Kept> {
+        loop {
+            let line = match self.lines.as_mut()?.next()? {
+                Ok(line) => line,
+                Err(e) => {
+                    tracing::error!(file = %self.path.display(), error = %e, "cannot read the kept invalid records; the rest are tried next time");
+                    self.lines = None;
+                    return None;
+                }
+            };
+            if line.trim_ascii().is_empty() {
+                continue;
+            }
+            match serde_json::from_slice(&line) {
+                Ok(k) => return Some(k),
+                // A torn last line of a crash while keeping: it was not acknowledged.
+                Err(e) => {
+                    tracing::warn!(file = %self.path.display(), error = %e, "a kept invalid record cannot be read; left out");
+                }
+            }
         }
     }
 }
@@ -199,7 +222,7 @@ mod tests {
         assert!(kept.any());
         // A new run reads them; one kept during the try goes to a new file.
         let mut again = KeptInvalid::open(dir.path(), "s", 300).unwrap();
-        let taken = again.take().unwrap();
+        let taken: Vec<Kept> = again.take().unwrap().collect();
         assert_eq!(taken.len(), 2);
         assert_eq!(taken[0].bytes(), b"{\"a\":1}");
         assert_eq!(taken[1].bytes(), b"\xff\xfe");
@@ -208,10 +231,10 @@ mod tests {
         // A crash before the try ended: the next take reads both files.
         again.sync().unwrap();
         let mut after_crash = KeptInvalid::open(dir.path(), "s", 300).unwrap();
-        let taken = after_crash.take().unwrap();
+        let taken: Vec<Kept> = after_crash.take().unwrap().collect();
         assert_eq!(taken.len(), 3, "{taken:?}");
         after_crash.tried().unwrap();
         assert!(!after_crash.any());
-        assert!(after_crash.take().unwrap().is_empty());
+        assert_eq!(after_crash.take().unwrap().count(), 0);
     }
 }

@@ -37,6 +37,10 @@ enum Checked {
 /// [`Pipeline::push_chunk`]).
 const DEDUPE_GROUP: usize = 32;
 
+/// Kept invalid records that pass when tried again go into the pipeline in chunks of this size
+/// (a line source's), not all at once.
+const RETRY_CHUNK_BYTES: usize = 256 * 1024;
+
 /// How long a stopping pipeline still takes what its sources queued, waiting for them to stop
 /// (they do within a poll interval; a source that does not is not waited for longer).
 pub const STOP_GRACE: Duration = Duration::from_secs(2);
@@ -322,8 +326,11 @@ impl Pipeline {
             }
         };
         let (mut data, mut passed, mut still, mut lost) = (Vec::new(), 0u64, 0u64, 0u64);
-        for k in &taken {
+        for k in taken {
             let line = k.bytes();
+            let Some(kept) = self.kept.as_mut() else {
+                break;
+            };
             match schemas::check_bytes(&self.def, &line) {
                 Ok(_) => {
                     data.extend_from_slice(&line);
@@ -336,6 +343,11 @@ impl Pipeline {
                         lost += 1;
                     }
                 }
+            }
+            // In chunks of a line source's size, so that a large `invalid/` file is not held
+            // in memory whole.
+            if data.len() >= RETRY_CHUNK_BYTES {
+                self.push_chunk(Chunk::new(std::mem::take(&mut data), None), cancel)?;
             }
         }
         self.not_kept(lost);

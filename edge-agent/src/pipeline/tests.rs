@@ -468,7 +468,50 @@ fn kept_invalid_records_pass_once_the_definition_takes_them() {
         .collect();
     values.sort_by(f64::total_cmp);
     assert_eq!(values, [0.5, 1.5, 2.5, 3.5, 4.5, 5.5]);
-    let left = p.kept.as_mut().unwrap().take().unwrap();
+    let left: Vec<crate::invalid::Kept> = p.kept.as_mut().unwrap().take().unwrap().collect();
     assert_eq!(left.len(), 1, "{left:?}");
     assert_eq!(left[0].bytes(), b"{oops");
+}
+
+/// Many kept records go back in chunks of [`RETRY_CHUNK_BYTES`], every one of them.
+#[test]
+fn a_large_kept_file_is_tried_in_chunks() {
+    let dir = tempfile::tempdir().unwrap();
+    let file = dir.path().join("sensor_readings.toml");
+    let shipped = include_str!("../../../streams/sensor_readings.toml");
+    std::fs::write(&file, shipped).unwrap();
+    let (p, _spool) = pipeline(dir.path(), BodyEncoding::Ndjson, 50_000);
+    let mut kept =
+        KeptInvalid::open(&dir.path().join("invalid"), "sensor_readings", 1 << 24).unwrap();
+    let lines: Vec<String> = (0..5000)
+        .map(|i| {
+            format!(
+                r#"{{"device_id":"d{}","sensor":"s","ts":{},"value":1.5,"humidity":{i}.5}}"#,
+                i % 7,
+                1_700_000_000_000u64 + i as u64
+            )
+        })
+        .collect();
+    for line in &lines {
+        assert!(kept.keep(line.as_bytes(), "field 'humidity' unknown", 0));
+    }
+    assert!(kept.bytes() > 2 * RETRY_CHUNK_BYTES as u64);
+    kept.sync().unwrap();
+    std::fs::write(
+        &file,
+        shipped.replacen(
+            "[[fields]]",
+            "[[fields]]\nname = \"humidity\"\ntype = \"float64\"\n\n[[fields]]",
+            1,
+        ),
+    )
+    .unwrap();
+    let mut p = p
+        .follow_definition(DefinitionFile::new(dir.path(), "sensor_readings"))
+        .keep_invalid(kept);
+    let never = AtomicBool::new(false);
+    // What a record that needs the new definition does: read the file, take the change.
+    p.redefine(&never).unwrap();
+    assert_eq!((p.stats.retried, p.stats.batched), (5000, 5000));
+    assert!(!p.kept.as_ref().unwrap().any());
 }
