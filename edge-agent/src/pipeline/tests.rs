@@ -11,6 +11,24 @@ fn def() -> Arc<StreamDef> {
         .clone()
 }
 
+const SHIPPED: &str = include_str!("../../../streams/sensor_readings.toml");
+
+/// The shipped definition's file in `dir`, for a pipeline to follow.
+fn shipped_file(dir: &Path) -> std::path::PathBuf {
+    let file = dir.join("sensor_readings.toml");
+    std::fs::write(&file, SHIPPED).unwrap();
+    file
+}
+
+/// The shipped definition with a nullable `humidity` first among the fields.
+fn humidity_first() -> String {
+    SHIPPED.replacen(
+        "[[fields]]",
+        "[[fields]]\nname = \"humidity\"\ntype = \"float64\"\n\n[[fields]]",
+        1,
+    )
+}
+
 fn line(i: usize) -> String {
     format!(
         r#"{{"device_id":"d{}","sensor":"s","ts":{},"value":{i}.5}}"#,
@@ -343,9 +361,7 @@ fn a_stop_emits_the_open_downsample_windows() {
 #[test]
 fn a_changed_definition_is_taken_when_a_record_needs_it() {
     let dir = tempfile::tempdir().unwrap();
-    let file = dir.path().join("sensor_readings.toml");
-    let shipped = include_str!("../../../streams/sensor_readings.toml");
-    std::fs::write(&file, shipped).unwrap();
+    let file = shipped_file(dir.path());
     let (p, spool) = downsampling(dir.path(), BodyEncoding::Parquet);
     let mut p = p.follow_definition(DefinitionFile::new(dir.path(), "sensor_readings"));
     let current = p.current();
@@ -354,11 +370,7 @@ fn a_changed_definition_is_taken_when_a_record_needs_it() {
     let lines: Vec<String> = (0..6).map(line).collect();
     p.push_chunk(chunk(&lines, &log, 0), &never).unwrap();
 
-    let humid = shipped.replacen(
-        "[[fields]]",
-        "[[fields]]\nname = \"humidity\"\ntype = \"float64\"\n\n[[fields]]",
-        1,
-    );
+    let humid = humidity_first();
     std::fs::write(&file, &humid).unwrap();
     let set = r#"{"device_id":"d0","sensor":"s","ts":1700000000100,"value":8.5,"humidity":40.5}"#;
     p.push_chunk(chunk(&[set.to_owned()], &log, 1), &never)
@@ -410,9 +422,7 @@ fn a_changed_definition_is_taken_when_a_record_needs_it() {
 #[test]
 fn kept_invalid_records_pass_once_the_definition_takes_them() {
     let dir = tempfile::tempdir().unwrap();
-    let file = dir.path().join("sensor_readings.toml");
-    let shipped = include_str!("../../../streams/sensor_readings.toml");
-    std::fs::write(&file, shipped).unwrap();
+    let file = shipped_file(dir.path());
     let (p, spool) = pipeline(dir.path(), BodyEncoding::Ndjson, 1000);
     let kept = KeptInvalid::open(&dir.path().join("invalid"), "sensor_readings", 1 << 20).unwrap();
     let mut p = p
@@ -434,12 +444,7 @@ fn kept_invalid_records_pass_once_the_definition_takes_them() {
     assert_eq!((p.stats.invalid, p.stats.batched), (6, 0));
     assert_eq!(log.lock().unwrap().len(), 1, "acknowledged once kept");
 
-    let with_humidity = shipped.replacen(
-        "[[fields]]",
-        "[[fields]]\nname = \"humidity\"\ntype = \"float64\"\n\n[[fields]]",
-        1,
-    );
-    std::fs::write(&file, &with_humidity).unwrap();
+    std::fs::write(&file, humidity_first()).unwrap();
     p.push_chunk(chunk(&[humid(5)], &log, 1), &never).unwrap();
     p.close_batch(&never).unwrap();
     p.sync(true).unwrap();
@@ -477,9 +482,7 @@ fn kept_invalid_records_pass_once_the_definition_takes_them() {
 #[test]
 fn a_large_kept_file_is_tried_in_chunks() {
     let dir = tempfile::tempdir().unwrap();
-    let file = dir.path().join("sensor_readings.toml");
-    let shipped = include_str!("../../../streams/sensor_readings.toml");
-    std::fs::write(&file, shipped).unwrap();
+    let file = shipped_file(dir.path());
     let (p, _spool) = pipeline(dir.path(), BodyEncoding::Ndjson, 50_000);
     let mut kept =
         KeptInvalid::open(&dir.path().join("invalid"), "sensor_readings", 1 << 24).unwrap();
@@ -497,15 +500,7 @@ fn a_large_kept_file_is_tried_in_chunks() {
     }
     assert!(kept.bytes() > 2 * RETRY_CHUNK_BYTES as u64);
     kept.sync().unwrap();
-    std::fs::write(
-        &file,
-        shipped.replacen(
-            "[[fields]]",
-            "[[fields]]\nname = \"humidity\"\ntype = \"float64\"\n\n[[fields]]",
-            1,
-        ),
-    )
-    .unwrap();
+    std::fs::write(&file, humidity_first()).unwrap();
     let mut p = p
         .follow_definition(DefinitionFile::new(dir.path(), "sensor_readings"))
         .keep_invalid(kept);
