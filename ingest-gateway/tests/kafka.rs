@@ -1495,6 +1495,64 @@ async fn rejected_records_are_redriven_once_a_definition_takes_them() {
         24,
         "the dead letters stay"
     );
+
+    // The command as an operator runs it: a dry run's JSON report, `--since` as RFC 3339 or
+    // epoch milliseconds (after the dead letters: none redriven), and a time it cannot read.
+    let dir = tempfile::tempdir().unwrap();
+    let streams_dir = dir.path().join("streams");
+    std::fs::create_dir(&streams_dir).unwrap();
+    std::fs::write(streams_dir.join("sensor_readings.toml"), &extended).unwrap();
+    let config = dir.path().join("gateway.toml");
+    std::fs::write(
+        &config,
+        format!(
+            "streams_dir = {streams_dir:?}\n[kafka]\nbrokers = \"{brokers}\"\n\
+             topic_prefix = \"{prefix}\"\ndead_letter_topic = \"{dlq}\"\n"
+        ),
+    )
+    .unwrap();
+    let run = |since: &str| {
+        let out = Command::new(env!("CARGO_BIN_EXE_ingest-gateway"))
+            .args([
+                "redrive",
+                "--stream",
+                "sensor_readings",
+                "--dry-run",
+                "--since",
+                since,
+            ])
+            .arg("--config")
+            .arg(&config)
+            .output()
+            .unwrap();
+        let report = serde_json::from_slice::<Value>(&out.stdout).unwrap_or_default();
+        (
+            out.status.success(),
+            report,
+            String::from_utf8_lossy(&out.stderr).into_owned(),
+        )
+    };
+    let (ok, report, stderr) = run("1970-01-01T00:00:00Z");
+    assert!(ok, "{stderr}");
+    assert_eq!(
+        (&report["redriven"], &report["dry_run"]),
+        (&json!(20), &json!(true)),
+        "{report}"
+    );
+    let later = (report["read_through_ms"].as_i64().unwrap() + 1).to_string();
+    let (ok, report, stderr) = run(&later);
+    assert!(ok, "{stderr}");
+    assert_eq!(
+        (&report["redriven"], &report["before_since"]),
+        (&json!(0), &json!(24)),
+        "{report}"
+    );
+    let (ok, _, stderr) = run("yesterday");
+    assert!(!ok);
+    assert!(
+        stderr.contains("neither RFC 3339 nor epoch milliseconds"),
+        "{stderr}"
+    );
 }
 
 /// `redrive --since` leaves out the dead letters older than that time (their Kafka timestamps),

@@ -221,3 +221,77 @@ async fn dead_letters_are_redriven_once_a_definition_takes_them() {
         "dead-letter objects are neither changed nor deleted"
     );
 }
+
+/// The command as an operator runs it, on a landing directory and without brokers: a dry run
+/// needs no Kafka, reads the dead letters, and prints the JSON report; wrong options are told.
+#[test]
+fn the_redrive_command_reports_a_dry_run_on_a_directory() {
+    let dir = tempfile::tempdir().unwrap();
+    let streams = dir.path().join("streams");
+    std::fs::create_dir(&streams).unwrap();
+    std::fs::write(
+        streams.join("sensor_readings.toml"),
+        include_str!("../../streams/sensor_readings.toml"),
+    )
+    .unwrap();
+    let dead = dir
+        .path()
+        .join("landing/landing/_dead_letters/sensor_readings/date=2026-11-25/hour=04");
+    std::fs::create_dir_all(&dead).unwrap();
+    let valid = r#"{"device_id":"d1","sensor":"s","ts":1767225600000,"value":1.5}"#;
+    let line = |offset: i64, payload: &[u8]| {
+        json!({"topic": "ingest.sensor_readings", "partition": 0, "offset": offset,
+               "ingest_ts": 1_764_043_200_000_000i64, "reason": "r",
+               "payload_hex": hex::encode(payload)})
+        .to_string()
+    };
+    std::fs::write(
+        dead.join("sensor_readings-p0-o00000000000000000005.ndjson"),
+        format!("{}\n{}\n", line(5, valid.as_bytes()), line(9, b"{oops")),
+    )
+    .unwrap();
+    let config = dir.path().join("sink.toml");
+    std::fs::write(
+        &config,
+        format!(
+            "streams_dir = {streams:?}\n[kafka]\nbrokers = \"127.0.0.1:1\"\n\
+             [store]\ntype = \"local\"\npath = {:?}\n",
+            dir.path().join("landing")
+        ),
+    )
+    .unwrap();
+    let sink = env!("CARGO_BIN_EXE_sink");
+    let run = |args: &[&str]| {
+        std::process::Command::new(sink)
+            .arg("redrive")
+            .arg("--config")
+            .arg(&config)
+            .args(args)
+            .output()
+            .unwrap()
+    };
+    let out = run(&["--stream", "sensor_readings", "--dry-run"]);
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let report: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
+    assert_eq!(
+        (
+            &report["objects"],
+            &report["records"],
+            &report["redriven"],
+            &report["still_invalid"],
+            &report["dry_run"]
+        ),
+        (&json!(1), &json!(2), &json!(1), &json!(1), &json!(true)),
+        "{report}"
+    );
+    let out = run(&["--stream", "sensor_readings", "--hour", "4"]);
+    assert!(!out.status.success());
+    assert!(String::from_utf8_lossy(&out.stderr).contains("--hour needs --date"));
+    let out = run(&["--stream", "nosuch"]);
+    assert!(!out.status.success());
+    assert!(String::from_utf8_lossy(&out.stderr).contains("no stream 'nosuch'"));
+}
