@@ -16,7 +16,7 @@
 //! sinks drop them by content hash (their dedupe window), as any record re-sent. Nothing is
 //! deleted: dead-letter objects stay, for the record.
 
-use std::collections::{BTreeMap, BTreeSet};
+use std::collections::{BTreeMap, BTreeSet, HashMap};
 
 use anyhow::Context as _;
 use bytes::Bytes;
@@ -92,7 +92,7 @@ pub async fn redrive(
         .filter(|k| k.ends_with(".ndjson"))
         .collect();
     objects.sort();
-    let notes = store.list(&note_prefix).await?;
+    let notes = notes_by_object(store.list(&note_prefix).await?);
     // Made at the first record to produce: a run with nothing to do needs no brokers.
     let mut producer = None;
     let mut report = RedriveReport {
@@ -106,7 +106,7 @@ pub async fn redrive(
             .strip_prefix(&format!("{}/_dead_letters/", config.key_prefix))
             .expect("listed under the prefix");
         let note_key_start = format!("{}/_redriven/{relative}.", config.key_prefix);
-        let done = redriven_before(&store, &notes, &note_key_start).await?;
+        let done = redriven_before(&store, notes.get(relative)).await?;
         let data = store
             .get(key)
             .await?
@@ -178,14 +178,30 @@ fn folder(options: &RedriveOptions) -> anyhow::Result<String> {
     }
 }
 
+/// The keys of the notes under `_redriven/`, by the path of their object under the dead
+/// letters (`<path>.<ms>.json`).
+fn notes_by_object(keys: Vec<String>) -> HashMap<String, Vec<String>> {
+    let mut by_object: HashMap<String, Vec<String>> = HashMap::new();
+    for key in keys {
+        let object = key
+            .split_once("/_redriven/")
+            .and_then(|(_, path)| path.strip_suffix(".json"))
+            .and_then(|path| path.rsplit_once('.'))
+            .map(|(object, _ms)| object.to_owned());
+        if let Some(object) = object {
+            by_object.entry(object).or_default().push(key);
+        }
+    }
+    by_object
+}
+
 /// The offsets of an object that earlier runs produced again, from its notes.
 async fn redriven_before(
     store: &ObjectStore,
-    notes: &[String],
-    start: &str,
+    notes: Option<&Vec<String>>,
 ) -> anyhow::Result<BTreeSet<i64>> {
     let mut done = BTreeSet::new();
-    for key in notes.iter().filter(|k| k.starts_with(start)) {
+    for key in notes.into_iter().flatten() {
         let Some(data) = store.get(key).await? else {
             continue;
         };
@@ -266,5 +282,19 @@ mod tests {
         assert!(folder(&opts(Some("2026-11-25"), Some(24))).is_err());
         assert!(folder(&opts(Some("25.11.2026"), None)).is_err());
         assert!(folder(&opts(Some("../x"), None)).is_err());
+    }
+
+    #[test]
+    fn notes_are_found_by_their_object() {
+        let object = "s/date=2026-11-25/hour=04/s-p0-o00000000000000000005.ndjson";
+        let notes = notes_by_object(vec![
+            format!("landing/_redriven/{object}.1764043200000.json"),
+            format!("landing/_redriven/{object}.1764043200001.json"),
+            "landing/_redriven/s/date=2026-11-25/hour=04/s-p0-o00000000000000000050.ndjson.1.json"
+                .to_owned(),
+            "landing/_redriven/stray".to_owned(),
+        ]);
+        assert_eq!(notes[object].len(), 2);
+        assert_eq!(notes.len(), 2);
     }
 }
