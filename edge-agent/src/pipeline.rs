@@ -802,25 +802,28 @@ impl Pipeline {
                 self.durable = durable;
             }
         }
-        if let Some(kept) = self.kept.as_mut() {
-            // Kept before the chunks they came in are acknowledged; a failure (a full disk)
-            // loses them as before keeping, and is logged.
-            match kept.sync() {
-                Ok(false) => {}
-                Ok(true) => {
-                    metrics::gauge!(m::INVALID_KEPT_BYTES, "stream" => self.def.name.clone())
-                        .set(kept.bytes() as f64)
-                }
-                Err(e) => {
-                    tracing::error!(stream = %self.def.name, error = %e, "cannot make the kept invalid records durable");
-                }
-            }
-        }
         self.fire_ready();
         Ok(())
     }
 
+    /// Makes the invalid records kept so far durable: before the chunks they came in are
+    /// acknowledged. A failure (a full disk) loses them as before keeping, and is logged.
+    fn sync_kept(&mut self) {
+        let Some(kept) = self.kept.as_mut() else {
+            return;
+        };
+        match kept.sync() {
+            Ok(false) => {}
+            Ok(true) => metrics::gauge!(m::INVALID_KEPT_BYTES, "stream" => self.def.name.clone())
+                .set(kept.bytes() as f64),
+            Err(e) => {
+                tracing::error!(stream = %self.def.name, error = %e, "cannot make the kept invalid records durable");
+            }
+        }
+    }
+
     fn fire_ready(&mut self) {
+        self.sync_kept();
         while let Some((seq, _)) = self.waiting.front() {
             if seq.is_some_and(|s| s >= self.durable) {
                 break;

@@ -510,3 +510,28 @@ fn a_large_kept_file_is_tried_in_chunks() {
     assert_eq!((p.stats.retried, p.stats.batched), (5000, 5000));
     assert!(!p.kept.as_ref().unwrap().any());
 }
+
+/// A chunk of invalid lines only is acknowledged at once (nothing to spool), and its lines are
+/// kept before that: the callback finds them in the file. Before, they were still in the
+/// keeper's buffer when the chunk was acknowledged, and a crash then lost them.
+#[test]
+fn invalid_lines_are_kept_before_their_chunk_is_acknowledged() {
+    let dir = tempfile::tempdir().unwrap();
+    let (p, _spool) = pipeline(dir.path(), BodyEncoding::Ndjson, 1000);
+    let invalid = dir.path().join("invalid");
+    let kept = KeptInvalid::open(&invalid, "sensor_readings", 1 << 20).unwrap();
+    let mut p = p.keep_invalid(kept);
+    let seen = Arc::new(Mutex::new(None));
+    let file = invalid.join("sensor_readings.ndjson");
+    let done: Done = {
+        let seen = seen.clone();
+        Box::new(move |_| {
+            *seen.lock().unwrap() = Some(std::fs::read_to_string(&file).unwrap_or_default());
+        })
+    };
+    let never = AtomicBool::new(false);
+    p.push_chunk(Chunk::new(b"{oops\n[1]\n".to_vec(), Some(done)), &never)
+        .unwrap();
+    let seen = seen.lock().unwrap().clone().expect("acknowledged");
+    assert_eq!(seen.lines().count(), 2, "{seen:?}");
+}
