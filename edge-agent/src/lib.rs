@@ -253,7 +253,7 @@ impl Starter {
             tracing::info!(stream = %name, ?recovery, "spool recovered");
         }
         let spool = Arc::new(spool);
-        let pipeline = Pipeline::new(
+        let mut pipeline = Pipeline::new(
             def,
             &settings,
             config.batch.clone(),
@@ -261,12 +261,12 @@ impl Starter {
             spool.clone(),
             &self.dedupe_dir,
         )?
-        .follow_definition(plumbing::DefinitionFile::new(&config.streams_dir, &name))
-        .keep_invalid(KeptInvalid::open(
-            &self.invalid_dir,
-            &name,
-            config.spool.invalid_max_bytes(),
-        )?);
+        .follow_definition(plumbing::DefinitionFile::new(&config.streams_dir, &name));
+        // `invalid_max_mb = 0` keeps none: invalid records are only counted, as before keeping.
+        let max = config.spool.invalid_max_bytes();
+        if max > 0 {
+            pipeline = pipeline.keep_invalid(KeptInvalid::open(&self.invalid_dir, &name, max)?);
+        }
         let def = pipeline.current();
         tracing::info!(stream = %name, dedupe_bytes = pipeline.dedupe_memory_bytes(), "stream ready");
         let (tx, rx) = std::sync::mpsc::sync_channel(QUEUED_CHUNKS);

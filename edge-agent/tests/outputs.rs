@@ -611,6 +611,22 @@ async fn lines_skipped_as_invalid_land_once_the_definition_takes_them() {
     let left = std::fs::read_to_string(&kept).unwrap();
     assert_eq!(left.lines().count(), 2, "{left}");
     assert_eq!(kept_bytes(), left.len() as u64);
+
+    // `invalid_max_mb = 0` keeps none: a garbage line is counted, and the file stays as it was.
+    let mut appended = std::fs::OpenOptions::new()
+        .append(true)
+        .open(&file)
+        .unwrap();
+    std::io::Write::write_all(&mut appended, b"{bad\n").unwrap();
+    let none = cfg.replace("[batch]\n", "[spool]\ninvalid_max_mb = 0\n[batch]\n");
+    let config = edge_agent::AgentConfig::parse(&none).unwrap();
+    let loaded = plumbing::load_streams_dir(&streams).unwrap();
+    let third = edge_agent::run(config, loaded, tokio_util::sync::CancellationToken::new())
+        .await
+        .unwrap()
+        .total();
+    assert_eq!((third.pipeline.invalid, third.pipeline.retried), (1, 0));
+    assert_eq!(std::fs::read_to_string(&kept).unwrap(), left);
 }
 
 /// An agent with the Kafka output and a local HTTP port, on the definitions of `streams`; its
