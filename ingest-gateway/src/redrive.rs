@@ -18,11 +18,10 @@ use std::time::{Duration, Instant};
 
 use anyhow::Context as _;
 use plumbing::kafka::{DLQ_HEADER_STREAM, DLQ_HEADER_TRUNCATED, GroupProducer, Messages};
-use plumbing::redrive::{PRODUCE_TIMEOUT, Tally};
-use rdkafka::consumer::{BaseConsumer, Consumer as _};
+use plumbing::redrive::Tally;
+use rdkafka::consumer::{Consumer as _, StreamConsumer};
 use rdkafka::error::KafkaError;
 use rdkafka::message::{Headers as _, Message as _};
-use rdkafka::producer::Producer as _;
 use rdkafka::{ClientConfig, Offset, TopicPartitionList};
 use schemas::Streams;
 use serde::Serialize;
@@ -76,7 +75,11 @@ pub async fn redrive(
     let def = plumbing::redrive::definition(streams, stream, &config.streams_dir)?;
     let dlq = config.kafka.dead_letter_topic.clone();
     let topic = schemas::wire::topic_name(&config.kafka.topic_prefix, stream);
-    let (consumer, mut left) = reader(config, &dlq)?;
+    let (consumer, mut left) = {
+        // Metadata and watermarks are blocking calls: on the blocking pool.
+        let (config, dlq) = (config.clone(), dlq.clone());
+        tokio::task::spawn_blocking(move || reader(&config, &dlq)).await??
+    };
     let producer = if options.dry_run {
         None
     } else {
@@ -93,17 +96,18 @@ pub async fn redrive(
     let mut messages = Messages::new(def, CHUNK, 0);
     let mut last = Instant::now();
     while !left.is_empty() {
-        let message = match consumer.poll(Duration::from_millis(200)) {
-            Some(Err(KafkaError::PartitionEOF(partition))) => {
+        let message = match tokio::time::timeout(Duration::from_millis(200), consumer.recv()).await
+        {
+            Ok(Err(KafkaError::PartitionEOF(partition))) => {
                 left.remove(&partition);
                 continue;
             }
-            Some(m) => m.with_context(|| format!("cannot read {dlq}"))?,
-            None if last.elapsed() > QUIET => anyhow::bail!(
+            Ok(m) => m.with_context(|| format!("cannot read {dlq}"))?,
+            Err(_) if last.elapsed() > QUIET => anyhow::bail!(
                 "{dlq} gave nothing for {QUIET:?} before its end: partitions {:?} short",
                 left.iter().collect::<Vec<_>>()
             ),
-            None => continue,
+            Err(_) => continue,
         };
         last = Instant::now();
         report.read += 1;
@@ -135,9 +139,6 @@ pub async fn redrive(
         }
     }
     send(producer.as_ref(), &topic, &mut messages, def).await?;
-    if let Some(producer) = producer {
-        producer.flush(PRODUCE_TIMEOUT)?;
-    }
     Ok(report)
 }
 
@@ -160,7 +161,7 @@ async fn send(
 
 /// A consumer assigned every partition of `dlq` with something in it, from its start, and those
 /// partitions: each is read until the consumer reaches its end (an EOF event).
-fn reader(config: &GatewayConfig, dlq: &str) -> anyhow::Result<(BaseConsumer, BTreeSet<i32>)> {
+fn reader(config: &GatewayConfig, dlq: &str) -> anyhow::Result<(StreamConsumer, BTreeSet<i32>)> {
     let mut client = ClientConfig::new();
     client
         .set("bootstrap.servers", &config.kafka.brokers)
@@ -173,7 +174,7 @@ fn reader(config: &GatewayConfig, dlq: &str) -> anyhow::Result<(BaseConsumer, BT
         config.kafka.tls.as_ref(),
         config.kafka.sasl.as_ref(),
     )?;
-    let consumer: BaseConsumer = client.create()?;
+    let consumer: StreamConsumer = client.create()?;
     let timeout = Duration::from_secs(10);
     let metadata = consumer
         .fetch_metadata(Some(dlq), timeout)

@@ -12,7 +12,7 @@ use serde::Serialize;
 use crate::kafka::{DeliveryGroup, GroupProducer, Messages};
 
 /// How long Kafka has to acknowledge what one call of [`produce`] hands over.
-pub const PRODUCE_TIMEOUT: Duration = Duration::from_secs(60);
+const PRODUCE_TIMEOUT: Duration = Duration::from_secs(60);
 
 /// Longest reason kept as a key of [`Tally::reasons`].
 const REASON_CHARS: usize = 200;

@@ -21,8 +21,7 @@ use std::collections::{BTreeMap, BTreeSet, HashMap};
 use anyhow::Context as _;
 use bytes::Bytes;
 use plumbing::kafka::{GroupProducer, Messages};
-use plumbing::redrive::{PRODUCE_TIMEOUT, Tally};
-use rdkafka::producer::Producer as _;
+use plumbing::redrive::Tally;
 use schemas::{StreamDef, Streams};
 use serde::{Deserialize, Serialize};
 
@@ -154,9 +153,6 @@ pub async fn redrive(
             still_invalid = report.tally.still_invalid,
             "dead-letter object redriven"
         );
-    }
-    if let Some(producer) = producer {
-        producer.flush(PRODUCE_TIMEOUT)?;
     }
     Ok(report)
 }
