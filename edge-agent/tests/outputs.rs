@@ -629,6 +629,22 @@ async fn lines_skipped_as_invalid_land_once_the_definition_takes_them() {
     assert_eq!(std::fs::read_to_string(&kept).unwrap(), left);
 }
 
+/// Posts `body` to the agent's local port for `stream`.
+fn post_local(
+    port: u16,
+    stream: &str,
+    content_type: &'static str,
+    body: Vec<u8>,
+) -> impl Future<Output = reqwest::Result<reqwest::Response>> + use<> {
+    reqwest::Client::new()
+        .post(format!(
+            "http://127.0.0.1:{port}/v1/streams/{stream}/records"
+        ))
+        .header("content-type", content_type)
+        .body(body)
+        .send()
+}
+
 /// An agent with the Kafka output and a local HTTP port, on the definitions of `streams`; its
 /// port, its shutdown token and its run.
 async fn local_port_agent(
@@ -686,13 +702,12 @@ async fn a_stream_defined_after_the_start_is_served_by_the_local_port() {
         body.push('\n');
     }
     let post = |stream: &str| {
-        reqwest::Client::new()
-            .post(format!(
-                "http://127.0.0.1:{port}/v1/streams/{stream}/records"
-            ))
-            .header("content-type", "application/x-ndjson")
-            .body(body.clone())
-            .send()
+        post_local(
+            port,
+            stream,
+            "application/x-ndjson",
+            body.clone().into_bytes(),
+        )
     };
     assert_eq!(post("vehicle_telemetry").await.unwrap().status(), 404);
     std::fs::write(dir.path().join("escape.toml"), shipped).unwrap();
@@ -734,13 +749,12 @@ async fn the_local_port_reads_a_parquet_column_a_changed_definition_added() {
     columns.push(&valid.record);
     let body = columns.finish(&new, 3).unwrap();
     let post = || {
-        reqwest::Client::new()
-            .post(format!(
-                "http://127.0.0.1:{port}/v1/streams/sensor_readings/records"
-            ))
-            .header("content-type", "application/vnd.apache.parquet")
-            .body(body.clone())
-            .send()
+        post_local(
+            port,
+            "sensor_readings",
+            "application/vnd.apache.parquet",
+            body.clone(),
+        )
     };
     assert_eq!(post().await.unwrap().status(), 400);
     std::fs::write(streams.join("sensor_readings.toml"), &extended).unwrap();
