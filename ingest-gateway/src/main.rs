@@ -46,14 +46,15 @@ enum Command {
     /// Produces the records of a stream that the gateway rejected (kafka.dead_letter_topic) and
     /// that its definition in streams_dir takes now (after a fix) to the stream's topic, for the
     /// sinks to land; the rest stay, counted by reason. Reads the dead-letter topic to its end
-    /// and prints a JSON report, with the time to give --since next.
+    /// and prints a JSON report. What a run produced is noted in the dead-letter topic, and
+    /// later runs leave it out.
     Redrive {
         /// The stream whose rejected records to redrive.
         #[arg(long)]
         stream: String,
         /// Only records rejected at or after this time: RFC 3339 (2026-11-25T08:00:00Z) or
-        /// milliseconds since the epoch. Default: the topic's start. A window read twice is
-        /// produced twice (the sinks drop the copies they still remember).
+        /// milliseconds since the epoch. Default: the topic's start (what earlier runs
+        /// produced is left out all the same; --since only spares reading older records).
         #[arg(long, value_parser = parse_since)]
         since: Option<i64>,
         /// Check and count only: produce nothing.

@@ -6,25 +6,34 @@
 //! most do not send them again (an agent counts them and goes on), so records rejected because
 //! a gateway's definition lagged behind its producers (its file not yet updated) were lost for
 //! the landing zone. `redrive --stream S` reads the dead-letter topic from its start to its end,
-//! checks each record of stream `S` (from `--since` on) against the definition in `streams_dir`
-//! as it is now, and produces those that pass to the stream's topic in the gateway's wire format (the `ingest-ts` is the redrive's); the sinks land them like any
+//! checks each record of stream `S` (from `--since` on) against the
+//! definition in `streams_dir` as it is now, and produces those that pass to the stream's topic
+//! in the gateway's wire format (the `ingest-ts` is the redrive's); the sinks land them like any
 //! record. Records still invalid, and those cut at 64 KiB in the dead-letter topic, stay, counted.
-//! The dead-letter topic is only read. The run keeps no state: a window read twice produces its
-//! records twice, and the sinks drop the second copy by content hash within their dedupe window,
-//! so give `--since` the time of the fix (or of the last run's end, which the report gives).
+//!
+//! Dead letters are never changed. Once Kafka acknowledged a group of redriven records, a
+//! *redrive note* listing their dead-letter offsets is appended to the dead-letter topic itself
+//! (header `redriven` = the stream, no `stream` header, so readers of dead letters pass it by),
+//! and a later run reads the notes first and leaves those records out. So runs may overlap
+//! (a `--since` too early, or none) without producing a record twice; only a crash between
+//! Kafka's acknowledgement and the note does, and the sinks drop such a copy by content hash
+//! within their dedupe window.
 
-use std::collections::{BTreeSet, HashMap};
+use std::collections::{BTreeMap, BTreeSet, HashSet};
 use std::time::{Duration, Instant};
 
 use anyhow::Context as _;
-use plumbing::kafka::{DLQ_HEADER_STREAM, DLQ_HEADER_TRUNCATED, GroupProducer, Messages};
+use plumbing::kafka::{
+    DLQ_HEADER_REDRIVEN, DLQ_HEADER_STREAM, DLQ_HEADER_TRUNCATED, DeliveryGroup, GroupProducer,
+    Messages,
+};
 use plumbing::redrive::Tally;
 use rdkafka::consumer::{Consumer as _, StreamConsumer};
 use rdkafka::error::KafkaError;
-use rdkafka::message::{Headers as _, Message as _};
+use rdkafka::message::{BorrowedMessage, Header, Headers as _, Message as _, OwnedHeaders};
 use rdkafka::{ClientConfig, Offset, TopicPartitionList};
 use schemas::Streams;
-use serde::Serialize;
+use serde::{Deserialize, Serialize};
 
 use crate::GatewayConfig;
 
@@ -32,6 +41,15 @@ use crate::GatewayConfig;
 const CHUNK: usize = 10_000;
 /// How long the dead-letter topic may give nothing before its end is reached.
 const QUIET: Duration = Duration::from_secs(30);
+/// Most offsets in one redrive note (its value stays far below Kafka's 1 MB message limit).
+const NOTE_OFFSETS: usize = 2_000;
+
+/// A redrive note's value: dead letters of one partition that a run produced again.
+#[derive(Debug, Serialize, Deserialize)]
+struct Note {
+    partition: i32,
+    offsets: Vec<i64>,
+}
 
 /// What to redrive.
 #[derive(Debug, Clone, Default)]
@@ -51,12 +69,14 @@ pub struct RedriveReport {
     pub stream: String,
     /// The dead-letter topic read.
     pub dead_letter_topic: String,
-    /// Its messages read, of every stream.
+    /// Its dead letters read, of every stream (redrive notes are not counted).
     pub read: u64,
     /// Of those, the ones older than `--since` (by their Kafka timestamp), left out.
     pub before_since: u64,
     /// Of the stream, those cut at 64 KiB in the dead-letter topic: they cannot be redriven.
     pub truncated: u64,
+    /// Of the stream, those an earlier run redrove (its redrive notes list them): left out.
+    pub redriven_before: u64,
     /// Of the stream, checked against the definition as it is now.
     #[serde(flatten)]
     pub tally: Tally,
@@ -75,10 +95,10 @@ pub async fn redrive(
     let def = plumbing::redrive::definition(streams, stream, &config.streams_dir)?;
     let dlq = config.kafka.dead_letter_topic.clone();
     let topic = schemas::wire::topic_name(&config.kafka.topic_prefix, stream);
-    let (consumer, mut left) = {
+    let starts = {
         // Metadata and watermarks are blocking calls: on the blocking pool.
         let (config, dlq) = (config.clone(), dlq.clone());
-        tokio::task::spawn_blocking(move || reader(&config, &dlq)).await??
+        tokio::task::spawn_blocking(move || starts(&config, &dlq)).await??
     };
     let producer = if options.dry_run {
         None
@@ -93,23 +113,31 @@ pub async fn redrive(
         dry_run: options.dry_run,
         ..RedriveReport::default()
     };
+    // First the notes of earlier runs: one may come after (or in another partition than) the
+    // dead letters it lists.
+    let mut done = HashSet::new();
+    let mut reader = Reader::new(config, &dlq, &starts).await?;
+    while let Some(message) = reader.next().await? {
+        if header(&message, DLQ_HEADER_REDRIVEN) == Some(stream.as_bytes()) {
+            let note: Note = match serde_json::from_slice(message.payload().unwrap_or_default()) {
+                Ok(note) => note,
+                Err(e) => {
+                    tracing::warn!(partition = message.partition(), offset = message.offset(), error = %e, "a redrive note that cannot be read: left alone");
+                    continue;
+                }
+            };
+            done.extend(note.offsets.into_iter().map(|o| (note.partition, o)));
+        }
+    }
+    drop(reader);
+
     let mut messages = Messages::new(def, CHUNK, 0);
-    let mut last = Instant::now();
-    while !left.is_empty() {
-        let message = match tokio::time::timeout(Duration::from_millis(200), consumer.recv()).await
-        {
-            Ok(Err(KafkaError::PartitionEOF(partition))) => {
-                left.remove(&partition);
-                continue;
-            }
-            Ok(m) => m.with_context(|| format!("cannot read {dlq}"))?,
-            Err(_) if last.elapsed() > QUIET => anyhow::bail!(
-                "{dlq} gave nothing for {QUIET:?} before its end: partitions {:?} short",
-                left.iter().collect::<Vec<_>>()
-            ),
-            Err(_) => continue,
-        };
-        last = Instant::now();
+    let mut offsets = BTreeMap::<i32, Vec<i64>>::new();
+    let mut reader = Reader::new(config, &dlq, &starts).await?;
+    while let Some(message) = reader.next().await? {
+        if header(&message, DLQ_HEADER_REDRIVEN).is_some() {
+            continue;
+        }
         report.read += 1;
         let at = message.timestamp().to_millis();
         report.read_through_ms = report.read_through_ms.max(at);
@@ -119,34 +147,63 @@ pub async fn redrive(
             report.before_since += 1;
             continue;
         }
-        let headers: HashMap<&str, &[u8]> = message
-            .headers()
-            .map(|h| h.iter().filter_map(|h| Some((h.key, h.value?))).collect())
-            .unwrap_or_default();
-        if headers.get(DLQ_HEADER_STREAM) != Some(&stream.as_bytes()) {
+        if header(&message, DLQ_HEADER_STREAM) != Some(stream.as_bytes()) {
             continue;
         }
-        if headers.get(DLQ_HEADER_TRUNCATED) == Some(&&b"true"[..]) {
+        if done.contains(&(message.partition(), message.offset())) {
+            report.redriven_before += 1;
+            continue;
+        }
+        if header(&message, DLQ_HEADER_TRUNCATED) == Some(b"true") {
             report.truncated += 1;
             continue;
         }
         let payload = message.payload().unwrap_or_default();
         if let Some(valid) = report.tally.check(def, payload) {
             messages.push(def, &valid);
+            offsets
+                .entry(message.partition())
+                .or_default()
+                .push(message.offset());
         }
         if messages.len() >= CHUNK {
-            send(producer.as_ref(), &topic, &mut messages, def).await?;
+            send(
+                producer.as_ref(),
+                (&topic, &dlq, stream),
+                &mut messages,
+                &mut offsets,
+                def,
+            )
+            .await?;
         }
     }
-    send(producer.as_ref(), &topic, &mut messages, def).await?;
+    send(
+        producer.as_ref(),
+        (&topic, &dlq, stream),
+        &mut messages,
+        &mut offsets,
+        def,
+    )
+    .await?;
     Ok(report)
 }
 
-/// Produces what `messages` holds (nothing with a dry run) and empties it.
+/// The value of a message's header `key`.
+fn header<'a>(message: &'a BorrowedMessage<'_>, key: &str) -> Option<&'a [u8]> {
+    message
+        .headers()?
+        .iter()
+        .find(|h| h.key == key)
+        .and_then(|h| h.value)
+}
+
+/// Produces what `messages` holds to `topic`, then, once Kafka acknowledged it, the redrive
+/// notes of their dead-letter `offsets` to `dlq` (nothing with a dry run), and empties both.
 async fn send(
     producer: Option<&GroupProducer>,
-    topic: &str,
+    (topic, dlq, stream): (&str, &str, &str),
     messages: &mut Messages,
+    offsets: &mut BTreeMap<i32, Vec<i64>>,
     def: &schemas::StreamDef,
 ) -> anyhow::Result<()> {
     if let Some(producer) = producer
@@ -154,27 +211,34 @@ async fn send(
     {
         plumbing::redrive::produce(producer, [(topic, &*messages)]).await?;
         tracing::info!(records = messages.len(), topic, "redriven");
+        let mut group = DeliveryGroup::new();
+        for (&partition, offsets) in offsets.iter() {
+            for offsets in offsets.chunks(NOTE_OFFSETS) {
+                let note = serde_json::to_vec(&Note {
+                    partition,
+                    offsets: offsets.to_vec(),
+                })?;
+                let headers = OwnedHeaders::new().insert(Header {
+                    key: DLQ_HEADER_REDRIVEN,
+                    value: Some(stream),
+                });
+                group
+                    .send(producer, dlq, stream, &note, headers)
+                    .with_context(|| format!("cannot produce a redrive note to {dlq}"))?;
+            }
+        }
+        plumbing::redrive::settle(group)
+            .await
+            .with_context(|| format!("redrive notes to {dlq}: the records were produced, and a later run produces them again"))?;
     }
     *messages = Messages::new(def, CHUNK, 0);
+    offsets.clear();
     Ok(())
 }
 
-/// A consumer assigned every partition of `dlq` with something in it, from its start, and those
-/// partitions: each is read until the consumer reaches its end (an EOF event).
-fn reader(config: &GatewayConfig, dlq: &str) -> anyhow::Result<(StreamConsumer, BTreeSet<i32>)> {
-    let mut client = ClientConfig::new();
-    client
-        .set("bootstrap.servers", &config.kafka.brokers)
-        .set("group.id", "ingest-gateway-redrive")
-        .set("enable.auto.commit", "false")
-        .set("enable.auto.offset.store", "false")
-        .set("enable.partition.eof", "true");
-    plumbing::kafka_security::apply(
-        &mut client,
-        config.kafka.tls.as_ref(),
-        config.kafka.sasl.as_ref(),
-    )?;
-    let consumer: StreamConsumer = client.create()?;
+/// The dead-letter topic's partitions with something in them, and their start offsets.
+fn starts(config: &GatewayConfig, dlq: &str) -> anyhow::Result<BTreeMap<i32, i64>> {
+    let consumer = consumer(config)?;
     let timeout = Duration::from_secs(10);
     let metadata = consumer
         .fetch_metadata(Some(dlq), timeout)
@@ -189,15 +253,95 @@ fn reader(config: &GatewayConfig, dlq: &str) -> anyhow::Result<(StreamConsumer, 
         !partitions.is_empty(),
         "the dead-letter topic {dlq} does not exist"
     );
-    let mut assigned = TopicPartitionList::new();
-    let mut assigned_partitions = BTreeSet::new();
+    let mut starts = BTreeMap::new();
     for p in partitions {
+        // (tansu 0.6 reports the end of a partition whose last batch holds many records as
+        // that batch's first offset + 1: so only "anything there" is taken from it.)
         let (low, high) = consumer.fetch_watermarks(dlq, p, timeout)?;
         if low < high {
-            assigned.add_partition_offset(dlq, p, Offset::Offset(low))?;
-            assigned_partitions.insert(p);
+            starts.insert(p, low);
         }
     }
-    consumer.assign(&assigned)?;
-    Ok((consumer, assigned_partitions))
+    Ok(starts)
+}
+
+/// A consumer of the dead-letter topic, in no group's offsets (nothing is committed).
+fn consumer(config: &GatewayConfig) -> anyhow::Result<StreamConsumer> {
+    let mut client = ClientConfig::new();
+    client
+        .set("bootstrap.servers", &config.kafka.brokers)
+        .set("group.id", "ingest-gateway-redrive")
+        .set("enable.auto.commit", "false")
+        .set("enable.auto.offset.store", "false")
+        .set("enable.partition.eof", "true");
+    plumbing::kafka_security::apply(
+        &mut client,
+        config.kafka.tls.as_ref(),
+        config.kafka.sasl.as_ref(),
+    )?;
+    Ok(client.create()?)
+}
+
+/// Reads the dead-letter topic's partitions from their starts to their ends (an EOF event each).
+/// A run's own notes may come before its end: they are notes, and passed by.
+struct Reader {
+    consumer: StreamConsumer,
+    dlq: String,
+    /// The partitions not read through yet.
+    left: BTreeSet<i32>,
+    last: Instant,
+}
+
+impl Reader {
+    async fn new(
+        config: &GatewayConfig,
+        dlq: &str,
+        starts: &BTreeMap<i32, i64>,
+    ) -> anyhow::Result<Reader> {
+        let mut assigned = TopicPartitionList::new();
+        for (&p, &low) in starts {
+            assigned.add_partition_offset(dlq, p, Offset::Offset(low))?;
+        }
+        let consumer = {
+            let config = config.clone();
+            tokio::task::spawn_blocking(move || {
+                let consumer = consumer(&config)?;
+                consumer.assign(&assigned)?;
+                anyhow::Ok(consumer)
+            })
+            .await??
+        };
+        Ok(Reader {
+            consumer,
+            dlq: dlq.to_owned(),
+            left: starts.keys().copied().collect(),
+            last: Instant::now(),
+        })
+    }
+
+    /// The next message; `None` once every partition is read through.
+    async fn next(&mut self) -> anyhow::Result<Option<BorrowedMessage<'_>>> {
+        loop {
+            if self.left.is_empty() {
+                return Ok(None);
+            }
+            let received =
+                tokio::time::timeout(Duration::from_millis(200), self.consumer.recv()).await;
+            let message = match received {
+                Ok(Err(KafkaError::PartitionEOF(partition))) => {
+                    self.left.remove(&partition);
+                    continue;
+                }
+                Ok(m) => m.with_context(|| format!("cannot read {}", self.dlq))?,
+                Err(_) if self.last.elapsed() > QUIET => anyhow::bail!(
+                    "{} gave nothing for {QUIET:?} before its end: partitions {:?} short",
+                    self.dlq,
+                    self.left.iter().collect::<Vec<_>>()
+                ),
+                Err(_) => continue,
+            };
+            self.last = Instant::now();
+            return Ok(Some(message));
+        }
+    }
 }

@@ -1464,6 +1464,19 @@ async fn rejected_records_are_redriven_once_a_definition_takes_them() {
     let report = redrive(&c, &streams, &options(None, false)).await.unwrap();
     assert_eq!(report.tally.redriven, 20, "{report:?}");
     assert!(report.read_through_ms.is_some());
+    // A second run, over the same window: the redrive notes of the first leave its 20 out.
+    let again = redrive(&c, &streams, &options(None, false)).await.unwrap();
+    assert_eq!(
+        (
+            again.read,
+            again.redriven_before,
+            again.tally.redriven,
+            again.tally.still_invalid,
+            again.truncated
+        ),
+        (24, 20, 0, 2, 1),
+        "{again:?}"
+    );
 
     let topic = format!("{prefix}sensor_readings");
     let msgs = consume(&brokers, &topic, 30);
@@ -1490,10 +1503,15 @@ async fn rejected_records_are_redriven_once_a_definition_takes_them() {
     got.sort();
     want.sort();
     assert_eq!(got, want);
+    let dead = consume(&brokers, &dlq, 25);
+    let notes = dead
+        .iter()
+        .filter(|(_, h)| h.contains_key("redriven"))
+        .count();
     assert_eq!(
-        consume(&brokers, &dlq, 24).len(),
-        24,
-        "the dead letters stay"
+        (dead.len() - notes, notes),
+        (24, 1),
+        "the dead letters stay, and the first run added one note"
     );
 
     // The command as an operator runs it: a dry run's JSON report, `--since` as RFC 3339 or
@@ -1535,8 +1553,12 @@ async fn rejected_records_are_redriven_once_a_definition_takes_them() {
     let (ok, report, stderr) = run("1970-01-01T00:00:00Z");
     assert!(ok, "{stderr}");
     assert_eq!(
-        (&report["redriven"], &report["dry_run"]),
-        (&json!(20), &json!(true)),
+        (
+            &report["redriven"],
+            &report["redriven_before"],
+            &report["dry_run"]
+        ),
+        (&json!(0), &json!(20), &json!(true)),
         "{report}"
     );
     let later = (report["read_through_ms"].as_i64().unwrap() + 1).to_string();

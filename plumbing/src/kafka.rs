@@ -227,6 +227,9 @@ pub const DLQ_HEADER_INDEX: &str = "record-index";
 pub const DLQ_HEADER_CODE: &str = "reason-code";
 pub const DLQ_HEADER_REASON: &str = "reason";
 pub const DLQ_HEADER_TRUNCATED: &str = "truncated";
+/// Header of a redrive note in the dead-letter topic (`ingest-gateway redrive`): the stream whose
+/// dead letters it lists as produced again. A note has no `stream` header.
+pub const DLQ_HEADER_REDRIVEN: &str = "redriven";
 
 impl DeadLetter {
     /// The record at `index` of its request or batch, `raw` as it came, refused for `reason`

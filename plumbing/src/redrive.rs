@@ -62,6 +62,11 @@ pub async fn produce<'a>(
             .send(producer, &mut group, topic, &ingest_ts)
             .with_context(|| format!("cannot produce to {topic}"))?;
     }
+    settle(group).await
+}
+
+/// Waits until Kafka acknowledged every message of `group` ([`PRODUCE_TIMEOUT`]).
+pub async fn settle(group: DeliveryGroup) -> anyhow::Result<()> {
     tokio::time::timeout(PRODUCE_TIMEOUT, group.settled())
         .await
         .context("Kafka did not acknowledge the records in time")?
