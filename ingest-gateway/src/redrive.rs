@@ -41,6 +41,8 @@ use crate::GatewayConfig;
 const CHUNK: usize = 10_000;
 /// How long the dead-letter topic may give nothing before its end is reached.
 const QUIET: Duration = Duration::from_secs(30);
+/// How often a long read of the dead-letter topic logs its progress.
+const PROGRESS_EVERY: Duration = Duration::from_secs(10);
 /// Most offsets in one redrive note (its value stays far below Kafka's 1 MB message limit).
 const NOTE_OFFSETS: usize = 2_000;
 
@@ -116,7 +118,7 @@ pub async fn redrive(
     // First the notes of earlier runs: one may come after (or in another partition than) the
     // dead letters it lists.
     let mut done = HashSet::new();
-    let mut reader = Reader::new(config, &dlq, &starts).await?;
+    let mut reader = Reader::new(config, &dlq, &starts, "notes of earlier runs").await?;
     while let Some(message) = reader.next().await? {
         if header(&message, DLQ_HEADER_REDRIVEN) == Some(stream.as_bytes()) {
             let note: Note = match serde_json::from_slice(message.payload().unwrap_or_default()) {
@@ -133,7 +135,7 @@ pub async fn redrive(
 
     let mut messages = Messages::new(def, CHUNK, 0);
     let mut offsets = BTreeMap::<i32, Vec<i64>>::new();
-    let mut reader = Reader::new(config, &dlq, &starts).await?;
+    let mut reader = Reader::new(config, &dlq, &starts, "dead letters").await?;
     while let Some(message) = reader.next().await? {
         if header(&message, DLQ_HEADER_REDRIVEN).is_some() {
             continue;
@@ -290,6 +292,10 @@ struct Reader {
     /// The partitions not read through yet.
     left: BTreeSet<i32>,
     last: Instant,
+    /// What this pass is for, and its messages so far (progress is logged every 10 s).
+    pass: &'static str,
+    read: u64,
+    logged: Instant,
 }
 
 impl Reader {
@@ -297,6 +303,7 @@ impl Reader {
         config: &GatewayConfig,
         dlq: &str,
         starts: &BTreeMap<i32, i64>,
+        pass: &'static str,
     ) -> anyhow::Result<Reader> {
         let mut assigned = TopicPartitionList::new();
         for (&p, &low) in starts {
@@ -316,6 +323,9 @@ impl Reader {
             dlq: dlq.to_owned(),
             left: starts.keys().copied().collect(),
             last: Instant::now(),
+            pass,
+            read: 0,
+            logged: Instant::now(),
         })
     }
 
@@ -341,6 +351,11 @@ impl Reader {
                 Err(_) => continue,
             };
             self.last = Instant::now();
+            self.read += 1;
+            if self.logged.elapsed() >= PROGRESS_EVERY {
+                self.logged = self.last;
+                tracing::info!(pass = self.pass, messages = self.read, partitions_left = self.left.len(), topic = %self.dlq, "reading the dead-letter topic");
+            }
             return Ok(Some(message));
         }
     }
