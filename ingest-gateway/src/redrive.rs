@@ -32,7 +32,7 @@ use rdkafka::consumer::{Consumer as _, StreamConsumer};
 use rdkafka::error::KafkaError;
 use rdkafka::message::{BorrowedMessage, Header, Headers as _, Message as _, OwnedHeaders};
 use rdkafka::{ClientConfig, Offset, TopicPartitionList};
-use schemas::Streams;
+use schemas::{Streams, ValidRecord};
 use serde::{Deserialize, Serialize};
 
 use crate::GatewayConfig;
@@ -133,8 +133,15 @@ pub async fn redrive(
     }
     drop(reader);
 
-    let mut messages = Messages::new(def, CHUNK, 0);
-    let mut offsets = BTreeMap::<i32, Vec<i64>>::new();
+    let mut pending = Pending {
+        def,
+        stream,
+        topic: &topic,
+        dlq: &dlq,
+        producer: producer.as_ref(),
+        messages: Messages::new(def, CHUNK, 0),
+        offsets: BTreeMap::new(),
+    };
     let mut reader = Reader::new(config, &dlq, &starts, "dead letters").await?;
     while let Some(message) = reader.next().await? {
         if header(&message, DLQ_HEADER_REDRIVEN).is_some() {
@@ -162,31 +169,12 @@ pub async fn redrive(
         }
         let payload = message.payload().unwrap_or_default();
         if let Some(valid) = report.tally.check(def, payload) {
-            messages.push(def, &valid);
-            offsets
-                .entry(message.partition())
-                .or_default()
-                .push(message.offset());
-        }
-        if messages.len() >= CHUNK {
-            send(
-                producer.as_ref(),
-                (&topic, &dlq, stream),
-                &mut messages,
-                &mut offsets,
-                def,
-            )
-            .await?;
+            pending
+                .push(&valid, message.partition(), message.offset())
+                .await?;
         }
     }
-    send(
-        producer.as_ref(),
-        (&topic, &dlq, stream),
-        &mut messages,
-        &mut offsets,
-        def,
-    )
-    .await?;
+    pending.send().await?;
     Ok(report)
 }
 
@@ -199,43 +187,69 @@ fn header<'a>(message: &'a BorrowedMessage<'_>, key: &str) -> Option<&'a [u8]> {
         .and_then(|h| h.value)
 }
 
-/// Produces what `messages` holds to `topic`, then, once Kafka acknowledged it, the redrive
-/// notes of their dead-letter `offsets` to `dlq` (nothing with a dry run), and empties both.
-async fn send(
-    producer: Option<&GroupProducer>,
-    (topic, dlq, stream): (&str, &str, &str),
-    messages: &mut Messages,
-    offsets: &mut BTreeMap<i32, Vec<i64>>,
-    def: &schemas::StreamDef,
-) -> anyhow::Result<()> {
-    if let Some(producer) = producer
-        && !messages.is_empty()
-    {
-        plumbing::redrive::produce(producer, [(topic, &*messages)]).await?;
-        tracing::info!(records = messages.len(), topic, "redriven");
-        let mut group = DeliveryGroup::new();
-        for (&partition, offsets) in offsets.iter() {
-            for offsets in offsets.chunks(NOTE_OFFSETS) {
-                let note = serde_json::to_vec(&Note {
-                    partition,
-                    offsets: offsets.to_vec(),
-                })?;
-                let headers = OwnedHeaders::new().insert(Header {
-                    key: DLQ_HEADER_REDRIVEN,
-                    value: Some(stream),
-                });
-                group
-                    .send(producer, dlq, stream, &note, headers)
-                    .with_context(|| format!("cannot produce a redrive note to {dlq}"))?;
-            }
+/// Records that pass now, not produced yet, and their dead-letter offsets.
+struct Pending<'a> {
+    def: &'a schemas::StreamDef,
+    stream: &'a str,
+    /// The stream's topic.
+    topic: &'a str,
+    dlq: &'a str,
+    /// `None` with a dry run.
+    producer: Option<&'a GroupProducer>,
+    messages: Messages,
+    offsets: BTreeMap<i32, Vec<i64>>,
+}
+
+impl Pending<'_> {
+    /// Adds a record that passes, from `offset` of the dead-letter topic's `partition`; sends
+    /// what is pending once it holds [`CHUNK`] records.
+    async fn push(
+        &mut self,
+        valid: &ValidRecord,
+        partition: i32,
+        offset: i64,
+    ) -> anyhow::Result<()> {
+        self.messages.push(self.def, valid);
+        self.offsets.entry(partition).or_default().push(offset);
+        if self.messages.len() >= CHUNK {
+            self.send().await?;
         }
-        plumbing::redrive::settle(group)
-            .await
-            .with_context(|| format!("redrive notes to {dlq}: the records were produced, and a later run produces them again"))?;
+        Ok(())
     }
-    *messages = Messages::new(def, CHUNK, 0);
-    offsets.clear();
-    Ok(())
+
+    /// Produces the pending records to the stream's topic, then, once Kafka acknowledged them,
+    /// the redrive notes of their dead-letter offsets (nothing with a dry run), and empties.
+    async fn send(&mut self) -> anyhow::Result<()> {
+        let (topic, dlq, stream) = (self.topic, self.dlq, self.stream);
+        if let Some(producer) = self.producer
+            && !self.messages.is_empty()
+        {
+            plumbing::redrive::produce(producer, [(topic, &self.messages)]).await?;
+            tracing::info!(records = self.messages.len(), topic, "redriven");
+            let mut group = DeliveryGroup::new();
+            for (&partition, offsets) in &self.offsets {
+                for offsets in offsets.chunks(NOTE_OFFSETS) {
+                    let note = serde_json::to_vec(&Note {
+                        partition,
+                        offsets: offsets.to_vec(),
+                    })?;
+                    let headers = OwnedHeaders::new().insert(Header {
+                        key: DLQ_HEADER_REDRIVEN,
+                        value: Some(stream),
+                    });
+                    group
+                        .send(producer, dlq, stream, &note, headers)
+                        .with_context(|| format!("cannot produce a redrive note to {dlq}"))?;
+                }
+            }
+            plumbing::redrive::settle(group).await.with_context(|| {
+                format!("redrive notes to {dlq}: the records were produced, and a later run produces them again")
+            })?;
+        }
+        self.messages = Messages::new(self.def, CHUNK, 0);
+        self.offsets.clear();
+        Ok(())
+    }
 }
 
 /// The dead-letter topic's partitions with something in them, and their start offsets.
