@@ -6,10 +6,9 @@
 //! most do not send them again (an agent counts them and goes on), so records rejected because
 //! a gateway's definition lagged behind its producers (its file not yet updated) were lost for
 //! the landing zone. `redrive --stream S` reads the dead-letter topic from its start to its end,
-//! checks each record of stream `S` (from `--since` on) against the
-//! definition in `streams_dir` as it is now, and produces those that pass to the stream's topic
-//! in the gateway's wire format (the `ingest-ts` is the redrive's); the sinks land them like any
-//! record. Records still invalid, and those cut at 64 KiB in the dead-letter topic, stay, counted.
+//! checks each record of stream `S` (from `--since` on) against the definition in `streams_dir`
+//! as it is now, and produces those that pass to the stream's topic in the gateway's wire format
+//! (the `ingest-ts` is the redrive's); the sinks land them like any record. Records still invalid, and those cut at 64 KiB in the dead-letter topic, stay, counted.
 //!
 //! Dead letters are never changed. Once Kafka acknowledged a group of redriven records, a
 //! *redrive note* listing their dead-letter offsets is appended to the dead-letter topic itself
@@ -271,8 +270,8 @@ fn starts(config: &GatewayConfig, dlq: &str) -> anyhow::Result<BTreeMap<i32, i64
     );
     let mut starts = BTreeMap::new();
     for p in partitions {
-        // (tansu 0.6 reports the end of a partition whose last batch holds many records as
-        // that batch's first offset + 1: so only "anything there" is taken from it.)
+        // Only "anything there" is taken from the end: tansu 0.6 gave 1 as the end of a
+        // partition holding 23 records in one batch. The reader stops at EOF events instead.
         let (low, high) = consumer.fetch_watermarks(dlq, p, timeout)?;
         if low < high {
             starts.insert(p, low);
