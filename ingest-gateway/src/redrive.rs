@@ -8,7 +8,8 @@
 //! the landing zone. `redrive --stream S` reads the dead-letter topic from its start to its end,
 //! checks each record of stream `S` (from `--since` on) against the definition in `streams_dir`
 //! as it is now, and produces those that pass to the stream's topic in the gateway's wire format
-//! (the `ingest-ts` is the redrive's); the sinks land them like any record. Records still invalid, and those cut at 64 KiB in the dead-letter topic, stay, counted.
+//! (the `ingest-ts` is the redrive's); the sinks land them like any record. Records still
+//! invalid, and those cut at 64 KiB in the dead-letter topic, stay, counted.
 //!
 //! Dead letters are never changed. Once Kafka acknowledged a group of redriven records, a
 //! *redrive note* listing their dead-letter offsets is appended to the dead-letter topic itself
