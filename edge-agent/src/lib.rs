@@ -20,6 +20,7 @@ pub mod metrics;
 pub mod output;
 pub mod pipeline;
 pub mod rejected;
+pub mod reload;
 pub mod source;
 pub mod spool;
 pub mod status;

@@ -3,6 +3,7 @@ use std::path::PathBuf;
 use clap::{Parser, Subcommand};
 use edge_agent::AgentConfig;
 use edge_agent::config::ENV_PREFIX;
+use edge_agent::reload::Reload;
 use tokio_util::sync::CancellationToken;
 
 // The system allocator, not mimalloc as the gateway and sink use: the agent's pipeline hardly
@@ -28,7 +29,10 @@ struct Args {
 #[derive(Debug, Subcommand)]
 enum Command {
     /// Runs the agent: until its sources end and the spool is delivered, or until SIGINT/SIGTERM
-    /// (then what is not delivered stays in the spool for the next start).
+    /// (then what is not delivered stays in the spool for the next start). SIGHUP reloads the
+    /// config: if it loads and checks, the agent stops as on SIGTERM and starts again on it in
+    /// the same process; if not, it runs on with the one it has (an agent reading stdin does
+    /// not reload).
     Run {
         /// Config file (TOML).
         #[arg(long, short)]
@@ -166,13 +170,14 @@ async fn main() -> anyhow::Result<()> {
         Command::Run { config } => {
             plumbing::install_metrics();
             plumbing::raise_open_files_limit();
-            let (config, streams) = load(&config)?;
-            let shutdown = CancellationToken::new();
-            plumbing::cancel_on_signal(shutdown.clone());
-            plumbing::on_sighup(|| {
-                tracing::info!(
-                    "SIGHUP: nothing to reload; stream definitions are read again when records need them, other settings at a restart"
-                )
+            let path = config;
+            let (config, streams) = load(&path)?;
+            // SIGINT/SIGTERM stop the process; a reload stops only the run.
+            let stop = CancellationToken::new();
+            plumbing::cancel_on_signal(stop.clone());
+            let shutdown = stop.child_token();
+            let reload = Reload::on_sighup(path, &config, shutdown.clone(), |path| {
+                load(path).map(|(config, _)| config)
             })?;
             let stats = edge_agent::run(config, streams, shutdown).await?;
             let t = stats.total();
@@ -192,6 +197,12 @@ async fn main() -> anyhow::Result<()> {
                 wire_bytes = t.delivery.wire_bytes,
                 "run finished"
             );
+            if reload.requested() && !stop.is_cancelled() {
+                tracing::info!("starting again on the reloaded config");
+                let e = edge_agent::reload::exec_self();
+                tracing::error!(error = %e, "cannot start again on the reloaded config; exiting, for the service manager to restart the agent");
+                std::process::exit(1)
+            }
             // A source blocked on stdin must not keep the process alive.
             std::process::exit(0)
         }

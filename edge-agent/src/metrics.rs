@@ -52,6 +52,9 @@ pub const INVALID_KEPT_BYTES: &str = "edge_agent_invalid_kept_bytes";
 pub const INVALID_NOT_KEPT: &str = "edge_agent_invalid_not_kept_total";
 /// Kept invalid records that passed when tried again under a changed definition.
 pub const INVALID_RETRIED: &str = "edge_agent_invalid_retried_total";
+/// 0 after a SIGHUP found a config that does not load or check (the agent runs on with the one
+/// it has), else 1 ([`crate::reload`]).
+pub const RELOAD_SUCCESSFUL: &str = "edge_agent_config_last_reload_successful";
 /// The spool's size limit over all streams (`spool.max_mb`), for "spool filling up" alerts.
 pub const SPOOL_LIMIT_BYTES: &str = "edge_agent_spool_limit_bytes";
 

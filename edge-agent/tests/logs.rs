@@ -1,10 +1,16 @@
 //! The binaries' logs on stderr (here the agent's, through `plumbing::init_tracing`): plain text
 //! without terminal colours when stderr is not a terminal, one JSON object per line with
-//! `LOG_FORMAT=json`.
+//! `LOG_FORMAT=json`. And the agent's SIGHUP, which reloads its config.
 
 mod support;
 
 use std::process::{Command, Stdio};
+use std::time::{Duration, Instant};
+
+use support::{
+    Stub, assert_exactly_once, config_with_root, file_source_toml, free_port, readings,
+    sigterm_and_wait, spawn_agent, wait_landed,
+};
 
 /// A config in `dir` reading sensor readings from stdin, its gateway nowhere.
 fn stdin_config(dir: &std::path::Path) -> std::path::PathBuf {
@@ -68,10 +74,10 @@ fn logs_are_plain_text_off_a_terminal_and_json_lines_on_request() {
     );
 }
 
-/// SIGHUP does not end the agent: it is logged (there is nothing to reload: definitions are
-/// read again as records need them), and the agent goes on until its input ends, then stops
-/// as usual. Before, SIGHUP's default action ended it at once, without the graceful stop that
-/// emits the filters' open windows.
+/// SIGHUP does not end an agent that reads stdin, nor reload it (lines read but not yet spooled
+/// would be lost between two runs): it is logged, and the agent goes on until its input ends,
+/// then stops as usual. Before, SIGHUP's default action ended it at once, without the graceful
+/// stop that emits the filters' open windows.
 #[test]
 fn sighup_is_logged_and_does_not_end_the_agent() {
     let dir = tempfile::tempdir().unwrap();
@@ -94,7 +100,7 @@ fn sighup_is_logged_and_does_not_end_the_agent() {
         .status()
         .unwrap();
     assert!(status.success());
-    wait_logged("SIGHUP: nothing to reload");
+    wait_logged("SIGHUP: config not reloaded: the agent reads stdin");
     std::thread::sleep(std::time::Duration::from_millis(300));
     assert!(
         agent.try_wait().unwrap().is_none(),
@@ -103,4 +109,140 @@ fn sighup_is_logged_and_does_not_end_the_agent() {
     drop(agent.stdin.take());
     assert!(agent.wait().unwrap().success());
     wait_logged("run finished");
+}
+
+/// Waits until `log` holds `text` `times` times (20 s at most).
+fn wait_logged_times(log: &std::path::Path, text: &str, times: usize) {
+    let deadline = Instant::now() + Duration::from_secs(20);
+    loop {
+        let found = std::fs::read_to_string(log).unwrap().matches(text).count();
+        if found >= times {
+            return;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "'{text}' {found} times in the log, not {times}"
+        );
+        std::thread::sleep(Duration::from_millis(50));
+    }
+}
+
+/// The value of the agent's reload gauge on its admin port.
+async fn reload_gauge(admin: u16) -> String {
+    let text = reqwest::get(format!("http://127.0.0.1:{admin}/metrics"))
+        .await
+        .unwrap()
+        .text()
+        .await
+        .unwrap();
+    text.lines()
+        .find_map(|l| l.strip_prefix("edge_agent_config_last_reload_successful "))
+        .unwrap_or_else(|| panic!("no reload gauge in:\n{text}"))
+        .to_owned()
+}
+
+/// SIGHUP reloads the config file. One that does not load (an unknown key) is refused: the
+/// agent runs on with the config it has, says why and sets its reload gauge to 0. One that
+/// checks takes effect in the same process (same PID, not ended): here it adds a second file
+/// source and a smaller batch size. The first file's reading goes on from its saved position,
+/// so every reading of both files lands exactly once. Before, SIGHUP was only logged and a
+/// config change took a restart, which a config that does not check leaves stopped.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn sighup_reloads_a_config_that_checks_and_refuses_one_that_does_not() {
+    let stub = Stub::start(support::Faults::default()).await;
+    let dir = tempfile::tempdir().unwrap();
+    let (first, second) = (dir.path().join("a.ndjson"), dir.path().join("b.ndjson"));
+    let (lines, expected) = readings(900, 7, 0, 61);
+    let write = |path: &std::path::Path, lines: &[String]| {
+        use std::io::Write;
+        let mut file = std::fs::OpenOptions::new()
+            .create(true)
+            .append(true)
+            .open(path)
+            .unwrap();
+        file.write_all((lines.join("\n") + "\n").as_bytes())
+            .unwrap();
+    };
+    write(&first, &lines[..300]);
+    write(&second, &lines[300..500]);
+    let admin = free_port();
+    let config = |batch: &str, sources: &str| {
+        config_with_root(
+            &dir.path().join("state"),
+            &stub.url(),
+            &format!("admin_listen = \"127.0.0.1:{admin}\""),
+            &format!("[batch]\nmax_age_ms = 100\n{batch}"),
+            sources,
+        )
+    };
+    let cfg = dir.path().join("agent.toml");
+    let only_first = file_source_toml(&first, "follow = true\npoll_ms = 50\n");
+    std::fs::write(&cfg, config("", &only_first)).unwrap();
+    let mut agent = spawn_agent(&cfg, dir.path(), 0);
+    let log = dir.path().join("agent-0.log");
+    wait_landed(&stub, 300).await;
+    let hangup = |agent: &std::process::Child| {
+        let status = Command::new("kill")
+            .args(["-HUP", &agent.id().to_string()])
+            .status()
+            .unwrap();
+        assert!(status.success());
+    };
+
+    // A config that does not load: refused, the agent runs on as it was.
+    std::fs::write(&cfg, format!("bogus = 1\n{}", config("", &only_first))).unwrap();
+    hangup(&agent);
+    wait_logged_times(&log, "config not reloaded: it does not load or check", 1);
+    assert!(
+        std::fs::read_to_string(&log).unwrap().contains("bogus"),
+        "the log does not say what is wrong"
+    );
+    assert_eq!(reload_gauge(admin).await, "0");
+    write(&first, &lines[500..600]);
+    wait_landed(&stub, 400).await;
+    assert!(agent.try_wait().unwrap().is_none(), "the agent ended");
+    assert_eq!(
+        stub.landed_total(),
+        400,
+        "the second file is read before its config is"
+    );
+
+    // A config that checks: a second source and smaller batches, in the same process.
+    let both = format!(
+        "{only_first}{}",
+        file_source_toml(&second, "follow = true\npoll_ms = 50\n")
+    );
+    std::fs::write(&cfg, config("max_records = 50\n", &both)).unwrap();
+    let batches_before = stub.recorded.lock().unwrap().accepted.len();
+    hangup(&agent);
+    wait_logged_times(&log, "starting again on the reloaded config", 1);
+    // The new run's stream is ready: the old one's was logged once.
+    wait_logged_times(&log, "stream ready", 2);
+    wait_landed(&stub, 600).await;
+    write(&first, &lines[600..750]);
+    write(&second, &lines[750..]);
+    wait_landed(&stub, 900).await;
+    assert!(
+        agent.try_wait().unwrap().is_none(),
+        "the reload ended the process"
+    );
+    assert_eq!(reload_gauge(admin).await, "1");
+    let sizes: Vec<usize> = (stub.recorded.lock().unwrap().accepted.iter())
+        .map(|a| a.records.len())
+        .collect();
+    assert!(sizes[0] > 50, "batch sizes {sizes:?}");
+    assert!(
+        sizes[batches_before..].iter().all(|&n| n <= 50),
+        "batches after the reload are not of the new size: {sizes:?}"
+    );
+    sigterm_and_wait(
+        &mut agent,
+        Duration::from_secs(20),
+        "after a reload",
+        (dir.path(), 0),
+    )
+    .await;
+    assert_exactly_once(&stub.landed(), &expected);
+    let log = std::fs::read_to_string(&log).unwrap();
+    assert_eq!(log.matches("run finished").count(), 2, "{log}");
 }

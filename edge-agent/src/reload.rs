@@ -1,0 +1,138 @@
+//! Reloading the config on SIGHUP (`systemctl reload edge-agent`).
+//!
+//! The agent reads its config file (with the environment's overrides) and the stream
+//! definitions again and checks them as `edge-agent check` does. If they do not load or check,
+//! it runs on with the config it has, logs why and sets
+//! [`RELOAD_SUCCESSFUL`](crate::metrics::RELOAD_SUCCESSFUL) to 0. If they do, it stops as on
+//! SIGTERM (open batches go to the spool, read positions are saved) and the process replaces
+//! itself with a new run of the same binary and arguments ([`exec_self`]): the same PID, so a
+//! service manager sees no restart, and nothing of the old run stays behind (threads, sockets,
+//! the state directory's lock). What the old run left in the spool, the new one delivers.
+//!
+//! An agent reading stdin does not reload: lines read from the pipe but not yet in the spool
+//! would be lost between the runs. It logs that and runs on.
+
+use std::path::PathBuf;
+use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, Ordering};
+
+use tokio_util::sync::CancellationToken;
+
+use crate::config::{AgentConfig, SourceConfig};
+use crate::metrics::RELOAD_SUCCESSFUL;
+
+/// Whether a SIGHUP asked for a new run on a changed config.
+#[derive(Debug, Clone, Default)]
+pub struct Reload {
+    requested: Arc<AtomicBool>,
+}
+
+impl Reload {
+    /// Listens for SIGHUP for the agent that runs `running`, loaded from `path`: each one loads
+    /// and checks the config with `load` and, if it passes, cancels `shutdown` and marks the
+    /// reload as requested (for [`Reload::requested`] once the run has stopped).
+    pub fn on_sighup<L>(
+        path: PathBuf,
+        running: &AgentConfig,
+        shutdown: CancellationToken,
+        load: L,
+    ) -> std::io::Result<Reload>
+    where
+        L: Fn(&std::path::Path) -> anyhow::Result<AgentConfig> + Send + 'static,
+    {
+        metrics::gauge!(RELOAD_SUCCESSFUL).set(1.0);
+        let reads_stdin = reads_stdin(running);
+        let reload = Reload::default();
+        let requested = reload.requested.clone();
+        plumbing::on_sighup(move || {
+            if requested.load(Ordering::Acquire) {
+                tracing::info!("SIGHUP: a reload is already under way");
+                return;
+            }
+            if reads_stdin {
+                tracing::warn!(
+                    "SIGHUP: config not reloaded: the agent reads stdin, and lines read but not yet spooled would be lost between two runs; restart it to change its config"
+                );
+                return;
+            }
+            match load(&path) {
+                Ok(config) => {
+                    metrics::gauge!(RELOAD_SUCCESSFUL).set(1.0);
+                    tracing::info!(
+                        config = %path.display(),
+                        sources = config.sources.len(),
+                        "SIGHUP: the config loads and checks; stopping as on SIGTERM to start again on it in this process"
+                    );
+                    requested.store(true, Ordering::Release);
+                    shutdown.cancel();
+                }
+                Err(e) => {
+                    metrics::gauge!(RELOAD_SUCCESSFUL).set(0.0);
+                    tracing::error!(
+                        config = %path.display(),
+                        error = format!("{e:#}"),
+                        "SIGHUP: config not reloaded: it does not load or check; running on with the previous one"
+                    );
+                }
+            }
+        })?;
+        Ok(reload)
+    }
+
+    /// Whether a SIGHUP found a config that checks and stopped the run for it.
+    pub fn requested(&self) -> bool {
+        self.requested.load(Ordering::Acquire)
+    }
+}
+
+/// Whether the agent reads stdin (and so cannot stop and start again without losing input).
+pub fn reads_stdin(config: &AgentConfig) -> bool {
+    config
+        .sources
+        .iter()
+        .any(|s| matches!(s, SourceConfig::Stdin { .. }))
+}
+
+/// Replaces this process with a new run of the same binary with the same arguments and
+/// environment. On Linux that is the binary running, even if its file was replaced or removed
+/// since (a reload is not an upgrade; a restart is). Returns only if the exec fails. Every
+/// descriptor the agent opens is close-on-exec, so the new run starts clean.
+#[cfg(unix)]
+pub fn exec_self() -> std::io::Error {
+    use std::os::unix::process::CommandExt;
+    let binary = if cfg!(target_os = "linux") {
+        PathBuf::from("/proc/self/exe")
+    } else {
+        match std::env::current_exe() {
+            Ok(exe) => exe,
+            Err(e) => return e,
+        }
+    };
+    let mut args = std::env::args_os();
+    let argv0 = args.next().unwrap_or_else(|| "edge-agent".into());
+    std::process::Command::new(binary)
+        .arg0(argv0)
+        .args(args)
+        .exec()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn config(sources: &str) -> AgentConfig {
+        AgentConfig::parse(&format!(
+            "[gateway]\nurl = \"http://127.0.0.1:1\"\n{sources}"
+        ))
+        .unwrap()
+    }
+
+    #[test]
+    fn only_an_agent_reading_stdin_refuses_to_reload() {
+        let stdin = "[[sources]]\ntype = \"stdin\"\nstream = \"sensor_readings\"\n";
+        let file = "[[sources]]\ntype = \"file\"\npath = \"/x\"\nstream = \"sensor_readings\"\n";
+        assert!(reads_stdin(&config(stdin)));
+        assert!(reads_stdin(&config(&format!("{file}{stdin}"))));
+        assert!(!reads_stdin(&config(file)));
+    }
+}
