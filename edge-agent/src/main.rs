@@ -167,18 +167,18 @@ async fn main() -> anyhow::Result<()> {
             );
             Ok(())
         }
-        Command::Run { config } => {
-            plumbing::install_metrics();
-            plumbing::raise_open_files_limit();
-            let path = config;
-            let (config, streams) = load(&path)?;
-            // SIGINT/SIGTERM stop the process; a reload stops only the run.
+        Command::Run { config: path } => {
+            // SIGINT/SIGTERM stop the process; a reload (SIGHUP) stops only the run.
             let stop = CancellationToken::new();
-            plumbing::cancel_on_signal(stop.clone());
             let shutdown = stop.child_token();
-            let reload = Reload::on_sighup(path, &config, shutdown.clone(), |path| {
+            let reload = Reload::on_sighup(path.clone(), shutdown.clone(), |path| {
                 load(path).map(|(config, _)| config)
             })?;
+            plumbing::cancel_on_signal(stop.clone());
+            plumbing::install_metrics();
+            plumbing::raise_open_files_limit();
+            let (config, streams) = load(&path)?;
+            reload.running(&config);
             let stats = edge_agent::run(config, streams, shutdown).await?;
             let t = stats.total();
             // A log event, so that it is one JSON object too with LOG_FORMAT=json.

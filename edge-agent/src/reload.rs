@@ -14,46 +14,60 @@
 
 use std::path::PathBuf;
 use std::sync::Arc;
-use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU8, Ordering};
 
+use nix::sys::signal::{SigSet, Signal};
 use tokio_util::sync::CancellationToken;
 
 use crate::config::{AgentConfig, SourceConfig};
 use crate::metrics::RELOAD_SUCCESSFUL;
 
+/// What a SIGHUP finds: the agent starting (no config in force yet), running on a config that
+/// may be reloaded, or reading stdin.
+const STARTING: u8 = 0;
+const RELOADABLE: u8 = 1;
+const READS_STDIN: u8 = 2;
+
 /// Whether a SIGHUP asked for a new run on a changed config.
 #[derive(Debug, Clone, Default)]
 pub struct Reload {
+    state: Arc<AtomicU8>,
     requested: Arc<AtomicBool>,
 }
 
 impl Reload {
-    /// Listens for SIGHUP for the agent that runs `running`, loaded from `path`: each one loads
-    /// and checks the config with `load` and, if it passes, cancels `shutdown` and marks the
-    /// reload as requested (for [`Reload::requested`] once the run has stopped).
+    /// Listens for SIGHUP, first thing at start: from then on a SIGHUP no longer ends the
+    /// process (its default action), which matters most in the milliseconds after a reload's
+    /// exec. Until [`Reload::running`], a SIGHUP is logged and ignored. After it, each one loads
+    /// and checks the config at `path` with `load` and, if it passes, cancels `shutdown` and
+    /// marks the reload as requested (for [`Reload::requested`] once the run has stopped).
     pub fn on_sighup<L>(
         path: PathBuf,
-        running: &AgentConfig,
         shutdown: CancellationToken,
         load: L,
     ) -> std::io::Result<Reload>
     where
         L: Fn(&std::path::Path) -> anyhow::Result<AgentConfig> + Send + 'static,
     {
-        metrics::gauge!(RELOAD_SUCCESSFUL).set(1.0);
-        let reads_stdin = reads_stdin(running);
         let reload = Reload::default();
-        let requested = reload.requested.clone();
+        let (state, requested) = (reload.state.clone(), reload.requested.clone());
         plumbing::on_sighup(move || {
             if requested.load(Ordering::Acquire) {
                 tracing::info!("SIGHUP: a reload is already under way");
                 return;
             }
-            if reads_stdin {
-                tracing::warn!(
-                    "SIGHUP: config not reloaded: the agent reads stdin, and lines read but not yet spooled would be lost between two runs; restart it to change its config"
-                );
-                return;
+            match state.load(Ordering::Acquire) {
+                STARTING => {
+                    tracing::info!("SIGHUP while the agent starts: ignored");
+                    return;
+                }
+                READS_STDIN => {
+                    tracing::warn!(
+                        "SIGHUP: config not reloaded: the agent reads stdin, and lines read but not yet spooled would be lost between two runs; restart it to change its config"
+                    );
+                    return;
+                }
+                _ => {}
             }
             match load(&path) {
                 Ok(config) => {
@@ -76,7 +90,21 @@ impl Reload {
                 }
             }
         })?;
+        // A run started by a reload's exec has SIGHUP blocked (`exec_self`): a SIGHUP that came
+        // since waited, and arrives now, at the listener.
+        sighup().thread_unblock()?;
         Ok(reload)
+    }
+
+    /// The agent runs on `config`: SIGHUP reloads from now on, unless it reads stdin.
+    pub fn running(&self, config: &AgentConfig) {
+        metrics::gauge!(RELOAD_SUCCESSFUL).set(1.0);
+        let state = if reads_stdin(config) {
+            READS_STDIN
+        } else {
+            RELOADABLE
+        };
+        self.state.store(state, Ordering::Release);
     }
 
     /// Whether a SIGHUP found a config that checks and stopped the run for it.
@@ -108,12 +136,24 @@ pub fn exec_self() -> std::io::Error {
             Err(e) => return e,
         }
     };
+    // The signal mask survives the exec, handlers do not: blocked, a SIGHUP that comes before
+    // the new run listens (`Reload::on_sighup`) waits for it instead of ending the process.
+    if let Err(e) = sighup().thread_block() {
+        return e.into();
+    }
     let mut args = std::env::args_os();
     let argv0 = args.next().unwrap_or_else(|| "edge-agent".into());
     std::process::Command::new(binary)
         .arg0(argv0)
         .args(args)
         .exec()
+}
+
+/// The set of SIGHUP alone.
+fn sighup() -> SigSet {
+    let mut set = SigSet::empty();
+    set.add(Signal::SIGHUP);
+    set
 }
 
 #[cfg(test)]

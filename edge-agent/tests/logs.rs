@@ -145,7 +145,9 @@ async fn reload_gauge(admin: u16) -> String {
 /// agent runs on with the config it has, says why and sets its reload gauge to 0. One that
 /// checks takes effect in the same process (same PID, not ended): here it adds a second file
 /// source and a smaller batch size. The first file's reading goes on from its saved position,
-/// so every reading of both files lands exactly once. Before, SIGHUP was only logged and a
+/// so every reading of both files lands exactly once, also through a burst of SIGHUPs (reloads
+/// one after the other; a SIGHUP that reaches a new run while it starts is ignored, where its
+/// default action would end the process). Before, SIGHUP was only logged and a
 /// config change took a restart, which a config that does not check leaves stopped.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn sighup_reloads_a_config_that_checks_and_refuses_one_that_does_not() {
@@ -220,7 +222,20 @@ async fn sighup_reloads_a_config_that_checks_and_refuses_one_that_does_not() {
     wait_logged_times(&log, "stream ready", 2);
     wait_landed(&stub, 600).await;
     write(&first, &lines[600..750]);
-    write(&second, &lines[750..]);
+    write(&second, &lines[750..800]);
+    wait_landed(&stub, 800).await;
+
+    // A burst of SIGHUPs: reloads one after the other, some of the signals arriving while a
+    // new run starts, none of which may end the process.
+    for _ in 0..20 {
+        hangup(&agent);
+        std::thread::sleep(Duration::from_millis(3));
+    }
+    std::thread::sleep(Duration::from_millis(500));
+    if let Some(status) = agent.try_wait().unwrap() {
+        panic!("a SIGHUP of the burst ended the agent: {status}");
+    }
+    write(&second, &lines[800..]);
     wait_landed(&stub, 900).await;
     assert!(
         agent.try_wait().unwrap().is_none(),
@@ -244,5 +259,11 @@ async fn sighup_reloads_a_config_that_checks_and_refuses_one_that_does_not() {
     .await;
     assert_exactly_once(&stub.landed(), &expected);
     let log = std::fs::read_to_string(&log).unwrap();
-    assert_eq!(log.matches("run finished").count(), 2, "{log}");
+    let runs = log.matches("run finished").count();
+    assert!(runs >= 3, "{runs} runs: {log}");
+    assert_eq!(
+        log.matches("starting again on the reloaded config").count(),
+        runs - 1,
+        "{log}"
+    );
 }
