@@ -12,9 +12,9 @@
 //! An agent reading stdin does not reload: lines read from the pipe but not yet in the spool
 //! would be lost between the runs. It logs that and runs on.
 
-use std::path::PathBuf;
-use std::sync::Arc;
+use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicBool, AtomicU8, Ordering};
+use std::sync::{Arc, Mutex, PoisonError};
 
 use nix::sys::signal::{SigSet, Signal};
 use tokio_util::sync::CancellationToken;
@@ -33,6 +33,8 @@ const READS_STDIN: u8 = 2;
 pub struct Reload {
     state: Arc<AtomicU8>,
     requested: Arc<AtomicBool>,
+    /// The running config's `state_dir`, which a reload may not change.
+    state_dir: Arc<Mutex<PathBuf>>,
 }
 
 impl Reload {
@@ -51,6 +53,7 @@ impl Reload {
     {
         let reload = Reload::default();
         let (state, requested) = (reload.state.clone(), reload.requested.clone());
+        let state_dir = reload.state_dir.clone();
         plumbing::on_sighup(move || {
             if requested.load(Ordering::Acquire) {
                 tracing::info!("SIGHUP: a reload is already under way");
@@ -69,7 +72,11 @@ impl Reload {
                 }
                 _ => {}
             }
-            match load(&path) {
+            let running_dir = state_dir
+                .lock()
+                .unwrap_or_else(PoisonError::into_inner)
+                .clone();
+            match load(&path).and_then(|config| keeps_state_dir(&running_dir, config)) {
                 Ok(config) => {
                     metrics::gauge!(RELOAD_SUCCESSFUL).set(1.0);
                     tracing::info!(
@@ -104,6 +111,10 @@ impl Reload {
         } else {
             RELOADABLE
         };
+        *self
+            .state_dir
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner) = config.state_dir.clone();
         self.state.store(state, Ordering::Release);
     }
 
@@ -111,6 +122,20 @@ impl Reload {
     pub fn requested(&self) -> bool {
         self.requested.load(Ordering::Acquire)
     }
+}
+
+/// `config` unless it moves the state directory away from `running`: the new run would read
+/// every file source from its start again, forget the digests of what was sent and leave the
+/// spool of the old directory undelivered.
+fn keeps_state_dir(running: &Path, config: AgentConfig) -> anyhow::Result<AgentConfig> {
+    if config.state_dir != running {
+        anyhow::bail!(
+            "state_dir cannot change at a reload ({} to {}): the new run would read its files from the start and leave the old spool undelivered; stop the agent, move the directory, then start it",
+            running.display(),
+            config.state_dir.display()
+        );
+    }
+    Ok(config)
 }
 
 /// Whether the agent reads stdin (and so cannot stop and start again without losing input).
@@ -160,11 +185,16 @@ fn sighup() -> SigSet {
 mod tests {
     use super::*;
 
-    fn config(sources: &str) -> AgentConfig {
+    /// A config with `root` keys and `sources`.
+    fn config_with(root: &str, sources: &str) -> AgentConfig {
         AgentConfig::parse(&format!(
-            "[gateway]\nurl = \"http://127.0.0.1:1\"\n{sources}"
+            "{root}\n[gateway]\nurl = \"http://127.0.0.1:1\"\n{sources}"
         ))
         .unwrap()
+    }
+
+    fn config(sources: &str) -> AgentConfig {
+        config_with("", sources)
     }
 
     #[test]
@@ -174,5 +204,15 @@ mod tests {
         assert!(reads_stdin(&config(stdin)));
         assert!(reads_stdin(&config(&format!("{file}{stdin}"))));
         assert!(!reads_stdin(&config(file)));
+    }
+
+    #[test]
+    fn a_reload_may_not_move_the_state_directory() {
+        let file = "[[sources]]\ntype = \"file\"\npath = \"/x\"\nstream = \"sensor_readings\"\n";
+        let same = config_with("state_dir = \"/var/lib/a\"", file);
+        assert!(keeps_state_dir(Path::new("/var/lib/a"), same).is_ok());
+        let moved = config_with("state_dir = \"/var/lib/b\"", file);
+        let e = keeps_state_dir(Path::new("/var/lib/a"), moved).unwrap_err();
+        assert!(e.to_string().contains("/var/lib/a to /var/lib/b"), "{e}");
     }
 }

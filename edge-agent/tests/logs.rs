@@ -141,8 +141,9 @@ async fn reload_gauge(admin: u16) -> String {
         .to_owned()
 }
 
-/// SIGHUP reloads the config file. One that does not load (an unknown key) is refused: the
-/// agent runs on with the config it has, says why and sets its reload gauge to 0. One that
+/// SIGHUP reloads the config file. One that does not load (an unknown key), or that moves the
+/// state directory, is refused: the agent runs on with the config it has, says why and sets its
+/// reload gauge to 0. One that
 /// checks takes effect in the same process (same PID, not ended): here it adds a second file
 /// source and a smaller batch size. The first file's reading goes on from its saved position,
 /// so every reading of both files lands exactly once, also through a burst of SIGHUPs (reloads
@@ -168,15 +169,16 @@ async fn sighup_reloads_a_config_that_checks_and_refuses_one_that_does_not() {
     write(&first, &lines[..300]);
     write(&second, &lines[300..500]);
     let admin = free_port();
-    let config = |batch: &str, sources: &str| {
+    let config_in = |state: &str, batch: &str, sources: &str| {
         config_with_root(
-            &dir.path().join("state"),
+            &dir.path().join(state),
             &stub.url(),
             &format!("admin_listen = \"127.0.0.1:{admin}\""),
             &format!("[batch]\nmax_age_ms = 100\n{batch}"),
             sources,
         )
     };
+    let config = |batch: &str, sources: &str| config_in("state", batch, sources);
     let cfg = dir.path().join("agent.toml");
     let only_first = file_source_toml(&first, "follow = true\npoll_ms = 50\n");
     std::fs::write(&cfg, config("", &only_first)).unwrap();
@@ -200,6 +202,10 @@ async fn sighup_reloads_a_config_that_checks_and_refuses_one_that_does_not() {
         "the log does not say what is wrong"
     );
     assert_eq!(reload_gauge(admin).await, "0");
+    // Nor may a reload move the state directory (the files would be read again from the start).
+    std::fs::write(&cfg, config_in("elsewhere", "", &only_first)).unwrap();
+    hangup(&agent);
+    wait_logged_times(&log, "state_dir cannot change at a reload", 1);
     write(&first, &lines[500..600]);
     wait_landed(&stub, 400).await;
     assert!(agent.try_wait().unwrap().is_none(), "the agent ended");
