@@ -49,7 +49,7 @@ impl Reload {
         load: L,
     ) -> std::io::Result<Reload>
     where
-        L: Fn(&std::path::Path) -> anyhow::Result<AgentConfig> + Send + 'static,
+        L: Fn(&Path) -> anyhow::Result<AgentConfig> + Send + 'static,
     {
         let reload = Reload::default();
         let (state, requested) = (reload.state.clone(), reload.requested.clone());
