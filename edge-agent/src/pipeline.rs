@@ -15,7 +15,7 @@ use schemas::api::RejectedRecord;
 use schemas::columnar::BodyBuilder;
 use schemas::decode::ndjson_lines;
 use schemas::wire::encode_value_into;
-use schemas::{Forward, Record, StreamDef, ValidRecord};
+use schemas::{Forward, HashGroup, Pending, Record, StreamDef, ValidRecord};
 
 use crate::batch::{Batch, BatchId, BodyEncoding};
 use crate::config::{BatchConfig, DedupeConfig, StreamSettings};
@@ -26,11 +26,12 @@ use crate::metrics as m;
 use crate::spool::{Appended, Overflow, Spool, SpoolError};
 
 /// A line as the pipeline checked it.
+/// Its hash is the line's place in the group's [`HashGroup`].
 enum Checked {
     /// Without filters, into NDJSON batches: no record is built when the line may stand for it.
-    Forward(Forward),
+    Forward(Forward<Pending>),
     /// The record, and whether the line may stand for it.
-    Record(ValidRecord, bool),
+    Record(ValidRecord<Pending>, bool),
 }
 
 /// Lines checked before their digests are looked up in the window together (see
@@ -190,6 +191,8 @@ pub struct Pipeline {
     waiting: Waiting,
     durable: u64,
     filtered_out: Vec<Record>,
+    /// The content hashes of a group of lines, made together.
+    hashes: HashGroup,
     /// The spool dropped a batch while the current chunk was read.
     dropped_in_chunk: bool,
     invalid_logged: u64,
@@ -278,6 +281,7 @@ impl Pipeline {
             waiting: VecDeque::new(),
             durable: 0,
             filtered_out: Vec::new(),
+            hashes: HashGroup::new(),
             dropped_in_chunk: false,
             invalid_logged: 0,
             evicted_logged: 0,
@@ -502,9 +506,10 @@ impl Pipeline {
         let (mut read, mut invalid, mut duplicates) = (0u64, 0u64, 0u64);
         // Without filters, NDJSON batches need no record of a line that may stand for itself.
         let forward = self.filters.is_empty() && self.encoding == BodyEncoding::Ndjson;
-        // Lines are checked a group at a time and the group's window buckets loaded together
-        // ([`DigestWindow::prefetch`]) before the group is deduplicated and batched.
-        let mut group: Vec<(&[u8], Checked, Digest)> = Vec::with_capacity(DEDUPE_GROUP);
+        // Lines are checked a group at a time, the group's content hashes made together
+        // ([`HashGroup`]) and its window buckets loaded together ([`DigestWindow::prefetch`])
+        // before the group is deduplicated and batched.
+        let mut group: Vec<(&[u8], Checked)> = Vec::with_capacity(DEDUPE_GROUP);
         let mut digests: Vec<Digest> = Vec::with_capacity(DEDUPE_GROUP);
         let mut lines = ndjson_lines(&chunk.data).enumerate().peekable();
         // A line that a newer definition may take: checked again after the group before it is
@@ -518,9 +523,10 @@ impl Pipeline {
                 .take(DEDUPE_GROUP)
             {
                 let checked = if forward {
-                    schemas::check_bytes_forward(&self.def, line).map(Checked::Forward)
+                    schemas::check_bytes_forward_in(&self.def, line, &mut self.hashes)
+                        .map(Checked::Forward)
                 } else {
-                    schemas::check_bytes_verbatim(&self.def, line)
+                    schemas::check_bytes_verbatim_in(&self.def, line, &mut self.hashes)
                         .map(|(valid, verbatim)| Checked::Record(valid, verbatim))
                 };
                 let checked = match checked {
@@ -549,16 +555,18 @@ impl Pipeline {
                     }
                 };
                 read += 1;
-                let d = digest(match &checked {
-                    Checked::Forward(f) => &f.hash,
-                    Checked::Record(valid, _) => &valid.hash,
-                });
-                digests.push(d);
-                group.push((line, checked, d));
+                group.push((line, checked));
             }
+            self.hashes.finish();
+            digests.extend(group.iter().map(|(_, checked)| {
+                digest(&self.hashes.get(match checked {
+                    Checked::Forward(f) => f.hash,
+                    Checked::Record(valid, _) => valid.hash,
+                }))
+            }));
+            self.hashes.clear();
             self.window.prefetch(&digests);
-            digests.clear();
-            for (line, checked, d) in group.drain(..) {
+            for ((line, checked), d) in group.drain(..).zip(digests.drain(..)) {
                 if !self.window.insert(d, now) {
                     duplicates += 1;
                     continue;

@@ -17,6 +17,8 @@ use std::str::FromStr;
 use crate::stream::StreamDef;
 use crate::value::{Record, Scalar, Value};
 
+mod lanes;
+
 /// The context string of the hash key: a future change of the encoding gets a new context.
 pub const KEY_CONTEXT: &str = "edge-ingest record content hash v2";
 
@@ -79,30 +81,133 @@ impl FromStr for ContentHash {
 /// buffer and hashed in one call (the same bytes as feeding them piecewise, much faster for
 /// records of a few hundred bytes).
 pub fn content_hash(def: &StreamDef, record: &Record) -> ContentHash {
-    content_hash_with(def, |out, i| encode_present(out, &record.values[i]))
+    content_hash_in(def, record, &mut AtOnce)
+}
+
+/// [`content_hash`], made as `hashing` makes hashes.
+pub fn content_hash_in<H: Hashing>(def: &StreamDef, record: &Record, hashing: &mut H) -> H::Hash {
+    content_hash_with(def, hashing, |out, i| {
+        encode_present(out, &record.values[i])
+    })
 }
 
 /// The content hash of the record whose hashed fields `write` encodes: `write(out, i)` appends
 /// the value of field `i` and returns true, or returns false for null (nothing written).
-pub(crate) fn content_hash_with(
+pub(crate) fn content_hash_with<H: Hashing>(
     def: &StreamDef,
+    hashing: &mut H,
     mut write: impl FnMut(&mut Vec<u8>, usize) -> bool,
-) -> ContentHash {
-    thread_local! {
-        static BUF: std::cell::RefCell<Vec<u8>> = const { std::cell::RefCell::new(Vec::new()) };
-    }
-    BUF.with(|buf| {
-        let mut buf = buf.borrow_mut();
-        buf.clear();
+) -> H::Hash {
+    hashing.hash_encoding(|buf| {
         for (&i, name) in def.hash_fields.iter().zip(&def.hash_names) {
             let mark = buf.len();
             buf.extend_from_slice(name);
-            if !write(&mut buf, i) {
+            if !write(buf, i) {
                 buf.truncate(mark);
             }
         }
-        ContentHash(*blake3::keyed_hash(key(), &buf).as_bytes())
     })
+}
+
+/// How the checks make a record's content hash: at once ([`AtOnce`]), or by collecting the
+/// record's canonical encoding in a [`HashGroup`] that hashes a group of records together.
+pub trait Hashing {
+    /// What a check returns for the hash: the hash itself, or the record's place in the group.
+    type Hash;
+
+    /// The hash of the canonical encoding that `encode` appends to the buffer it is given.
+    fn hash_encoding(&mut self, encode: impl FnOnce(&mut Vec<u8>)) -> Self::Hash;
+}
+
+/// Hashes each record as it is checked.
+#[derive(Debug, Clone, Copy, Default)]
+pub struct AtOnce;
+
+impl Hashing for AtOnce {
+    type Hash = ContentHash;
+
+    fn hash_encoding(&mut self, encode: impl FnOnce(&mut Vec<u8>)) -> ContentHash {
+        thread_local! {
+            static BUF: std::cell::RefCell<Vec<u8>> = const { std::cell::RefCell::new(Vec::new()) };
+        }
+        BUF.with(|buf| {
+            let mut buf = buf.borrow_mut();
+            buf.clear();
+            encode(&mut buf);
+            ContentHash(*blake3::keyed_hash(key(), &buf).as_bytes())
+        })
+    }
+}
+
+/// The canonical encodings of a group of records, hashed together by [`HashGroup::finish`]:
+/// eight records side by side in the lanes of one vector (see `hash/lanes.rs`), about four
+/// times as fast per record as hashing them one at a time. The same hashes as
+/// [`content_hash`]. Use: check the group's records with it (each check returns the record's
+/// [`Pending`] place), `finish`, read each record's hash with [`HashGroup::get`], `clear`.
+#[derive(Debug, Default)]
+pub struct HashGroup {
+    buf: Vec<u8>,
+    /// Where each record's encoding ends in `buf`.
+    ends: Vec<usize>,
+    hashes: Vec<[u8; 32]>,
+    /// Scratch space of the lanes.
+    order: Vec<u32>,
+}
+
+/// A record's place in a [`HashGroup`].
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Pending(u32);
+
+impl Hashing for HashGroup {
+    type Hash = Pending;
+
+    fn hash_encoding(&mut self, encode: impl FnOnce(&mut Vec<u8>)) -> Pending {
+        encode(&mut self.buf);
+        self.ends.push(self.buf.len());
+        Pending((self.ends.len() - 1) as u32)
+    }
+}
+
+impl HashGroup {
+    pub fn new() -> HashGroup {
+        HashGroup::default()
+    }
+
+    /// The number of records collected since the last [`HashGroup::clear`].
+    pub fn len(&self) -> usize {
+        self.ends.len()
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.ends.is_empty()
+    }
+
+    /// Hashes every record collected since the last [`HashGroup::clear`].
+    pub fn finish(&mut self) {
+        self.hashes.resize(self.ends.len(), [0; 32]);
+        lanes::keyed_hash_many(
+            key(),
+            &self.buf,
+            &self.ends,
+            &mut self.order,
+            &mut self.hashes,
+        );
+    }
+
+    /// The hash of the record at `pending`, once [`HashGroup::finish`] has run.
+    ///
+    /// # Panics
+    /// When the group was not finished since the record was added.
+    pub fn get(&self, pending: Pending) -> ContentHash {
+        ContentHash(self.hashes[pending.0 as usize])
+    }
+
+    /// Empties the group for the next one (keeping its buffers).
+    pub fn clear(&mut self) {
+        self.buf.clear();
+        self.ends.clear();
+        self.hashes.clear();
+    }
 }
 
 /// Encodes a value unless it is null; returns whether it wrote anything.

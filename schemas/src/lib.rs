@@ -23,15 +23,16 @@ pub mod window;
 pub mod wire;
 
 pub use error::{DecodeError, RecordError, SchemaError};
-pub use hash::{ContentHash, content_hash};
+pub use hash::{AtOnce, ContentHash, HashGroup, Hashing, Pending, content_hash, content_hash_in};
 pub use stream::{Change, FieldDef, FieldType, StreamDef, Streams, validate_stream_name};
 pub use value::{Record, Str, Value, validate};
 
 /// A record that passed validation, with its content hash.
 #[derive(Debug, Clone, PartialEq)]
-pub struct ValidRecord {
+pub struct ValidRecord<H = ContentHash> {
     pub record: Record,
-    pub hash: ContentHash,
+    /// The hash, or with a [`HashGroup`] the record's place in the group.
+    pub hash: H,
 }
 
 /// Parses and validates one raw JSON record (an NDJSON line or array element) straight into a
@@ -51,18 +52,28 @@ pub fn check_bytes_verbatim(
     def: &StreamDef,
     raw: &[u8],
 ) -> Result<(ValidRecord, bool), RecordError> {
+    check_bytes_verbatim_in(def, raw, &mut AtOnce)
+}
+
+/// [`check_bytes_verbatim`], the hash made as `hashing` makes hashes.
+pub fn check_bytes_verbatim_in<H: Hashing>(
+    def: &StreamDef,
+    raw: &[u8],
+    hashing: &mut H,
+) -> Result<(ValidRecord<H::Hash>, bool), RecordError> {
     let (record, verbatim) = match scan::decode_verbatim(def, raw) {
         Some(scanned) => scanned,
         None => (typed::decode_record_serde(def, raw)?, false),
     };
-    let hash = content_hash(def, &record);
+    let hash = content_hash_in(def, &record, hashing);
     Ok((ValidRecord { record, hash }, verbatim))
 }
 
 /// A record checked for forwarding (as a Kafka message, a line of an NDJSON batch).
 #[derive(Debug, Clone, PartialEq)]
-pub struct Forward {
-    pub hash: ContentHash,
+pub struct Forward<H = ContentHash> {
+    /// The hash, or with a [`HashGroup`] the record's place in the group.
+    pub hash: H,
     /// The partition key ([`Record::partition_key`]).
     pub key: Str,
     /// `None` when the record's own text may stand as its value (as [`check_bytes_verbatim`]
@@ -75,14 +86,23 @@ pub struct Forward {
 /// building a [`Record`] (no strings copied, unhashed lists and maps only checked). Same
 /// rules, hashes and errors as [`check_bytes`].
 pub fn check_bytes_forward(def: &StreamDef, raw: &[u8]) -> Result<Forward, RecordError> {
-    if let Some((hash, key)) = scan::forwardable(def, raw) {
+    check_bytes_forward_in(def, raw, &mut AtOnce)
+}
+
+/// [`check_bytes_forward`], the hash made as `hashing` makes hashes.
+pub fn check_bytes_forward_in<H: Hashing>(
+    def: &StreamDef,
+    raw: &[u8],
+    hashing: &mut H,
+) -> Result<Forward<H::Hash>, RecordError> {
+    if let Some((hash, key)) = scan::forwardable(def, raw, hashing) {
         return Ok(Forward {
             hash,
             key,
             canonical: None,
         });
     }
-    let (valid, verbatim) = check_bytes_verbatim(def, raw)?;
+    let (valid, verbatim) = check_bytes_verbatim_in(def, raw, hashing)?;
     Ok(Forward {
         hash: valid.hash,
         key: valid.record.partition_key(def),

@@ -9,7 +9,7 @@
 
 use smallvec::SmallVec;
 
-use crate::hash::{ContentHash, content_hash_with, encode_present, encode_scalar};
+use crate::hash::{AtOnce, ContentHash, Hashing, content_hash_with, encode_present, encode_scalar};
 use crate::stream::{FieldType, StreamDef};
 use crate::value::{
     Record, Scalar, Str, Value, float_from_f64, int_from_f64, partition_key, timestamp_from_i64,
@@ -34,7 +34,11 @@ pub(crate) fn decode_verbatim(def: &StreamDef, bytes: &[u8]) -> Option<(Record, 
 /// each, so that its text may stand as its Kafka value; the record itself is never built (its
 /// strings stay in `bytes`, its unhashed lists and maps are only checked). `None` for anything
 /// else, which the caller decodes into a record instead.
-pub(crate) fn forwardable(def: &StreamDef, bytes: &[u8]) -> Option<(ContentHash, Str)> {
+pub(crate) fn forwardable<H: Hashing>(
+    def: &StreamDef,
+    bytes: &[u8],
+    hashing: &mut H,
+) -> Option<(H::Hash, Str)> {
     // Made here, not returned by a helper: returning them costs a copy of the whole array.
     let mut slots = Slots::new();
     slots.resize_with(def.fields.len(), || Slot::Null);
@@ -43,7 +47,7 @@ pub(crate) fn forwardable(def: &StreamDef, bytes: &[u8]) -> Option<(ContentHash,
         return None;
     }
     // `Build::Hashed` built every hashed list and map.
-    let hash = slots_hash(def, &slots);
+    let hash = slots_hash(def, &slots, hashing);
     let key = partition_key(match &slots[def.partition_key] {
         Slot::Scalar(value) => Some(*value),
         _ => None,
@@ -59,7 +63,7 @@ pub(crate) fn scanned<'a>(def: &StreamDef, bytes: &'a [u8]) -> Option<(Slots<'a>
     let mut slots = Slots::new();
     slots.resize_with(def.fields.len(), || Slot::Null);
     scan(def, bytes, Build::All, &mut slots)?;
-    let hash = slots_hash(def, &slots);
+    let hash = slots_hash(def, &slots, &mut AtOnce);
     Some((slots, hash))
 }
 
@@ -67,8 +71,8 @@ pub(crate) fn scanned<'a>(def: &StreamDef, bytes: &'a [u8]) -> Option<(Slots<'a>
 pub(crate) type Slots<'a> = SmallVec<[Slot<'a>; 16]>;
 
 /// The content hash of scanned fields whose hashed lists and maps were built.
-fn slots_hash(def: &StreamDef, slots: &[Slot<'_>]) -> ContentHash {
-    content_hash_with(def, |out, i| match &slots[i] {
+fn slots_hash<H: Hashing>(def: &StreamDef, slots: &[Slot<'_>], hashing: &mut H) -> H::Hash {
+    content_hash_with(def, hashing, |out, i| match &slots[i] {
         Slot::Null => false,
         Slot::Scalar(value) => {
             encode_scalar(out, *value);

@@ -40,7 +40,7 @@ fn sensor_hashing_tags() -> StreamDef {
 fn agree(def: &StreamDef, text: &[u8]) -> Result<bool, TestCaseError> {
     let fast = super::decode_verbatim(def, text);
     let shown = String::from_utf8_lossy(text);
-    match (&fast, super::forwardable(def, text)) {
+    match (&fast, super::forwardable(def, text, &mut crate::AtOnce)) {
         (Some((record, true)), Some((hash, key))) => {
             prop_assert_eq!(hash, crate::content_hash(def, record), "{}", shown);
             prop_assert_eq!(key, record.partition_key(def), "{}", shown);
@@ -280,6 +280,38 @@ proptest! {
         agree(&sensor_hashing_tags(), text.as_bytes())?;
     }
 
+    /// A group of records, checked into a [`crate::HashGroup`] (both paths, the scanner's and
+    /// the record's), gets the hashes each record gets alone.
+    #[test]
+    fn a_hash_group_hashes_as_each_record_alone(
+        texts in prop::collection::vec(prop_oneof![arb_plain_reading(), arb_object_text()], 0..40),
+    ) {
+        let def = sensor();
+        let mut group = crate::HashGroup::new();
+        let mut pending = Vec::new();
+        for (i, text) in texts.iter().enumerate() {
+            let text = text.as_bytes();
+            let forward = i % 2 == 0;
+            let p = if forward {
+                crate::check_bytes_forward_in(&def, text, &mut group).map(|f| f.hash)
+            } else {
+                crate::check_bytes_verbatim_in(&def, text, &mut group).map(|(v, _)| v.hash)
+            };
+            let alone = crate::check_bytes_forward(&def, text).map(|f| f.hash);
+            prop_assert_eq!(p.is_ok(), alone.is_ok());
+            if let (Ok(p), Ok(alone)) = (p, alone) {
+                pending.push((p, alone));
+            }
+        }
+        prop_assert_eq!(group.len(), pending.len());
+        group.finish();
+        for (p, alone) in pending {
+            prop_assert_eq!(group.get(p), alone);
+        }
+        group.clear();
+        prop_assert!(group.is_empty());
+    }
+
     #[test]
     fn scanner_takes_the_common_shape(text in arb_plain_reading()) {
         prop_assert!(agree(&sensor(), text.as_bytes())?, "scanner declined {}", text);
@@ -447,7 +479,7 @@ fn forwarding_hashes_the_lists_and_maps_it_builds() {
     }
     // An unhashed map is checked even when it is not built.
     let bad = r#"{"device_id":"d","sensor":"s","ts":0,"value":1,"tags":{"a":1}}"#;
-    assert!(super::forwardable(&sensor(), bad.as_bytes()).is_none());
+    assert!(super::forwardable(&sensor(), bad.as_bytes(), &mut crate::AtOnce).is_none());
     assert!(crate::check_bytes_forward(&sensor(), bad.as_bytes()).is_err());
 }
 
