@@ -16,7 +16,7 @@ use schemas::api::{ErrorBody, IngestResponse, RejectedRecord};
 use schemas::columnar::parquet_to_ndjson;
 use schemas::decode::{BodyFormat, split_body};
 use schemas::hash::HashSetOfHashes;
-use schemas::{RecordError, StreamDef, Streams, validate_stream_name};
+use schemas::{Forward, HashGroup, RecordError, StreamDef, Streams, validate_stream_name};
 use tokio::sync::{OwnedSemaphorePermit, Semaphore};
 
 use crate::auth::Auth;
@@ -450,46 +450,63 @@ fn check_plain(
     // bytes per update would go one block at a time.
     let mut fingerprint = Vec::with_capacity(records.len() * 32);
     let mut newer_definition_may_take = false;
-    for (index, raw) in records.into_iter().enumerate() {
-        let checked = if raw.len() > limits.max_line_bytes {
-            Err(RecordError::Malformed(format!(
-                "record is {} bytes; the limit is {}",
-                raw.len(),
-                limits.max_line_bytes
-            )))
-        } else {
-            schemas::check_bytes_forward(def, raw)
-        };
-        match &checked {
-            Ok(record) => fingerprint.extend_from_slice(&record.hash.0),
-            Err(_) => fingerprint.extend_from_slice(blake3::hash(raw).as_bytes()),
-        }
-        match checked {
-            Ok(record) => {
-                if seen.insert(record.hash) {
-                    // The client's own text is the value when it is a plain object of the
-                    // stream's keys; re-encoding it would only cost time.
-                    prepared.push_forward(def, &record, raw);
-                    let size = prepared.last_message_bytes();
-                    if size > limits.max_message_bytes {
-                        prepared.pop();
-                        seen.remove(&record.hash);
-                        let reason =
-                            plumbing::kafka::too_large_reason(size, limits.max_message_bytes);
-                        dead_letters.push(DeadLetter::new(index, "too_large", &reason, raw));
-                        response.rejected.push(RejectedRecord { index, reason });
+    // Records are checked a group at a time and the group's content hashes made together
+    // ([`HashGroup`]), then taken in order.
+    let mut hashes = HashGroup::new();
+    let mut group = Vec::with_capacity(HASH_GROUP.min(records.len()));
+    let mut records = records.into_iter().enumerate().peekable();
+    while records.peek().is_some() {
+        group.extend(records.by_ref().take(HASH_GROUP).map(|(index, raw)| {
+            let checked = if raw.len() > limits.max_line_bytes {
+                Err(RecordError::Malformed(format!(
+                    "record is {} bytes; the limit is {}",
+                    raw.len(),
+                    limits.max_line_bytes
+                )))
+            } else {
+                schemas::check_bytes_forward_in(def, raw, &mut hashes)
+            };
+            (index, raw, checked)
+        }));
+        hashes.finish();
+        for (index, raw, checked) in group.drain(..) {
+            let checked = checked.map(|f| Forward {
+                hash: hashes.get(f.hash),
+                key: f.key,
+                canonical: f.canonical,
+            });
+            match &checked {
+                Ok(record) => fingerprint.extend_from_slice(&record.hash.0),
+                Err(_) => fingerprint.extend_from_slice(blake3::hash(raw).as_bytes()),
+            }
+            match checked {
+                Ok(record) => {
+                    if seen.insert(record.hash) {
+                        // The client's own text is the value when it is a plain object of the
+                        // stream's keys; re-encoding it would only cost time.
+                        prepared.push_forward(def, &record, raw);
+                        let size = prepared.last_message_bytes();
+                        if size > limits.max_message_bytes {
+                            prepared.pop();
+                            seen.remove(&record.hash);
+                            let reason =
+                                plumbing::kafka::too_large_reason(size, limits.max_message_bytes);
+                            dead_letters.push(DeadLetter::new(index, "too_large", &reason, raw));
+                            response.rejected.push(RejectedRecord { index, reason });
+                        }
+                    } else {
+                        response.duplicates += 1;
                     }
-                } else {
-                    response.duplicates += 1;
+                }
+                Err(e) => {
+                    newer_definition_may_take |= e.newer_definition_may_take();
+                    let reason = e.to_string();
+                    dead_letters.push(DeadLetter::new(index, e.code(), &reason, raw));
+                    response.rejected.push(RejectedRecord { index, reason });
                 }
             }
-            Err(e) => {
-                newer_definition_may_take |= e.newer_definition_may_take();
-                let reason = e.to_string();
-                dead_letters.push(DeadLetter::new(index, e.code(), &reason, raw));
-                response.rejected.push(RejectedRecord { index, reason });
-            }
         }
+        hashes.clear();
     }
     Ok(Checked {
         prepared,
@@ -500,6 +517,9 @@ fn check_plain(
         newer_definition_may_take,
     })
 }
+
+/// Records of a request whose content hashes are made together.
+const HASH_GROUP: usize = 32;
 
 const IDEMPOTENCY_KEY: &str = "idempotency-key";
 const IDEMPOTENT_REPLAYED: &str = "idempotent-replayed";
