@@ -17,6 +17,7 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use plumbing::kafka::{DeadLetter, DeliveryGroup, GroupProducer, Messages};
+use rdkafka::producer::Producer;
 use rand::Rng;
 use reqwest::StatusCode;
 use reqwest::header::{CONTENT_ENCODING, CONTENT_TYPE, RETRY_AFTER};
@@ -407,7 +408,8 @@ fn lock<T>(mutex: &std::sync::Mutex<T>) -> std::sync::MutexGuard<'_, T> {
 }
 
 pub struct KafkaOutput {
-    producer: GroupProducer,
+    /// Shared with the blocking pool's metadata requests.
+    producer: Arc<GroupProducer>,
     topic_prefix: String,
     /// The producer's `message.max.bytes`.
     max_message_bytes: usize,
@@ -424,8 +426,10 @@ impl KafkaOutput {
             config.set(k, v);
         }
         Ok(KafkaOutput {
-            producer: plumbing::kafka::group_producer(&config)
-                .map_err(|e| SendError::Config(e.to_string()))?,
+            producer: Arc::new(
+                plumbing::kafka::group_producer(&config)
+                    .map_err(|e| SendError::Config(e.to_string()))?,
+            ),
             topic_prefix: target.topic_prefix.clone(),
             max_message_bytes: plumbing::kafka::max_message_bytes(&config),
             dead_letter_topic: target.dead_letter_topic.clone(),
@@ -470,7 +474,10 @@ impl KafkaOutput {
 
     /// Produces the dead letters of a delivered batch's records that were too large, once: a
     /// failure (the topic missing, the broker gone) is logged and counted
-    /// (`edge_agent_dead_letters_lost_total`), and the batch is not held up for them.
+    /// (`edge_agent_dead_letters_lost_total`), and the batch is not held up for them. A missing
+    /// topic is found by asking for its metadata first: librdkafka only gives up on a message
+    /// to a missing topic at the message timeout (30 s), which held the batch and its stream up
+    /// that long.
     async fn keep_dead_letters(
         &self,
         stream: &str,
@@ -478,6 +485,10 @@ impl KafkaOutput {
         too_large: &[(RejectedRecord, DeadLetter)],
     ) {
         if too_large.is_empty() {
+            return;
+        }
+        if let Some(missing) = self.dead_letter_topic_missing().await {
+            self.dead_letters_lost(stream, batch, too_large.len(), &missing);
             return;
         }
         let ingest_ts = plumbing::kafka::ingest_ts_now();
@@ -491,12 +502,35 @@ impl KafkaOutput {
             Ok(_) => {
                 tracing::warn!(stream, batch = %batch.id, records = too_large.len(), topic = %self.dead_letter_topic, "records too large for a Kafka message went to the dead-letter topic")
             }
-            Err(e) => {
-                metrics::counter!(m::DEAD_LETTERS_LOST, "stream" => stream.to_owned())
-                    .increment(too_large.len() as u64);
-                tracing::error!(stream, batch = %batch.id, records = too_large.len(), topic = %self.dead_letter_topic, error = %e, "records too large for a Kafka message could not go to the dead-letter topic: they are left out");
-            }
+            Err(e) => self.dead_letters_lost(stream, batch, too_large.len(), &e.to_string()),
         }
+    }
+
+    /// Why the dead-letter topic cannot take records, when the cluster says it does not exist;
+    /// `None` when it exists or the metadata request failed (producing then tells).
+    async fn dead_letter_topic_missing(&self) -> Option<String> {
+        let producer = self.producer.clone();
+        let topic = self.dead_letter_topic.clone();
+        let exists =
+            tokio::task::spawn_blocking(move || {
+                let metadata = producer
+                    .client()
+                    .fetch_metadata(Some(&topic), Duration::from_secs(5))
+                    .ok()?;
+                Some(metadata.topics().iter().any(|t| {
+                    t.name() == topic && t.error().is_none() && !t.partitions().is_empty()
+                }))
+            })
+            .await
+            .ok()
+            .flatten()?;
+        (!exists).then(|| "the topic does not exist".to_owned())
+    }
+
+    fn dead_letters_lost(&self, stream: &str, batch: &Batch, records: usize, error: &str) {
+        metrics::counter!(m::DEAD_LETTERS_LOST, "stream" => stream.to_owned())
+            .increment(records as u64);
+        tracing::error!(stream, batch = %batch.id, records, topic = %self.dead_letter_topic, error, "records too large for a Kafka message could not go to the dead-letter topic: they are left out");
     }
 
     async fn attempt(&self, stream: &str, messages: &Messages) -> Result<IngestResponse, Attempt> {

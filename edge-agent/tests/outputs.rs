@@ -227,7 +227,9 @@ fn with_a_record_too_large() -> (Vec<String>, Vec<ContentHash>) {
 }
 
 /// Without the dead-letter topic (not created; Kafka does not create it), the record too large
-/// is left out and logged, and the batch is not held up for it: the stream goes on.
+/// is left out and logged, and the batch is not held up for it: the stream goes on. The agent
+/// asks for the topic's metadata first: before, librdkafka held the dead letter until the
+/// message timeout, and the batch with it (30 s by default; the run here would take 5 minutes).
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn kafka_output_goes_on_without_the_dead_letter_topic() {
     let kafka = service_env("EDGE_INGEST_KAFKA");
@@ -236,8 +238,10 @@ async fn kafka_output_goes_on_without_the_dead_letter_topic() {
     create_topic(&kafka, &topic, 1).await;
     let dir = tempfile::tempdir().unwrap();
     let (lines, expected) = with_a_record_too_large();
-    // librdkafka gives up on the missing topic at the message timeout.
-    let batch = "max_records = 10\n[kafka.properties]\n\"message.timeout.ms\" = \"3000\"";
+    // librdkafka gives up on a message to a missing topic at the message timeout or when the
+    // topic has not appeared for `topic.metadata.propagation.max.ms` (30 s by default): both
+    // here far past the minute `run_to_kafka` waits.
+    let batch = "max_records = 10\n[kafka.properties]\n\"message.timeout.ms\" = \"300000\"\n\"topic.metadata.propagation.max.ms\" = \"300000\"";
     let stats = run_to_kafka(dir.path(), &kafka, &prefix, batch, &lines).await;
     assert_eq!(stats.delivery.accepted, 2);
     assert_eq!(stats.delivery.rejected_records, 1);
