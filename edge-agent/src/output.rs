@@ -17,8 +17,8 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use plumbing::kafka::{DeadLetter, DeliveryGroup, GroupProducer, Messages};
-use rdkafka::producer::Producer;
 use rand::Rng;
+use rdkafka::producer::Producer;
 use reqwest::StatusCode;
 use reqwest::header::{CONTENT_ENCODING, CONTENT_TYPE, RETRY_AFTER};
 use schemas::StreamDef;
