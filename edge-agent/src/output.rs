@@ -476,8 +476,8 @@ impl KafkaOutput {
     /// failure (the topic missing, the broker gone) is logged and counted
     /// (`edge_agent_dead_letters_lost_total`), and the batch is not held up for them. A missing
     /// topic is found by asking for its metadata first: librdkafka only gives up on a message
-    /// to a missing topic at the message timeout (30 s), which held the batch and its stream up
-    /// that long.
+    /// to a missing topic after `topic.metadata.propagation.max.ms` (30 s), which held the
+    /// batch and its stream up that long.
     async fn keep_dead_letters(
         &self,
         stream: &str,
@@ -487,8 +487,8 @@ impl KafkaOutput {
         if too_large.is_empty() {
             return;
         }
-        if let Some(missing) = self.dead_letter_topic_missing().await {
-            self.dead_letters_lost(stream, batch, too_large.len(), &missing);
+        if self.dead_letter_topic_missing().await {
+            self.dead_letters_lost(stream, batch, too_large.len(), "the topic does not exist");
             return;
         }
         let ingest_ts = plumbing::kafka::ingest_ts_now();
@@ -506,9 +506,9 @@ impl KafkaOutput {
         }
     }
 
-    /// Why the dead-letter topic cannot take records, when the cluster says it does not exist;
-    /// `None` when it exists or the metadata request failed (producing then tells).
-    async fn dead_letter_topic_missing(&self) -> Option<String> {
+    /// Whether the cluster says the dead-letter topic does not exist; false when it exists or
+    /// the metadata request failed (producing then tells).
+    async fn dead_letter_topic_missing(&self) -> bool {
         let producer = self.producer.clone();
         let topic = self.dead_letter_topic.clone();
         let exists =
@@ -523,8 +523,8 @@ impl KafkaOutput {
             })
             .await
             .ok()
-            .flatten()?;
-        (!exists).then(|| "the topic does not exist".to_owned())
+            .flatten();
+        exists == Some(false)
     }
 
     fn dead_letters_lost(&self, stream: &str, batch: &Batch, records: usize, error: &str) {

@@ -25,8 +25,8 @@ use crate::invalid::KeptInvalid;
 use crate::metrics as m;
 use crate::spool::{Appended, Overflow, Spool, SpoolError};
 
-/// A line as the pipeline checked it.
-/// Its hash is the line's place in the group's [`HashGroup`].
+/// A line as the pipeline checked it; its hash is the line's place in the group's
+/// [`HashGroup`].
 enum Checked {
     /// Without filters, into NDJSON batches: no record is built when the line may stand for it.
     Forward(Forward<Pending>),
