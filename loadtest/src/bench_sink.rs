@@ -468,7 +468,8 @@ impl std::fmt::Display for SinkBenchReport {
 /// the records; the fastest round is the result. The records are spread over `partitions`
 /// partitions by their device, as the gateway's key spreads them over a topic's partitions, and
 /// each partition writes its own file as the sink's writers do. It runs the sink's own
-/// per-record code ([`sink::partition::PartitionState::append`]) and is what to compare with
+/// per-record code ([`sink::partition::PartitionState::check`] and `append_checked`, a
+/// group of records at a time as the worker takes them) and is what to compare with
 /// pyarrow's conversion of the same NDJSON, and the target for a profiler.
 pub fn sink_path(work: &Workload, rounds: usize, partitions: usize) -> anyhow::Result<Throughput> {
     let config = sink::SinkConfig::default();
@@ -504,19 +505,35 @@ pub fn sink_path(work: &Workload, rounds: usize, partitions: usize) -> anyhow::R
             .collect();
         let m = Measure::start();
         let mut rows = 0;
-        for (i, &(line, p)) in lines.iter().enumerate() {
-            let (part, offset) = &mut parts[p];
-            let appended = part.append(line, *offset, 0, staging.path(), targets)?;
-            *offset += 1;
-            match appended {
-                sink::partition::Appended::Row { full } => {
-                    rows += 1;
-                    if full {
-                        finish(part, *offset)?;
+        // As the sink's worker takes ready messages: a group checked, its content hashes made
+        // together, then appended in order.
+        let mut hashes = schemas::HashGroup::new();
+        for (g, group) in lines.chunks(sink::READY_GROUP).enumerate() {
+            let checked: Vec<_> = group
+                .iter()
+                .map(|&(line, p)| parts[p].0.check(line, &mut hashes))
+                .collect();
+            hashes.finish();
+            for (k, (&(line, p), checked)) in group.iter().zip(&checked).enumerate() {
+                let (part, offset) = &mut parts[p];
+                let checked = match checked {
+                    Ok(row) => Ok((row, hashes.get(row.hash))),
+                    Err(e) => Err(e.clone()),
+                };
+                let appended =
+                    part.append_checked(checked, line, *offset, 0, staging.path(), targets)?;
+                *offset += 1;
+                match appended {
+                    sink::partition::Appended::Row { full } => {
+                        rows += 1;
+                        if full {
+                            finish(part, *offset)?;
+                        }
                     }
+                    other => bail!("record {}: {other:?}", g * sink::READY_GROUP + k),
                 }
-                other => bail!("record {i}: {other:?}"),
             }
+            hashes.clear();
         }
         for (part, offset) in &mut parts {
             finish(part, *offset)?;

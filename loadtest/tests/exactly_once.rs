@@ -1658,3 +1658,147 @@ async fn a_compatible_definition_change_is_taken_without_a_restart() {
     assert_eq!(sum, want);
     drop(cluster);
 }
+
+/// The worker takes ready messages a group at a time (their content hashes made together) and
+/// ends a group wherever a message needs an await: a file full after 7 records, a record of
+/// the next ingest hour (every 50 messages), a partition's first record. Everything is
+/// produced before the sink starts, so groups are full and those ends fall anywhere in them.
+/// Every valid reading lands once, each duplicate and each undecodable record (every 40th
+/// message) is counted once, no file mixes two hours and no two files of a partition overlap.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn ready_groups_end_at_flushes_hours_and_new_partitions_and_land_once() {
+    let (cluster, producer) = mock_cluster(3);
+    let readings = sensor_readings(&FleetSpec {
+        records: 1_500,
+        ..FleetSpec::default()
+    });
+    let distinct: HashSet<String> = readings.iter().map(|r| r.to_string()).collect();
+    let mut garbage = 0;
+    let mut sends = Vec::new();
+    for (i, r) in readings.iter().enumerate() {
+        let key = r["device_id"].as_str().unwrap().to_owned();
+        let value = if i % 40 == 39 {
+            garbage += 1;
+            format!("{{\"device_id\": \"{key}\", not json")
+        } else {
+            r.to_string()
+        };
+        let hour = BASE_TS + (i as i64 / 50) * 3_600_000_000;
+        let headers = OwnedHeaders::new().insert(Header {
+            key: "ingest-ts",
+            value: Some(&hour.to_string()),
+        });
+        let producer = producer.clone();
+        sends.push(async move {
+            let record = FutureRecord::to(TOPIC)
+                .key(&key)
+                .payload(&value)
+                .headers(headers);
+            producer
+                .send(record, Duration::from_secs(10))
+                .await
+                .unwrap();
+        });
+    }
+    futures::future::join_all(sends).await;
+    let landing = tempfile::tempdir().unwrap();
+    let rotation = RotationConfig {
+        max_records: 7,
+        ..quick_rotation()
+    };
+    let (sink, shutdown) = start_local_sink(&cluster, landing.path(), "groups", rotation).await;
+    wait_received(&sink, readings.len() as u64).await;
+    wait_for("every record written", 30, || {
+        sink.stats.records_settled() == readings.len() as u64
+    })
+    .await;
+    shutdown.cancel();
+    sink.task.await.unwrap().unwrap();
+    let kept: Vec<serde_json::Value> = readings
+        .iter()
+        .enumerate()
+        .filter(|(i, _)| i % 40 != 39)
+        .map(|(_, r)| r.clone())
+        .collect();
+    let landed = assert_exactly_once(&kept, landing.path());
+    let stats = &sink.stats;
+    assert_eq!(stats.dead_letters.load(Ordering::Relaxed), garbage);
+    let streams = schemas::example_streams();
+    let def = streams.get("sensor_readings").unwrap();
+    let kept_distinct: HashSet<_> = kept
+        .iter()
+        .map(|r| schemas::check(def, r.clone()).unwrap().hash)
+        .collect();
+    assert!(kept_distinct.len() < distinct.len() && kept_distinct.len() < kept.len());
+    assert_eq!(
+        stats.duplicates_dropped.load(Ordering::Relaxed),
+        (kept.len() - kept_distinct.len()) as u64
+    );
+    let mut ranges: Vec<(i32, i64, i64)> = Vec::new();
+    for file in &landed.files {
+        let (partition, first, last, hours) = file_offsets_and_hours(&file.path);
+        assert_eq!(hours.len(), 1, "{} holds rows of hours {hours:?}", file.key);
+        let hour = chrono::DateTime::from_timestamp_micros(hours[0] * 3_600_000_000).unwrap();
+        assert!(
+            file.key
+                .contains(&hour.format("date=%Y-%m-%d/hour=%H/").to_string()),
+            "{}",
+            file.key
+        );
+        ranges.push((partition, first, last));
+    }
+    ranges.sort();
+    for pair in ranges.windows(2) {
+        let ((p, _, last), (q, first, _)) = (pair[0], pair[1]);
+        assert!(p != q || first > last, "overlapping files: {ranges:?}");
+    }
+    assert!(landed.files.len() > 3 * 8, "{} files", landed.files.len());
+    drop(cluster);
+}
+
+/// A landing file's partition, first and last offset (from its metadata, checked against its
+/// `_offset` column) and the ingest hours of its rows.
+fn file_offsets_and_hours(path: &std::path::Path) -> (i32, i64, i64, Vec<i64>) {
+    use arrow::array::{Array, AsArray};
+    use arrow::datatypes::{Int32Type, Int64Type, TimestampMicrosecondType};
+    let file = std::fs::File::open(path).unwrap();
+    let builder =
+        parquet::arrow::arrow_reader::ParquetRecordBatchReaderBuilder::try_new(file).unwrap();
+    let meta: std::collections::HashMap<String, String> = builder
+        .metadata()
+        .file_metadata()
+        .key_value_metadata()
+        .unwrap()
+        .iter()
+        .map(|kv| (kv.key.clone(), kv.value.clone().unwrap_or_default()))
+        .collect();
+    let first: i64 = meta["first_offset"].parse().unwrap();
+    let last: i64 = meta["last_offset"].parse().unwrap();
+    let (mut partitions, mut hours) = (Vec::new(), Vec::new());
+    for batch in builder.build().unwrap() {
+        let batch = batch.unwrap();
+        let column = |name: &str| batch.column_by_name(name).unwrap().clone();
+        let offsets = column("_offset");
+        for offset in offsets.as_primitive::<Int64Type>().values() {
+            assert!(
+                (first..=last).contains(offset),
+                "{offset} in {first}..={last}"
+            );
+        }
+        partitions.extend(column("_partition").as_primitive::<Int32Type>().values());
+        let ingest = column("_ingest_ts");
+        assert_eq!(ingest.null_count(), 0);
+        hours.extend(
+            ingest
+                .as_primitive::<TimestampMicrosecondType>()
+                .values()
+                .iter()
+                .map(|t| t.div_euclid(3_600_000_000)),
+        );
+    }
+    partitions.dedup();
+    hours.sort();
+    hours.dedup();
+    assert_eq!(partitions.len(), 1, "{partitions:?}");
+    (partitions[0], first, last, hours)
+}

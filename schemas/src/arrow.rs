@@ -161,7 +161,7 @@ impl BatchBuilder {
     /// Appends a checked row ([`crate::check_bytes_row`]) of this builder's stream. The row is
     /// borrowed: moving its slots (an array of 16) here cost a copy of them per record.
     #[inline]
-    pub fn push(&mut self, row: &Row<'_>, meta: RowMeta) {
+    pub fn push<H>(&mut self, row: &Row<'_, H>, meta: RowMeta) {
         match &row.fields {
             RowFields::Scanned(slots) => {
                 for (column, slot) in self.columns.iter_mut().zip(slots) {

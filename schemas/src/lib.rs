@@ -113,8 +113,9 @@ pub fn check_bytes_forward_in<H: Hashing>(
 /// A record checked for landing: its content hash and its field values, which
 /// [`arrow::BatchBuilder::push`] appends to Arrow columns.
 #[derive(Debug, Clone)]
-pub struct Row<'a> {
-    pub hash: ContentHash,
+pub struct Row<'a, H = ContentHash> {
+    /// The hash, or with a [`HashGroup`] the record's place in the group.
+    pub hash: H,
     pub(crate) fields: RowFields<'a>,
 }
 
@@ -133,7 +134,17 @@ pub(crate) enum RowFields<'a> {
 /// Same rules, hashes and errors as [`check_bytes`].
 #[inline]
 pub fn check_bytes_row<'a>(def: &StreamDef, raw: &'a [u8]) -> Result<Row<'a>, RecordError> {
-    if let Some((slots, hash)) = scan::scanned(def, raw) {
+    check_bytes_row_in(def, raw, &mut AtOnce)
+}
+
+/// [`check_bytes_row`], the hash made as `hashing` makes hashes.
+#[inline]
+pub fn check_bytes_row_in<'a, H: Hashing>(
+    def: &StreamDef,
+    raw: &'a [u8],
+    hashing: &mut H,
+) -> Result<Row<'a, H::Hash>, RecordError> {
+    if let Some((slots, hash)) = scan::scanned(def, raw, hashing) {
         return Ok(Row {
             hash,
             fields: RowFields::Scanned(slots),
@@ -141,7 +152,7 @@ pub fn check_bytes_row<'a>(def: &StreamDef, raw: &'a [u8]) -> Result<Row<'a>, Re
     }
     let record = typed::decode_record_serde(def, raw)?;
     Ok(Row {
-        hash: content_hash(def, &record),
+        hash: content_hash_in(def, &record, hashing),
         fields: RowFields::Record(record),
     })
 }

@@ -9,7 +9,7 @@
 
 use smallvec::SmallVec;
 
-use crate::hash::{AtOnce, ContentHash, Hashing, content_hash_with, encode_present, encode_scalar};
+use crate::hash::{Hashing, content_hash_with, encode_present, encode_scalar};
 use crate::stream::{FieldType, StreamDef};
 use crate::value::{
     Record, Scalar, Str, Value, float_from_f64, int_from_f64, partition_key, timestamp_from_i64,
@@ -59,11 +59,15 @@ pub(crate) fn forwardable<H: Hashing>(
 /// value counts), without building the record: strings stay slices of `bytes`. `None` for
 /// anything else, which the caller decodes into a record instead.
 #[inline(always)]
-pub(crate) fn scanned<'a>(def: &StreamDef, bytes: &'a [u8]) -> Option<(Slots<'a>, ContentHash)> {
+pub(crate) fn scanned<'a, H: Hashing>(
+    def: &StreamDef,
+    bytes: &'a [u8],
+    hashing: &mut H,
+) -> Option<(Slots<'a>, H::Hash)> {
     let mut slots = Slots::new();
     slots.resize_with(def.fields.len(), || Slot::Null);
     scan(def, bytes, Build::All, &mut slots)?;
-    let hash = slots_hash(def, &slots, &mut AtOnce);
+    let hash = slots_hash(def, &slots, hashing);
     Some((slots, hash))
 }
 

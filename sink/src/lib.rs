@@ -11,6 +11,9 @@ pub mod metrics;
 pub mod open_file;
 pub mod parquet_file;
 pub mod partition;
+mod ready;
+
+pub use ready::GROUP as READY_GROUP;
 pub mod redrive;
 pub mod staging;
 pub mod store;
@@ -26,11 +29,11 @@ use plumbing::{DefinitionFile, Reread};
 use rdkafka::consumer::{
     BaseConsumer, CommitMode, Consumer, ConsumerContext, Rebalance, StreamConsumer,
 };
-use rdkafka::message::{BorrowedMessage, Headers, Message, OwnedMessage};
+use rdkafka::message::{Headers, Message, OwnedMessage};
 use rdkafka::{ClientConfig, ClientContext, Offset, TopicPartitionList};
 use schemas::window::{DigestWindow, MAX_UNTIMED_ENTRY_BYTES, digest};
 use schemas::wire::{HEADER_INGEST_TS, parse_decimal_header, stream_of_topic, topic_name};
-use schemas::{ContentHash, Streams};
+use schemas::{ContentHash, HashGroup, Pending, RecordError, Row, Streams};
 use tokio::task::JoinHandle;
 use tokio_util::sync::CancellationToken;
 
@@ -387,6 +390,8 @@ pub async fn start(
         staging_attempts: HashMap::new(),
         definitions: HashMap::new(),
         refused: Vec::new(),
+        hashes: HashGroup::new(),
+        sought: Vec::new(),
     };
     Ok(Sink {
         task: tokio::spawn(worker.run()),
@@ -437,6 +442,11 @@ struct Worker {
     /// Streams whose definition file holds a change this sink refused: their files are looked
     /// at on every tick, so that the refusal ends when the file is mended.
     refused: Vec<String>,
+    /// The content hashes of a group of ready messages, made together (`ready`).
+    hashes: HashGroup,
+    /// Partitions sought back ([`Worker::hold`]) since the detached messages of a group were
+    /// received: those messages are dropped, as librdkafka drops what it fetched before a seek.
+    sought: Vec<PartKey>,
 }
 
 /// A staged file could not be written (the staging disk full, an I/O error). The sink does not
@@ -585,14 +595,6 @@ enum Handled {
     Redefine,
 }
 
-/// What remains to do for a message after [`Worker::on_borrowed`].
-enum Next {
-    Done,
-    Flush(PartKey, FlushReason),
-    /// Needs an await first (a new partition, an hour boundary).
-    Slow(OwnedMessage),
-}
-
 fn now_micros() -> i64 {
     SystemTime::now()
         .duration_since(UNIX_EPOCH)
@@ -629,36 +631,19 @@ impl Worker {
                     }
                 }
                 msg = consumer.recv() => {
-                    // Then whatever else is ready, without a trip through `select!` (and its
-                    // waker registrations) per message; the timers and shutdown are checked
-                    // between rounds.
+                    // Then whatever else is ready, a group at a time (`ready`), without a trip
+                    // through `select!` (and its waker registrations) per message; the timers
+                    // and shutdown are checked between rounds.
                     let mut next = Some(msg);
                     let mut taken = 0;
                     self.round_start = Instant::now();
-                    while let Some(msg) = next.take() {
-                        match msg {
-                            Ok(msg) => {
-                                let handled = match self.on_borrowed(msg) {
-                                    Ok(Next::Done) => Ok(false),
-                                    Ok(Next::Flush(key, reason)) => {
-                                        self.flush(&key, reason).await.map(|()| true)
-                                    }
-                                    Ok(Next::Slow(msg)) => {
-                                        self.on_message(msg).await.map(|()| true)
-                                    }
-                                    Err(e) => Err(e),
-                                };
-                                // A rewind awaits too.
-                                let waited = self.recover(handled).await?.unwrap_or(true);
-                                if waited {
-                                    // The clock moved during the await.
-                                    self.round_start = Instant::now();
-                                }
-                            }
-                            Err(e) => tracing::warn!(error = %e, "consumer error"),
+                    while let Some(first) = next.take() {
+                        let (left, more) = self.take_ready(&consumer, first, &mut taken);
+                        if self.finish_left(left).await? {
+                            // The clock moved during the await.
+                            self.round_start = Instant::now();
                         }
-                        taken += 1;
-                        if taken < DRAIN_MAX {
+                        if more {
                             next = consumer.recv().now_or_never();
                         }
                     }
@@ -674,29 +659,6 @@ impl Worker {
         Ok(())
     }
 
-    /// The common case without an await: the message's partition is open and stays in its
-    /// hour, so the message is handled while librdkafka still owns it (no copy of payload, key
-    /// and headers). Otherwise it is detached for [`Worker::on_message`], since a borrowed
-    /// message cannot be held across an await.
-    fn on_borrowed(&mut self, msg: BorrowedMessage<'_>) -> anyhow::Result<Next> {
-        self.drop_revoked();
-        let fields = Fields::of(&msg, self.config.kafka.ingest_time);
-        // One lookup for both: a new partition, or an hour boundary.
-        let fast = self
-            .parts
-            .get(&fields.part)
-            .is_some_and(|part| !part.crosses_hour(fields.ingest_ts));
-        if !fast {
-            return Ok(Next::Slow(msg.detach()));
-        }
-        let Handled::Taken(flush) = self.handle(&fields)? else {
-            // A definition is read again, which awaits.
-            return Ok(Next::Slow(msg.detach()));
-        };
-        let flush = flush.or(self.count_received()?);
-        Ok(flush.map_or(Next::Done, |(key, reason)| Next::Flush(key, reason)))
-    }
-
     async fn on_message(&mut self, msg: OwnedMessage) -> anyhow::Result<()> {
         self.open_partition(&msg).await?;
         let fields = Fields::of(&msg, self.config.kafka.ingest_time);
@@ -705,7 +667,7 @@ impl Worker {
         }
         self.round_start = Instant::now();
         let flush = loop {
-            match self.handle(&fields)? {
+            match self.handle(&fields, None)? {
                 Handled::Taken(flush) => break flush,
                 // Handled again with the definition there is now: a redefinition ends in a
                 // stamp that matches, so this ends.
@@ -879,6 +841,7 @@ impl Worker {
         let Some(offset) = offset else {
             return Ok(());
         };
+        self.sought.push(key.clone());
         let consumer = self.consumer.clone();
         let (topic, partition) = key;
         tokio::task::spawn_blocking(move || {
@@ -1211,7 +1174,11 @@ impl Worker {
 
     /// Adds one message to its partition; returns the partition to flush, if one must be.
     /// Fails only when the staged file cannot be written (nothing is committed then).
-    fn handle(&mut self, msg: &Fields<'_>) -> anyhow::Result<Handled> {
+    fn handle<'m>(
+        &mut self,
+        msg: &Fields<'m>,
+        checked: Option<Result<(&Row<'m, Pending>, ContentHash), RecordError>>,
+    ) -> anyhow::Result<Handled> {
         let targets = self.targets();
         // `open_partition` created the state (with its warmed window and its stream) before
         // this call.
@@ -1228,9 +1195,14 @@ impl Worker {
         let appended = if adopted {
             None
         } else {
-            let appended = part
-                .append(payload, offset, ingest_ts, self.staging.path(), targets)
-                .map_err(|e| StagingFailed::of(part, Some(offset), e))?;
+            let staging = self.staging.path();
+            let appended = match checked {
+                Some(checked) => {
+                    part.append_checked(checked, payload, offset, ingest_ts, staging, targets)
+                }
+                None => part.append(payload, offset, ingest_ts, staging, targets),
+            }
+            .map_err(|e| StagingFailed::of(part, Some(offset), e))?;
             Some(match appended {
                 Appended::Unfit(e) => {
                     let changed = self

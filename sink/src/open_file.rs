@@ -97,7 +97,12 @@ impl OpenFile {
     }
 
     /// Adds a row; encodes the pending rows once there are enough for a batch.
-    pub fn push(&mut self, row: &Row<'_>, meta: RowMeta, bytes: usize) -> Result<(), ParquetError> {
+    pub fn push<H>(
+        &mut self,
+        row: &Row<'_, H>,
+        meta: RowMeta,
+        bytes: usize,
+    ) -> Result<(), ParquetError> {
         self.pending.push(row, meta);
         self.pending_bytes += bytes;
         if self.pending.len() >= BATCH_ROWS {

@@ -8,7 +8,7 @@ use std::time::{Duration, Instant};
 use anyhow::Context as _;
 use schemas::arrow::RowMeta;
 use schemas::window::{DigestWindow, digest};
-use schemas::{ContentHash, RecordError, StreamDef};
+use schemas::{AtOnce, ContentHash, Hashing, RecordError, Row, StreamDef};
 
 use crate::open_file::{FileTargets, OpenFile, SizeRatio};
 use crate::parquet_file::RowId;
@@ -220,21 +220,52 @@ impl PartitionState {
         staging: &Path,
         targets: FileTargets,
     ) -> anyhow::Result<Appended> {
+        let checked = self.check(payload, &mut AtOnce);
+        let checked = match &checked {
+            Ok(row) => Ok((row, row.hash)),
+            Err(e) => Err(e.clone()),
+        };
+        self.append_checked(checked, payload, offset, ingest_ts, staging, targets)
+    }
+
+    /// Checks a record for [`PartitionState::append_checked`], its content hash made as
+    /// `hashing` makes hashes: the worker checks a group of records, makes their hashes
+    /// together ([`schemas::HashGroup`]), then appends them. A partition without an open file
+    /// takes its newer definition first, so the record is checked against the definition it
+    /// is appended with.
+    pub fn check<'a, H: Hashing>(
+        &mut self,
+        payload: &'a [u8],
+        hashing: &mut H,
+    ) -> Result<Row<'a, H::Hash>, RecordError> {
         if self.file.is_none()
             && let Some(newer) = self.newer.take()
         {
             self.def = newer;
         }
+        schemas::check_bytes_row_in(&self.def, payload, hashing)
+    }
+
+    /// [`PartitionState::append`] of a record checked by [`PartitionState::check`]: the row
+    /// (borrowed: a move copies its slots) and its content hash.
+    pub fn append_checked<H>(
+        &mut self,
+        checked: Result<(&Row<'_, H>, ContentHash), RecordError>,
+        payload: &[u8],
+        offset: i64,
+        ingest_ts: i64,
+        staging: &Path,
+        targets: FileTargets,
+    ) -> anyhow::Result<Appended> {
         let def = &self.def;
-        let row = match schemas::check_bytes_row(def, payload) {
-            Ok(row) => row,
+        let (row, hash) = match checked {
+            Ok(checked) => checked,
             Err(e) if e.newer_definition_may_take() => return Ok(Appended::Unfit(e)),
             Err(e) => {
                 self.dead_letter(offset, ingest_ts, &e.to_string(), payload);
                 return Ok(Appended::DeadLetter(e));
             }
         };
-        let hash = row.hash;
         if !self.window.insert(digest(&hash), 0) {
             self.consumed(offset, ingest_ts);
             return Ok(Appended::Duplicate);
@@ -252,7 +283,7 @@ impl PartitionState {
                     .context("cannot create a staged file")?,
             ),
         };
-        file.push(&row, meta, payload.len())
+        file.push(row, meta, payload.len())
             .context("cannot write to the staged file")?;
         let full = file.is_full();
         self.consumed(offset, ingest_ts);

@@ -92,12 +92,27 @@ fn rows_agree(def: &StreamDef, text: &[u8]) -> Result<bool, TestCaseError> {
         ) {
             (Ok(row), Ok(valid)) => {
                 prop_assert_eq!(row.hash, valid.hash);
+                // Checked in a group, as the sink's worker checks ready messages: eight copies
+                // fill the lanes.
+                let mut group = crate::HashGroup::new();
+                let grouped: Vec<_> = (0..8)
+                    .map(|_| crate::check_bytes_row_in(def, text, &mut group))
+                    .collect::<Result<_, _>>()
+                    .unwrap();
+                group.finish();
+                for row in grouped {
+                    prop_assert_eq!(group.get(row.hash), valid.hash);
+                }
                 let mut built = BatchBuilder::new(def, 1);
                 built.push(&row, meta(valid.hash));
                 let expected = record_batch(def, &[(valid.record, meta(valid.hash))]).unwrap();
                 built.finish().unwrap() == expected
             }
-            (Err(a), Err(b)) => a == b,
+            (Err(a), Err(b)) => {
+                let mut group = crate::HashGroup::new();
+                let grouped = crate::check_bytes_row_in(def, text, &mut group);
+                a == b && grouped.err() == Some(b) && group.is_empty()
+            }
             _ => false,
         },
     )
