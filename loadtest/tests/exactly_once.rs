@@ -1672,7 +1672,6 @@ async fn ready_groups_end_at_flushes_hours_and_new_partitions_and_land_once() {
         records: 1_500,
         ..FleetSpec::default()
     });
-    let distinct: HashSet<String> = readings.iter().map(|r| r.to_string()).collect();
     let mut garbage = 0;
     let mut sends = Vec::new();
     for (i, r) in readings.iter().enumerate() {
@@ -1729,7 +1728,8 @@ async fn ready_groups_end_at_flushes_hours_and_new_partitions_and_land_once() {
         .iter()
         .map(|r| schemas::check(def, r.clone()).unwrap().hash)
         .collect();
-    assert!(kept_distinct.len() < distinct.len() && kept_distinct.len() < kept.len());
+    // Some readings are re-sent: the duplicates below are not nothing.
+    assert!(kept_distinct.len() < kept.len());
     assert_eq!(
         stats.duplicates_dropped.load(Ordering::Relaxed),
         (kept.len() - kept_distinct.len()) as u64
