@@ -1802,3 +1802,58 @@ fn file_offsets_and_hours(path: &std::path::Path) -> (i32, i64, i64, Vec<i64>) {
     assert_eq!(partitions.len(), 1, "{partitions:?}");
     (partitions[0], first, last, hours)
 }
+
+/// A sink reading a backlog lets the other tasks of its runtime run: its metrics and health
+/// server, on a machine of one core, share a single runtime thread with it. On a runtime of one
+/// thread, a task checking the sink's progress every 5 ms sees it part-way through the backlog
+/// again and again. Before, the worker took message after message without giving the thread
+/// up while any was ready, and the task saw nothing until the whole backlog was read (a health
+/// check would have timed out for as long).
+#[tokio::test(flavor = "current_thread")]
+async fn a_sink_reading_a_backlog_lets_the_other_tasks_run() {
+    let (cluster, producer) = mock_cluster(3);
+    let readings = distinct_readings(30_000);
+    let sends = readings.iter().map(|r| {
+        let (value, key) = (r.to_string(), r["device_id"].as_str().unwrap().to_owned());
+        let producer = producer.clone();
+        async move {
+            let record = FutureRecord::to(TOPIC).key(&key).payload(&value);
+            producer
+                .send(record, Duration::from_secs(30))
+                .await
+                .unwrap();
+        }
+    });
+    futures::future::join_all(sends).await;
+    let landing = tempfile::tempdir().unwrap();
+    let (sink, shutdown) =
+        start_local_sink(&cluster, landing.path(), "backlog", quick_rotation()).await;
+    let total = readings.len() as u64;
+    let deadline = Instant::now() + Duration::from_secs(120);
+    let mut seen = std::collections::BTreeSet::new();
+    loop {
+        let received = sink.stats.records_received.load(Ordering::Relaxed);
+        if received >= total {
+            break;
+        }
+        // Past the partitions' start, whose awaits give the thread up anyway.
+        if received >= total / 10 {
+            seen.insert(received);
+        }
+        assert!(
+            Instant::now() < deadline,
+            "the sink read {received} of {total}"
+        );
+        tokio::time::sleep(Duration::from_millis(5)).await;
+    }
+    assert!(
+        seen.len() >= 5,
+        "the checking task ran only {} times while the sink read the last 90% of its backlog: {seen:?}",
+        seen.len()
+    );
+    wait_written(&sink, total).await;
+    shutdown.cancel();
+    sink.task.await.unwrap().unwrap();
+    assert_exactly_once(&readings, landing.path());
+    drop(cluster);
+}

@@ -647,6 +647,14 @@ impl Worker {
                             next = consumer.recv().now_or_never();
                         }
                     }
+                    if taken >= DRAIN_MAX {
+                        // Messages keep coming (a backlog): the runtime's other tasks (the
+                        // metrics and health server, on a one-core machine the same thread)
+                        // run before the next round, as they do while the worker waits for one.
+                        // A ready message is taken without giving the thread up, so without
+                        // this a backlog held them off until it was read.
+                        tokio::task::yield_now().await;
+                    }
                 }
             }
         }
