@@ -516,10 +516,10 @@ pub fn sink_path(work: &Workload, rounds: usize, partitions: usize) -> anyhow::R
             hashes.finish();
             for (k, (&(line, p), checked)) in group.iter().zip(&checked).enumerate() {
                 let (part, offset) = &mut parts[p];
-                let checked = match checked {
-                    Ok(row) => Ok((row, hashes.get(row.hash))),
-                    Err(e) => Err(e.clone()),
-                };
+                let checked = checked
+                    .as_ref()
+                    .map(|row| (row, hashes.get(row.hash)))
+                    .map_err(Clone::clone);
                 let appended =
                     part.append_checked(checked, line, *offset, 0, staging.path(), targets)?;
                 *offset += 1;

@@ -12,11 +12,11 @@ pub mod open_file;
 pub mod parquet_file;
 pub mod partition;
 mod ready;
-
-pub use ready::GROUP as READY_GROUP;
 pub mod redrive;
 pub mod staging;
 pub mod store;
+
+pub use ready::GROUP as READY_GROUP;
 
 use std::collections::HashMap;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};

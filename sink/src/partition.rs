@@ -221,10 +221,11 @@ impl PartitionState {
         targets: FileTargets,
     ) -> anyhow::Result<Appended> {
         let checked = self.check(payload, &mut AtOnce);
-        let checked = match &checked {
-            Ok(row) => Ok((row, row.hash)),
-            Err(e) => Err(e.clone()),
-        };
+        // An invalid record's error is cloned: it becomes a dead letter, a rare path.
+        let checked = checked
+            .as_ref()
+            .map(|row| (row, row.hash))
+            .map_err(Clone::clone);
         self.append_checked(checked, payload, offset, ingest_ts, staging, targets)
     }
 

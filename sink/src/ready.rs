@@ -105,7 +105,7 @@ impl Worker {
         hashes.finish();
         let mut left = Left::default();
         let mut done = 0;
-        for (f, checked) in fields.iter().zip(&mut checked) {
+        for (f, checked) in fields.iter().zip(&checked) {
             // An earlier record of the group may have opened a range in another hour.
             if self
                 .parts
@@ -115,9 +115,10 @@ impl Worker {
                 break;
             }
             // The row stays where it was checked (a move would copy its slots).
-            let checked = checked.as_mut().map(|c| match c {
-                Ok(row) => Ok((&*row, hashes.get(row.hash))),
-                Err(e) => Err(e.clone()),
+            let checked = checked.as_ref().map(|c| {
+                c.as_ref()
+                    .map(|row| (row, hashes.get(row.hash)))
+                    .map_err(Clone::clone)
             });
             let taken = match self.handle(f, checked) {
                 Ok(Handled::Redefine) => break,
