@@ -1687,19 +1687,9 @@ async fn ready_groups_end_at_flushes_hours_and_new_partitions_and_land_once() {
             key: "ingest-ts",
             value: Some(&hour.to_string()),
         });
-        let producer = producer.clone();
-        sends.push(async move {
-            let record = FutureRecord::to(TOPIC)
-                .key(&key)
-                .payload(&value)
-                .headers(headers);
-            producer
-                .send(record, Duration::from_secs(10))
-                .await
-                .unwrap();
-        });
+        sends.push((key, value, headers));
     }
-    futures::future::join_all(sends).await;
+    produce_at_once(&producer, sends).await;
     let landing = tempfile::tempdir().unwrap();
     let rotation = RotationConfig {
         max_records: 7,
@@ -1814,17 +1804,10 @@ async fn a_sink_reading_a_backlog_lets_the_other_tasks_run() {
     let (cluster, producer) = mock_cluster(3);
     let readings = distinct_readings(30_000);
     let sends = readings.iter().map(|r| {
-        let (value, key) = (r.to_string(), r["device_id"].as_str().unwrap().to_owned());
-        let producer = producer.clone();
-        async move {
-            let record = FutureRecord::to(TOPIC).key(&key).payload(&value);
-            producer
-                .send(record, Duration::from_secs(30))
-                .await
-                .unwrap();
-        }
+        let key = r["device_id"].as_str().unwrap().to_owned();
+        (key, r.to_string(), OwnedHeaders::new())
     });
-    futures::future::join_all(sends).await;
+    produce_at_once(&producer, sends).await;
     let landing = tempfile::tempdir().unwrap();
     let (sink, shutdown) =
         start_local_sink(&cluster, landing.path(), "backlog", quick_rotation()).await;
@@ -1856,4 +1839,26 @@ async fn a_sink_reading_a_backlog_lets_the_other_tasks_run() {
     sink.task.await.unwrap().unwrap();
     assert_exactly_once(&readings, landing.path());
     drop(cluster);
+}
+
+/// Produces (key, value, headers) records all at once (not each awaited before the next), so
+/// that a sink started after finds them ready together.
+async fn produce_at_once(
+    producer: &FutureProducer,
+    records: impl IntoIterator<Item = (String, String, OwnedHeaders)>,
+) {
+    let sends = records.into_iter().map(|(key, value, headers)| {
+        let producer = producer.clone();
+        async move {
+            let record = FutureRecord::to(TOPIC)
+                .key(&key)
+                .payload(&value)
+                .headers(headers);
+            producer
+                .send(record, Duration::from_secs(30))
+                .await
+                .unwrap();
+        }
+    });
+    futures::future::join_all(sends).await;
 }
