@@ -1,20 +1,21 @@
 //! The consumer loop's common case, a group of ready messages at a time: the messages of open
 //! partitions that stay in their hour are checked first, their content hashes made side by side
-//! ([`schemas::HashGroup`], eight records in the lanes of one vector instead of one block at a time),
-//! then taken in order while librdkafka still owns them. What needs an await (a flush, a new
+//! ([`schemas::HashGroup`], eight records in the lanes of one vector instead of one block at a
+//! time), then taken in order while librdkafka still owns them. What needs an await (a flush, a new
 //! partition, an hour boundary, a definition read again, a failed staged write) ends the group:
 //! the messages after it are detached and handled one at a time the slow way, so every message
 //! is handled in its order, as it was one by one.
 
+use std::sync::atomic::Ordering;
+
 use futures::FutureExt as _;
+use hashbrown::Equivalent as _;
 use rdkafka::consumer::{Consumer as _, StreamConsumer};
 use rdkafka::error::KafkaResult;
 use rdkafka::message::{BorrowedMessage, OwnedMessage};
-use std::sync::atomic::Ordering;
 
 use crate::partition::FlushReason;
 use crate::{DRAIN_MAX, Fields, Handled, PartKey, SinkContext, Worker, part_ref};
-use hashbrown::Equivalent as _;
 
 /// Messages checked together. The lanes take eight records of a block count; 32 fill them for
 /// the one or two blocks that a sensor reading's encoding takes.
@@ -87,7 +88,6 @@ impl Worker {
     fn take_group(&mut self, group: Vec<BorrowedMessage<'_>>) -> Left {
         let ingest_time = self.config.kafka.ingest_time;
         let fields: Vec<Fields<'_>> = group.iter().map(|m| Fields::of(m, ingest_time)).collect();
-        let mut hashes = std::mem::take(&mut self.hashes);
         let mut checked = Vec::with_capacity(fields.len());
         for f in &fields {
             let Some(part) = self
@@ -100,9 +100,9 @@ impl Worker {
             // A record the partition will not append (it stopped, or an adopted object holds
             // it) is not checked.
             let appends = !part.stopped && part.next_offset.is_none_or(|next| f.offset >= next);
-            checked.push(appends.then(|| part.check(f.payload, &mut hashes)));
+            checked.push(appends.then(|| part.check(f.payload, &mut self.hashes)));
         }
-        hashes.finish();
+        self.hashes.finish();
         let mut left = Left::default();
         let mut done = 0;
         for (f, checked) in fields.iter().zip(&checked) {
@@ -117,7 +117,7 @@ impl Worker {
             // The row stays where it was checked (a move would copy its slots).
             let checked = checked.as_ref().map(|c| {
                 c.as_ref()
-                    .map(|row| (row, hashes.get(row.hash)))
+                    .map(|row| (row, self.hashes.get(row.hash)))
                     .map_err(Clone::clone)
             });
             let taken = match self.handle(f, checked) {
@@ -138,8 +138,7 @@ impl Worker {
                 }
             }
         }
-        hashes.clear();
-        self.hashes = hashes;
+        self.hashes.clear();
         drop((checked, fields));
         left.slow = group.into_iter().skip(done).map(|m| m.detach()).collect();
         left
