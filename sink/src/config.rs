@@ -13,7 +13,7 @@ use serde::Deserialize;
 /// Environment variables with this prefix override config keys (`__` separates nesting).
 pub const ENV_PREFIX: &str = "SINK_";
 
-#[derive(Debug, Clone, Deserialize)]
+#[derive(Debug, Clone, PartialEq, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub struct SinkConfig {
     /// Directory of stream definitions (`<stream>.toml`).
@@ -57,7 +57,7 @@ pub struct SinkConfig {
     pub upload: UploadConfig,
 }
 
-#[derive(Debug, Clone, Deserialize)]
+#[derive(Debug, Clone, PartialEq, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub struct UploadConfig {
     /// Open files are staged here before upload to S3 (a local store stages inside its own
@@ -185,7 +185,7 @@ impl SinkConfig {
     }
 }
 
-#[derive(Debug, Clone, Deserialize)]
+#[derive(Debug, Clone, PartialEq, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub struct KafkaConfig {
     /// Bootstrap servers, comma separated.
@@ -254,7 +254,7 @@ impl Default for KafkaConfig {
 }
 
 /// The object store backend.
-#[derive(Debug, Clone, Deserialize)]
+#[derive(Debug, Clone, PartialEq, Deserialize)]
 #[serde(tag = "type", rename_all = "snake_case", deny_unknown_fields)]
 pub enum StoreConfig {
     /// A local directory: files are written to a temporary name, fsynced and linked into place.
@@ -303,7 +303,7 @@ impl Default for StoreConfig {
     }
 }
 
-#[derive(Debug, Clone, Deserialize)]
+#[derive(Debug, Clone, PartialEq, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub struct RotationConfig {
     /// Close a file after this many records.

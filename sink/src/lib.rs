@@ -13,6 +13,7 @@ pub mod parquet_file;
 pub mod partition;
 mod ready;
 pub mod redrive;
+pub mod reload;
 pub mod staging;
 pub mod store;
 
@@ -38,6 +39,7 @@ use tokio::task::JoinHandle;
 use tokio_util::sync::CancellationToken;
 
 pub use config::SinkConfig;
+pub use reload::{Reload, Reloaded};
 
 use crate::config::IngestTime;
 use crate::metrics as m;
@@ -111,6 +113,8 @@ pub struct Sink {
     pub task: JoinHandle<anyhow::Result<()>>,
     pub stats: Arc<SinkStats>,
     pub readiness: Readiness,
+    /// Puts a reloaded config in force (SIGHUP).
+    pub reload: Reload,
 }
 
 /// Whether the sink's dependencies are reachable, for `/readyz`.
@@ -368,6 +372,7 @@ pub async fn start(
         consumer: Arc::downgrade(&consumer),
         stats: stats.clone(),
     };
+    let (reload, reloads) = Reload::new(&config);
     let worker = Worker {
         consumer,
         store,
@@ -392,11 +397,13 @@ pub async fn start(
         refused: Vec::new(),
         hashes: HashGroup::new(),
         sought: Vec::new(),
+        reloads,
     };
     Ok(Sink {
         task: tokio::spawn(worker.run()),
         stats,
         readiness,
+        reload,
     })
 }
 
@@ -447,6 +454,8 @@ struct Worker {
     /// Partitions sought back ([`Worker::hold`]) since the detached messages of a group were
     /// received: those messages are dropped, as librdkafka drops what it fetched before a seek.
     sought: Vec<PartKey>,
+    /// Configs reloaded (SIGHUP), taken at the next tick ([`Worker::take_reload`]).
+    reloads: tokio::sync::watch::Receiver<Arc<SinkConfig>>,
 }
 
 /// A staged file could not be written (the staging disk full, an I/O error). The sink does not
@@ -605,14 +614,13 @@ fn now_micros() -> i64 {
 impl Worker {
     async fn run(mut self) -> anyhow::Result<()> {
         let mut tick = tokio::time::interval(Duration::from_millis(250));
-        let idle = Duration::from_millis(self.config.rotation.idle_ms);
-        let max_age = self.config.rotation.max_age();
         let consumer = self.consumer.clone();
         loop {
             tokio::select! {
                 biased;
                 _ = self.shutdown.cancelled() => break,
                 _ = tick.tick() => {
+                    self.take_reload();
                     self.drop_revoked();
                     self.resume_due();
                     self.sweep_if_due().await;
@@ -620,6 +628,8 @@ impl Worker {
                         self.reread(&name).await?;
                     }
                     let now = Instant::now();
+                    let idle = Duration::from_millis(self.config.rotation.idle_ms);
+                    let max_age = self.config.rotation.max_age();
                     let due: Vec<(PartKey, FlushReason)> = self
                         .parts
                         .iter()

@@ -1,4 +1,5 @@
 use std::path::PathBuf;
+use std::sync::{Arc, OnceLock};
 use std::time::Duration;
 
 use anyhow::Context;
@@ -90,16 +91,16 @@ async fn main() -> anyhow::Result<()> {
     plumbing::raise_open_files_limit();
     let shutdown = CancellationToken::new();
     plumbing::cancel_on_signal(shutdown.clone());
-    plumbing::on_sighup(|| {
-        tracing::info!(
-            "SIGHUP: nothing to reload; stream definitions are read again when records need them, other settings at a restart"
-        )
-    })?;
     let health = plumbing::Health::default();
     let admin =
         plumbing::serve_admin(config.admin_listen, health.clone(), shutdown.clone()).await?;
     tracing::info!(%admin, "admin endpoints listening");
+    // Before the start, which may take a while (the store's first answer): a SIGHUP then would
+    // end the process (its default action).
+    let reload = Arc::new(OnceLock::new());
+    reload_on_sighup(reload.clone(), args.config.clone())?;
     let sink = sink::start(config, streams, shutdown.clone()).await?;
+    let _ = reload.set(sink.reload.clone());
     let readiness = sink.readiness.clone();
     plumbing::spawn_readiness_probe(health, shutdown.clone(), move || {
         let readiness = readiness.clone();
@@ -116,4 +117,42 @@ async fn main() -> anyhow::Result<()> {
             anyhow::bail!("graceful shutdown timed out; unwritten records will be read again")
         }
     }
+}
+
+/// On SIGHUP, reads the config file (and the environment) again and hands it to the running
+/// sink ([`sink::Reload`]): the rotation settings, the memory and staging budgets and the upload
+/// settings are put in force; the others take effect at the next start. A config that does not
+/// load or check keeps the running settings. Stream definitions need no SIGHUP: they are read
+/// again as records need them.
+/// Until the sink has started (`reload` set), a SIGHUP is logged and ignored.
+fn reload_on_sighup(
+    reload: Arc<OnceLock<sink::Reload>>,
+    path: Option<PathBuf>,
+) -> anyhow::Result<()> {
+    plumbing::on_sighup(move || {
+        let Some(reload) = reload.get() else {
+            tracing::info!("SIGHUP: the sink is starting; nothing to reload yet");
+            return;
+        };
+        let reloaded = plumbing::load_config::<SinkConfig>(path.as_deref(), ENV_PREFIX)
+            .and_then(|config| reload.apply(config));
+        ::metrics::gauge!(sink::metrics::RELOAD_SUCCESSFUL)
+            .set(if reloaded.is_ok() { 1.0 } else { 0.0 });
+        match reloaded {
+            Ok(done) if done.at_restart.is_empty() => tracing::info!(
+                in_force = ?done.in_force,
+                "SIGHUP: reloaded the config"
+            ),
+            Ok(done) => tracing::warn!(
+                in_force = ?done.in_force,
+                at_restart = ?done.at_restart,
+                "SIGHUP: reloaded the config; the settings named at_restart changed and take effect at the next start"
+            ),
+            Err(e) => tracing::error!(
+                error = %format!("{e:#}"),
+                "SIGHUP: the config does not load or check; the running settings stay"
+            ),
+        }
+    })
+    .context("cannot handle SIGHUP")
 }

@@ -53,6 +53,10 @@ pub const DEFINITION_CHANGES: &str = "sink_definition_changes_total";
 /// (it runs with the definition it had), else 0.
 pub const DEFINITION_REFUSED: &str = "sink_definition_refused";
 
+/// 1 when the last SIGHUP reload put the config in force (or none was asked for), 0 when it
+/// did not load or check and the running settings stayed.
+pub const RELOAD_SUCCESSFUL: &str = "sink_config_last_reload_successful";
+
 /// Creates, at zero, the series that alerts and dashboards watch: Prometheus sees no increase in
 /// a counter whose first sample is already 1, so the first dead letter of a stream would go
 /// unnoticed.
@@ -67,6 +71,7 @@ pub fn register(streams: &schemas::Streams) {
     ::metrics::counter!(DECOMPRESSION_REGROWTHS).increment(0);
     ::metrics::counter!(LANDING_LISTINGS).increment(0);
     ::metrics::counter!(STAGING_ERRORS).increment(0);
+    ::metrics::gauge!(RELOAD_SUCCESSFUL).set(1.0);
     for def in streams.iter() {
         register_stream(def);
     }

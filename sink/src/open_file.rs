@@ -192,6 +192,11 @@ impl OpenFile {
         encoded + per_row * self.pending.len() as f64
     }
 
+    /// New size targets (a reload): the next row group and the next size check follow them.
+    pub fn set_targets(&mut self, targets: FileTargets) {
+        self.targets = targets;
+    }
+
     /// Whether the file reached its target size (the estimate, corrected by the ratio the
     /// partition's previous file showed).
     pub fn is_full(&self) -> bool {

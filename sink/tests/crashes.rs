@@ -522,14 +522,30 @@ async fn a_low_open_files_limit_is_raised_at_start() {
     drop(cluster);
 }
 
-/// SIGHUP does not end the sink: it is logged (there is nothing to reload: definitions are
-/// read again as records need them), and the sink lands what comes after it and stops
-/// gracefully. Before, SIGHUP's default action ended it at once, whenever a tool sent it out of
-/// habit (a logrotate script, a reload meant for the gateway).
+/// SIGHUP reloads the config into the running sink. A config that does not load changes
+/// nothing (`sink_config_last_reload_successful` 0). One that loads puts its rotation settings
+/// in force: files that would have stayed open for an hour close at 10 records and when idle,
+/// and the records land exactly once. A changed setting that takes a restart (`key_prefix`)
+/// is named in the log and not applied. Before, SIGHUP was only logged and a rotation change
+/// took a restart, which uploads every open file at whatever size it had reached.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn sighup_is_logged_and_does_not_end_the_sink() {
+async fn sighup_puts_new_rotation_settings_in_force_and_keeps_them_through_a_bad_config() {
     let (s3, bucket, cluster, bootstrap, dir) = rig("hup", 2);
-    let config = write_config(dir.path(), &bootstrap, &s3, &bucket);
+    let admin = common::free_port();
+    let write = |rotation: &str, key_prefix: &str| {
+        let config = write_config_rotating(dir.path(), &bootstrap, &s3, &bucket, rotation);
+        let text = std::fs::read_to_string(&config).unwrap();
+        let text = text
+            .replace("127.0.0.1:0", &format!("127.0.0.1:{admin}"))
+            .replace(
+                "key_prefix = \"landing\"",
+                &format!("key_prefix = \"{key_prefix}\""),
+            );
+        std::fs::write(&config, text).unwrap();
+        config
+    };
+    // Nothing closes on its own during the test: a million records, an idle hour.
+    let config = write("max_records = 1000000\nidle_ms = 3600000", "landing");
     let log = dir.path().join("sink.log");
     let sink = start_sink(&config, &log);
     let sent = support::readings(200, 37);
@@ -543,29 +559,87 @@ async fn sighup_is_logged_and_does_not_end_the_sink() {
         support::produce_raw(&producer, TOPIC, &key(r), &r.to_string()).await;
     }
     let logged = |text: &str| std::fs::read_to_string(&log).unwrap().contains(text);
-    let deadline = std::time::Instant::now() + Duration::from_secs(30);
-    while !logged("partition assigned") {
-        assert!(
-            std::time::Instant::now() < deadline,
-            "the sink took no partition"
-        );
-        tokio::time::sleep(Duration::from_millis(100)).await;
-    }
-    let status = Command::new("kill")
-        .args(["-HUP", &sink.id().to_string()])
-        .status()
+    let deadline = Instant::now() + Duration::from_secs(30);
+    let wait_for = |what: &'static str, done: &dyn Fn() -> bool| {
+        while !done() {
+            assert!(Instant::now() < deadline, "{what}; log in {}", log.display());
+            std::thread::sleep(Duration::from_millis(100));
+        }
+    };
+    wait_for("the sink did not read the first 100 records", &|| {
+        metric(admin, "sink_records_received_total") >= 100.0
+    });
+    let hup = || {
+        let status = Command::new("kill")
+            .args(["-HUP", &sink.id().to_string()])
+            .status()
+            .unwrap();
+        assert!(status.success());
+    };
+    // A config that does not load: the running settings stay.
+    write("max_records = \"ten\"", "landing");
+    hup();
+    wait_for("the bad config was not reported", &|| {
+        logged("SIGHUP: the config does not load or check")
+    });
+    assert_eq!(metric(admin, "sink_config_last_reload_successful"), 0.0);
+    // One that loads: files of 10 records, closed after 300 ms idle; and a key prefix that
+    // takes a restart.
+    write("max_records = 10\nidle_ms = 300", "elsewhere");
+    hup();
+    wait_for("the reload was not logged", &|| {
+        logged("SIGHUP: reloaded the config")
+    });
+    assert_eq!(metric(admin, "sink_config_last_reload_successful"), 1.0);
+    let text = std::fs::read_to_string(&log).unwrap();
+    let line = text
+        .lines()
+        .find(|l| l.contains("SIGHUP: reloaded the config"))
         .unwrap();
-    assert!(status.success());
-    while !logged("SIGHUP: nothing to reload") {
-        assert!(
-            std::time::Instant::now() < deadline,
-            "SIGHUP was not logged"
-        );
-        tokio::time::sleep(Duration::from_millis(100)).await;
-    }
+    assert!(
+        line.contains(r#"in_force=["rotation.max_records", "rotation.idle_ms"]"#)
+            && line.contains(r#"at_restart=["key_prefix"]"#),
+        "{line}"
+    );
     for r in &sent[100..] {
         support::produce_raw(&producer, TOPIC, &key(r), &r.to_string()).await;
     }
+    // Committed to the end only if the files closed by the new settings (with the old ones
+    // they would stay open for an hour).
     land_exactly_once(&bootstrap, vec![sink], dir.path(), (&s3, &bucket), &sent).await;
+    let landed = common::pyarrow_s3(&s3, &bucket, "landing/");
+    let rows: Vec<u64> = landed["files"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|f| f["rows"].as_u64().unwrap())
+        .collect();
+    // At most one file per partition holds more: the records read before the reload.
+    let small = rows.iter().filter(|&&n| n <= 10).count();
+    assert!(
+        rows.len() - small <= 2 && small >= 8,
+        "files of {rows:?} rows"
+    );
     drop(cluster);
+}
+
+/// The sum of a metric's series on a sink's admin port (0 when absent, or before the port
+/// listens).
+fn metric(admin: u16, name: &str) -> f64 {
+    use std::io::{Read, Write};
+    let Ok(mut stream) = std::net::TcpStream::connect(("127.0.0.1", admin)) else {
+        return 0.0;
+    };
+    stream
+        .write_all(b"GET /metrics HTTP/1.0\r\nHost: localhost\r\n\r\n")
+        .unwrap();
+    let mut text = String::new();
+    stream.read_to_string(&mut text).unwrap();
+    text.lines()
+        .filter(|l| {
+            l.strip_prefix(name)
+                .is_some_and(|rest| rest.starts_with([' ', '{']))
+        })
+        .filter_map(|l| l.rsplit(' ').next()?.parse::<f64>().ok())
+        .sum()
 }
