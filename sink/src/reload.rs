@@ -86,7 +86,10 @@ fn changed(old: &SinkConfig, new: &SinkConfig, live: bool) -> Vec<&'static str> 
     let settings = [
         ("rotation.max_records", r.max_records != s.max_records),
         ("rotation.max_bytes", r.max_bytes != s.max_bytes),
-        ("rotation.row_group_bytes", r.row_group_bytes != s.row_group_bytes),
+        (
+            "rotation.row_group_bytes",
+            r.row_group_bytes != s.row_group_bytes,
+        ),
         ("rotation.idle_ms", r.idle_ms != s.idle_ms),
         ("rotation.max_age_ms", r.max_age_ms != s.max_age_ms),
         (

@@ -562,7 +562,11 @@ async fn sighup_puts_new_rotation_settings_in_force_and_keeps_them_through_a_bad
     let deadline = Instant::now() + Duration::from_secs(30);
     let wait_for = |what: &'static str, done: &dyn Fn() -> bool| {
         while !done() {
-            assert!(Instant::now() < deadline, "{what}; log in {}", log.display());
+            assert!(
+                Instant::now() < deadline,
+                "{what}; log in {}",
+                log.display()
+            );
             std::thread::sleep(Duration::from_millis(100));
         }
     };
