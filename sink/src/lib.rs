@@ -25,7 +25,7 @@ use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
 use anyhow::Context as _;
-use futures::FutureExt as _;
+use futures::StreamExt as _;
 use plumbing::{DefinitionFile, Reread};
 use rdkafka::consumer::{
     BaseConsumer, CommitMode, Consumer, ConsumerContext, Rebalance, StreamConsumer,
@@ -615,6 +615,9 @@ impl Worker {
     async fn run(mut self) -> anyhow::Result<()> {
         let mut tick = tokio::time::interval(Duration::from_millis(250));
         let consumer = self.consumer.clone();
+        // One stream for the whole run: `StreamConsumer::recv` makes a stream per message,
+        // whose waker slot costs two locks of the consumer's waker table.
+        let mut messages = consumer.stream();
         loop {
             tokio::select! {
                 biased;
@@ -640,7 +643,8 @@ impl Worker {
                         self.recover(flushed).await?;
                     }
                 }
-                msg = consumer.recv() => {
+                msg = messages.next() => {
+                    let msg = msg.expect("a Kafka message stream never ends");
                     // Then whatever else is ready, a group at a time (`ready`), without a trip
                     // through `select!` (and its waker registrations) per message; the timers
                     // and shutdown are checked between rounds.
@@ -648,13 +652,13 @@ impl Worker {
                     let mut taken = 0;
                     self.round_start = Instant::now();
                     while let Some(first) = next.take() {
-                        let (left, more) = self.take_ready(&consumer, first, &mut taken);
+                        let (left, more) = self.take_ready(&mut messages, first, &mut taken);
                         if self.finish_left(left).await? {
                             // The clock moved during the await.
                             self.round_start = Instant::now();
                         }
                         if more {
-                            next = consumer.recv().now_or_never();
+                            next = ready::next_ready(&mut messages);
                         }
                     }
                     if taken >= DRAIN_MAX {

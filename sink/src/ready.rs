@@ -8,9 +8,9 @@
 
 use std::sync::atomic::Ordering;
 
-use futures::FutureExt as _;
+use futures::{FutureExt as _, StreamExt as _};
 use hashbrown::Equivalent as _;
-use rdkafka::consumer::{Consumer as _, StreamConsumer};
+use rdkafka::consumer::{Consumer as _, MessageStream};
 use rdkafka::error::KafkaResult;
 use rdkafka::message::{BorrowedMessage, OwnedMessage};
 
@@ -41,7 +41,7 @@ impl Worker {
     /// whether to go on with the round.
     pub(crate) fn take_ready<'c>(
         &mut self,
-        consumer: &'c StreamConsumer<SinkContext>,
+        messages: &mut MessageStream<'c, SinkContext>,
         first: KafkaResult<BorrowedMessage<'c>>,
         taken: &mut usize,
     ) -> (Left, bool) {
@@ -67,7 +67,7 @@ impl Worker {
                 more = true;
                 break;
             }
-            next = consumer.recv().now_or_never();
+            next = next_ready(messages);
         }
         let mut left = self.take_group(group);
         if let Some(msg) = held {
@@ -177,4 +177,14 @@ impl Worker {
         }
         Ok(waited)
     }
+}
+
+/// The next message of `messages` if one is ready, without waiting.
+pub(crate) fn next_ready<'c>(
+    messages: &mut MessageStream<'c, SinkContext>,
+) -> Option<KafkaResult<BorrowedMessage<'c>>> {
+    messages
+        .next()
+        .now_or_never()
+        .map(|m| m.expect("a Kafka message stream never ends"))
 }
