@@ -559,8 +559,9 @@ async fn sighup_puts_new_rotation_settings_in_force_and_keeps_them_through_a_bad
         support::produce_raw(&producer, TOPIC, &key(r), &r.to_string()).await;
     }
     let logged = |text: &str| std::fs::read_to_string(&log).unwrap().contains(text);
-    let deadline = Instant::now() + Duration::from_secs(30);
+    // Each wait up to a minute (the suite shares two cores).
     let wait_for = |what: &'static str, done: &dyn Fn() -> bool| {
+        let deadline = Instant::now() + Duration::from_secs(60);
         while !done() {
             assert!(
                 Instant::now() < deadline,
