@@ -446,6 +446,8 @@ impl KafkaOutput {
         batch: Batch,
     ) -> Result<(Messages, Vec<(RejectedRecord, DeadLetter)>), SendError> {
         let max = self.max_message_bytes;
+        // What the HTTP output sends as the Idempotency-Key.
+        let batch_id = batch.id.to_string();
         let prepared = tokio::task::spawn_blocking(move || {
             batch.records(&def).map(|records| {
                 let mut messages = Messages::new(&def, records.len(), batch.raw_bytes as usize);
@@ -456,7 +458,8 @@ impl KafkaOutput {
                     if size > max {
                         let reason = plumbing::kafka::too_large_reason(size, max);
                         let value = messages.iter().last().map_or(&[][..], |(_, v)| v);
-                        let dead = DeadLetter::new(index, "too_large", &reason, value);
+                        let dead =
+                            DeadLetter::new(index, "too_large", &reason, value).in_batch(&batch_id);
                         messages.pop();
                         too_large.push((RejectedRecord { index, reason }, dead));
                     }

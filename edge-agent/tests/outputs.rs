@@ -211,6 +211,13 @@ async fn kafka_output_rejects_a_record_too_large_for_a_message_and_goes_on() {
     assert_eq!(headers["truncated"], b"true");
     assert_eq!(headers["stream"], b"sensor_readings");
     assert_eq!(headers["record-index"], b"1");
+    // The batch id, as the HTTP output's Idempotency-Key: a dead letter produced again after a
+    // crash (the batch still in the spool) has the same, and `redrive` leaves it out.
+    let batch = std::str::from_utf8(headers["batch-id"]).unwrap();
+    assert!(
+        batch.len() == 64 && batch.bytes().all(|c| c.is_ascii_hexdigit()),
+        "{batch}"
+    );
     assert_eq!(dead.key(), Some(&b"sensor_readings"[..]));
     assert_eq!(dead.payload().unwrap().len(), 64 * 1024);
     assert!(dead.payload().unwrap().starts_with(b"{"));

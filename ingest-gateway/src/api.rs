@@ -718,10 +718,13 @@ pub async fn ingest(
 
     let Checked {
         prepared,
-        dead_letters,
+        mut dead_letters,
         mut response,
         ..
     } = checked;
+    if let Some(key) = key {
+        dead_letters = dead_letters.into_iter().map(|d| d.in_batch(key)).collect();
+    }
     for d in &dead_letters {
         metrics::counter!(m::REJECTED, "stream" => stream.clone(), "reason" => d.code())
             .increment(1);

@@ -18,20 +18,27 @@
 //! (a `--since` too early, or none) without producing a record twice; only a crash between
 //! Kafka's acknowledgement and the note does, and the sinks drop such a copy by content hash
 //! within their dedupe window.
+//!
+//! A record may also be in the dead-letter topic twice: a producer that crashed after its dead
+//! letters were produced but before it answered (or, for the agent's Kafka output, before the
+//! batch left its spool) produces them again when the batch is retried. Such copies carry the
+//! same `batch-id` and `record-index` headers; a run takes the first and leaves the others out
+//! (`repeated`), remembering the last [`REPEAT_WINDOW`] of them.
 
 use std::collections::{BTreeMap, BTreeSet, HashSet};
 use std::time::{Duration, Instant};
 
 use anyhow::Context as _;
 use plumbing::kafka::{
-    DLQ_HEADER_REDRIVEN, DLQ_HEADER_STREAM, DLQ_HEADER_TRUNCATED, DeliveryGroup, GroupProducer,
-    Messages,
+    DLQ_HEADER_BATCH, DLQ_HEADER_INDEX, DLQ_HEADER_REDRIVEN, DLQ_HEADER_STREAM,
+    DLQ_HEADER_TRUNCATED, DeliveryGroup, GroupProducer, Messages,
 };
 use plumbing::redrive::Tally;
 use rdkafka::consumer::{Consumer as _, StreamConsumer};
 use rdkafka::error::KafkaError;
 use rdkafka::message::{BorrowedMessage, Header, Headers as _, Message as _, OwnedHeaders};
 use rdkafka::{ClientConfig, Offset, TopicPartitionList};
+use schemas::window::{Digest, DigestWindow};
 use schemas::{Streams, ValidRecord};
 use serde::{Deserialize, Serialize};
 
@@ -45,6 +52,10 @@ const QUIET: Duration = Duration::from_secs(30);
 const PROGRESS_EVERY: Duration = Duration::from_secs(10);
 /// Most offsets in one redrive note (its value stays far below Kafka's 1 MB message limit).
 const NOTE_OFFSETS: usize = 2_000;
+/// Dead letters of a batch id a run remembers, to leave their repeats out: at most 28 bytes
+/// each (`schemas::window`), 28 MB. A retry follows its batch within minutes, so a repeat
+/// comes long before a million other dead letters.
+const REPEAT_WINDOW: usize = 1_000_000;
 
 /// A redrive note's value: dead letters of one partition that a run produced again.
 #[derive(Debug, Serialize, Deserialize)]
@@ -79,6 +90,9 @@ pub struct RedriveReport {
     pub truncated: u64,
     /// Of the stream, those an earlier run redrove (its redrive notes list them): left out.
     pub redriven_before: u64,
+    /// Of the stream, copies of a dead letter read before (the same `batch-id` and
+    /// `record-index`: its batch was produced again after a crash): left out.
+    pub repeated: u64,
     /// Of the stream, checked against the definition as it is now.
     #[serde(flatten)]
     pub tally: Tally,
@@ -142,6 +156,7 @@ pub async fn redrive(
         messages: Messages::new(def, CHUNK, 0),
         offsets: BTreeMap::new(),
     };
+    let mut seen = DigestWindow::new(REPEAT_WINDOW, 0);
     let mut reader = Reader::new(config, &dlq, &starts, "dead letters").await?;
     while let Some(message) = reader.next().await? {
         if header(&message, DLQ_HEADER_REDRIVEN).is_some() {
@@ -157,6 +172,12 @@ pub async fn redrive(
             continue;
         }
         if header(&message, DLQ_HEADER_STREAM) != Some(stream.as_bytes()) {
+            continue;
+        }
+        if let Some(id) = copy_id(&message)
+            && !seen.insert(id, 0)
+        {
+            report.repeated += 1;
             continue;
         }
         if done.contains(&(message.partition(), message.offset())) {
@@ -179,6 +200,21 @@ pub async fn redrive(
 }
 
 /// The value of a message's header `key`.
+/// What the copies of one dead letter share: its batch id and index in the batch, hashed;
+/// `None` for a dead letter without a batch id (a request without an Idempotency-Key).
+fn copy_id(message: &BorrowedMessage<'_>) -> Option<Digest> {
+    let batch = header(message, DLQ_HEADER_BATCH)?;
+    let index = header(message, DLQ_HEADER_INDEX).unwrap_or_default();
+    let mut hasher = blake3::Hasher::new();
+    hasher.update(&(batch.len() as u64).to_le_bytes());
+    hasher.update(batch);
+    hasher.update(index);
+    let hash = hasher.finalize();
+    Some(Digest::from_le_bytes(
+        hash.as_bytes()[..16].try_into().expect("16 bytes"),
+    ))
+}
+
 fn header<'a>(message: &'a BorrowedMessage<'_>, key: &str) -> Option<&'a [u8]> {
     message
         .headers()?

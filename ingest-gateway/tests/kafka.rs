@@ -277,6 +277,8 @@ async fn acks_headers_duplicates_and_dead_letters() {
         .collect();
     assert_eq!(codes, ["malformed", "wrong_type", "malformed"]);
     assert!(dead.iter().all(|(_, h)| h["stream"] == "sensor_readings"));
+    // Without an Idempotency-Key, no batch id.
+    assert!(dead.iter().all(|(_, h)| !h.contains_key("batch-id")));
     assert_eq!(dead[0].0, b"{\"device_id\": oops");
 
     let metrics = client
@@ -603,7 +605,7 @@ async fn a_record_too_large_for_a_kafka_message_is_rejected_alone() {
     big["unit"] = Value::String("x".repeat(1_010_000));
     let body = ndjson(&[reading(0), big, reading(1)]);
     assert!(body.len() < 1 << 20);
-    let res = post(&client, &g.url("sensor_readings"), body, None).await;
+    let res = post(&client, &g.url("sensor_readings"), body, Some("batch-7")).await;
     assert_eq!(res.status(), 200);
     let answer: Value = res.json().await.unwrap();
     assert_eq!(answer["accepted"], 2, "{answer}");
@@ -616,6 +618,10 @@ async fn a_record_too_large_for_a_kafka_message_is_rejected_alone() {
     assert_eq!(dead.len(), 1);
     assert_eq!(dead[0].1["reason-code"], "too_large");
     assert_eq!(dead[0].1["truncated"], "true");
+    // The request's Idempotency-Key, by which `redrive` tells a repeat (the request produced
+    // again after a crash) from another record.
+    assert_eq!(dead[0].1["batch-id"], "batch-7");
+    assert_eq!(dead[0].1["record-index"], "1");
     g.stop().await;
 }
 
@@ -1648,4 +1654,100 @@ async fn redrive_since_leaves_out_older_dead_letters() {
             (now - since) as f64 / hour as f64
         );
     }
+}
+
+/// A producer that crashed after producing a batch's dead letters, and then produced the batch
+/// again, left two copies of each: the same `batch-id` (the request's Idempotency-Key, the
+/// agent's batch id) and `record-index`. `redrive` produces one of them and counts the other as
+/// `repeated`; dead letters without a batch id cannot be told apart and go as they are; the same
+/// index in another batch is another record. A second run finds the first copies noted and the
+/// repeats repeated. On librdkafka's mock cluster, where the dead letters are produced as a
+/// test wants them.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn repeated_dead_letters_are_redriven_once() {
+    use ingest_gateway::redrive::{RedriveOptions, redrive};
+    use rdkafka::message::{Header, OwnedHeaders};
+    use rdkafka::producer::{FutureProducer, FutureRecord};
+    let cluster = rdkafka::mocking::MockCluster::new(1).unwrap();
+    let (mut c, prefix, dlq) = config(&cluster.bootstrap_servers(), |_| {});
+    c.kafka.create_topics = false;
+    cluster.create_topic(&dlq, 1, 1).unwrap();
+    let topic = format!("{prefix}sensor_readings");
+    cluster.create_topic(&topic, 1, 1).unwrap();
+    let producer: FutureProducer = ClientConfig::new()
+        .set("bootstrap.servers", cluster.bootstrap_servers())
+        .create()
+        .unwrap();
+    // (reading, batch id, index): b1's two dead letters twice, one without a batch id twice,
+    // and b2's first.
+    let dead = [
+        (0, Some("b1"), "0"),
+        (1, Some("b1"), "1"),
+        (2, None, "0"),
+        (0, Some("b1"), "0"),
+        (1, Some("b1"), "1"),
+        (2, None, "0"),
+        (3, Some("b2"), "0"),
+    ];
+    for (reading_no, batch, index) in dead {
+        let value = reading(reading_no).to_string();
+        let mut headers = OwnedHeaders::new()
+            .insert(Header {
+                key: "stream",
+                value: Some("sensor_readings"),
+            })
+            .insert(Header {
+                key: "record-index",
+                value: Some(index),
+            })
+            .insert(Header {
+                key: "truncated",
+                value: Some("false"),
+            });
+        if let Some(batch) = batch {
+            headers = headers.insert(Header {
+                key: "batch-id",
+                value: Some(batch),
+            });
+        }
+        producer
+            .send(
+                FutureRecord::to(&dlq)
+                    .key("sensor_readings")
+                    .payload(&value)
+                    .headers(headers),
+                Duration::from_secs(5),
+            )
+            .await
+            .unwrap();
+    }
+    let streams = schemas::example_streams();
+    let options = RedriveOptions {
+        stream: "sensor_readings".into(),
+        since_ms: None,
+        dry_run: false,
+    };
+    let first = redrive(&c, &streams, &options).await.unwrap();
+    assert_eq!(
+        (first.read, first.repeated, first.tally.redriven),
+        (7, 2, 5),
+        "{first:?}"
+    );
+    let second = redrive(&c, &streams, &options).await.unwrap();
+    assert_eq!(
+        (
+            second.read,
+            second.repeated,
+            second.redriven_before,
+            second.tally.redriven
+        ),
+        (7, 2, 5, 0),
+        "{second:?}"
+    );
+    use rdkafka::producer::Producer as _;
+    let (low, high) = producer
+        .client()
+        .fetch_watermarks(&topic, 0, Duration::from_secs(5))
+        .unwrap();
+    assert_eq!(high - low, 5, "readings 0, 1 and 3 once, 2 twice");
 }

@@ -216,6 +216,8 @@ pub struct DeadLetter {
     /// The record as received, cut at [`MAX_DEAD_LETTER_BYTES`].
     raw: Vec<u8>,
     truncated: bool,
+    /// The request's `Idempotency-Key` or the agent's batch id, when there is one.
+    batch: Option<String>,
 }
 
 /// Longest record kept in the dead-letter topic (Kafka's default message limit is 1 MB).
@@ -227,6 +229,11 @@ pub const DLQ_HEADER_INDEX: &str = "record-index";
 pub const DLQ_HEADER_CODE: &str = "reason-code";
 pub const DLQ_HEADER_REASON: &str = "reason";
 pub const DLQ_HEADER_TRUNCATED: &str = "truncated";
+/// The `Idempotency-Key` of the request (the batch id when the edge agent sent it, or when its
+/// Kafka output produced the dead letter); absent for a request without one. A dead letter
+/// produced again (a request answered after a crash of its producer, retried by the client) has
+/// the same batch id and `record-index`: a reader drops repeats by the two.
+pub const DLQ_HEADER_BATCH: &str = "batch-id";
 /// Header of a redrive note in the dead-letter topic (`ingest-gateway redrive`): the stream whose
 /// dead letters it lists as produced again. A note has no `stream` header.
 pub const DLQ_HEADER_REDRIVEN: &str = "redriven";
@@ -242,7 +249,14 @@ impl DeadLetter {
             reason: reason.to_owned(),
             raw: raw[..cut].to_vec(),
             truncated: cut < raw.len(),
+            batch: None,
         }
+    }
+
+    /// Names the batch (request) the record came in: the [`DLQ_HEADER_BATCH`] header.
+    pub fn in_batch(mut self, id: &str) -> DeadLetter {
+        self.batch = Some(id.to_owned());
+        self
     }
 
     /// The reason code (a metric label).
@@ -270,8 +284,9 @@ impl DeadLetter {
             (HEADER_INGEST_TS, ingest_ts),
         ]
         .into_iter()
+        .chain(self.batch.as_deref().map(|id| (DLQ_HEADER_BATCH, id)))
         .fold(
-            OwnedHeaders::new_with_capacity(6),
+            OwnedHeaders::new_with_capacity(7),
             |headers, (key, value)| {
                 headers.insert(Header {
                     key,
