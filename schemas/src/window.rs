@@ -14,9 +14,12 @@
 //! ring apart) made four or five. With a million entries (26 MB) the table does not fit in the
 //! cache, and those accesses were a quarter of the edge agent's time.
 //!
-//! The table is reserved whole (zeroed by the allocator, so its pages are not touched yet) but
-//! used from a small prefix that doubles as entries arrive, and the ring grows as entries are
-//! added: a window touches memory in proportion to what it holds, not to its capacity. A sink
+//! The table is reserved whole but written only as far as it is used: a small prefix that
+//! doubles as entries arrive; the ring grows as entries are added. So a window touches memory
+//! in proportion to what it holds, not to its capacity. (A table allocated zeroed, as it was
+//! before session 39, was not enough: mimalloc, the sink's allocator, zeroes such a block
+//! itself when it comes from memory it holds, which wrote every page of each partition's table
+//! when the partition opened.) A sink
 //! with many partitions reserves a window for each, and one that has seen a few thousand records
 //! would otherwise have touched every page of its table by then (inserts land at random).
 //!
@@ -87,10 +90,13 @@ pub struct DigestWindow {
     head: usize,
     len: usize,
     /// [`Bucket`]s, linear probing from an entry's home bucket; deletions shift the run back (no
-    /// tombstones), so a lookup stops at the first empty bucket. Only the first `active` are in
-    /// use, at most 70% full, so there is one.
+    /// tombstones), so a lookup stops at the first empty bucket. The `active` ones in use (the
+    /// vector's length; its capacity is the most there can be), at most 70% full, so there is
+    /// one.
     table: Vec<u64>,
     active: usize,
+    /// The most buckets the table grows to.
+    buckets: usize,
     hasher: foldhash::fast::RandomState,
 }
 
@@ -104,7 +110,7 @@ impl DigestWindow {
         );
         // Reserved once: growing by doubling would hold the old and the new copy at once (the
         // peak), and over-allocate up to twice the window. Untouched pages cost no memory, and
-        // the table is allocated zeroed (`vec![0; n]`), so it is not written here either.
+        // only the buckets in use are written.
         let buckets = if capacity == 0 {
             0
         } else {
@@ -117,8 +123,13 @@ impl DigestWindow {
             times: Vec::with_capacity(if max_age_secs > 0 { capacity } else { 0 }),
             head: 0,
             len: 0,
-            table: vec![0; buckets],
+            table: {
+                let mut table = Vec::with_capacity(buckets);
+                table.resize(buckets.min(FIRST_BUCKETS), 0);
+                table
+            },
             active: buckets.min(FIRST_BUCKETS),
+            buckets,
             hasher: foldhash::fast::RandomState::default(),
         }
     }
@@ -165,9 +176,11 @@ impl DigestWindow {
     /// Doubles the buckets in use (up to all of them) when one more entry would fill them past
     /// 70%, placing every remembered entry of the ring anew (no copy of the old buckets is held).
     fn grow_for_one_more(&mut self) {
-        while self.active < self.table.len() && (self.len + 1) * 10 > self.active * 7 {
-            self.table[..self.active].fill(0);
-            self.active = (self.active * 2).min(self.table.len());
+        while self.active < self.buckets && (self.len + 1) * 10 > self.active * 7 {
+            self.table.fill(0);
+            self.active = (self.active * 2).min(self.buckets);
+            // Within the capacity reserved at the start: no reallocation.
+            self.table.resize(self.active, 0);
             for k in 0..self.len {
                 let slot = (self.head + k) % self.capacity;
                 let d = self.digests[slot];
@@ -516,7 +529,8 @@ mod tests {
             );
         }
         assert_eq!(w.active, 32_768);
-        assert!(w.table[w.active..].iter().all(|&b| b == 0), "untouched");
+        assert_eq!(w.table.len(), w.active, "the rest is not written");
+        assert_eq!(w.table.capacity(), 1_000_000 * 10 / 7 + 1, "reserved once");
         assert!(inserted.iter().all(|&d| w.contains(d, 0)));
         assert!(
             inserted.iter().all(|&d| !w.insert(d, 0)),
