@@ -514,6 +514,11 @@ pub fn sink_path(work: &Workload, rounds: usize, partitions: usize) -> anyhow::R
                 .map(|&(line, p)| parts[p].0.check(line, &mut hashes))
                 .collect();
             hashes.finish();
+            for (&(_, p), checked) in group.iter().zip(&checked) {
+                if let Ok(row) = checked {
+                    parts[p].0.prefetch(&hashes.get(row.hash));
+                }
+            }
             for (k, (&(line, p), checked)) in group.iter().zip(&checked).enumerate() {
                 let (part, offset) = &mut parts[p];
                 let checked = checked

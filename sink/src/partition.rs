@@ -247,6 +247,13 @@ impl PartitionState {
         schemas::check_bytes_row_in(&self.def, payload, hashing)
     }
 
+    /// Loads the dedupe window's buckets that appending a record of content hash `hash` will
+    /// probe first ([`DigestWindow::prefetch`]): called for a group of checked records before
+    /// they are appended, so their cache misses overlap instead of coming one after another.
+    pub fn prefetch(&self, hash: &ContentHash) {
+        self.window.prefetch(&[digest(hash)]);
+    }
+
     /// [`PartitionState::append`] of a record checked by [`PartitionState::check`]: the row
     /// (borrowed: a move copies its slots) and its content hash.
     pub fn append_checked<H>(

@@ -103,6 +103,14 @@ impl Worker {
             checked.push(appends.then(|| part.check(f.payload, &mut self.hashes)));
         }
         self.hashes.finish();
+        // The dedupe windows' buckets of the checked records, loaded together: with many
+        // partitions open, the windows fall out of the cache between two records of one
+        // partition, and each insert would wait for memory in turn.
+        for (f, checked) in fields.iter().zip(&checked) {
+            if let (Some(Ok(row)), Some(part)) = (checked, self.parts.get(&f.part)) {
+                part.prefetch(&self.hashes.get(row.hash));
+            }
+        }
         let mut left = Left::default();
         let mut done = 0;
         for (f, checked) in fields.iter().zip(&checked) {
