@@ -18,7 +18,9 @@ static GLOBAL: mimalloc::MiMalloc = mimalloc::MiMalloc;
 ///
 /// Configuration comes from the TOML file given with --config, overridden by environment
 /// variables prefixed SINK_ (nested keys joined with "__", e.g. SINK_KAFKA__BROKERS).
-/// See config/sink.toml for every option.
+/// See config/sink.toml for every option. SIGHUP reads the file again: the rotation settings,
+/// the memory and staging budgets and the upload settings take effect at once, the others at
+/// the next start.
 
 #[derive(Debug, Parser)]
 #[command(version)]
