@@ -521,10 +521,7 @@ pub fn sink_path(work: &Workload, rounds: usize, partitions: usize) -> anyhow::R
             }
             for (k, (&(line, p), checked)) in group.iter().zip(&checked).enumerate() {
                 let (part, offset) = &mut parts[p];
-                let checked = checked
-                    .as_ref()
-                    .map(|row| (row, hashes.get(row.hash)))
-                    .map_err(Clone::clone);
+                let checked = checked.as_ref().map(|row| (row, hashes.get(row.hash)));
                 let appended =
                     part.append_checked(checked, line, *offset, 0, staging.path(), targets)?;
                 *offset += 1;

@@ -1199,7 +1199,7 @@ impl Worker {
     fn handle<'m>(
         &mut self,
         msg: &Fields<'m>,
-        checked: Option<Result<(&Row<'m, Pending>, ContentHash), RecordError>>,
+        checked: Option<Result<(&Row<'m, Pending>, ContentHash), &RecordError>>,
     ) -> anyhow::Result<Handled> {
         let targets = self.targets();
         // `open_partition` created the state (with its warmed window and its stream) before

@@ -126,35 +126,45 @@ async fn main() -> anyhow::Result<()> {
 /// settings are put in force; the others take effect at the next start. A config that does not
 /// load or check keeps the running settings. Stream definitions need no SIGHUP: they are read
 /// again as records need them.
-/// Until the sink has started (`reload` set), a SIGHUP is logged and ignored.
+/// Until the sink has started (`reload` set), a SIGHUP is logged and ignored. The files are
+/// read and checked on the blocking pool, not on the runtime's threads.
 fn reload_on_sighup(
     reload: Arc<OnceLock<sink::Reload>>,
     path: Option<PathBuf>,
 ) -> anyhow::Result<()> {
     plumbing::on_sighup(move || {
-        let Some(reload) = reload.get() else {
+        let Some(reload) = reload.get().cloned() else {
             tracing::info!("SIGHUP: the sink is starting; nothing to reload yet");
             return;
         };
-        let reloaded = plumbing::load_config::<SinkConfig>(path.as_deref(), ENV_PREFIX)
-            .and_then(|config| reload.apply(config));
-        ::metrics::gauge!(sink::metrics::RELOAD_SUCCESSFUL)
-            .set(if reloaded.is_ok() { 1.0 } else { 0.0 });
-        match reloaded {
-            Ok(done) if done.at_restart.is_empty() => tracing::info!(
-                in_force = ?done.in_force,
-                "SIGHUP: reloaded the config"
-            ),
-            Ok(done) => tracing::warn!(
-                in_force = ?done.in_force,
-                at_restart = ?done.at_restart,
-                "SIGHUP: reloaded the config; the settings named at_restart changed and take effect at the next start"
-            ),
-            Err(e) => tracing::error!(
-                error = %format!("{e:#}"),
-                "SIGHUP: the config does not load or check; the running settings stay"
-            ),
-        }
+        let path = path.clone();
+        tokio::task::spawn_blocking(move || reload_now(&reload, path.as_deref()));
     })
     .context("cannot handle SIGHUP")
+}
+
+/// Loads the config at `path` and hands it to the sink; logs and counts the outcome.
+fn reload_now(reload: &sink::Reload, path: Option<&std::path::Path>) {
+    let reloaded = plumbing::load_config::<SinkConfig>(path, ENV_PREFIX)
+        .and_then(|config| reload.apply(config));
+    ::metrics::gauge!(sink::metrics::RELOAD_SUCCESSFUL).set(if reloaded.is_ok() {
+        1.0
+    } else {
+        0.0
+    });
+    match reloaded {
+        Ok(done) if done.at_restart.is_empty() => tracing::info!(
+            in_force = ?done.in_force,
+            "SIGHUP: reloaded the config"
+        ),
+        Ok(done) => tracing::warn!(
+            in_force = ?done.in_force,
+            at_restart = ?done.at_restart,
+            "SIGHUP: reloaded the config; the settings named at_restart changed and take effect at the next start"
+        ),
+        Err(e) => tracing::error!(
+            error = %format!("{e:#}"),
+            "SIGHUP: the config does not load or check; the running settings stay"
+        ),
+    }
 }

@@ -221,11 +221,7 @@ impl PartitionState {
         targets: FileTargets,
     ) -> anyhow::Result<Appended> {
         let checked = self.check(payload, &mut AtOnce);
-        // An invalid record's error is cloned: it becomes a dead letter, a rare path.
-        let checked = checked
-            .as_ref()
-            .map(|row| (row, row.hash))
-            .map_err(Clone::clone);
+        let checked = checked.as_ref().map(|row| (row, row.hash));
         self.append_checked(checked, payload, offset, ingest_ts, staging, targets)
     }
 
@@ -255,10 +251,11 @@ impl PartitionState {
     }
 
     /// [`PartitionState::append`] of a record checked by [`PartitionState::check`]: the row
-    /// (borrowed: a move copies its slots) and its content hash.
+    /// (borrowed: a move copies its slots) and its content hash, or the check's error (cloned
+    /// into the answer: an invalid record becomes a dead letter, a rare path).
     pub fn append_checked<H>(
         &mut self,
-        checked: Result<(&Row<'_, H>, ContentHash), RecordError>,
+        checked: Result<(&Row<'_, H>, ContentHash), &RecordError>,
         payload: &[u8],
         offset: i64,
         ingest_ts: i64,
@@ -268,10 +265,10 @@ impl PartitionState {
         let def = &self.def;
         let (row, hash) = match checked {
             Ok(checked) => checked,
-            Err(e) if e.newer_definition_may_take() => return Ok(Appended::Unfit(e)),
+            Err(e) if e.newer_definition_may_take() => return Ok(Appended::Unfit(e.clone())),
             Err(e) => {
                 self.dead_letter(offset, ingest_ts, &e.to_string(), payload);
-                return Ok(Appended::DeadLetter(e));
+                return Ok(Appended::DeadLetter(e.clone()));
             }
         };
         if !self.window.insert(digest(&hash), 0) {

@@ -123,11 +123,9 @@ impl Worker {
                 break;
             }
             // The row stays where it was checked (a move would copy its slots).
-            let checked = checked.as_ref().map(|c| {
-                c.as_ref()
-                    .map(|row| (row, self.hashes.get(row.hash)))
-                    .map_err(Clone::clone)
-            });
+            let checked = checked
+                .as_ref()
+                .map(|c| c.as_ref().map(|row| (row, self.hashes.get(row.hash))));
             let taken = match self.handle(f, checked) {
                 Ok(Handled::Redefine) => break,
                 Ok(Handled::Taken(flush)) => self.count_received().map(|budget| flush.or(budget)),
