@@ -345,19 +345,28 @@ impl DigestWindow {
     /// Lowers the capacity to `capacity` (a no-op if it is not lower), keeping the newest
     /// entries, and gives back the memory of the rest.
     pub fn shrink_to(&mut self, capacity: usize) {
-        if capacity >= self.capacity {
+        if capacity < self.capacity {
+            self.resize_to(capacity);
+        }
+    }
+
+    /// Sets the capacity to `capacity`, keeping the newest entries that fit (all of them when
+    /// it grows): the window then goes on as a window of that capacity would that had seen
+    /// them. The memory is reserved anew for the new capacity. Costs an insert per kept entry.
+    pub fn resize_to(&mut self, capacity: usize) {
+        if capacity == self.capacity {
             return;
         }
-        let mut smaller = DigestWindow::new(capacity, self.max_age_secs);
-        smaller.hasher = self.hasher.clone();
+        let mut resized = DigestWindow::new(capacity, self.max_age_secs);
+        resized.hasher = self.hasher.clone();
         let live: Vec<usize> = (0..self.len)
             .map(|i| (self.head + i) % self.capacity)
             .filter(|&slot| self.find_slot(slot).is_some())
             .collect();
         for &slot in &live[live.len().saturating_sub(capacity)..] {
-            smaller.insert(self.digests[slot], self.time(slot));
+            resized.insert(self.digests[slot], self.time(slot));
         }
-        *self = smaller;
+        *self = resized;
     }
 
     /// Bytes held by the table and the ring (reserved, touched or not: an upper bound of what
@@ -505,6 +514,41 @@ mod tests {
         }
         w.shrink_to(50);
         assert_eq!(w.capacity(), 10, "never grows");
+    }
+
+    #[test]
+    fn growing_keeps_every_entry_and_goes_on_like_a_larger_window() {
+        for max_age in [0, 1_000] {
+            let mut w = DigestWindow::new(20, max_age);
+            let mut model = std::collections::VecDeque::new();
+            let mut x: u64 = 3;
+            for _ in 0..500 {
+                let d = u128::from(lcg(&mut x) % 60);
+                assert_eq!(w.insert(d, 5), model_insert(&mut model, 20, d));
+            }
+            w.resize_to(200);
+            assert_eq!((w.capacity(), w.len()), (200, 20));
+            assert!(model.iter().all(|&d| w.contains(d, 5)));
+            // Entries keep their times: all of them expire together past the age limit.
+            if max_age > 0 {
+                assert!(w.insert(1_000_000, 5 + max_age + 1));
+                assert_eq!(w.len(), 1);
+                continue;
+            }
+            for _ in 0..2_000 {
+                let d = u128::from(lcg(&mut x) % 600);
+                assert_eq!(
+                    w.insert(d, 5),
+                    model_insert(&mut model, 200, d),
+                    "digest {d}"
+                );
+            }
+            // And back down, to none at all (deduplication off: nothing is a duplicate).
+            w.resize_to(0);
+            assert!(w.insert(7, 5) && w.insert(7, 5));
+            w.resize_to(5);
+            assert!(w.insert(7, 5) && !w.insert(7, 5));
+        }
     }
 
     #[test]

@@ -928,7 +928,9 @@ impl Worker {
 
     /// The dedupe window of a partition: `dedupe_window` entries, fewer when the windows of all
     /// assigned partitions would need more than `dedupe_memory_bytes`.
-    fn window_capacity(&mut self) -> usize {
+    /// The dedupe window of each partition: its share of the dedupe memory among the assigned
+    /// partitions, or among the open ones and `opening` more if there are more of those.
+    fn window_capacity(&mut self, opening: usize) -> usize {
         // The assignment is copied out of librdkafka, so it is read once per rebalance: per
         // partition opened, it made opening n partitions cost n² (2.5% of a sink's CPU when it
         // took over 1,000).
@@ -941,7 +943,7 @@ impl Worker {
                 count
             }
         };
-        window_capacity(&self.config, assigned.max(self.parts.len() + 1))
+        window_capacity(&self.config, assigned.max(self.parts.len() + opening))
     }
 
     fn report_dedupe_memory(&self) {
@@ -965,7 +967,7 @@ impl Worker {
         };
         // More partitions than before share the dedupe memory: the open ones give up their
         // oldest entries first.
-        let capacity = self.window_capacity();
+        let capacity = self.window_capacity(1);
         for part in self.parts.values_mut() {
             part.window.shrink_to(capacity);
         }

@@ -19,8 +19,8 @@ static GLOBAL: mimalloc::MiMalloc = mimalloc::MiMalloc;
 /// Configuration comes from the TOML file given with --config, overridden by environment
 /// variables prefixed SINK_ (nested keys joined with "__", e.g. SINK_KAFKA__BROKERS).
 /// See config/sink.toml for every option. SIGHUP reads the file again: the rotation settings,
-/// the memory and staging budgets and the upload settings take effect at once, the others at
-/// the next start.
+/// the memory and staging budgets, the upload settings and the dedupe window sizes take effect
+/// at once, the others at the next start.
 
 #[derive(Debug, Parser)]
 #[command(version)]
@@ -122,8 +122,9 @@ async fn main() -> anyhow::Result<()> {
 }
 
 /// On SIGHUP, reads the config file (and the environment) again and hands it to the running
-/// sink ([`sink::Reload`]): the rotation settings, the memory and staging budgets and the upload
-/// settings are put in force; the others take effect at the next start. A config that does not
+/// sink ([`sink::Reload`]): the rotation settings, the memory and staging budgets, the upload
+/// settings and the dedupe window sizes are put in force; the others take effect at the next
+/// start. A config that does not
 /// load or check keeps the running settings. Stream definitions need no SIGHUP: they are read
 /// again as records need them.
 /// Until the sink has started (`reload` set), a SIGHUP is logged and ignored. The files are

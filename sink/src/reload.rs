@@ -9,11 +9,14 @@
 //!
 //! In force at once ([`LIVE`]): the `[rotation]` settings (open files take the new size
 //! targets too, and close at their next check when they are past them), `memory_budget_bytes`,
-//! and `upload.staging_budget_bytes`, `upload.part_bytes` and `upload.abandoned_after_hours`.
+//! `upload.staging_budget_bytes`, `upload.part_bytes` and `upload.abandoned_after_hours`, and
+//! `dedupe_window` and `dedupe_memory_bytes`: every open partition's window is resized to its
+//! new share, keeping its newest entries (all of them when it grows; a grown window is not
+//! warmed again from the landing files, it fills from the records read after).
 //! The other settings shape what the sink set up when it started (its consumer and group
-//! membership, its store client, the keys it writes, the dedupe windows of its partitions, its
-//! staging folder and admin address): they take effect at the next start, and a reload that
-//! changes one of them names it in its log line.
+//! membership, its store client, the keys it writes, its staging folder and admin address):
+//! they take effect at the next start, and a reload that changes one of them names it in its
+//! log line.
 
 use std::sync::Arc;
 
@@ -33,6 +36,8 @@ pub const LIVE: &[&str] = &[
     "upload.staging_budget_bytes",
     "upload.part_bytes",
     "upload.abandoned_after_hours",
+    "dedupe_window",
+    "dedupe_memory_bytes",
 ];
 
 /// Hands reloaded configs to a running sink ([`crate::Sink::reload`]).
@@ -161,10 +166,29 @@ impl Worker {
                 file.set_targets(targets);
             }
         }
+        let config = &mut self.config;
+        if (new.dedupe_window, new.dedupe_memory_bytes)
+            != (config.dedupe_window, config.dedupe_memory_bytes)
+        {
+            config.dedupe_window = new.dedupe_window;
+            config.dedupe_memory_bytes = new.dedupe_memory_bytes;
+            let capacity = self.window_capacity(0);
+            for part in self.parts.values_mut() {
+                part.window.resize_to(capacity);
+            }
+            self.report_dedupe_memory();
+            tracing::info!(
+                partitions = self.parts.len(),
+                entries_each = capacity,
+                "reload: dedupe windows resized"
+            );
+        }
         tracing::info!(
             rotation = ?self.config.rotation,
             memory_budget_bytes = self.config.memory_budget_bytes,
             staging_budget_bytes = self.staging_budget,
+            dedupe_window = self.config.dedupe_window,
+            dedupe_memory_bytes = self.config.dedupe_memory_bytes,
             "reloaded settings in force"
         );
     }
@@ -215,6 +239,8 @@ mod tests {
         new.upload.staging_budget_bytes += 1;
         new.upload.part_bytes += 1;
         new.upload.abandoned_after_hours += 1;
+        new.dedupe_window += 1;
+        new.dedupe_memory_bytes += 1;
         assert_eq!(changed(&old, &new, true), LIVE);
         assert_eq!(changed(&old, &new, false), Vec::<&str>::new());
     }

@@ -532,20 +532,24 @@ async fn a_low_open_files_limit_is_raised_at_start() {
 async fn sighup_puts_new_rotation_settings_in_force_and_keeps_them_through_a_bad_config() {
     let (s3, bucket, cluster, bootstrap, dir) = rig("hup", 2);
     let admin = common::free_port();
-    let write = |rotation: &str, key_prefix: &str| {
+    let write = |rotation: &str, key_prefix: &str, dedupe_window: usize| {
         let config = write_config_rotating(dir.path(), &bootstrap, &s3, &bucket, rotation);
         let text = std::fs::read_to_string(&config).unwrap();
         let text = text
             .replace("127.0.0.1:0", &format!("127.0.0.1:{admin}"))
             .replace(
                 "key_prefix = \"landing\"",
-                &format!("key_prefix = \"{key_prefix}\""),
+                &format!("key_prefix = \"{key_prefix}\"\ndedupe_window = {dedupe_window}"),
             );
         std::fs::write(&config, text).unwrap();
         config
     };
     // Nothing closes on its own during the test: a million records, an idle hour.
-    let config = write("max_records = 1000000\nidle_ms = 3600000", "landing");
+    let config = write(
+        "max_records = 1000000\nidle_ms = 3600000",
+        "landing",
+        100_000,
+    );
     let log = dir.path().join("sink.log");
     let sink = start_sink(&config, &log);
     let sent = support::readings(200, 37);
@@ -582,15 +586,20 @@ async fn sighup_puts_new_rotation_settings_in_force_and_keeps_them_through_a_bad
         assert!(status.success());
     };
     // A config that does not load: the running settings stay.
-    write("max_records = \"ten\"", "landing");
+    write("max_records = \"ten\"", "landing", 100_000);
     hup();
     wait_for("the bad config was not reported", &|| {
         logged("SIGHUP: the config does not load or check")
     });
     assert_eq!(metric(admin, "sink_config_last_reload_successful"), 0.0);
-    // One that loads: files of 10 records, closed after 300 ms idle; and a key prefix that
-    // takes a restart.
-    write("max_records = 10\nidle_ms = 300", "elsewhere");
+    // One that loads: files of 10 records, closed after 300 ms idle, dedupe windows of 1,000
+    // entries; and a key prefix that takes a restart.
+    let windows = metric(admin, "sink_dedupe_window_bytes");
+    assert!(
+        windows > 2.0 * 100_000.0 * 20.0,
+        "{windows} bytes of windows"
+    );
+    write("max_records = 10\nidle_ms = 300", "elsewhere", 1_000);
     hup();
     wait_for("the reload was not logged", &|| {
         logged("SIGHUP: reloaded the config")
@@ -602,10 +611,14 @@ async fn sighup_puts_new_rotation_settings_in_force_and_keeps_them_through_a_bad
         .find(|l| l.contains("SIGHUP: reloaded the config"))
         .unwrap();
     assert!(
-        line.contains(r#"in_force=["rotation.max_records", "rotation.idle_ms"]"#)
+        line.contains(r#"in_force=["rotation.max_records", "rotation.idle_ms", "dedupe_window"]"#)
             && line.contains(r#"at_restart=["key_prefix"]"#),
         "{line}"
     );
+    // The windows shrink to their new size (at the worker's next tick, after the log line).
+    wait_for("the dedupe windows were not resized", &|| {
+        metric(admin, "sink_dedupe_window_bytes") <= 2.0 * 1_000.0 * 28.0
+    });
     for r in &sent[100..] {
         support::produce_raw(&producer, TOPIC, &key(r), &r.to_string()).await;
     }
