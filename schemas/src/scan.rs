@@ -40,8 +40,7 @@ pub(crate) fn forwardable<H: Hashing>(
     hashing: &mut H,
 ) -> Option<(H::Hash, Str)> {
     // Made here, not returned by a helper: returning them costs a copy of the whole array.
-    let mut slots = Slots::new();
-    slots.resize_with(def.fields.len(), || Slot::Null);
+    let mut slots = null_slots(def.fields.len());
     let once = scan(def, bytes, Build::Hashed, &mut slots)?;
     if !once {
         return None;
@@ -64,8 +63,7 @@ pub(crate) fn scanned<'a, H: Hashing>(
     bytes: &'a [u8],
     hashing: &mut H,
 ) -> Option<(Slots<'a>, H::Hash)> {
-    let mut slots = Slots::new();
-    slots.resize_with(def.fields.len(), || Slot::Null);
+    let mut slots = null_slots(def.fields.len());
     scan(def, bytes, Build::All, &mut slots)?;
     let hash = slots_hash(def, &slots, hashing);
     Some((slots, hash))
@@ -73,6 +71,18 @@ pub(crate) fn scanned<'a, H: Hashing>(
 
 /// One slot per field: streams of up to 16 fields need no allocation.
 pub(crate) type Slots<'a> = SmallVec<[Slot<'a>; 16]>;
+
+/// `n` null slots. Made from a whole array of them rather than pushed one by one: a pushed
+/// `Slot::Null` was written to the stack by its tag alone and read back whole, a load the CPU
+/// cannot forward from the narrower store, and that stall was 5.8% of the edge agent's time.
+#[inline(always)]
+fn null_slots<'a>(n: usize) -> Slots<'a> {
+    if n <= 16 {
+        SmallVec::from_buf_and_len([const { Slot::Null }; 16], n)
+    } else {
+        std::iter::repeat_n(Slot::Null, n).collect()
+    }
+}
 
 /// The content hash of scanned fields whose hashed lists and maps were built.
 fn slots_hash<H: Hashing>(def: &StreamDef, slots: &[Slot<'_>], hashing: &mut H) -> H::Hash {
