@@ -15,7 +15,7 @@ use schemas::api::RejectedRecord;
 use schemas::columnar::BodyBuilder;
 use schemas::decode::ndjson_lines;
 use schemas::wire::encode_value_into;
-use schemas::{Forward, HashGroup, Pending, Record, StreamDef, ValidRecord};
+use schemas::{HashGroup, Hashed, Pending, Record, StreamDef, ValidRecord};
 
 use crate::batch::{Batch, BatchId, BodyEncoding};
 use crate::config::{BatchConfig, DedupeConfig, StreamSettings};
@@ -29,7 +29,7 @@ use crate::spool::{Appended, Overflow, Spool, SpoolError};
 /// [`HashGroup`].
 enum Checked {
     /// Without filters, into NDJSON batches: no record is built when the line may stand for it.
-    Forward(Forward<Pending>),
+    Forward(Hashed<Pending>),
     /// The record, and whether the line may stand for it.
     Record(ValidRecord<Pending>, bool),
 }
@@ -523,7 +523,7 @@ impl Pipeline {
                 .take(DEDUPE_GROUP)
             {
                 let checked = if forward {
-                    schemas::check_bytes_forward_in(&self.def, line, &mut self.hashes)
+                    schemas::check_bytes_hashed_in(&self.def, line, &mut self.hashes)
                         .map(Checked::Forward)
                 } else {
                     schemas::check_bytes_verbatim_in(&self.def, line, &mut self.hashes)

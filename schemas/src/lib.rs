@@ -95,19 +95,50 @@ pub fn check_bytes_forward_in<H: Hashing>(
     raw: &[u8],
     hashing: &mut H,
 ) -> Result<Forward<H::Hash>, RecordError> {
-    if let Some((hash, key)) = scan::forwardable(def, raw, hashing) {
-        return Ok(Forward {
-            hash,
-            key,
-            canonical: None,
-        });
+    let (hash, key, canonical) = forward_with(def, raw, hashing, value::partition_key)?;
+    Ok(Forward {
+        hash,
+        key,
+        canonical,
+    })
+}
+
+/// A record checked for forwarding by a caller that does not partition records (the edge
+/// agent): a [`Forward`] without its partition key.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Hashed<H = ContentHash> {
+    /// The hash, or with a [`HashGroup`] the record's place in the group.
+    pub hash: H,
+    /// As [`Forward::canonical`].
+    pub canonical: Option<Record>,
+}
+
+/// [`check_bytes_forward_in`] without the partition key: making it (a string copy, and a
+/// larger result to move) was wasted where it is not used.
+pub fn check_bytes_hashed_in<H: Hashing>(
+    def: &StreamDef,
+    raw: &[u8],
+    hashing: &mut H,
+) -> Result<Hashed<H::Hash>, RecordError> {
+    let (hash, (), canonical) = forward_with(def, raw, hashing, |_| ())?;
+    Ok(Hashed { hash, canonical })
+}
+
+/// The checks of [`check_bytes_forward_in`], with what `key` makes of the partition key
+/// field's value.
+#[inline(always)]
+fn forward_with<H: Hashing, K>(
+    def: &StreamDef,
+    raw: &[u8],
+    hashing: &mut H,
+    key: impl Fn(Option<value::Scalar<'_>>) -> K,
+) -> Result<(H::Hash, K, Option<Record>), RecordError> {
+    if let Some((hash, key)) = scan::forwardable(def, raw, hashing, &key) {
+        return Ok((hash, key, None));
     }
     let (valid, verbatim) = check_bytes_verbatim_in(def, raw, hashing)?;
-    Ok(Forward {
-        hash: valid.hash,
-        key: valid.record.partition_key(def),
-        canonical: (!verbatim).then_some(valid.record),
-    })
+    let key = key(valid.record.values[def.partition_key].as_scalar());
+    Ok((valid.hash, key, (!verbatim).then_some(valid.record)))
 }
 
 /// A record checked for landing: its content hash and its field values, which

@@ -12,7 +12,7 @@ use smallvec::SmallVec;
 use crate::hash::{Hashing, content_hash_with, encode_present, encode_scalar};
 use crate::stream::{FieldType, StreamDef};
 use crate::value::{
-    Record, Scalar, Str, Value, float_from_f64, int_from_f64, partition_key, timestamp_from_i64,
+    Record, Scalar, Str, Value, float_from_f64, int_from_f64, timestamp_from_i64,
     timestamp_from_str,
 };
 
@@ -34,11 +34,16 @@ pub(crate) fn decode_verbatim(def: &StreamDef, bytes: &[u8]) -> Option<(Record, 
 /// each, so that its text may stand as its Kafka value; the record itself is never built (its
 /// strings stay in `bytes`, its unhashed lists and maps are only checked). `None` for anything
 /// else, which the caller decodes into a record instead.
-pub(crate) fn forwardable<H: Hashing>(
+///
+/// `key` makes what the caller keeps of the partition key field's value (the gateway its
+/// partition key, the edge agent nothing).
+#[inline(always)]
+pub(crate) fn forwardable<H: Hashing, K>(
     def: &StreamDef,
     bytes: &[u8],
     hashing: &mut H,
-) -> Option<(H::Hash, Str)> {
+    key: impl FnOnce(Option<Scalar<'_>>) -> K,
+) -> Option<(H::Hash, K)> {
     // Made here, not returned by a helper: returning them costs a copy of the whole array.
     let mut slots = null_slots(def.fields.len());
     let once = scan(def, bytes, Build::Hashed, &mut slots)?;
@@ -47,7 +52,7 @@ pub(crate) fn forwardable<H: Hashing>(
     }
     // `Build::Hashed` built every hashed list and map.
     let hash = slots_hash(def, &slots, hashing);
-    let key = partition_key(match &slots[def.partition_key] {
+    let key = key(match &slots[def.partition_key] {
         Slot::Scalar(value) => Some(*value),
         _ => None,
     });

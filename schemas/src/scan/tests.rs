@@ -40,7 +40,10 @@ fn sensor_hashing_tags() -> StreamDef {
 fn agree(def: &StreamDef, text: &[u8]) -> Result<bool, TestCaseError> {
     let fast = super::decode_verbatim(def, text);
     let shown = String::from_utf8_lossy(text);
-    match (&fast, super::forwardable(def, text, &mut crate::AtOnce)) {
+    match (
+        &fast,
+        super::forwardable(def, text, &mut crate::AtOnce, crate::value::partition_key),
+    ) {
         (Some((record, true)), Some((hash, key))) => {
             prop_assert_eq!(hash, crate::content_hash(def, record), "{}", shown);
             prop_assert_eq!(key, record.partition_key(def), "{}", shown);
@@ -51,6 +54,14 @@ fn agree(def: &StreamDef, text: &[u8]) -> Result<bool, TestCaseError> {
     }
     let forward = crate::check_bytes_forward(def, text);
     let full = crate::check_bytes_verbatim(def, text);
+    // Without the key, the same hash and canonical record.
+    let hashed = crate::check_bytes_hashed_in(def, text, &mut crate::AtOnce);
+    prop_assert_eq!(
+        hashed.map(|h| (h.hash, h.canonical)),
+        forward.clone().map(|f| (f.hash, f.canonical)),
+        "{}",
+        shown
+    );
     prop_assert_eq!(
         forward.map(|f| (f.hash, f.key, f.canonical.is_none())),
         full.map(|(v, verbatim)| (v.hash, v.record.partition_key(def), verbatim)),
@@ -494,7 +505,7 @@ fn forwarding_hashes_the_lists_and_maps_it_builds() {
     }
     // An unhashed map is checked even when it is not built.
     let bad = r#"{"device_id":"d","sensor":"s","ts":0,"value":1,"tags":{"a":1}}"#;
-    assert!(super::forwardable(&sensor(), bad.as_bytes(), &mut crate::AtOnce).is_none());
+    assert!(super::forwardable(&sensor(), bad.as_bytes(), &mut crate::AtOnce, |_| ()).is_none());
     assert!(crate::check_bytes_forward(&sensor(), bad.as_bytes()).is_err());
 }
 
