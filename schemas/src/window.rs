@@ -34,6 +34,9 @@ use crate::hash::ContentHash;
 /// Table buckets a window starts with (8 KiB, two pages); it doubles from there.
 const FIRST_BUCKETS: usize = 1024;
 
+/// Entries placed together when the table grows.
+const REPLACE_GROUP: usize = 32;
+
 /// The 128-bit digest kept per record.
 pub type Digest = u128;
 
@@ -145,6 +148,17 @@ impl DigestWindow {
         self.len == 0
     }
 
+    /// The ring position `k` entries after the oldest (`k` at most the capacity): a subtraction
+    /// where `%` took a division, tens of cycles, on every insert and eviction.
+    fn ring(&self, k: usize) -> usize {
+        let i = self.head + k;
+        if i >= self.capacity {
+            i - self.capacity
+        } else {
+            i
+        }
+    }
+
     /// The keyed hash bits of `d` that a bucket keeps.
     fn bits(&self, d: Digest) -> u32 {
         (self.hasher.hash_one(d as u64) >> 32) as u32
@@ -165,7 +179,11 @@ impl DigestWindow {
 
     /// Puts `b` in the first free bucket from its home.
     fn place(&mut self, b: Bucket) {
-        let mut i = self.home(b.bits());
+        self.place_from(self.home(b.bits()), b);
+    }
+
+    /// Puts `b` in the first free bucket from bucket `i`, its home.
+    fn place_from(&mut self, mut i: usize, b: Bucket) {
         while !self.bucket(i).is_empty() {
             i = self.next(i);
         }
@@ -180,11 +198,30 @@ impl DigestWindow {
             self.active = (self.active * 2).min(self.buckets);
             // Within the capacity reserved at the start: no reallocation.
             self.table.resize(self.active, 0);
-            for k in 0..self.len {
-                let slot = (self.head + k) % self.capacity;
-                let d = self.digests[slot];
-                if d != FORGOTTEN {
-                    self.place(Bucket::new(self.bits(d), slot));
+            // In groups whose home buckets are loaded first: a table larger than the cache
+            // misses on each, and the loads of a group wait for memory together (placing the
+            // entries one by one was a quarter of the inserts' time in a million-entry window).
+            let mut homes = [(0usize, Bucket::EMPTY); REPLACE_GROUP];
+            for start in (0..self.len).step_by(REPLACE_GROUP) {
+                let group = &mut homes[..REPLACE_GROUP.min(self.len - start)];
+                let mut sum = 0u64;
+                for (k, home) in (start..).zip(group.iter_mut()) {
+                    let slot = self.ring(k);
+                    let d = self.digests[slot];
+                    *home = if d == FORGOTTEN {
+                        (0, Bucket::EMPTY)
+                    } else {
+                        let b = Bucket::new(self.bits(d), slot);
+                        let i = self.home(b.bits());
+                        sum ^= self.table[i];
+                        (i, b)
+                    };
+                }
+                std::hint::black_box(sum);
+                for &(i, b) in group.iter() {
+                    if !b.is_empty() {
+                        self.place_from(i, b);
+                    }
                 }
             }
         }
@@ -282,7 +319,7 @@ impl DigestWindow {
             }
             self.digests.len() - 1
         } else {
-            let slot = (self.head + self.len) % self.capacity;
+            let slot = self.ring(self.len);
             self.digests[slot] = d;
             if timed {
                 self.times[slot] = now_secs;
@@ -310,7 +347,7 @@ impl DigestWindow {
         }
         if self.len + ds.len() > self.capacity {
             for k in 0..(self.len + ds.len() - self.capacity).min(self.len) {
-                let slot = (self.head + k) % self.capacity;
+                let slot = self.ring(k);
                 sum ^= self.table[self.home(self.bits(self.digests[slot]))];
             }
         }
@@ -333,7 +370,7 @@ impl DigestWindow {
         if let Some(i) = self.find_slot(slot) {
             self.remove_bucket(i);
         }
-        self.head = (self.head + 1) % self.capacity;
+        self.head = self.ring(1);
         self.len -= 1;
         if self.len == 0 && self.digests.len() < self.capacity {
             self.head = 0;
@@ -360,7 +397,7 @@ impl DigestWindow {
         let mut resized = DigestWindow::new(capacity, self.max_age_secs);
         resized.hasher = self.hasher.clone();
         let live: Vec<usize> = (0..self.len)
-            .map(|i| (self.head + i) % self.capacity)
+            .map(|i| self.ring(i))
             .filter(|&slot| self.find_slot(slot).is_some())
             .collect();
         for &slot in &live[live.len().saturating_sub(capacity)..] {
