@@ -199,7 +199,6 @@ pub async fn redrive(
     Ok(report)
 }
 
-/// The value of a message's header `key`.
 /// What the copies of one dead letter share: its batch id and index in the batch, hashed;
 /// `None` for a dead letter without a batch id (a request without an Idempotency-Key).
 fn copy_id(message: &BorrowedMessage<'_>) -> Option<Digest> {
@@ -215,6 +214,7 @@ fn copy_id(message: &BorrowedMessage<'_>) -> Option<Digest> {
     ))
 }
 
+/// The value of a message's header `key`.
 fn header<'a>(message: &'a BorrowedMessage<'_>, key: &str) -> Option<&'a [u8]> {
     message
         .headers()?

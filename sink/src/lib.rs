@@ -926,10 +926,9 @@ impl Worker {
         }
     }
 
-    /// The dedupe window of a partition: `dedupe_window` entries, fewer when the windows of all
-    /// assigned partitions would need more than `dedupe_memory_bytes`.
-    /// The dedupe window of each partition: its share of the dedupe memory among the assigned
-    /// partitions, or among the open ones and `opening` more if there are more of those.
+    /// The dedupe window of each partition: `dedupe_window` entries, fewer when the windows of
+    /// all partitions would need more than `dedupe_memory_bytes` (the assigned ones, or the open
+    /// ones and `opening` more if there are more of those).
     fn window_capacity(&mut self, opening: usize) -> usize {
         // The assignment is copied out of librdkafka, so it is read once per rebalance: per
         // partition opened, it made opening n partitions cost n² (2.5% of a sink's CPU when it

@@ -124,9 +124,8 @@ async fn main() -> anyhow::Result<()> {
 /// On SIGHUP, reads the config file (and the environment) again and hands it to the running
 /// sink ([`sink::Reload`]): the rotation settings, the memory and staging budgets, the upload
 /// settings and the dedupe window sizes are put in force; the others take effect at the next
-/// start. A config that does not
-/// load or check keeps the running settings. Stream definitions need no SIGHUP: they are read
-/// again as records need them.
+/// start. A config that does not load or check keeps the running settings. Stream definitions
+/// need no SIGHUP: they are read again as records need them.
 /// Until the sink has started (`reload` set), a SIGHUP is logged and ignored. The files are
 /// read and checked on the blocking pool, not on the runtime's threads.
 fn reload_on_sighup(
