@@ -101,7 +101,7 @@ pub(crate) fn content_hash_with<H: Hashing>(
     hashing.hash_encoding(|buf| {
         for (&i, name) in def.hash_fields.iter().zip(&def.hash_names) {
             let mark = buf.len();
-            buf.extend_from_slice(name);
+            push_short(buf, name);
             if !write(buf, i) {
                 buf.truncate(mark);
             }
@@ -253,6 +253,11 @@ pub(crate) fn encode_scalar(out: &mut Vec<u8>, value: Scalar<'_>) {
         Scalar::Int(i) => tagged(out, 2, i.to_le_bytes()),
         // Validation maps -0.0 to 0.0; JSON has no NaN.
         Scalar::Float(f) => tagged(out, 3, f.to_bits().to_le_bytes()),
+        // A tag and a one-byte length for strings under 128 bytes, written at once.
+        Scalar::Str(s) if s.len() < 0x80 => {
+            out.extend_from_slice(&[4, s.len() as u8]);
+            push_short(out, s.as_bytes());
+        }
         Scalar::Str(s) => {
             out.push(4);
             encode_bytes(out, s.as_bytes());
@@ -277,7 +282,30 @@ pub(crate) fn encoded_name(name: &str) -> Box<[u8]> {
 
 fn encode_bytes(out: &mut Vec<u8>, bytes: &[u8]) {
     leb128(out, bytes.len());
-    out.extend_from_slice(bytes);
+    push_short(out, bytes);
+}
+
+/// Appends `bytes`. Up to 16 bytes (a record's field names and most of its strings) are
+/// copied as two overlapping words rather than by a call to `memcpy`, which for so few bytes
+/// costs more than the copy: those calls were a third of the canonical encoding's time.
+#[inline(always)]
+fn push_short(out: &mut Vec<u8>, bytes: &[u8]) {
+    let (at, n) = (out.len(), bytes.len());
+    match n {
+        8..=16 => {
+            out.extend_from_slice(&[0; 16]);
+            out[at..at + 8].copy_from_slice(&bytes[..8]);
+            out[at + n - 8..at + n].copy_from_slice(&bytes[n - 8..]);
+            out.truncate(at + n);
+        }
+        4..=7 => {
+            out.extend_from_slice(&[0; 8]);
+            out[at..at + 4].copy_from_slice(&bytes[..4]);
+            out[at + n - 4..at + n].copy_from_slice(&bytes[n - 4..]);
+            out.truncate(at + n);
+        }
+        _ => out.extend_from_slice(bytes),
+    }
 }
 
 /// Unsigned LEB128: seven bits per byte, low groups first, the high bit set on all but the last.
@@ -291,6 +319,17 @@ fn leb128(out: &mut Vec<u8>, mut n: usize) {
 
 #[cfg(test)]
 mod tests {
+    #[test]
+    fn short_pushes_append_exactly_the_bytes() {
+        let source: Vec<u8> = (1..=40).collect();
+        for n in 0..=40 {
+            let mut out = vec![0xee; 3];
+            super::push_short(&mut out, &source[..n]);
+            assert_eq!(out[..3], [0xee; 3], "{n}");
+            assert_eq!(out[3..], source[..n], "{n}");
+        }
+    }
+
     #[test]
     fn leb128_groups_seven_bits_low_first() {
         for (n, want) in [
