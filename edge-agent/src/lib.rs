@@ -51,7 +51,7 @@ use crate::rejected::RejectedDir;
 use crate::source::fields::{StaticFields, TopicFields};
 use crate::source::file::{FileSpec, Positions};
 use crate::source::mqtt::MqttSpec;
-use crate::source::{Feed, Feeds, feed_lines_with, verbatim};
+use crate::source::{Feed, Feeds, Verbatim, feed_lines_with};
 use crate::spool::{Recovery, Spool, Usage};
 
 /// Chunks queued between the sources and a stream's pipeline (each at most 256 KiB from line
@@ -552,7 +552,7 @@ fn start_sources(
                         true,
                         |_| None,
                         fields.as_ref(),
-                        verbatim,
+                        Verbatim,
                     )?;
                     Ok(())
                 })?

@@ -14,7 +14,7 @@ use anyhow::{Context, bail};
 use edge_agent::batch::BodyEncoding;
 use edge_agent::config::{BatchConfig, DedupeConfig, SpoolConfig, StreamSettings};
 use edge_agent::pipeline::{Chunk, Pipeline};
-use edge_agent::source::{Feed, feed_lines, verbatim};
+use edge_agent::source::{Feed, Verbatim, feed_lines};
 use edge_agent::spool::{Spool, Usage};
 use serde::{Deserialize, Serialize};
 
@@ -419,7 +419,7 @@ pub fn agent_worker(
     let feed = Feed::new(tx, &def.name, max_line);
     let reader = std::thread::spawn(move || -> std::io::Result<u64> {
         let mut reader = BufReader::with_capacity(256 * 1024, file);
-        feed_lines(&mut reader, &feed, 0, true, |_| None, verbatim)
+        feed_lines(&mut reader, &feed, 0, true, |_| None, Verbatim)
     });
     let stats = pipeline.run(rx, &AtomicBool::new(false))?;
     reader

@@ -114,7 +114,10 @@ pub struct Hashed<H = ContentHash> {
 }
 
 /// [`check_bytes_forward_in`] without the partition key: making it (a string copy, and a
-/// larger result to move) was wasted where it is not used.
+/// larger result to move) was wasted where it is not used. Inlined into the caller's loop: as
+/// a call, its result is returned through memory and its slots dropped out of line, which cost
+/// the edge agent about 3% more instructions.
+#[inline]
 pub fn check_bytes_hashed_in<H: Hashing>(
     def: &StreamDef,
     raw: &[u8],

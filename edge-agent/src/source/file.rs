@@ -25,7 +25,7 @@ use serde_json::{Map, Value as Json};
 use tokio_util::sync::CancellationToken;
 
 use super::fields::StaticFields;
-use super::{Feed, UntilStopped, feed_lines_with, verbatim};
+use super::{Feed, UntilStopped, Verbatim, feed_lines_with};
 use crate::config::FileFormat;
 use crate::pipeline::Done;
 
@@ -444,7 +444,7 @@ fn read_new(
             !spec.follow,
             done,
             fields,
-            verbatim,
+            Verbatim,
         ),
     };
     t.offset = consumed?;
