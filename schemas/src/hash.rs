@@ -266,6 +266,62 @@ pub(crate) fn encode_scalar(out: &mut Vec<u8>, value: Scalar<'_>) {
     }
 }
 
+/// [`encode_scalar`] into `out` at `n`, which has room for it and 16 bytes more; returns
+/// where it ends.
+#[inline(always)]
+pub(crate) fn put_scalar(out: &mut [u8], n: usize, value: Scalar<'_>) -> usize {
+    let tagged = |out: &mut [u8], tag: u8, payload: [u8; 8]| {
+        out[n] = tag;
+        out[n + 1..n + 9].copy_from_slice(&payload);
+        n + 9
+    };
+    match value {
+        Scalar::Bool(b) => {
+            out[n..n + 2].copy_from_slice(&[1, u8::from(b)]);
+            n + 2
+        }
+        Scalar::Int(i) => tagged(out, 2, i.to_le_bytes()),
+        Scalar::Float(f) => tagged(out, 3, f.to_bits().to_le_bytes()),
+        Scalar::Timestamp(t) => tagged(out, 5, t.to_le_bytes()),
+        Scalar::Str(s) => {
+            out[n] = 4;
+            let mut m = n + 1;
+            let mut len = s.len();
+            while len >= 0x80 {
+                out[m] = (len as u8) | 0x80;
+                len >>= 7;
+                m += 1;
+            }
+            out[m] = len as u8;
+            put_bytes(out, m + 1, s.as_bytes())
+        }
+    }
+}
+
+/// Copies `bytes` into `out` at `n` and returns where they end. Up to 16 bytes are copied as
+/// two overlapping words, without a call to `memcpy`.
+#[inline(always)]
+pub(crate) fn put_bytes(out: &mut [u8], n: usize, bytes: &[u8]) -> usize {
+    let len = bytes.len();
+    match len {
+        8..=16 => {
+            out[n..n + 8].copy_from_slice(&bytes[..8]);
+            out[n + len - 8..n + len].copy_from_slice(&bytes[len - 8..]);
+        }
+        4..=7 => {
+            out[n..n + 4].copy_from_slice(&bytes[..4]);
+            out[n + len - 4..n + len].copy_from_slice(&bytes[len - 4..]);
+        }
+        0..=3 => {
+            for (k, &b) in bytes.iter().enumerate() {
+                out[n + k] = b;
+            }
+        }
+        _ => out[n..n + len].copy_from_slice(bytes),
+    }
+    n + len
+}
+
 /// A tag byte and an 8-byte payload, written at once.
 fn tagged(out: &mut Vec<u8>, tag: u8, payload: [u8; 8]) {
     let mut bytes = [tag; 9];
@@ -320,13 +376,42 @@ fn leb128(out: &mut Vec<u8>, mut n: usize) {
 #[cfg(test)]
 mod tests {
     #[test]
-    fn short_pushes_append_exactly_the_bytes() {
+    fn short_pushes_and_puts_write_exactly_the_bytes() {
         let source: Vec<u8> = (1..=40).collect();
         for n in 0..=40 {
             let mut out = vec![0xee; 3];
             super::push_short(&mut out, &source[..n]);
             assert_eq!(out[..3], [0xee; 3], "{n}");
             assert_eq!(out[3..], source[..n], "{n}");
+            let mut out = vec![0xee; 3 + n + 16];
+            assert_eq!(super::put_bytes(&mut out, 3, &source[..n]), 3 + n);
+            assert_eq!(out[..3], [0xee; 3], "{n}");
+            assert_eq!(out[3..3 + n], source[..n], "{n}");
+        }
+    }
+
+    /// Each scalar is put as it is pushed, strings of every length of their length's bytes.
+    #[test]
+    fn scalars_are_put_as_they_are_pushed() {
+        use crate::value::Scalar;
+        let long = "x".repeat(300);
+        let scalars = [
+            Scalar::Bool(true),
+            Scalar::Int(-7),
+            Scalar::Float(2.5),
+            Scalar::Timestamp(1_767_225_600_000_000),
+            Scalar::Str(""),
+            Scalar::Str("degC"),
+            Scalar::Str(&long[..127]),
+            Scalar::Str(&long[..128]),
+            Scalar::Str(&long),
+        ];
+        for value in scalars {
+            let mut pushed = Vec::new();
+            super::encode_scalar(&mut pushed, value);
+            let mut out = vec![0; 2 + 5 + 300 + 16];
+            let end = super::put_scalar(&mut out, 2, value);
+            assert_eq!(out[2..end], pushed[..], "{value:?}");
         }
     }
 

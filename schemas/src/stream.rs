@@ -140,6 +140,8 @@ pub struct StreamDef {
     pub hash_fields: Vec<usize>,
     /// The names of `hash_fields` as the content hash encodes them.
     pub(crate) hash_names: Vec<Box<[u8]>>,
+    /// Their bytes together.
+    pub(crate) hash_names_bytes: usize,
     /// Whether each field is hashed (`hash_fields` as one flag per field).
     pub(crate) hashed: Vec<bool>,
     index: HashMap<String, usize>,
@@ -400,10 +402,11 @@ impl RawStream {
             .iter()
             .map(|f| format!("\"{}\":", f.name).into_bytes().into_boxed_slice())
             .collect();
-        let hash_names = hash_fields
+        let hash_names: Vec<Box<[u8]>> = hash_fields
             .iter()
             .map(|&i| crate::hash::encoded_name(&fields[i].name))
             .collect();
+        let hash_names_bytes = hash_names.iter().map(|n| n.len()).sum();
         let hashed = (0..fields.len())
             .map(|i| hash_fields.contains(&i))
             .collect();
@@ -421,6 +424,7 @@ impl RawStream {
             partition_key,
             hash_fields,
             hash_names,
+            hash_names_bytes,
             hashed,
             index,
             json_keys,
