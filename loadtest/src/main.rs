@@ -130,8 +130,9 @@ enum Command {
         ingest_time: IngestTimeArg,
     },
     /// Benchmarks the agent's pipeline (read, parse, dedupe, batch, compress, spool) against
-    /// `zstd -3 -T1` and `gzip -6` of the same generated file, in one run. Prints a table and
-    /// writes JSON (build with --release). Needs no services.
+    /// `zstd -3 -T1` and `gzip -6` of the same generated file, in one run, in MB per CPU-second
+    /// on both sides (zstd's wall-clock speed is printed too). Prints a table and writes JSON
+    /// (build with --release). Needs no services.
     BenchAgent {
         /// Readings to generate (a fifth of them re-sent).
         #[arg(long, default_value_t = 1_500_000)]
