@@ -266,8 +266,7 @@ pub(crate) fn encode_scalar(out: &mut Vec<u8>, value: Scalar<'_>) {
     }
 }
 
-/// [`encode_scalar`] into `out` at `n`, which has room for it and 16 bytes more; returns
-/// where it ends.
+/// [`encode_scalar`] into `out` at `n`, which has room for it; returns where it ends.
 #[inline(always)]
 pub(crate) fn put_scalar(out: &mut [u8], n: usize, value: Scalar<'_>) -> usize {
     let tagged = |out: &mut [u8], tag: u8, payload: [u8; 8]| {
@@ -299,7 +298,7 @@ pub(crate) fn put_scalar(out: &mut [u8], n: usize, value: Scalar<'_>) -> usize {
 }
 
 /// Copies `bytes` into `out` at `n` and returns where they end. Up to 16 bytes are copied as
-/// two overlapping words, without a call to `memcpy`.
+/// two overlapping words (within `out[n..n + bytes.len()]`), without a call to `memcpy`.
 #[inline(always)]
 pub(crate) fn put_bytes(out: &mut [u8], n: usize, bytes: &[u8]) -> usize {
     let len = bytes.len();
@@ -383,10 +382,11 @@ mod tests {
             super::push_short(&mut out, &source[..n]);
             assert_eq!(out[..3], [0xee; 3], "{n}");
             assert_eq!(out[3..], source[..n], "{n}");
-            let mut out = vec![0xee; 3 + n + 16];
+            let mut out = vec![0xee; 3 + n + 3];
             assert_eq!(super::put_bytes(&mut out, 3, &source[..n]), 3 + n);
             assert_eq!(out[..3], [0xee; 3], "{n}");
             assert_eq!(out[3..3 + n], source[..n], "{n}");
+            assert_eq!(out[3 + n..], [0xee; 3], "{n}");
         }
     }
 
@@ -409,7 +409,7 @@ mod tests {
         for value in scalars {
             let mut pushed = Vec::new();
             super::encode_scalar(&mut pushed, value);
-            let mut out = vec![0; 2 + 5 + 300 + 16];
+            let mut out = vec![0; 2 + 1 + 2 + 300];
             let end = super::put_scalar(&mut out, 2, value);
             assert_eq!(out[2..end], pushed[..], "{value:?}");
         }

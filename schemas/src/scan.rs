@@ -119,9 +119,9 @@ fn slots_hash<H: Hashing>(
     }
     hashing.hash_encoding(|buf| {
         let start = buf.len();
-        // Names, at most 10 bytes of tag and payload or of tag and length per value, the
-        // strings (slices of the text), and the slack that `put_bytes` writes past its end.
-        let bound = def.hash_names_bytes + 10 * def.hash_fields.len() + text_len + 16;
+        // Names, at most 10 bytes of tag and payload or of tag and length per value, and the
+        // strings' bytes (slices of the text).
+        let bound = def.hash_names_bytes + 10 * def.hash_fields.len() + text_len;
         buf.resize(start + bound, 0);
         let out = &mut buf[start..];
         let mut n = 0;
