@@ -454,6 +454,21 @@ mod tests {
         fresh
     }
 
+    /// Inserts `n` digests drawn below `range` at `now`, each answered as `model` (a window of
+    /// `cap`) answers it.
+    fn insert_as_model(
+        w: &mut DigestWindow,
+        model: &mut std::collections::VecDeque<u128>,
+        cap: usize,
+        x: &mut u64,
+        (n, range, now): (usize, u64, u32),
+    ) {
+        for _ in 0..n {
+            let d = u128::from(lcg(x) % range);
+            assert_eq!(w.insert(d, now), model_insert(model, cap, d), "digest {d}");
+        }
+    }
+
     fn lcg(x: &mut u64) -> u64 {
         *x = x
             .wrapping_mul(6364136223846793005)
@@ -524,10 +539,7 @@ mod tests {
         let mut w = DigestWindow::new(100, 0);
         let mut model = std::collections::VecDeque::new();
         let mut x: u64 = 7;
-        for _ in 0..1_000 {
-            let d = u128::from(lcg(&mut x) % 300);
-            assert_eq!(w.insert(d, 0), model_insert(&mut model, 100, d));
-        }
+        insert_as_model(&mut w, &mut model, 100, &mut x, (1_000, 300, 0));
         // A forgotten entry is not carried over.
         let forgotten = *model.back().unwrap();
         w.forget(forgotten);
@@ -541,14 +553,7 @@ mod tests {
         assert_eq!(w.len(), 10);
         assert!(model.iter().all(|&d| w.contains(d, 0)));
         assert!(!w.contains(forgotten, 0));
-        for _ in 0..1_000 {
-            let d = u128::from(lcg(&mut x) % 30);
-            assert_eq!(
-                w.insert(d, 0),
-                model_insert(&mut model, 10, d),
-                "digest {d}"
-            );
-        }
+        insert_as_model(&mut w, &mut model, 10, &mut x, (1_000, 30, 0));
         w.shrink_to(50);
         assert_eq!(w.capacity(), 10, "never grows");
     }
@@ -559,10 +564,7 @@ mod tests {
             let mut w = DigestWindow::new(20, max_age);
             let mut model = std::collections::VecDeque::new();
             let mut x: u64 = 3;
-            for _ in 0..500 {
-                let d = u128::from(lcg(&mut x) % 60);
-                assert_eq!(w.insert(d, 5), model_insert(&mut model, 20, d));
-            }
+            insert_as_model(&mut w, &mut model, 20, &mut x, (500, 60, 5));
             w.resize_to(200);
             assert_eq!((w.capacity(), w.len()), (200, 20));
             assert!(model.iter().all(|&d| w.contains(d, 5)));
@@ -572,14 +574,7 @@ mod tests {
                 assert_eq!(w.len(), 1);
                 continue;
             }
-            for _ in 0..2_000 {
-                let d = u128::from(lcg(&mut x) % 600);
-                assert_eq!(
-                    w.insert(d, 5),
-                    model_insert(&mut model, 200, d),
-                    "digest {d}"
-                );
-            }
+            insert_as_model(&mut w, &mut model, 200, &mut x, (2_000, 600, 5));
             // And back down, to none at all (deduplication off: nothing is a duplicate).
             w.resize_to(0);
             assert!(w.insert(7, 5) && w.insert(7, 5));

@@ -281,8 +281,8 @@ impl<F: FnMut(&[u8], &mut Vec<u8>)> Transform for F {
 }
 
 /// Lines as they are (NDJSON). [`feed_lines`] copies the whole lines of each read at once
-/// instead of one by one: the per-line work was about a twentieth of the edge agent's CPU time
-/// on a file.
+/// instead of one by one, which saves the per-line search, copy and bookkeeping (about 110
+/// instructions a sensor reading, callgrind).
 #[derive(Debug, Clone, Copy)]
 pub struct Verbatim;
 
