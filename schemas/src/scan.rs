@@ -117,13 +117,10 @@ fn slots_hash<H: Hashing>(
             Slot::Nested(value) => value.as_ref().is_some_and(|v| encode_present(out, v)),
         });
     }
-    hashing.hash_encoding(|buf| {
-        let start = buf.len();
-        // Names, at most 10 bytes of tag and payload or of tag and length per value, and the
-        // strings' bytes (slices of the text).
-        let bound = def.hash_names_bytes + 10 * def.hash_fields.len() + text_len;
-        buf.resize(start + bound, 0);
-        let out = &mut buf[start..];
+    // Names, at most 10 bytes of tag and payload or of tag and length per value, and the
+    // strings' bytes (slices of the text).
+    let bound = def.hash_names_bytes + 10 * def.hash_fields.len() + text_len;
+    hashing.hash_written(bound, |out| {
         let mut n = 0;
         for (&i, name) in def.hash_fields.iter().zip(&def.hash_names) {
             if let Slot::Scalar(value) = slots[i] {
@@ -131,7 +128,7 @@ fn slots_hash<H: Hashing>(
                 n = put_scalar(out, n, value);
             }
         }
-        buf.truncate(start + n);
+        n
     })
 }
 
@@ -475,6 +472,17 @@ impl<'a> Scanner<'a> {
     fn value<F: Field<'a>>(&mut self, ty: &FieldType, build: bool, slot: &mut F) -> Option<()> {
         *slot = match (self.peek()?, ty) {
             (b'n', _) => self.literal(b"null").map(|()| F::null())?,
+            // Only checked: nothing of it is kept, not even the `&str` of a string.
+            (b'[', FieldType::List(inner)) if !build => {
+                self.i += 1;
+                self.elements(|s| s.check_item(inner))?;
+                F::nested(None)
+            }
+            (b'{', FieldType::Map(inner)) if !build => {
+                self.i += 1;
+                self.members(|s, _, _| s.check_item(inner))?;
+                F::nested(None)
+            }
             (b'[', FieldType::List(inner)) => {
                 self.i += 1;
                 let mut items = Vec::new();
@@ -518,6 +526,17 @@ impl<'a> Scanner<'a> {
             return self.literal(b"null").map(|()| None);
         }
         self.scalar(inner).map(Some)
+    }
+
+    /// An item of a list or map that is only checked, as [`Scanner::item`] checks it. A string
+    /// of a string item needs no more than its quotes: the text is valid UTF-8 and quotes are
+    /// ASCII, so what lies between them is a string.
+    #[inline(always)]
+    fn check_item(&mut self, inner: &FieldType) -> Option<()> {
+        match (self.peek()?, inner) {
+            (b'"', FieldType::String) => self.raw_string().map(drop),
+            _ => self.item(inner).map(drop),
+        }
     }
 
     /// A non-null scalar of type `ty`.
