@@ -287,6 +287,7 @@ impl<'a> Scanner<'a> {
 
     /// A string without escapes or control characters: where its text starts in `b` and its
     /// length.
+    #[inline(always)]
     fn raw_string(&mut self) -> Option<(usize, usize)> {
         self.eat(b'"')?;
         let start = self.i;
@@ -341,6 +342,7 @@ impl<'a> Scanner<'a> {
     }
 
     /// An object's key and its colon: where the key's text starts in `b` and its length.
+    #[inline(always)]
     fn key(&mut self) -> Option<(usize, usize)> {
         let key = self.raw_string()?;
         self.ws();
@@ -557,6 +559,7 @@ impl<'a> Scanner<'a> {
 
 /// A number of a numeric field. Integers beyond i64 and non-integers in integer fields are left
 /// to the serde path (which reads them as floats).
+#[inline(always)]
 fn number<'a>(ty: &FieldType, n: &Number) -> Option<Scalar<'a>> {
     match ty {
         FieldType::Int64 if n.integer => n.int().map(Scalar::Int),
@@ -589,6 +592,7 @@ impl Number<'_> {
     /// The number as the nearest f64, as `str::parse` gives it. When the digits and the power
     /// of ten are both exact f64s, one multiplication or division rounds correctly to that
     /// nearest value (Clinger's fast path); anything else goes to the general parser.
+    #[inline(always)]
     fn float(&self) -> Option<f64> {
         match self.mantissa {
             Some(m) if m <= 1 << 53 && self.exp10.unsigned_abs() <= 22 => {
@@ -605,6 +609,7 @@ impl Number<'_> {
     }
 
     /// The number, written as an integer, as an i64 (`None` beyond its range).
+    #[inline(always)]
     fn int(&self) -> Option<i64> {
         match self.mantissa {
             Some(m) if m <= i64::MAX as u64 => {
