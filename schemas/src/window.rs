@@ -15,8 +15,8 @@
 //! cache, and those accesses were a quarter of the edge agent's time.
 //!
 //! The table is reserved whole but written only as far as it is used: a small prefix that
-//! grows fourfold as entries arrive; the ring grows as entries are added. So a window touches memory
-//! in proportion to what it holds, not to its capacity. (Allocating the table zeroed is not
+//! grows fourfold as entries arrive; the ring grows as entries are added. So a window touches
+//! memory in proportion to what it holds, not to its capacity. (Allocating the table zeroed is not
 //! enough: mimalloc, the sink's allocator, zeroes such a block itself when it comes from memory
 //! it recycles, which wrote every page of a partition's table when the partition opened.) A sink
 //! with many partitions reserves a window for each, and one that has seen a few thousand records
@@ -34,12 +34,12 @@ use crate::hash::ContentHash;
 /// Table buckets a window starts with (8 KiB, two pages); it grows [`GROWTH`]-fold from there.
 const FIRST_BUCKETS: usize = 1024;
 
-/// How many times the buckets in use grow when they fill, up to all of them, which they grow to
-/// at once from half or more of them. Each growth places every entry anew, at random places in
-/// a table larger than the cache: doubling (and doubling again from 1,048,576 to the 1,428,572
-/// buckets of a million-entry window) placed 1.47 entries anew for each one the edge agent's
-/// window came to hold, about a quarter of the window's time in bench-agent's run (perf).
-/// Growing fourfold and skipping the last small step place 0.24.
+/// How many times the buckets in use grow when they fill; when that would make half of all the
+/// buckets or more, they grow to all of them at once. Each growth places every entry anew, at
+/// random places in a table larger than the cache: doubling (and doubling again from 1,048,576
+/// to the 1,428,572 buckets of a million-entry window) placed 1.47 entries anew for each one the
+/// edge agent's window came to hold, about a quarter of the window's time in bench-agent's run
+/// (perf). Growing fourfold and skipping the last small step place 0.24.
 const GROWTH: usize = 4;
 
 /// Entries placed together when the table grows.
