@@ -81,8 +81,9 @@ pub struct AgentBenchReport {
     /// Wire bytes over `gzip -6` of the whole file.
     pub wire_ndjson_gzip: f64,
     pub wire_parquet_gzip: f64,
-    /// The floor's MB per CPU-second over `zstd -3 -T1` MB per CPU-second: the most agent/zstd could reach
-    /// if reading, parsing, validating, the dedupe window and the spool cost nothing.
+    /// The floor's MB per CPU-second over `zstd -3 -T1` MB per CPU-second: the most agent/zstd
+    /// could reach if reading, parsing, validating, the dedupe window and the spool cost
+    /// nothing.
     pub ratio_floor_zstd: f64,
 }
 
@@ -105,7 +106,7 @@ pub struct Floor {
 
 /// Runs a compression CLI over the file, timing it by the wall clock and by its CPU time.
 /// The CPU time is what counts: `zstd -T1` compresses on a thread of its own while its main
-/// thread reads and writes, so it takes about 1.3 cores and its wall-clock speed is not one
+/// thread reads and writes, so it takes 1.2–1.3 cores and its wall-clock speed is not one
 /// core's.
 fn tool(name: &str, args: &[&str], input: &Path, raw: u64) -> anyhow::Result<Tool> {
     let cpu_before = children_cpu_seconds()?;

@@ -315,15 +315,8 @@ pub(crate) fn put_scalar(out: &mut [u8], n: usize, value: Scalar<'_>) -> usize {
         Scalar::Timestamp(t) => tagged(out, 5, t.to_le_bytes()),
         Scalar::Str(s) => {
             out[n] = 4;
-            let mut m = n + 1;
-            let mut len = s.len();
-            while len >= 0x80 {
-                out[m] = (len as u8) | 0x80;
-                len >>= 7;
-                m += 1;
-            }
-            out[m] = len as u8;
-            put_bytes(out, m + 1, s.as_bytes())
+            let at = put_leb128(out, n + 1, s.len());
+            put_bytes(out, at, s.as_bytes())
         }
     }
 }
@@ -387,12 +380,23 @@ fn push_short(out: &mut Vec<u8>, bytes: &[u8]) {
 }
 
 /// Unsigned LEB128: seven bits per byte, low groups first, the high bit set on all but the last.
-fn leb128(out: &mut Vec<u8>, mut n: usize) {
+fn leb128(out: &mut Vec<u8>, n: usize) {
+    let mut bytes = [0u8; 10];
+    let len = put_leb128(&mut bytes, 0, n);
+    out.extend_from_slice(&bytes[..len]);
+}
+
+/// [`leb128`] into `out` at `at`, which has room for it (at most 10 bytes); returns where it
+/// ends.
+#[inline(always)]
+fn put_leb128(out: &mut [u8], mut at: usize, mut n: usize) -> usize {
     while n >= 0x80 {
-        out.push((n as u8) | 0x80);
+        out[at] = (n as u8) | 0x80;
         n >>= 7;
+        at += 1;
     }
-    out.push(n as u8);
+    out[at] = n as u8;
+    at + 1
 }
 
 #[cfg(test)]

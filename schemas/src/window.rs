@@ -16,11 +16,12 @@
 //!
 //! The table is reserved whole but written only as far as it is used: a small prefix that
 //! grows fourfold as entries arrive; the ring grows as entries are added. So a window touches
-//! memory in proportion to what it holds, not to its capacity. (Allocating the table zeroed is not
-//! enough: mimalloc, the sink's allocator, zeroes such a block itself when it comes from memory
-//! it recycles, which wrote every page of a partition's table when the partition opened.) A sink
-//! with many partitions reserves a window for each, and one that has seen a few thousand records
-//! would otherwise have touched every page of its table by then (inserts land at random).
+//! memory in proportion to what it holds, not to its capacity. (Allocating the table zeroed is
+//! not enough: mimalloc, the sink's allocator, zeroes such a block itself when it comes from
+//! memory it recycles, which wrote every page of a partition's table when the partition
+//! opened.) A sink with many partitions reserves a window for each, and one that has seen a few
+//! thousand records would otherwise have touched every page of its table by then (inserts land
+//! at random).
 //!
 //! Sixteen bytes are plenty to tell records apart: a window of N entries mistakes a new record
 //! for a duplicate with a probability of about N / 2^128 per record, and a record cannot be made
