@@ -416,9 +416,10 @@ proptest! {
     }
 
     #[test]
-    fn string_ends_are_found_word_by_word(
-        text in "[a-z\"\\\\\u{1}\u{1f} é°\u{7f}]{0,40}",
-        from in 0usize..8,
+    fn string_ends_are_found_block_by_block(
+        // Runs of plain text, so that ends lie past whole blocks of 16 bytes too.
+        text in "[a-z é°\u{7f}]{0,40}[a-z\"\\\\\u{1}\u{1f} é°\u{7f}]{0,20}",
+        from in 0usize..20,
     ) {
         let b = text.as_bytes();
         let from = from.min(b.len());
@@ -427,6 +428,7 @@ proptest! {
             .position(|&c| c == b'"' || c == b'\\' || c < 0x20)
             .map(|n| from + n);
         prop_assert_eq!(super::string_end(b, from), expected);
+        prop_assert_eq!(super::string_end_words(b, from), expected);
     }
 
     #[test]
