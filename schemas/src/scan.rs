@@ -500,7 +500,22 @@ impl<'a> Scanner<'a> {
     /// built when `build` is set, and only checked otherwise.
     #[inline(always)]
     fn value<F: Field<'a>>(&mut self, ty: &FieldType, build: bool, slot: &mut F) -> Option<()> {
-        *slot = match (self.peek_ws()?, ty) {
+        let c = self.peek_ws()?;
+        // The common cases first, each written as its own variant: through the general match
+        // below, a scalar was tested against every kind of value, then merged into one value
+        // written byte run by byte run.
+        match (c, ty) {
+            (b'"', FieldType::String) => {
+                *slot = F::scalar(Scalar::Str(self.string()?));
+                return Some(());
+            }
+            (b'-' | b'0'..=b'9', FieldType::Int64 | FieldType::Float64 | FieldType::Timestamp) => {
+                *slot = F::scalar(number(ty, &self.number()?)?);
+                return Some(());
+            }
+            _ => {}
+        }
+        *slot = match (c, ty) {
             (b'n', _) => self.literal(b"null").map(|()| F::null())?,
             // Only checked: nothing of it is kept, not even the `&str` of a string.
             (b'[', FieldType::List(inner)) if !build => {
