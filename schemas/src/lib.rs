@@ -127,6 +127,19 @@ pub fn check_bytes_hashed_in<H: Hashing>(
     Ok(Hashed { hash, canonical })
 }
 
+/// The common case of [`check_bytes_hashed_in`] alone: the hash of a record whose text may
+/// stand as its value, `None` for any other line, which [`check_bytes_hashed_in`] then checks
+/// (and accepts or rejects) in full. Small enough to be returned in a register, so a caller's
+/// loop can store it where it keeps it rather than move it from memory.
+#[inline(always)]
+pub fn forwardable_hash_in<H: Hashing>(
+    def: &StreamDef,
+    raw: &[u8],
+    hashing: &mut H,
+) -> Option<H::Hash> {
+    scan::forwardable(def, raw, hashing, |_| ()).map(|(hash, ())| hash)
+}
+
 /// The checks of [`check_bytes_forward_in`], with what `key` makes of the partition key
 /// field's value.
 #[inline(always)]

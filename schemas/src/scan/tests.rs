@@ -56,6 +56,17 @@ fn agree(def: &StreamDef, text: &[u8]) -> Result<bool, TestCaseError> {
     let full = crate::check_bytes_verbatim(def, text);
     // Without the key, the same hash and canonical record.
     let hashed = crate::check_bytes_hashed_in(def, text, &mut crate::AtOnce);
+    // Its common case alone: the hash exactly when no record is needed.
+    prop_assert_eq!(
+        crate::forwardable_hash_in(def, text, &mut crate::AtOnce),
+        hashed
+            .as_ref()
+            .ok()
+            .filter(|h| h.canonical.is_none())
+            .map(|h| h.hash),
+        "{}",
+        shown
+    );
     prop_assert_eq!(
         hashed.map(|h| (h.hash, h.canonical)),
         forward.clone().map(|f| (f.hash, f.canonical)),
