@@ -693,7 +693,8 @@ fn string_end_sse2(sse2: pulp::core_arch::x86::Sse2, b: &[u8], mut i: usize) -> 
         let v: __m128i = pulp::cast(block);
         let quote = sse2._mm_cmpeq_epi8(v, sse2._mm_set1_epi8(b'"' as i8));
         let backslash = sse2._mm_cmpeq_epi8(v, sse2._mm_set1_epi8(b'\\' as i8));
-        // Bytes below 0x20: those that 0x1f, as the smaller (unsigned), leaves unchanged.
+        // Control characters (below 0x20): the bytes that an unsigned minimum with 0x1f leaves
+        // as they are.
         let control = sse2._mm_cmpeq_epi8(sse2._mm_min_epu8(v, sse2._mm_set1_epi8(0x1f)), v);
         let hits = sse2._mm_or_si128(sse2._mm_or_si128(quote, backslash), control);
         let mask = sse2._mm_movemask_epi8(hits) as u32;
