@@ -130,7 +130,9 @@ pub fn check_bytes_hashed_in<H: Hashing>(
 /// The common case of [`check_bytes_hashed_in`] alone: the hash of a record whose text may
 /// stand as its value, `None` for any other line, which [`check_bytes_hashed_in`] then checks
 /// (and accepts or rejects) in full. Small enough to be returned in a register, so a caller's
-/// loop can store it where it keeps it rather than move it from memory.
+/// loop can store it where it keeps it rather than move it from memory. Nothing is hashed for
+/// a `None`; the full check tries the common case again first, so a line that fails it only
+/// at its end (a repeated key) is scanned twice.
 #[inline(always)]
 pub fn forwardable_hash_in<H: Hashing>(
     def: &StreamDef,
