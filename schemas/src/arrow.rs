@@ -162,21 +162,8 @@ impl BatchBuilder {
     /// borrowed: moving its slots (an array of 16) here cost a copy of them per record.
     #[inline]
     pub fn push<H>(&mut self, row: &Row<'_, H>, meta: RowMeta) {
-        match &row.fields {
-            RowFields::Scanned(slots) => {
-                for (column, slot) in self.columns.iter_mut().zip(slots) {
-                    match slot {
-                        Slot::Null => column.push_null(),
-                        Slot::Scalar(value) => column.push_scalar(Some(*value)),
-                        Slot::Nested(value) => {
-                            column.push_value(value.as_ref().unwrap_or(&Value::Null))
-                        }
-                    }
-                }
-                self.push_meta(meta);
-            }
-            RowFields::Record(record) => self.push_record(record, meta),
-        }
+        Column::push_row(&mut self.columns, row);
+        self.push_meta(meta);
     }
 
     /// Appends a validated record of this builder's stream.
@@ -267,6 +254,25 @@ impl Column {
             .iter()
             .map(|f| Column::new(&f.ty, capacity))
             .collect()
+    }
+
+    /// Appends a checked row's values to `columns` (those of its stream's fields).
+    #[inline]
+    pub(crate) fn push_row<H>(columns: &mut [Column], row: &Row<'_, H>) {
+        match &row.fields {
+            RowFields::Scanned(slots) => {
+                for (column, slot) in columns.iter_mut().zip(slots) {
+                    match slot {
+                        Slot::Null => column.push_null(),
+                        Slot::Scalar(value) => column.push_scalar(Some(*value)),
+                        Slot::Nested(value) => {
+                            column.push_value(value.as_ref().unwrap_or(&Value::Null))
+                        }
+                    }
+                }
+            }
+            RowFields::Record(record) => Column::push_record(columns, record),
+        }
     }
 
     /// Appends a record's values to `columns` (those of its stream's fields).

@@ -107,6 +107,13 @@ impl BodyBuilder {
         Column::push_record(&mut self.columns, record);
     }
 
+    /// Appends a checked row ([`crate::verbatim_row_in`], [`crate::check_bytes_row`]) of the
+    /// builder's stream: a record of the common shape goes into the columns from its text,
+    /// without being built.
+    pub fn push_row<H>(&mut self, row: &crate::Row<'_, H>) {
+        Column::push_row(&mut self.columns, row);
+    }
+
     /// The body: rows sorted by series (the partition key, then the other string fields, e.g.
     /// the sensor), then event time, keeping arrival order among equals. Consecutive rows of
     /// one series make timestamps and values delta-friendly. The columns are encoded one after

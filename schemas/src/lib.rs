@@ -206,6 +206,22 @@ pub fn check_bytes_row_in<'a, H: Hashing>(
     })
 }
 
+/// The common case of [`check_bytes_row_in`] for callers that keep the record's text too (the
+/// edge agent's Parquet batches, whose NDJSON text makes the batch id): the row of a record
+/// whose text may stand for it (as [`check_bytes_verbatim`] decides), `None` for any other
+/// line, which the caller then checks in full. Nothing is hashed for a `None`.
+#[inline]
+pub fn verbatim_row_in<'a, H: Hashing>(
+    def: &StreamDef,
+    raw: &'a [u8],
+    hashing: &mut H,
+) -> Option<Row<'a, H::Hash>> {
+    scan::scanned_verbatim(def, raw, hashing).map(|(slots, hash)| Row {
+        hash,
+        fields: RowFields::Scanned(slots),
+    })
+}
+
 /// Validates a JSON record and computes its content hash.
 pub fn check(def: &StreamDef, json: serde_json::Value) -> Result<ValidRecord, RecordError> {
     let record = validate(def, json)?;

@@ -71,8 +71,32 @@ pub(crate) fn scanned<'a, H: Hashing>(
     bytes: &'a [u8],
     hashing: &mut H,
 ) -> Option<(Slots<'a>, H::Hash)> {
+    scanned_if(def, bytes, hashing, |_| true)
+}
+
+/// [`scanned`] for a record whose keys appear once each, so that its text may stand for it;
+/// `None` (nothing hashed) for anything else.
+#[inline(always)]
+pub(crate) fn scanned_verbatim<'a, H: Hashing>(
+    def: &StreamDef,
+    bytes: &'a [u8],
+    hashing: &mut H,
+) -> Option<(Slots<'a>, H::Hash)> {
+    scanned_if(def, bytes, hashing, |once| once)
+}
+
+/// [`scanned`] when `take` accepts whether every key appeared once.
+#[inline(always)]
+fn scanned_if<'a, H: Hashing>(
+    def: &StreamDef,
+    bytes: &'a [u8],
+    hashing: &mut H,
+    take: impl FnOnce(bool) -> bool,
+) -> Option<(Slots<'a>, H::Hash)> {
     let mut slots = null_slots(def.fields.len());
-    scan(def, bytes, Build::All, &mut slots)?;
+    if !take(scan(def, bytes, Build::All, &mut slots)?) {
+        return None;
+    }
     let hash = slots_hash(def, &slots, bytes.len(), hashing);
     Some((slots, hash))
 }

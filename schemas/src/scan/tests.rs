@@ -67,6 +67,26 @@ fn agree(def: &StreamDef, text: &[u8]) -> Result<bool, TestCaseError> {
         "{}",
         shown
     );
+    // The Parquet rows' common case: a row exactly when the text may stand for the record,
+    // with its hash, and a body of it the same as one of the record.
+    match (crate::verbatim_row_in(def, text, &mut crate::AtOnce), &full) {
+        (Some(row), Ok((valid, true))) => {
+            prop_assert_eq!(row.hash, valid.hash, "{}", shown);
+            let mut from_row = crate::columnar::BodyBuilder::new(def, 1);
+            from_row.push_row(&row);
+            let mut from_record = crate::columnar::BodyBuilder::new(def, 1);
+            from_record.push(&valid.record);
+            prop_assert_eq!(
+                from_row.finish(def, 3).unwrap(),
+                from_record.finish(def, 3).unwrap(),
+                "{}",
+                shown
+            );
+        }
+        (None, Ok((_, true))) => prop_assert!(false, "no row: {}", shown),
+        (Some(_), _) => prop_assert!(false, "a row, not verbatim: {}", shown),
+        (None, _) => {}
+    }
     prop_assert_eq!(
         hashed.map(|h| (h.hash, h.canonical)),
         forward.clone().map(|f| (f.hash, f.canonical)),
