@@ -216,7 +216,7 @@ pub fn verbatim_row_in<'a, H: Hashing>(
     raw: &'a [u8],
     hashing: &mut H,
 ) -> Option<Row<'a, H::Hash>> {
-    scan::scanned_verbatim(def, raw, hashing).map(|(slots, hash)| Row {
+    scan::scanned_if(def, raw, hashing, |once| once).map(|(slots, hash)| Row {
         hash,
         fields: RowFields::Scanned(slots),
     })

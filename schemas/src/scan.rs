@@ -74,20 +74,10 @@ pub(crate) fn scanned<'a, H: Hashing>(
     scanned_if(def, bytes, hashing, |_| true)
 }
 
-/// [`scanned`] for a record whose keys appear once each, so that its text may stand for it;
-/// `None` (nothing hashed) for anything else.
+/// [`scanned`] when `take` accepts whether every key appeared once (nothing is hashed
+/// otherwise): `|once| once` takes only records whose text may stand for them.
 #[inline(always)]
-pub(crate) fn scanned_verbatim<'a, H: Hashing>(
-    def: &StreamDef,
-    bytes: &'a [u8],
-    hashing: &mut H,
-) -> Option<(Slots<'a>, H::Hash)> {
-    scanned_if(def, bytes, hashing, |once| once)
-}
-
-/// [`scanned`] when `take` accepts whether every key appeared once.
-#[inline(always)]
-fn scanned_if<'a, H: Hashing>(
+pub(crate) fn scanned_if<'a, H: Hashing>(
     def: &StreamDef,
     bytes: &'a [u8],
     hashing: &mut H,
