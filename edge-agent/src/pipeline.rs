@@ -552,8 +552,8 @@ impl Pipeline {
                     && let Some(row) = schemas::verbatim_row_in(&self.def, line, &mut self.hashes)
                 {
                     // Its values go into the columns without a record being built (an
-                    // allocation for the record, one per string and two per map, and the maps'
-                    // sorting).
+                    // allocation for its values and one for its map's entries, each string
+                    // copied, and the entries sorted).
                     read += 1;
                     group.push((line, Checked::Row(group_rows.len())));
                     group_rows.push(row);
@@ -690,10 +690,8 @@ impl Pipeline {
         line: &[u8],
         cancel: &AtomicBool,
     ) -> Result<(), PipelineError> {
-        self.open.ndjson.extend_from_slice(line.trim_ascii());
-        self.open.ndjson.push(b'\n');
         self.columns().push_row(row);
-        self.added(cancel)
+        self.add_forward(None, line, cancel)
     }
 
     /// The open batch's columns, made with room for as many records as the last batch had
@@ -705,7 +703,8 @@ impl Pipeline {
             .get_or_insert_with(|| BodyBuilder::new(&self.def, capacity))
     }
 
-    /// Adds a record to an open NDJSON batch: its text `line` when that may stand for it
+    /// Adds a record's NDJSON text to the open batch (an NDJSON batch's body, or the text a
+    /// Parquet batch's id is made from): its text `line` when that may stand for it
     /// (`canonical` is `None`, see [`schemas::check_bytes_forward`]), otherwise `canonical`
     /// encoded.
     fn add_forward(
