@@ -546,6 +546,68 @@ fn forwarding_hashes_the_lists_and_maps_it_builds() {
     assert!(crate::check_bytes_forward(&sensor(), bad.as_bytes()).is_err());
 }
 
+/// A stream of `n` fields, every one hashed: strings, integers, floats and, last, a map (so
+/// that forwarding builds one); the first field is the partition key, the second the event
+/// time.
+fn wide_stream(n: usize) -> StreamDef {
+    let names: Vec<String> = (0..n).map(|i| format!("f{i}")).collect();
+    let mut toml = format!(
+        "name = \"wide\"\nversion = 1\npartition_key_field = \"f0\"\nevent_time_field = \"f1\"\nhash_fields = {names:?}\n"
+    );
+    for (i, name) in names.iter().enumerate() {
+        let ty = match i {
+            _ if i == n - 1 => "map<string>",
+            1 => "timestamp",
+            _ => ["string", "int64", "float64"][i % 3],
+        };
+        toml += &format!(
+            "[[fields]]\nname = \"{name}\"\ntype = \"{ty}\"\nrequired = {}\n",
+            i < 2
+        );
+    }
+    StreamDef::from_toml(&toml).unwrap()
+}
+
+/// Streams of up to 8, up to 16 and more fields keep the scanner's slots in different places
+/// (two arrays on the stack and a vector): each agrees with the serde path, is forwarded
+/// without a record, and hashes every field.
+#[test]
+fn streams_of_any_width_are_forwarded() {
+    for n in [3, 8, 9, 16, 17, 40] {
+        let def = wide_stream(n);
+        let values = |changed: Option<usize>| -> String {
+            let members: Vec<String> = (0..n)
+                .map(|i| {
+                    let k = usize::from(changed == Some(i));
+                    let value = match i {
+                        _ if i == n - 1 => format!(r#"{{"k":"{k}"}}"#),
+                        _ => {
+                            [format!(r#""s{k}""#), format!("{k}"), format!("{k}.5")][i % 3].clone()
+                        }
+                    };
+                    format!(r#""f{i}":{value}"#)
+                })
+                .collect();
+            format!("{{{}}}", members.join(","))
+        };
+        let text = values(None);
+        assert!(agree(&def, text.as_bytes()).unwrap(), "{n} fields: {text}");
+        let hash = crate::forwardable_hash_in(&def, text.as_bytes(), &mut crate::AtOnce);
+        assert_eq!(
+            hash,
+            Some(crate::check_bytes(&def, text.as_bytes()).unwrap().hash)
+        );
+        for i in [0, n / 2, n - 1] {
+            let other = values(Some(i));
+            assert_ne!(
+                crate::forwardable_hash_in(&def, other.as_bytes(), &mut crate::AtOnce),
+                hash,
+                "{n} fields, field {i} changed: {other}"
+            );
+        }
+    }
+}
+
 #[test]
 fn rows_land_as_their_records() {
     let vehicle = vehicle();
