@@ -13,8 +13,9 @@
 //! memory accesses per new record where a general hash table (control bytes, positions and the
 //! ring apart) made four or five. With a million entries (26 MB) the table does not fit in the
 //! cache, and those accesses were a quarter of the edge agent's time. With a group's buckets
-//! loaded together ([`DigestWindow::prefetch`]) they are hidden: in session 43 the agent's
-//! pipeline took as long with a million-entry window as with a 1,000-entry one.
+//! loaded together ([`DigestWindow::prefetch`]) the window is about 12% of the agent's samples,
+//! much of it still waiting for those loads; a 1,000-entry window, which fits in L1 but evicts
+//! on every insert, costs the agent as much (its time goes to the eviction's branches).
 //!
 //! The table is reserved whole but written only as far as it is used: a small prefix that
 //! grows fourfold as entries arrive; the ring grows as entries are added. So a window touches
