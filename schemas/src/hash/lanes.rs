@@ -8,11 +8,15 @@
 //! two blocks alone.
 //!
 //! Only single-chunk inputs (up to 1 KiB) go into lanes, grouped by their number of blocks;
-//! longer inputs, and groups too small to fill a vector, go to `blake3::keyed_hash`. The
-//! vector code is plain Rust on arrays that the compiler vectorizes; [`pulp::Arch`] runs it
-//! compiled for the best instruction set the CPU has (AVX2 on x86-64, NEON on aarch64), picked
-//! at run time, so a binary built for any x86-64 still uses AVX2 where it exists. Tests hold
-//! every result equal to `blake3::keyed_hash`.
+//! longer inputs, and groups too small to fill a vector, go to `blake3::keyed_hash`. On x86-64
+//! CPUs with AVX2 (picked at run time, so a binary built for any x86-64 uses it where it
+//! exists) the compression function is written with AVX2 intrinsics through `pulp`'s checked
+//! token. Elsewhere it is plain Rust on arrays that the compiler vectorizes, compiled by
+//! [`pulp::Arch`] for the best instruction set the CPU has (NEON on aarch64). That portable code
+//! was what x86-64 ran too until session 44, when an unrelated change elsewhere in the crate
+//! left it compiled to scalar code (the same source, vectorized or not as the optimizer's
+//! heuristics fell): the edge agent's CPU rose by a quarter. Tests hold every result of both
+//! paths equal to `blake3::keyed_hash`.
 
 const LANES: usize = 8;
 const BLOCK_LEN: usize = 64;
@@ -56,6 +60,27 @@ pub(super) fn keyed_hash_many(
     order: &mut Vec<u32>,
     out: &mut [[u8; 32]],
 ) {
+    keyed_hash_many_on(Path::Best, key, buf, ends, order, out);
+}
+
+/// Which code hashes the lanes: the best for the CPU, or the portable code (for tests on CPUs
+/// where the best is another).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Path {
+    Best,
+    #[cfg_attr(not(test), allow(dead_code))]
+    Portable,
+}
+
+/// [`keyed_hash_many`] on `path`.
+fn keyed_hash_many_on(
+    path: Path,
+    key: &[u8; 32],
+    buf: &[u8],
+    ends: &[usize],
+    order: &mut Vec<u32>,
+    out: &mut [[u8; 32]],
+) {
     let input = |i: usize| &buf[if i == 0 { 0 } else { ends[i - 1] }..ends[i]];
     // Inputs ordered by their number of blocks (a counting sort); longer ones are hashed alone.
     let mut counts = [0usize; MAX_BLOCKS + 1];
@@ -91,11 +116,7 @@ pub(super) fn keyed_hash_many(
             // Lanes past the group's inputs hash its first input again; their results are dropped.
             let inputs: [&[u8]; LANES] =
                 std::array::from_fn(|l| input(group[l.min(group.len() - 1)] as usize));
-            let hashes = arch().dispatch(Eight {
-                key: &key_words,
-                inputs: &inputs,
-                blocks: b,
-            });
+            let hashes = hash_eight(path, &key_words, &inputs, b);
             for (l, &i) in group.iter().enumerate() {
                 for (w, word) in hashes.iter().enumerate() {
                     out[i as usize][w * 4..w * 4 + 4].copy_from_slice(&word[l].to_le_bytes());
@@ -111,9 +132,41 @@ fn blocks(len: usize) -> Option<usize> {
     (len <= CHUNK_LEN).then(|| len.div_ceil(BLOCK_LEN).max(1))
 }
 
+/// The hashes' words of eight inputs of `blocks` blocks each (`[w][l]`: word `w` of lane `l`).
+fn hash_eight(path: Path, key: &[u32; 8], inputs: &[&[u8]; LANES], blocks: usize) -> [Lanes; 8] {
+    #[cfg(target_arch = "x86_64")]
+    if path == Path::Best
+        && let Some(v3) = v3()
+    {
+        return pulp::Simd::vectorize(
+            v3,
+            Eight {
+                key,
+                inputs,
+                blocks,
+                compress: avx2::Compress(v3),
+            },
+        );
+    }
+    let _ = path;
+    arch().dispatch(Eight {
+        key,
+        inputs,
+        blocks,
+        compress: Portable,
+    })
+}
+
 fn arch() -> pulp::Arch {
     static ARCH: std::sync::LazyLock<pulp::Arch> = std::sync::LazyLock::new(pulp::Arch::new);
     *ARCH
+}
+
+#[cfg(target_arch = "x86_64")]
+fn v3() -> Option<pulp::x86::V3> {
+    static V3: std::sync::LazyLock<Option<pulp::x86::V3>> =
+        std::sync::LazyLock::new(pulp::x86::V3::try_new);
+    *V3
 }
 
 fn word(bytes: &[u8], w: usize) -> u32 {
@@ -125,14 +178,21 @@ fn word(bytes: &[u8], w: usize) -> u32 {
     ])
 }
 
+/// BLAKE3's compression function on eight lanes, with the block counter 0 (every input is the
+/// first chunk); `cv` becomes the new chaining values (the hash, after a `ROOT` block).
+trait CompressLanes {
+    fn compress(&self, cv: &mut [Lanes; 8], m: &[Lanes; 16], block_len: Lanes, flags: Lanes);
+}
+
 /// Eight single-chunk inputs of `blocks` blocks each, hashed side by side.
-struct Eight<'a> {
+struct Eight<'a, C> {
     key: &'a [u32; 8],
     inputs: &'a [&'a [u8]; LANES],
     blocks: usize,
+    compress: C,
 }
 
-impl pulp::WithSimd for Eight<'_> {
+impl<C: CompressLanes> pulp::WithSimd for Eight<'_, C> {
     /// The hashes' words: `[w][l]` is word `w` of lane `l`'s hash.
     type Output = [Lanes; 8];
 
@@ -159,14 +219,23 @@ impl pulp::WithSimd for Eight<'_> {
             if b == self.blocks - 1 {
                 flags |= CHUNK_END | ROOT;
             }
-            compress(&mut cv, &m, block_len, [flags; LANES]);
+            self.compress
+                .compress(&mut cv, &m, block_len, [flags; LANES]);
         }
         cv
     }
 }
 
-/// BLAKE3's compression function on eight lanes, with the block counter 0 (every input is the
-/// first chunk); `cv` becomes the new chaining values (the hash, after a `ROOT` block).
+/// [`CompressLanes`] as plain Rust on arrays, which the compiler vectorizes (or not).
+struct Portable;
+
+impl CompressLanes for Portable {
+    #[inline(always)]
+    fn compress(&self, cv: &mut [Lanes; 8], m: &[Lanes; 16], block_len: Lanes, flags: Lanes) {
+        compress(cv, m, block_len, flags);
+    }
+}
+
 #[inline(always)]
 fn compress(cv: &mut [Lanes; 8], m: &[Lanes; 16], block_len: Lanes, flags: Lanes) {
     let mut v: [Lanes; 16] = [
@@ -225,6 +294,109 @@ fn xor_rotate(a: Lanes, b: Lanes, bits: u32) -> Lanes {
     std::array::from_fn(|l| (a[l] ^ b[l]).rotate_right(bits))
 }
 
+/// [`CompressLanes`] with AVX2: a vector of eight 32-bit lanes per state word, the rotations
+/// by 16 and 8 bits as byte shuffles (one instruction where shifts take three), as BLAKE3's
+/// own AVX2 code does.
+#[cfg(target_arch = "x86_64")]
+mod avx2 {
+    use std::arch::x86_64::__m256i;
+
+    use pulp::core_arch::x86::Avx2;
+    use pulp::x86::V3;
+
+    use super::{IV, LANES, Lanes, MSG_SCHEDULE};
+
+    /// The CPU's AVX2, checked.
+    pub(super) struct Compress(pub(super) V3);
+
+    impl super::CompressLanes for Compress {
+        #[inline(always)]
+        fn compress(&self, cv: &mut [Lanes; 8], m: &[Lanes; 16], block_len: Lanes, flags: Lanes) {
+            let v3 = self.0;
+            let at = |words: Lanes| -> __m256i { pulp::cast(words) };
+            let m: [__m256i; 16] = std::array::from_fn(|w| at(m[w]));
+            let mut v: [__m256i; 16] = [
+                at(cv[0]),
+                at(cv[1]),
+                at(cv[2]),
+                at(cv[3]),
+                at(cv[4]),
+                at(cv[5]),
+                at(cv[6]),
+                at(cv[7]),
+                at([IV[0]; LANES]),
+                at([IV[1]; LANES]),
+                at([IV[2]; LANES]),
+                at([IV[3]; LANES]),
+                at([0; LANES]),
+                at([0; LANES]),
+                at(block_len),
+                at(flags),
+            ];
+            let a = v3.avx2;
+            let rot = [at(ROT16), at(ROT8)];
+            for s in &MSG_SCHEDULE {
+                g(a, rot, &mut v, [0, 4, 8, 12], m[s[0]], m[s[1]]);
+                g(a, rot, &mut v, [1, 5, 9, 13], m[s[2]], m[s[3]]);
+                g(a, rot, &mut v, [2, 6, 10, 14], m[s[4]], m[s[5]]);
+                g(a, rot, &mut v, [3, 7, 11, 15], m[s[6]], m[s[7]]);
+                g(a, rot, &mut v, [0, 5, 10, 15], m[s[8]], m[s[9]]);
+                g(a, rot, &mut v, [1, 6, 11, 12], m[s[10]], m[s[11]]);
+                g(a, rot, &mut v, [2, 7, 8, 13], m[s[12]], m[s[13]]);
+                g(a, rot, &mut v, [3, 4, 9, 14], m[s[14]], m[s[15]]);
+            }
+            for (w, cv) in cv.iter_mut().enumerate() {
+                *cv = pulp::cast(a._mm256_xor_si256(v[w], v[w + 8]));
+            }
+        }
+    }
+
+    /// The quarter-round on state words `i, j, k, l` with message words `x` and `y`; `rot` holds
+    /// the shuffles that rotate by 16 and 8 bits. Always inlined (and so are the intrinsics
+    /// then): as a closure it stayed a function of its own, compiled without AVX2, and each
+    /// intrinsic became a call.
+    #[inline(always)]
+    fn g(
+        a: Avx2,
+        [rot16, rot8]: [__m256i; 2],
+        v: &mut [__m256i; 16],
+        [i, j, k, l]: [usize; 4],
+        x: __m256i,
+        y: __m256i,
+    ) {
+        v[i] = a._mm256_add_epi32(a._mm256_add_epi32(v[i], v[j]), x);
+        v[l] = a._mm256_shuffle_epi8(a._mm256_xor_si256(v[l], v[i]), rot16);
+        v[k] = a._mm256_add_epi32(v[k], v[l]);
+        let t = a._mm256_xor_si256(v[j], v[k]);
+        v[j] = a._mm256_or_si256(a._mm256_srli_epi32::<12>(t), a._mm256_slli_epi32::<20>(t));
+        v[i] = a._mm256_add_epi32(a._mm256_add_epi32(v[i], v[j]), y);
+        v[l] = a._mm256_shuffle_epi8(a._mm256_xor_si256(v[l], v[i]), rot8);
+        v[k] = a._mm256_add_epi32(v[k], v[l]);
+        let t = a._mm256_xor_si256(v[j], v[k]);
+        v[j] = a._mm256_or_si256(a._mm256_srli_epi32::<7>(t), a._mm256_slli_epi32::<25>(t));
+    }
+
+    /// The byte shuffles that rotate each 32-bit lane right by 16 and by 8 bits.
+    const ROT16: Lanes = byte_rotation(2);
+    const ROT8: Lanes = byte_rotation(1);
+
+    /// The byte shuffle that rotates each 32-bit lane right by `bytes` bytes: byte `k` of a lane
+    /// takes byte `(k + bytes) % 4` (indices count within each 128-bit half).
+    const fn byte_rotation(bytes: usize) -> Lanes {
+        let mut out = [0u32; LANES];
+        let mut lane = 0;
+        while lane < LANES {
+            let mut k = 0;
+            while k < 4 {
+                out[lane] |= (((lane % 4) * 4 + (k + bytes) % 4) as u32) << (8 * k);
+                k += 1;
+            }
+            lane += 1;
+        }
+        out
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use proptest::prelude::*;
@@ -238,15 +410,17 @@ mod tests {
                 buf.len()
             })
             .collect();
-        let mut out = vec![[0u8; 32]; inputs.len()];
-        super::keyed_hash_many(key, &buf, &ends, &mut Vec::new(), &mut out);
-        for (input, hash) in inputs.iter().zip(&out) {
-            assert_eq!(
-                hash,
-                blake3::keyed_hash(key, input).as_bytes(),
-                "{} bytes",
-                input.len()
-            );
+        for path in [super::Path::Best, super::Path::Portable] {
+            let mut out = vec![[0u8; 32]; inputs.len()];
+            super::keyed_hash_many_on(path, key, &buf, &ends, &mut Vec::new(), &mut out);
+            for (input, hash) in inputs.iter().zip(&out) {
+                assert_eq!(
+                    hash,
+                    blake3::keyed_hash(key, input).as_bytes(),
+                    "{path:?}, {} bytes",
+                    input.len()
+                );
+            }
         }
     }
 
