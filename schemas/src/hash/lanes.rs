@@ -144,7 +144,7 @@ fn hash_eight(path: Path, key: &[u32; 8], inputs: &[&[u8]; LANES], blocks: usize
                 key,
                 inputs,
                 blocks,
-                compress: avx2::Compress(v3),
+                ops: avx2::Ops(v3),
             },
         );
     }
@@ -153,7 +153,7 @@ fn hash_eight(path: Path, key: &[u32; 8], inputs: &[&[u8]; LANES], blocks: usize
         key,
         inputs,
         blocks,
-        compress: Portable,
+        ops: Portable,
     })
 }
 
@@ -178,21 +178,25 @@ fn word(bytes: &[u8], w: usize) -> u32 {
     ])
 }
 
-/// BLAKE3's compression function on eight lanes, with the block counter 0 (every input is the
-/// first chunk); `cv` becomes the new chaining values (the hash, after a `ROOT` block).
-trait CompressLanes {
-    fn compress(&self, cv: &mut [Lanes; 8], m: &[Lanes; 16], block_len: Lanes, flags: Lanes);
+/// How eight lanes of 32-bit words are held and mixed: [`compress`] is written once over it.
+trait LaneOps {
+    /// One state word of each lane.
+    type Word: Copy;
+    fn word(&self, lanes: Lanes) -> Self::Word;
+    fn lanes(&self, word: Self::Word) -> Lanes;
+    fn xor(&self, a: Self::Word, b: Self::Word) -> Self::Word;
+    /// The quarter-round on state words `i, j, k, l` with message words `x` and `y`.
+    fn g(&self, v: &mut [Self::Word; 16], ijkl: [usize; 4], x: Self::Word, y: Self::Word);
 }
-
 /// Eight single-chunk inputs of `blocks` blocks each, hashed side by side.
-struct Eight<'a, C> {
+struct Eight<'a, O> {
     key: &'a [u32; 8],
     inputs: &'a [&'a [u8]; LANES],
     blocks: usize,
-    compress: C,
+    ops: O,
 }
 
-impl<C: CompressLanes> pulp::WithSimd for Eight<'_, C> {
+impl<O: LaneOps> pulp::WithSimd for Eight<'_, O> {
     /// The hashes' words: `[w][l]` is word `w` of lane `l`'s hash.
     type Output = [Lanes; 8];
 
@@ -219,55 +223,71 @@ impl<C: CompressLanes> pulp::WithSimd for Eight<'_, C> {
             if b == self.blocks - 1 {
                 flags |= CHUNK_END | ROOT;
             }
-            self.compress
-                .compress(&mut cv, &m, block_len, [flags; LANES]);
+            compress(&self.ops, &mut cv, &m, block_len, [flags; LANES]);
         }
         cv
     }
 }
 
-/// [`CompressLanes`] as plain Rust on arrays, which the compiler vectorizes (or not).
-struct Portable;
-
-impl CompressLanes for Portable {
-    #[inline(always)]
-    fn compress(&self, cv: &mut [Lanes; 8], m: &[Lanes; 16], block_len: Lanes, flags: Lanes) {
-        compress(cv, m, block_len, flags);
+/// BLAKE3's compression function on eight lanes, with the block counter 0 (every input is the
+/// first chunk); `cv` becomes the new chaining values (the hash, after a `ROOT` block).
+#[inline(always)]
+fn compress<O: LaneOps>(
+    ops: &O,
+    cv: &mut [Lanes; 8],
+    m: &[Lanes; 16],
+    block_len: Lanes,
+    flags: Lanes,
+) {
+    let m: [O::Word; 16] = std::array::from_fn(|w| ops.word(m[w]));
+    let mut v: [O::Word; 16] = std::array::from_fn(|w| {
+        ops.word(match w {
+            0..8 => cv[w],
+            8..12 => [IV[w - 8]; LANES],
+            12 | 13 => [0; LANES],
+            14 => block_len,
+            _ => flags,
+        })
+    });
+    for s in &MSG_SCHEDULE {
+        ops.g(&mut v, [0, 4, 8, 12], m[s[0]], m[s[1]]);
+        ops.g(&mut v, [1, 5, 9, 13], m[s[2]], m[s[3]]);
+        ops.g(&mut v, [2, 6, 10, 14], m[s[4]], m[s[5]]);
+        ops.g(&mut v, [3, 7, 11, 15], m[s[6]], m[s[7]]);
+        ops.g(&mut v, [0, 5, 10, 15], m[s[8]], m[s[9]]);
+        ops.g(&mut v, [1, 6, 11, 12], m[s[10]], m[s[11]]);
+        ops.g(&mut v, [2, 7, 8, 13], m[s[12]], m[s[13]]);
+        ops.g(&mut v, [3, 4, 9, 14], m[s[14]], m[s[15]]);
+    }
+    for (w, cv) in cv.iter_mut().enumerate() {
+        *cv = ops.lanes(ops.xor(v[w], v[w + 8]));
     }
 }
 
-#[inline(always)]
-fn compress(cv: &mut [Lanes; 8], m: &[Lanes; 16], block_len: Lanes, flags: Lanes) {
-    let mut v: [Lanes; 16] = [
-        cv[0],
-        cv[1],
-        cv[2],
-        cv[3],
-        cv[4],
-        cv[5],
-        cv[6],
-        cv[7],
-        [IV[0]; LANES],
-        [IV[1]; LANES],
-        [IV[2]; LANES],
-        [IV[3]; LANES],
-        [0; LANES],
-        [0; LANES],
-        block_len,
-        flags,
-    ];
-    for s in &MSG_SCHEDULE {
-        g(&mut v, [0, 4, 8, 12], m[s[0]], m[s[1]]);
-        g(&mut v, [1, 5, 9, 13], m[s[2]], m[s[3]]);
-        g(&mut v, [2, 6, 10, 14], m[s[4]], m[s[5]]);
-        g(&mut v, [3, 7, 11, 15], m[s[6]], m[s[7]]);
-        g(&mut v, [0, 5, 10, 15], m[s[8]], m[s[9]]);
-        g(&mut v, [1, 6, 11, 12], m[s[10]], m[s[11]]);
-        g(&mut v, [2, 7, 8, 13], m[s[12]], m[s[13]]);
-        g(&mut v, [3, 4, 9, 14], m[s[14]], m[s[15]]);
+/// [`LaneOps`] as plain Rust on arrays, which the compiler vectorizes (or not).
+struct Portable;
+
+impl LaneOps for Portable {
+    type Word = Lanes;
+
+    #[inline(always)]
+    fn word(&self, lanes: Lanes) -> Lanes {
+        lanes
     }
-    for (w, cv) in cv.iter_mut().enumerate() {
-        *cv = std::array::from_fn(|l| v[w][l] ^ v[w + 8][l]);
+
+    #[inline(always)]
+    fn lanes(&self, word: Lanes) -> Lanes {
+        word
+    }
+
+    #[inline(always)]
+    fn xor(&self, a: Lanes, b: Lanes) -> Lanes {
+        std::array::from_fn(|l| a[l] ^ b[l])
+    }
+
+    #[inline(always)]
+    fn g(&self, v: &mut [Lanes; 16], ijkl: [usize; 4], x: Lanes, y: Lanes) {
+        g(v, ijkl, x, y);
     }
 }
 
@@ -294,86 +314,55 @@ fn xor_rotate(a: Lanes, b: Lanes, bits: u32) -> Lanes {
     std::array::from_fn(|l| (a[l] ^ b[l]).rotate_right(bits))
 }
 
-/// [`CompressLanes`] with AVX2: a vector of eight 32-bit lanes per state word, the rotations
+/// [`LaneOps`] with AVX2: a vector of eight 32-bit lanes per state word, the rotations
 /// by 16 and 8 bits as byte shuffles (one instruction where shifts take three), as BLAKE3's
 /// own AVX2 code does.
 #[cfg(target_arch = "x86_64")]
 mod avx2 {
     use std::arch::x86_64::__m256i;
 
-    use pulp::core_arch::x86::Avx2;
     use pulp::x86::V3;
 
-    use super::{IV, LANES, Lanes, MSG_SCHEDULE};
+    use super::{LANES, Lanes};
 
     /// The CPU's AVX2, checked.
-    pub(super) struct Compress(pub(super) V3);
+    pub(super) struct Ops(pub(super) V3);
 
-    impl super::CompressLanes for Compress {
+    impl super::LaneOps for Ops {
+        type Word = __m256i;
+
         #[inline(always)]
-        fn compress(&self, cv: &mut [Lanes; 8], m: &[Lanes; 16], block_len: Lanes, flags: Lanes) {
-            let v3 = self.0;
-            let at = |words: Lanes| -> __m256i { pulp::cast(words) };
-            let m: [__m256i; 16] = std::array::from_fn(|w| at(m[w]));
-            let mut v: [__m256i; 16] = [
-                at(cv[0]),
-                at(cv[1]),
-                at(cv[2]),
-                at(cv[3]),
-                at(cv[4]),
-                at(cv[5]),
-                at(cv[6]),
-                at(cv[7]),
-                at([IV[0]; LANES]),
-                at([IV[1]; LANES]),
-                at([IV[2]; LANES]),
-                at([IV[3]; LANES]),
-                at([0; LANES]),
-                at([0; LANES]),
-                at(block_len),
-                at(flags),
-            ];
-            let a = v3.avx2;
-            let rot = [at(ROT16), at(ROT8)];
-            for s in &MSG_SCHEDULE {
-                g(a, rot, &mut v, [0, 4, 8, 12], m[s[0]], m[s[1]]);
-                g(a, rot, &mut v, [1, 5, 9, 13], m[s[2]], m[s[3]]);
-                g(a, rot, &mut v, [2, 6, 10, 14], m[s[4]], m[s[5]]);
-                g(a, rot, &mut v, [3, 7, 11, 15], m[s[6]], m[s[7]]);
-                g(a, rot, &mut v, [0, 5, 10, 15], m[s[8]], m[s[9]]);
-                g(a, rot, &mut v, [1, 6, 11, 12], m[s[10]], m[s[11]]);
-                g(a, rot, &mut v, [2, 7, 8, 13], m[s[12]], m[s[13]]);
-                g(a, rot, &mut v, [3, 4, 9, 14], m[s[14]], m[s[15]]);
-            }
-            for (w, cv) in cv.iter_mut().enumerate() {
-                *cv = pulp::cast(a._mm256_xor_si256(v[w], v[w + 8]));
-            }
+        fn word(&self, lanes: Lanes) -> __m256i {
+            pulp::cast(lanes)
         }
-    }
 
-    /// The quarter-round on state words `i, j, k, l` with message words `x` and `y`; `rot` holds
-    /// the shuffles that rotate by 16 and 8 bits. Always inlined (and so are the intrinsics
-    /// then): as a closure it stayed a function of its own, compiled without AVX2, and each
-    /// intrinsic became a call.
-    #[inline(always)]
-    fn g(
-        a: Avx2,
-        [rot16, rot8]: [__m256i; 2],
-        v: &mut [__m256i; 16],
-        [i, j, k, l]: [usize; 4],
-        x: __m256i,
-        y: __m256i,
-    ) {
-        v[i] = a._mm256_add_epi32(a._mm256_add_epi32(v[i], v[j]), x);
-        v[l] = a._mm256_shuffle_epi8(a._mm256_xor_si256(v[l], v[i]), rot16);
-        v[k] = a._mm256_add_epi32(v[k], v[l]);
-        let t = a._mm256_xor_si256(v[j], v[k]);
-        v[j] = a._mm256_or_si256(a._mm256_srli_epi32::<12>(t), a._mm256_slli_epi32::<20>(t));
-        v[i] = a._mm256_add_epi32(a._mm256_add_epi32(v[i], v[j]), y);
-        v[l] = a._mm256_shuffle_epi8(a._mm256_xor_si256(v[l], v[i]), rot8);
-        v[k] = a._mm256_add_epi32(v[k], v[l]);
-        let t = a._mm256_xor_si256(v[j], v[k]);
-        v[j] = a._mm256_or_si256(a._mm256_srli_epi32::<7>(t), a._mm256_slli_epi32::<25>(t));
+        #[inline(always)]
+        fn lanes(&self, word: __m256i) -> Lanes {
+            pulp::cast(word)
+        }
+
+        #[inline(always)]
+        fn xor(&self, a: __m256i, b: __m256i) -> __m256i {
+            self.0.avx2._mm256_xor_si256(a, b)
+        }
+
+        /// Always inlined, and the intrinsics with it: as a closure it stayed a function of
+        /// its own, compiled without AVX2, and each intrinsic became a call.
+        #[inline(always)]
+        fn g(&self, v: &mut [__m256i; 16], [i, j, k, l]: [usize; 4], x: __m256i, y: __m256i) {
+            let a = self.0.avx2;
+            let (rot16, rot8) = (self.word(ROT16), self.word(ROT8));
+            v[i] = a._mm256_add_epi32(a._mm256_add_epi32(v[i], v[j]), x);
+            v[l] = a._mm256_shuffle_epi8(a._mm256_xor_si256(v[l], v[i]), rot16);
+            v[k] = a._mm256_add_epi32(v[k], v[l]);
+            let t = a._mm256_xor_si256(v[j], v[k]);
+            v[j] = a._mm256_or_si256(a._mm256_srli_epi32::<12>(t), a._mm256_slli_epi32::<20>(t));
+            v[i] = a._mm256_add_epi32(a._mm256_add_epi32(v[i], v[j]), y);
+            v[l] = a._mm256_shuffle_epi8(a._mm256_xor_si256(v[l], v[i]), rot8);
+            v[k] = a._mm256_add_epi32(v[k], v[l]);
+            let t = a._mm256_xor_si256(v[j], v[k]);
+            v[j] = a._mm256_or_si256(a._mm256_srli_epi32::<7>(t), a._mm256_slli_epi32::<25>(t));
+        }
     }
 
     /// The byte shuffles that rotate each 32-bit lane right by 16 and by 8 bits.
