@@ -13,9 +13,9 @@ use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 use plumbing::{DefinitionFile, Reread};
 use schemas::api::RejectedRecord;
 use schemas::columnar::BodyBuilder;
-use schemas::decode::ndjson_lines;
+use schemas::decode::ndjson_lines_in;
 use schemas::wire::encode_value_into;
-use schemas::{HashGroup, Hashed, Pending, Record, Row, StreamDef, ValidRecord};
+use schemas::{HashGroup, Hashed, Line, Pending, Record, Row, StreamDef, ValidRecord};
 
 use crate::batch::{Batch, BatchId, BodyEncoding};
 use crate::config::{BatchConfig, DedupeConfig, StreamSettings};
@@ -519,20 +519,22 @@ impl Pipeline {
         let mut group: Vec<(&[u8], Checked)> = Vec::with_capacity(DEDUPE_GROUP);
         let mut group_rows: Vec<Row<'_, Pending>> = Vec::new();
         let mut digests: Vec<Digest> = Vec::with_capacity(DEDUPE_GROUP);
-        let mut lines = ndjson_lines(&chunk.data).enumerate().peekable();
+        let mut lines = ndjson_lines_in(&chunk.data).enumerate().peekable();
         // A line that a newer definition may take: checked again after the group before it is
         // batched and the definition read again.
-        let mut again: Option<(usize, &[u8])> = None;
+        let mut again: Option<(usize, Line<'_>)> = None;
         while lines.peek().is_some() || again.is_some() {
-            for (index, line) in again
+            for (index, in_chunk) in again
                 .take()
                 .into_iter()
                 .chain(lines.by_ref())
                 .take(DEDUPE_GROUP)
             {
+                let line = in_chunk.bytes();
+                // The common case reads the line in the chunk ([`Line`]).
                 if forward
                     && let Some(place) =
-                        schemas::forwardable_hash_in(&self.def, line, &mut self.hashes)
+                        schemas::forwardable_hash_in(&self.def, in_chunk, &mut self.hashes)
                 {
                     // The common case, stored straight into the group. Taken from the full
                     // check's result, which is returned through memory, the place was read back
@@ -569,7 +571,7 @@ impl Pipeline {
                 let checked = match checked {
                     Ok(checked) => checked,
                     Err(e) if e.newer_definition_may_take() && self.definition_changed() => {
-                        again = Some((index, line));
+                        again = Some((index, in_chunk));
                         break;
                     }
                     Err(e) => {

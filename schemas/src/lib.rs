@@ -24,6 +24,7 @@ pub mod wire;
 
 pub use error::{DecodeError, RecordError, SchemaError};
 pub use hash::{AtOnce, ContentHash, HashGroup, Hashing, Pending, content_hash, content_hash_in};
+pub use scan::Line;
 pub use stream::{Change, FieldDef, FieldType, StreamDef, Streams, validate_stream_name};
 pub use value::{Record, Str, Value, validate};
 
@@ -132,14 +133,15 @@ pub fn check_bytes_hashed_in<H: Hashing>(
 /// (and accepts or rejects) in full. Small enough to be returned in a register, so a caller's
 /// loop can store it where it keeps it rather than move it from memory. Nothing is hashed for
 /// a `None`; the full check tries the common case again first, so a line that fails it only
-/// at its end (a repeated key) is scanned twice.
+/// at its end (a repeated key) is scanned twice. A [`Line`] of a body
+/// ([`decode::ndjson_lines_in`]) is read faster than the same line as a slice.
 #[inline(always)]
-pub fn forwardable_hash_in<H: Hashing>(
+pub fn forwardable_hash_in<'a, H: Hashing>(
     def: &StreamDef,
-    raw: &[u8],
+    line: impl Into<Line<'a>>,
     hashing: &mut H,
 ) -> Option<H::Hash> {
-    scan::forwardable(def, raw, hashing, |_| ()).map(|(hash, ())| hash)
+    scan::forwardable(def, line.into(), hashing, |_| ()).map(|(hash, ())| hash)
 }
 
 /// The checks of [`check_bytes_forward_in`], with what `key` makes of the partition key
@@ -151,7 +153,7 @@ fn forward_with<H: Hashing, K>(
     hashing: &mut H,
     key: impl Fn(Option<value::Scalar<'_>>) -> K,
 ) -> Result<(H::Hash, K, Option<Record>), RecordError> {
-    if let Some((hash, key)) = scan::forwardable(def, raw, hashing, &key) {
+    if let Some((hash, key)) = scan::forwardable(def, raw.into(), hashing, &key) {
         return Ok((hash, key, None));
     }
     let (valid, verbatim) = check_bytes_verbatim_in(def, raw, hashing)?;

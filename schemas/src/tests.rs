@@ -251,6 +251,46 @@ fn huge_numbers() {
     assert!(matches!(out[0], Err(RecordError::Malformed(_))), "{out:?}");
 }
 
+/// The lines of a body are read through windows on it (see `scan::Line`) wherever a whole window
+/// fits before the body's end, and hash as the same lines read as slices.
+#[test]
+fn body_lines_are_read_in_place() {
+    let def = sensor();
+    let mut body = String::new();
+    for i in 0..40 {
+        let mut r = reading();
+        r["value"] = json!(i);
+        body += &format!("{r}\n");
+        if i % 3 == 0 {
+            body += "\r\n";
+        }
+    }
+    let bytes = body.as_bytes();
+    let lines: Vec<_> = crate::decode::ndjson_lines_in(bytes).collect();
+    assert_eq!(
+        lines.iter().map(|l| l.bytes()).collect::<Vec<_>>(),
+        ndjson_lines(bytes).collect::<Vec<_>>()
+    );
+    assert_eq!(lines.len(), 40);
+    let mut windowed = 0;
+    for line in &lines {
+        let start = line.bytes().as_ptr() as usize - bytes.as_ptr() as usize;
+        assert_eq!(
+            line.windowed(),
+            bytes.len() - start >= 320,
+            "line at {start}"
+        );
+        windowed += usize::from(line.windowed());
+        let hash = crate::forwardable_hash_in(&def, *line, &mut crate::AtOnce);
+        assert!(hash.is_some());
+        assert_eq!(
+            hash,
+            crate::forwardable_hash_in(&def, line.bytes(), &mut crate::AtOnce)
+        );
+    }
+    assert!(windowed >= 35, "{windowed} of 40");
+}
+
 #[test]
 fn ndjson_edge_cases() {
     let body = "\u{feff}{\"a\":1}\r\n\r\n   \n{\"b\":\"ü→😀\"}\n\t\n{\"c\":3}";

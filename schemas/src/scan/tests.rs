@@ -8,6 +8,7 @@ use serde_json::json;
 use crate::StreamDef;
 use crate::arrow::{BatchBuilder, RowMeta, record_batch};
 use crate::typed::decode_record_serde;
+use crate::value::Value;
 
 fn sensor() -> std::sync::Arc<StreamDef> {
     crate::example_streams()
@@ -40,9 +41,15 @@ fn sensor_hashing_tags() -> StreamDef {
 fn agree(def: &StreamDef, text: &[u8]) -> Result<bool, TestCaseError> {
     let fast = super::decode_verbatim(def, text);
     let shown = String::from_utf8_lossy(text);
+    prop_assert!(read_alike(def, text), "{}", shown);
     match (
         &fast,
-        super::forwardable(def, text, &mut crate::AtOnce, crate::value::partition_key),
+        super::forwardable(
+            def,
+            text.into(),
+            &mut crate::AtOnce,
+            crate::value::partition_key,
+        ),
     ) {
         (Some((record, true)), Some((hash, key))) => {
             prop_assert_eq!(hash, crate::content_hash(def, record), "{}", shown);
@@ -116,6 +123,28 @@ fn agree(def: &StreamDef, text: &[u8]) -> Result<bool, TestCaseError> {
         );
     }
     Ok(fast.is_some())
+}
+
+/// Whether the scanner gives the same answer and fields for `text` in a window (see
+/// [`super::Bytes`]) as in place, with what follows it in the window either blank or more of the
+/// same text.
+fn read_alike(def: &StreamDef, text: &[u8]) -> bool {
+    let scan = |line: super::Line<'_>| {
+        let mut fields = vec![Value::Null; def.fields.len()];
+        let once = super::scan(def, line, super::Build::All, &mut fields);
+        (once, fields)
+    };
+    let in_place = scan(text.into());
+    [
+        b"\n".repeat(super::WINDOW),
+        [b"\r", text].concat().repeat(super::WINDOW),
+    ]
+    .iter()
+    .all(|after| {
+        let buffer = [text, after].concat();
+        let line = super::Line::within(&buffer, 0, text.len());
+        line.window.is_some() == (text.len() <= super::WINDOW_LINE) && scan(line) == in_place
+    })
 }
 
 /// Whether a row checked for landing (no record built) has the hash and error of
@@ -436,9 +465,18 @@ proptest! {
     fn numbers_read_as_the_standard_parser_reads_them(
         text in "-?(0|[1-9][0-9]{0,19})(\\.[0-9]{1,20})?([eE][+-]?[0-9]{1,3})?",
     ) {
+        let buffer = [text.as_bytes(), &[b'\n'; super::WINDOW]].concat();
+        let window = super::Window(buffer.first_chunk().unwrap());
+        let mut p = super::Scanner { text: &text, b: window, i: 0 };
+        let n = p.number().unwrap();
+        prop_assert_eq!(p.i, text.len());
         let mut s = super::Scanner { text: &text, b: text.as_bytes(), i: 0 };
-        let n = s.number().unwrap();
+        let in_place = s.number().unwrap();
         prop_assert_eq!(s.i, text.len());
+        prop_assert_eq!(
+            (in_place.mantissa, in_place.exp10, in_place.integer, in_place.negative),
+            (n.mantissa, n.exp10, n.integer, n.negative)
+        );
         let expected: f64 = text.parse().unwrap();
         prop_assert_eq!(n.float().map(f64::to_bits), Some(expected.to_bits()), "{}", text);
         if n.integer {
@@ -454,12 +492,17 @@ proptest! {
     ) {
         let b = text.as_bytes();
         let from = from.min(b.len());
+        // The end of the line, where the zeros past it begin, when nothing comes before.
         let expected = b[from..]
             .iter()
             .position(|&c| c == b'"' || c == b'\\' || c < 0x20)
-            .map(|n| from + n);
+            .map_or(b.len(), |n| from + n);
+        let buffer = [b, &[b'\n'; super::WINDOW]].concat();
+        let window = super::Window(buffer.first_chunk().unwrap());
         prop_assert_eq!(super::string_end(b, from), expected);
         prop_assert_eq!(super::string_end_words(b, from), expected);
+        prop_assert_eq!(super::string_end(window, from), expected);
+        prop_assert_eq!(super::string_end_words(window, from), expected);
     }
 
     #[test]
@@ -542,7 +585,9 @@ fn forwarding_hashes_the_lists_and_maps_it_builds() {
     }
     // An unhashed map is checked even when it is not built.
     let bad = r#"{"device_id":"d","sensor":"s","ts":0,"value":1,"tags":{"a":1}}"#;
-    assert!(super::forwardable(&sensor(), bad.as_bytes(), &mut crate::AtOnce, |_| ()).is_none());
+    assert!(
+        super::forwardable(&sensor(), bad.as_bytes().into(), &mut crate::AtOnce, |_| ()).is_none()
+    );
     assert!(crate::check_bytes_forward(&sensor(), bad.as_bytes()).is_err());
 }
 
