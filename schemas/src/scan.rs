@@ -10,7 +10,8 @@
 use smallvec::SmallVec;
 
 use crate::hash::{
-    Hashing, content_hash_with, encode_present, encode_scalar, put_bytes, put_scalar,
+    Hashing, ROOM, Room, SHORT_ENCODING, ShortRoom, content_hash_with, encode_present,
+    encode_scalar, put_bytes, put_scalar,
 };
 use crate::stream::{FieldType, StreamDef};
 use crate::value::{
@@ -172,16 +173,27 @@ fn slots_hash<H: Hashing>(
     // Names, at most 10 bytes of tag and payload or of tag and length per value, and the
     // strings' bytes (slices of the text).
     let bound = def.hash_names_bytes + 10 * def.hash_fields.len() + text_len;
-    hashing.hash_written(bound, |out| {
-        let mut n = 0;
-        for (&i, name) in def.hash_fields.iter().zip(&def.hash_names) {
-            if let Slot::Scalar(value) = slots[i] {
-                n = put_bytes(out, n, name);
-                n = put_scalar(out, n, value);
-            }
+    if bound <= SHORT_ENCODING {
+        hashing.hash_written(ROOM, |out| {
+            let room: &mut ShortRoom = out.first_chunk_mut().expect("room asked for");
+            put_scalars(def, slots, room)
+        })
+    } else {
+        hashing.hash_written(bound, |out| put_scalars(def, slots, out))
+    }
+}
+
+/// Writes the encoding of scalar `slots` into `out`; returns its length.
+#[inline(always)]
+fn put_scalars<R: Room + ?Sized>(def: &StreamDef, slots: &[Slot<'_>], out: &mut R) -> usize {
+    let mut n = 0;
+    for (&i, name) in def.hash_fields.iter().zip(&def.hash_names) {
+        if let Slot::Scalar(value) = slots[i] {
+            n = put_bytes(out, n, name);
+            n = put_scalar(out, n, value);
         }
-        n
-    })
+    }
+    n
 }
 
 /// A field's value as the scanner read it.
