@@ -54,7 +54,8 @@ pub fn ndjson_lines(body: &[u8]) -> impl Iterator<Item = &[u8]> {
     ndjson_lines_in(body).map(Line::bytes)
 }
 
-/// [`ndjson_lines`] as [`Line`]s of the body, which the scanner reads faster than slices.
+/// [`ndjson_lines`] as [`Line`]s of the body, which the scanner reads without bounds checks
+/// (a line near the body's end, without a whole window after it, is read as a slice).
 pub fn ndjson_lines_in(body: &[u8]) -> impl Iterator<Item = Line<'_>> {
     let body = body.strip_prefix(BOM).unwrap_or(body);
     let mut start = 0;

@@ -357,9 +357,10 @@ impl Room for ShortRoom {
         self[at..at + N].copy_from_slice(&bytes);
     }
 
+    /// As a slice does, with its bounds check: a longer string's length is not known here.
     #[inline(always)]
     fn put_slice(&mut self, at: usize, bytes: &[u8]) {
-        self[at..at + bytes.len()].copy_from_slice(bytes);
+        self[..].put_slice(at, bytes);
     }
 }
 

@@ -435,11 +435,11 @@ impl Bytes for &[u8] {
 
     #[inline(always)]
     fn block<const N: usize>(self, i: usize) -> [u8; N] {
-        match self.get(i..).unwrap_or_default().first_chunk() {
+        let rest = self.get(i..).unwrap_or_default();
+        match rest.first_chunk() {
             Some(block) => *block,
             None => {
                 let mut block = [0; N];
-                let rest = self.get(i..).unwrap_or_default();
                 block[..rest.len()].copy_from_slice(rest);
                 block
             }
@@ -455,7 +455,7 @@ impl Bytes for &[u8] {
 
 struct Scanner<'a, B> {
     text: &'a str,
-    /// `text` as bytes, then zeros.
+    /// `text` as bytes, then a control character ([`Bytes`]).
     b: B,
     i: usize,
 }
@@ -840,9 +840,9 @@ impl Number<'_> {
     }
 }
 
-/// Where the text of a string starting at `i` ends: the first `"`, `\\`, control character or
-/// (past the end of the line) zero, looked for 16 bytes at a time with SSE2 (every x86-64 CPU
-/// has it), or 8 at a time.
+/// Where the text of a string starting at `i` ends: the first `"`, `\` or control character
+/// (at the latest the one past the end of the line, see [`Bytes`]), looked for 16 bytes at a time
+/// with SSE2 (every x86-64 CPU has it), or 8 at a time.
 #[inline(always)]
 fn string_end<B: Bytes>(b: B, i: usize) -> usize {
     #[cfg(target_arch = "x86_64")]
