@@ -23,6 +23,7 @@ use crate::dedupe::{Digest, DigestLog, DigestWindow, digest};
 use crate::filter::{FilterChain, FilterConfig};
 use crate::invalid::KeptInvalid;
 use crate::metrics as m;
+use crate::source::Spares;
 use crate::spool::{Appended, Overflow, Spool, SpoolError};
 
 /// A line as the pipeline checked it; its hash is the line's place in the group's
@@ -60,6 +61,8 @@ pub struct Chunk {
     pub done: Option<Done>,
     /// Close the open batch after this chunk (a source holding many unacknowledged messages).
     pub flush: bool,
+    /// Where `data`'s buffer goes back to once the pipeline is done with it.
+    spares: Option<Spares>,
 }
 
 impl Chunk {
@@ -68,6 +71,15 @@ impl Chunk {
             data,
             done,
             flush: false,
+            spares: None,
+        }
+    }
+
+    /// A chunk whose buffer goes back to `spares` once the pipeline is done with it.
+    pub fn recycled(data: Vec<u8>, done: Option<Done>, spares: Spares) -> Chunk {
+        Chunk {
+            spares: Some(spares),
+            ..Chunk::new(data, done)
         }
     }
 }
@@ -651,6 +663,11 @@ impl Pipeline {
         outcome.spool_dropped = self.dropped_in_chunk;
         if let Some(done) = chunk.done {
             self.open.done.push((done, outcome));
+        }
+        if let Some(spares) = chunk.spares {
+            // (The group's lines are slices of the chunk.)
+            drop((lines, group, group_rows));
+            spares.give(chunk.data);
         }
         if chunk.flush || (self.open.count == 0 && !self.open.done.is_empty()) {
             // Nothing left to spool for these chunks (all filtered or duplicates).

@@ -535,3 +535,23 @@ fn invalid_lines_are_kept_before_their_chunk_is_acknowledged() {
     let seen = seen.lock().unwrap().clone().expect("acknowledged");
     assert_eq!(seen.lines().count(), 2, "{seen:?}");
 }
+
+/// The buffer of a chunk that a line source read into goes back to the source's spares once the
+/// pipeline has taken its lines, and the source's next chunk is read into it.
+#[test]
+fn chunk_buffers_go_back_to_their_source() {
+    let dir = tempfile::tempdir().unwrap();
+    let (mut p, _spool) = pipeline(dir.path(), BodyEncoding::Ndjson, 4);
+    let spares = Spares::default();
+    let mut data = Vec::with_capacity(4096);
+    data.extend_from_slice((line(0) + "\n" + &line(1) + "\n").as_bytes());
+    let at = data.as_ptr();
+    let chunk = Chunk::recycled(data, None, spares.clone());
+    p.push_chunk(chunk, &AtomicBool::new(false)).unwrap();
+    assert_eq!(p.stats.read, 2);
+    let again = spares.take(4096);
+    assert_eq!((again.as_ptr(), again.len()), (at, 4096));
+    // Nothing more was kept: the next buffer is a new one.
+    let new = spares.take(4096);
+    assert_ne!(new.as_ptr(), at);
+}

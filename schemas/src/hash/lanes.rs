@@ -72,6 +72,9 @@ pub(super) fn keyed_hash_many(
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 enum Path {
     Best,
+    /// AVX2 without AVX-512's rotations, where the CPU has both.
+    #[cfg_attr(not(test), allow(dead_code))]
+    Avx2,
     #[cfg_attr(not(test), allow(dead_code))]
     Portable,
 }
@@ -139,18 +142,33 @@ fn blocks(len: usize) -> Option<usize> {
 /// The hashes' words of eight inputs of `blocks` blocks each (`[w][l]`: word `w` of lane `l`).
 fn hash_eight(path: Path, key: &[u32; 8], inputs: &[&[u8]; LANES], blocks: usize) -> [Lanes; 8] {
     #[cfg(target_arch = "x86_64")]
-    if path == Path::Best
-        && let Some(v3) = v3()
-    {
-        return pulp::Simd::vectorize(
-            v3,
-            Eight {
-                key,
-                inputs,
-                blocks,
-                ops: avx2::Ops(v3),
-            },
-        );
+    if path != Path::Portable {
+        if path == Path::Best
+            && let Some(v4) = v4()
+        {
+            let ops = avx2::Ops(*v4, avx2::Native(v4.avx512f));
+            return pulp::Simd::vectorize(
+                v4,
+                Eight {
+                    key,
+                    inputs,
+                    blocks,
+                    ops,
+                },
+            );
+        }
+        if let Some(v3) = v3() {
+            let ops = avx2::Ops(v3, avx2::Shifts(v3));
+            return pulp::Simd::vectorize(
+                v3,
+                Eight {
+                    key,
+                    inputs,
+                    blocks,
+                    ops,
+                },
+            );
+        }
     }
     let _ = path;
     arch().dispatch(Eight {
@@ -171,6 +189,13 @@ fn v3() -> Option<pulp::x86::V3> {
     static V3: std::sync::LazyLock<Option<pulp::x86::V3>> =
         std::sync::LazyLock::new(pulp::x86::V3::try_new);
     *V3
+}
+
+#[cfg(target_arch = "x86_64")]
+fn v4() -> Option<pulp::x86::V4> {
+    static V4: std::sync::LazyLock<Option<pulp::x86::V4>> =
+        std::sync::LazyLock::new(pulp::x86::V4::try_new);
+    *V4
 }
 
 fn word(bytes: &[u8], w: usize) -> u32 {
@@ -350,14 +375,15 @@ fn xor_rotate(a: Lanes, b: Lanes, bits: u32) -> Lanes {
 mod avx2 {
     use std::arch::x86_64::__m256i;
 
+    use pulp::core_arch::x86::Avx512f;
     use pulp::x86::V3;
 
     use super::{BLOCK_LEN, LANES, Lanes};
 
-    /// The CPU's AVX2, checked.
-    pub(super) struct Ops(pub(super) V3);
+    /// The CPU's AVX2, checked, and its rotations.
+    pub(super) struct Ops<R>(pub(super) V3, pub(super) R);
 
-    impl super::LaneOps for Ops {
+    impl<R: Rotations> super::LaneOps for Ops<R> {
         type Word = __m256i;
 
         #[inline(always)]
@@ -394,22 +420,82 @@ mod avx2 {
         /// its own, compiled without AVX2, and each intrinsic became a call.
         #[inline(always)]
         fn g(&self, v: &mut [__m256i; 16], [i, j, k, l]: [usize; 4], x: __m256i, y: __m256i) {
-            let a = self.0.avx2;
-            let (rot16, rot8) = (self.word(ROT16), self.word(ROT8));
+            let (a, r) = (self.0.avx2, self.1);
             v[i] = a._mm256_add_epi32(a._mm256_add_epi32(v[i], v[j]), x);
-            v[l] = a._mm256_shuffle_epi8(a._mm256_xor_si256(v[l], v[i]), rot16);
+            v[l] = r.ror16(a._mm256_xor_si256(v[l], v[i]));
             v[k] = a._mm256_add_epi32(v[k], v[l]);
-            let t = a._mm256_xor_si256(v[j], v[k]);
-            v[j] = a._mm256_or_si256(a._mm256_srli_epi32::<12>(t), a._mm256_slli_epi32::<20>(t));
+            v[j] = r.ror12(a._mm256_xor_si256(v[j], v[k]));
             v[i] = a._mm256_add_epi32(a._mm256_add_epi32(v[i], v[j]), y);
-            v[l] = a._mm256_shuffle_epi8(a._mm256_xor_si256(v[l], v[i]), rot8);
+            v[l] = r.ror8(a._mm256_xor_si256(v[l], v[i]));
             v[k] = a._mm256_add_epi32(v[k], v[l]);
-            let t = a._mm256_xor_si256(v[j], v[k]);
-            v[j] = a._mm256_or_si256(a._mm256_srli_epi32::<7>(t), a._mm256_slli_epi32::<25>(t));
+            v[j] = r.ror7(a._mm256_xor_si256(v[j], v[k]));
         }
     }
 
-    impl Ops {
+    /// The quarter-round's four rotations of eight 32-bit lanes to the right.
+    pub(super) trait Rotations: Copy {
+        fn ror16(self, x: __m256i) -> __m256i;
+        fn ror12(self, x: __m256i) -> __m256i;
+        fn ror8(self, x: __m256i) -> __m256i;
+        fn ror7(self, x: __m256i) -> __m256i;
+    }
+
+    /// AVX2's: by 16 and 8 bits as byte shuffles (one instruction where shifts take three), by
+    /// 12 and 7 as two shifts and an or, as BLAKE3's own AVX2 code does.
+    #[derive(Clone, Copy)]
+    pub(super) struct Shifts(pub(super) V3);
+
+    impl Rotations for Shifts {
+        #[inline(always)]
+        fn ror16(self, x: __m256i) -> __m256i {
+            self.0.avx2._mm256_shuffle_epi8(x, pulp::cast(ROT16))
+        }
+
+        #[inline(always)]
+        fn ror12(self, x: __m256i) -> __m256i {
+            let a = self.0.avx2;
+            a._mm256_or_si256(a._mm256_srli_epi32::<12>(x), a._mm256_slli_epi32::<20>(x))
+        }
+
+        #[inline(always)]
+        fn ror8(self, x: __m256i) -> __m256i {
+            self.0.avx2._mm256_shuffle_epi8(x, pulp::cast(ROT8))
+        }
+
+        #[inline(always)]
+        fn ror7(self, x: __m256i) -> __m256i {
+            let a = self.0.avx2;
+            a._mm256_or_si256(a._mm256_srli_epi32::<7>(x), a._mm256_slli_epi32::<25>(x))
+        }
+    }
+
+    /// AVX-512's (with its 256-bit forms, AVX-512VL): one instruction each.
+    #[derive(Clone, Copy)]
+    pub(super) struct Native(pub(super) Avx512f);
+
+    impl Rotations for Native {
+        #[inline(always)]
+        fn ror16(self, x: __m256i) -> __m256i {
+            self.0._mm256_ror_epi32::<16>(x)
+        }
+
+        #[inline(always)]
+        fn ror12(self, x: __m256i) -> __m256i {
+            self.0._mm256_ror_epi32::<12>(x)
+        }
+
+        #[inline(always)]
+        fn ror8(self, x: __m256i) -> __m256i {
+            self.0._mm256_ror_epi32::<8>(x)
+        }
+
+        #[inline(always)]
+        fn ror7(self, x: __m256i) -> __m256i {
+            self.0._mm256_ror_epi32::<7>(x)
+        }
+    }
+
+    impl<R> Ops<R> {
         /// Rows of eight words in, columns out: word `w` of row `r` becomes lane `r` of
         /// vector `w`.
         #[inline(always)]
@@ -476,7 +562,7 @@ mod tests {
                 buf.len()
             })
             .collect();
-        for path in [super::Path::Best, super::Path::Portable] {
+        for path in [super::Path::Best, super::Path::Avx2, super::Path::Portable] {
             let mut out = vec![[0u8; 32]; inputs.len()];
             super::keyed_hash_many_on(path, key, &buf, &ends, &mut Vec::new(), &mut out);
             for (input, hash) in inputs.iter().zip(&out) {
