@@ -14,7 +14,7 @@ use plumbing::kafka::Messages;
 use schemas::DecodeError;
 use schemas::api::{ErrorBody, IngestResponse, RejectedRecord};
 use schemas::columnar::parquet_to_ndjson;
-use schemas::decode::{BodyFormat, split_body};
+use schemas::decode::{BodyFormat, split_body_in};
 use schemas::hash::HashSetOfHashes;
 use schemas::{Forward, HashGroup, RecordError, StreamDef, Streams, validate_stream_name};
 use tokio::sync::{OwnedSemaphorePermit, Semaphore};
@@ -434,7 +434,7 @@ fn check_plain(
         }
         other => (other, plain),
     };
-    let records = split_body(format, plain).map_err(|e| ApiError::bad_request(e.to_string()))?;
+    let records = split_body_in(format, plain).map_err(|e| ApiError::bad_request(e.to_string()))?;
     if records.len() > limits.max_records {
         return Err(ApiError::too_large(format!(
             "{} records in one request; the limit is {}",
@@ -456,7 +456,8 @@ fn check_plain(
     let mut group = Vec::with_capacity(HASH_GROUP.min(records.len()));
     let mut records = records.into_iter().enumerate().peekable();
     while records.peek().is_some() {
-        group.extend(records.by_ref().take(HASH_GROUP).map(|(index, raw)| {
+        group.extend(records.by_ref().take(HASH_GROUP).map(|(index, line)| {
+            let raw = line.bytes();
             let checked = if raw.len() > limits.max_line_bytes {
                 Err(RecordError::Malformed(format!(
                     "record is {} bytes; the limit is {}",
@@ -464,7 +465,7 @@ fn check_plain(
                     limits.max_line_bytes
                 )))
             } else {
-                schemas::check_bytes_forward_in(def, raw, &mut hashes)
+                schemas::check_bytes_forward_in(def, line, &mut hashes)
             };
             (index, raw, checked)
         }));

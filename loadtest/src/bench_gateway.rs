@@ -189,25 +189,28 @@ impl Workload {
 
     /// Decompress + decode + validate + hash alone (what the per-core target names), on
     /// this thread, `rounds` times over the batches, as the gateway does it: the record's fields
-    /// are scanned, validated and hashed where they lie in the line, no record is built
-    /// (`check_bytes_forward`, which falls back to building one for lines the scanner declines).
+    /// are scanned, validated and hashed where they lie in the body, no record is built
+    /// (`check_bytes_forward_in` on the body's [`schemas::Line`]s, which falls back to building
+    /// one for lines the scanner declines).
     pub fn validate_path(&self, rounds: usize) -> anyhow::Result<Throughput> {
         self.count_valid(rounds, |def, line| {
-            schemas::check_bytes_forward(def, line).is_ok()
+            schemas::check_bytes_forward_in(def, line, &mut schemas::AtOnce).is_ok()
         })
     }
 
     /// [`Workload::validate_path`] building each record (`check_bytes`): what the sink's dead
     /// letters, the agent's filters and its Parquet batches need.
     pub fn validate_path_records(&self, rounds: usize) -> anyhow::Result<Throughput> {
-        self.count_valid(rounds, |def, line| schemas::check_bytes(def, line).is_ok())
+        self.count_valid(rounds, |def, line| {
+            schemas::check_bytes(def, line.bytes()).is_ok()
+        })
     }
 
     /// Decompresses each batch and counts the lines `valid` accepts, `rounds` times.
     fn count_valid(
         &self,
         rounds: usize,
-        valid: impl Fn(&schemas::StreamDef, &[u8]) -> bool,
+        valid: impl Fn(&schemas::StreamDef, schemas::Line<'_>) -> bool,
     ) -> anyhow::Result<Throughput> {
         let (mut dctx, mut plain) = (None, Vec::new());
         self.time_per_batch("validation", rounds, |body| {
@@ -221,8 +224,8 @@ impl Workload {
                 dictionaries,
                 &mut plain,
             )?;
-            Ok(schemas::decode::ndjson_lines(&plain)
-                .filter(|line| valid(&self.def, line))
+            Ok(schemas::decode::ndjson_lines_in(&plain)
+                .filter(|&line| valid(&self.def, line))
                 .count())
         })
     }

@@ -107,6 +107,18 @@ pub fn split_body(format: BodyFormat, body: &[u8]) -> Result<Vec<&[u8]>, DecodeE
     }
 }
 
+/// [`split_body`] as [`Line`]s: an NDJSON body's lines read through windows on the body
+/// ([`ndjson_lines_in`]), a JSON array's elements as slices.
+pub fn split_body_in(format: BodyFormat, body: &[u8]) -> Result<Vec<Line<'_>>, DecodeError> {
+    match format {
+        BodyFormat::Ndjson => Ok(ndjson_lines_in(body).collect()),
+        _ => Ok(split_body(format, body)?
+            .into_iter()
+            .map(Line::from)
+            .collect()),
+    }
+}
+
 /// Decodes a body into records. NDJSON yields one result per non-blank line, so a malformed line
 /// rejects only itself; a JSON array body must parse as a whole.
 pub fn decode_body(

@@ -90,13 +90,14 @@ pub fn check_bytes_forward(def: &StreamDef, raw: &[u8]) -> Result<Forward, Recor
     check_bytes_forward_in(def, raw, &mut AtOnce)
 }
 
-/// [`check_bytes_forward`], the hash made as `hashing` makes hashes.
-pub fn check_bytes_forward_in<H: Hashing>(
+/// [`check_bytes_forward`], the hash made as `hashing` makes hashes. A [`Line`] of a body
+/// ([`decode::split_body_in`]) is read without bounds checks, the same line as a slice with them.
+pub fn check_bytes_forward_in<'a, H: Hashing>(
     def: &StreamDef,
-    raw: &[u8],
+    line: impl Into<Line<'a>>,
     hashing: &mut H,
 ) -> Result<Forward<H::Hash>, RecordError> {
-    let (hash, key, canonical) = forward_with(def, raw, hashing, value::partition_key)?;
+    let (hash, key, canonical) = forward_with(def, line.into(), hashing, value::partition_key)?;
     Ok(Forward {
         hash,
         key,
@@ -124,7 +125,7 @@ pub fn check_bytes_hashed_in<H: Hashing>(
     raw: &[u8],
     hashing: &mut H,
 ) -> Result<Hashed<H::Hash>, RecordError> {
-    let (hash, (), canonical) = forward_with(def, raw, hashing, |_| ())?;
+    let (hash, (), canonical) = forward_with(def, raw.into(), hashing, |_| ())?;
     Ok(Hashed { hash, canonical })
 }
 
@@ -149,14 +150,14 @@ pub fn forwardable_hash_in<'a, H: Hashing>(
 #[inline(always)]
 fn forward_with<H: Hashing, K>(
     def: &StreamDef,
-    raw: &[u8],
+    line: Line<'_>,
     hashing: &mut H,
     key: impl Fn(Option<value::Scalar<'_>>) -> K,
 ) -> Result<(H::Hash, K, Option<Record>), RecordError> {
-    if let Some((hash, key)) = scan::forwardable(def, raw.into(), hashing, &key) {
+    if let Some((hash, key)) = scan::forwardable(def, line, hashing, &key) {
         return Ok((hash, key, None));
     }
-    let (valid, verbatim) = check_bytes_verbatim_in(def, raw, hashing)?;
+    let (valid, verbatim) = check_bytes_verbatim_in(def, line.bytes(), hashing)?;
     let key = key(valid.record.values[def.partition_key].as_scalar());
     Ok((valid.hash, key, (!verbatim).then_some(valid.record)))
 }

@@ -291,6 +291,48 @@ fn body_lines_are_read_in_place() {
     assert!(windowed >= 35, "{windowed} of 40");
 }
 
+/// A body's records checked for forwarding as [`Line`]s of the body (the gateway's way) give
+/// what they give as slices: the same hashes, partition keys and canonical records for records
+/// that pass (through the common shape or the full check), the same errors for those that fail.
+#[test]
+fn body_records_check_alike_in_place_and_as_slices() {
+    let def = sensor();
+    let mut body = String::new();
+    for i in 0..60 {
+        let mut r = reading();
+        r["value"] = json!(i);
+        body += &match i % 5 {
+            // A repeated key, an escape, a wrong type and a missing field among plain records.
+            1 => format!("{}\n", r.to_string().replacen('{', "{\"value\":0,", 1)),
+            2 => format!("{}\n", r.to_string().replace("\"temp\"", "\"t\\u0065mp\"")),
+            3 if i % 2 == 1 => {
+                format!("{}\n", r.to_string().replace(&format!(":{i}}}"), ":\"x\"}"))
+            }
+            3 => format!("{}\n", r.to_string().replace("\"unit\"", "\"u\"")),
+            _ => format!("{r}\n"),
+        };
+    }
+    let bytes = body.as_bytes();
+    let lines = crate::decode::split_body_in(BodyFormat::Ndjson, bytes).unwrap();
+    assert_eq!(lines.len(), 60);
+    let (mut passed, mut failed) = (0, 0);
+    for line in &lines {
+        let in_place = check_bytes_forward_in(&def, *line, &mut AtOnce);
+        assert_eq!(in_place, check_bytes_forward(&def, line.bytes()));
+        match in_place {
+            Ok(_) => passed += 1,
+            Err(_) => failed += 1,
+        }
+    }
+    assert!(
+        passed >= 40 && failed >= 5,
+        "{passed} passed, {failed} failed"
+    );
+    let items = crate::decode::split_body_in(BodyFormat::JsonArray, b"[{\"a\":1}, 2]").unwrap();
+    let items: Vec<_> = items.iter().map(|l| l.bytes()).collect();
+    assert_eq!(items, [&b"{\"a\":1}"[..], b"2"]);
+}
+
 #[test]
 fn ndjson_edge_cases() {
     let body = "\u{feff}{\"a\":1}\r\n\r\n   \n{\"b\":\"ü→😀\"}\n\t\n{\"c\":3}";
