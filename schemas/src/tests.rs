@@ -251,20 +251,26 @@ fn huge_numbers() {
     assert!(matches!(out[0], Err(RecordError::Malformed(_))), "{out:?}");
 }
 
+/// A body of `n` readings, numbered by their value, each written as `line` makes it.
+fn readings_body(n: usize, line: impl Fn(usize, Json) -> String) -> String {
+    (0..n)
+        .map(|i| {
+            let mut r = reading();
+            r["value"] = json!(i);
+            line(i, r)
+        })
+        .collect()
+}
+
 /// The lines of a body are read through windows on it (see `scan::Line`) wherever a whole window
 /// fits before the body's end, and hash as the same lines read as slices.
 #[test]
 fn body_lines_are_read_in_place() {
     let def = sensor();
-    let mut body = String::new();
-    for i in 0..40 {
-        let mut r = reading();
-        r["value"] = json!(i);
-        body += &format!("{r}\n");
-        if i % 3 == 0 {
-            body += "\r\n";
-        }
-    }
+    let body = readings_body(40, |i, r| match i % 3 {
+        0 => format!("{r}\n\r\n"),
+        _ => format!("{r}\n"),
+    });
     let bytes = body.as_bytes();
     let lines: Vec<_> = crate::decode::ndjson_lines_in(bytes).collect();
     assert_eq!(
@@ -297,12 +303,9 @@ fn body_lines_are_read_in_place() {
 #[test]
 fn body_records_check_alike_in_place_and_as_slices() {
     let def = sensor();
-    let mut body = String::new();
-    for i in 0..60 {
-        let mut r = reading();
-        r["value"] = json!(i);
-        body += &match i % 5 {
-            // A repeated key, an escape, a wrong type and a missing field among plain records.
+    let body = readings_body(60, |i, r| {
+        match i % 5 {
+            // A repeated key, an escape, a wrong type and an unknown key among plain records.
             1 => format!("{}\n", r.to_string().replacen('{', "{\"value\":0,", 1)),
             2 => format!("{}\n", r.to_string().replace("\"temp\"", "\"t\\u0065mp\"")),
             3 if i % 2 == 1 => {
@@ -310,8 +313,8 @@ fn body_records_check_alike_in_place_and_as_slices() {
             }
             3 => format!("{}\n", r.to_string().replace("\"unit\"", "\"u\"")),
             _ => format!("{r}\n"),
-        };
-    }
+        }
+    });
     let bytes = body.as_bytes();
     let lines = crate::decode::split_body_in(BodyFormat::Ndjson, bytes).unwrap();
     assert_eq!(lines.len(), 60);
