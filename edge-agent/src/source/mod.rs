@@ -44,9 +44,11 @@ pub struct Feed {
 pub struct Spares(Arc<Mutex<Vec<Vec<u8>>>>);
 
 impl Spares {
-    /// Buffers kept: one for each chunk the queue holds, one the pipeline is reading and one
-    /// the source is filling.
-    const KEEP: usize = crate::QUEUED_CHUNKS + 2;
+    /// Buffers kept. A source waits on a full queue while the pipeline reads, and one faster
+    /// than its input finds its last buffer back before it needs the next: either way a buffer
+    /// comes back about when one is taken, and more than two kept would only hold memory (a
+    /// chunk's worth each, for every stream, idle ones too).
+    const KEEP: usize = 2;
 
     /// A buffer of `len` bytes: a spare one when there is one (only the part of it past its
     /// last contents is written), else a new one.
