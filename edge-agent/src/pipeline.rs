@@ -563,7 +563,8 @@ impl Pipeline {
                     continue;
                 }
                 if rows
-                    && let Some(row) = schemas::verbatim_row_in(&self.def, line, &mut self.hashes)
+                    && let Some(row) =
+                        schemas::verbatim_row_in(&self.def, in_chunk, &mut self.hashes)
                 {
                     // Its values go into the columns without a record being built (an
                     // allocation for its values and one for its map's entries, each string

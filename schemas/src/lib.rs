@@ -212,14 +212,15 @@ pub fn check_bytes_row_in<'a, H: Hashing>(
 /// The common case of [`check_bytes_row_in`] for callers that keep the record's text too (the
 /// edge agent's Parquet batches, whose NDJSON text makes the batch id): the row of a record
 /// whose text may stand for it (as [`check_bytes_verbatim`] decides), `None` for any other
-/// line, which the caller then checks in full. Nothing is hashed for a `None`.
+/// line, which the caller then checks in full. Nothing is hashed for a `None`. A [`Line`] of a
+/// body is read without bounds checks, as by [`forwardable_hash_in`].
 #[inline]
 pub fn verbatim_row_in<'a, H: Hashing>(
     def: &StreamDef,
-    raw: &'a [u8],
+    line: impl Into<Line<'a>>,
     hashing: &mut H,
 ) -> Option<Row<'a, H::Hash>> {
-    scan::scanned_if(def, raw, hashing, |once| once).map(|(slots, hash)| Row {
+    scan::scanned_if(def, line.into(), hashing, |once| once).map(|(slots, hash)| Row {
         hash,
         fields: RowFields::Scanned(slots),
     })

@@ -98,7 +98,7 @@ pub(crate) fn scanned<'a, H: Hashing>(
     bytes: &'a [u8],
     hashing: &mut H,
 ) -> Option<(Slots<'a>, H::Hash)> {
-    scanned_if(def, bytes, hashing, |_| true)
+    scanned_if(def, bytes.into(), hashing, |_| true)
 }
 
 /// [`scanned`] when `take` accepts whether every key appeared once (nothing is hashed
@@ -106,15 +106,15 @@ pub(crate) fn scanned<'a, H: Hashing>(
 #[inline(always)]
 pub(crate) fn scanned_if<'a, H: Hashing>(
     def: &StreamDef,
-    bytes: &'a [u8],
+    line: Line<'a>,
     hashing: &mut H,
     take: impl FnOnce(bool) -> bool,
 ) -> Option<(Slots<'a>, H::Hash)> {
     let mut slots = null_slots(def.fields.len());
-    if !take(scan(def, bytes.into(), Build::All, &mut slots)?) {
+    if !take(scan(def, line, Build::All, &mut slots)?) {
         return None;
     }
-    let hash = slots_hash(def, &slots, bytes.len(), hashing);
+    let hash = slots_hash(def, &slots, line.bytes.len(), hashing);
     Some((slots, hash))
 }
 

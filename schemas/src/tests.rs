@@ -263,7 +263,8 @@ fn readings_body(n: usize, line: impl Fn(usize, Json) -> String) -> String {
 }
 
 /// The lines of a body are read through windows on it (see `scan::Line`) wherever a whole window
-/// fits before the body's end, and hash as the same lines read as slices.
+/// fits before the body's end, and hash as the same lines read as slices (checked for
+/// forwarding, and as rows).
 #[test]
 fn body_lines_are_read_in_place() {
     let def = sensor();
@@ -293,6 +294,11 @@ fn body_lines_are_read_in_place() {
             hash,
             crate::forwardable_hash_in(&def, line.bytes(), &mut crate::AtOnce)
         );
+        // The rows of the agent's Parquet batches, read both ways, hash alike.
+        let row_hash =
+            |line: Line<'_>| crate::verbatim_row_in(&def, line, &mut crate::AtOnce).map(|r| r.hash);
+        assert_eq!(row_hash(*line), hash);
+        assert_eq!(row_hash(line.bytes().into()), hash);
     }
     assert!(windowed >= 35, "{windowed} of 40");
 }
