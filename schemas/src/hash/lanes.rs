@@ -17,8 +17,9 @@
 //! looped over the schedule table; 733 → 518 instructions a sensor reading, −3% of the edge
 //! agent's CPU.) Where the CPU also has AVX-512F and VL, the same code runs through the `V4`
 //! token with each rotation one instruction (`vprord`) instead of a shuffle or two shifts and
-//! an or (session 47: the lanes' share of the agent's samples 5.9% → 4.6%). Elsewhere it is plain Rust on arrays that the compiler vectorizes, compiled by
-//! [`pulp::Arch`] for the best instruction set the CPU has (NEON on aarch64). That portable code
+//! an or (session 47: the lanes' share of the agent's samples 5.9% → 4.6%). Elsewhere it is
+//! plain Rust on arrays that the compiler vectorizes, compiled by [`pulp::Arch`] for the best
+//! instruction set the CPU has (NEON on aarch64). That portable code
 //! was what x86-64 ran too until session 44, when an unrelated change elsewhere in the crate
 //! left it compiled to scalar code (the same source, vectorized or not as the optimizer's
 //! heuristics fell): the edge agent's CPU rose by a quarter. Tests hold every result of both
@@ -144,32 +145,16 @@ fn blocks(len: usize) -> Option<usize> {
 /// The hashes' words of eight inputs of `blocks` blocks each (`[w][l]`: word `w` of lane `l`).
 fn hash_eight(path: Path, key: &[u32; 8], inputs: &[&[u8]; LANES], blocks: usize) -> [Lanes; 8] {
     #[cfg(target_arch = "x86_64")]
-    if path != Path::Portable {
-        if path == Path::Best
-            && let Some(v4) = v4()
-        {
-            let ops = avx2::Ops(*v4, avx2::Native(v4.avx512f));
-            return pulp::Simd::vectorize(
-                v4,
-                Eight {
-                    key,
-                    inputs,
-                    blocks,
-                    ops,
-                },
-            );
-        }
-        if let Some(v3) = v3() {
-            let ops = avx2::Ops(v3, avx2::Shifts(v3));
-            return pulp::Simd::vectorize(
-                v3,
-                Eight {
-                    key,
-                    inputs,
-                    blocks,
-                    ops,
-                },
-            );
+    {
+        let eight = (key, inputs, blocks);
+        match (path, v4(), v3()) {
+            (Path::Best, Some(v4), _) => {
+                return vectorized(v4, avx2::Ops(*v4, avx2::Native(v4.avx512f)), eight);
+            }
+            (Path::Best | Path::Avx2, _, Some(v3)) => {
+                return vectorized(v3, avx2::Ops(v3, avx2::Shifts(v3)), eight);
+            }
+            _ => {}
         }
     }
     let _ = path;
@@ -191,6 +176,25 @@ fn v3() -> Option<pulp::x86::V3> {
     static V3: std::sync::LazyLock<Option<pulp::x86::V3>> =
         std::sync::LazyLock::new(pulp::x86::V3::try_new);
     *V3
+}
+
+/// [`hash_eight`]'s key, inputs and block count hashed with `ops`, `simd`'s instructions enabled.
+#[cfg(target_arch = "x86_64")]
+#[inline(always)]
+fn vectorized<S: pulp::Simd, O: LaneOps>(
+    simd: S,
+    ops: O,
+    (key, inputs, blocks): (&[u32; 8], &[&[u8]; LANES], usize),
+) -> [Lanes; 8] {
+    pulp::Simd::vectorize(
+        simd,
+        Eight {
+            key,
+            inputs,
+            blocks,
+            ops,
+        },
+    )
 }
 
 #[cfg(target_arch = "x86_64")]
@@ -446,27 +450,40 @@ mod avx2 {
     #[derive(Clone, Copy)]
     pub(super) struct Shifts(pub(super) V3);
 
+    impl Shifts {
+        /// `x` with its bytes picked by `table` within each 128-bit half.
+        #[inline(always)]
+        fn shuffled(self, x: __m256i, table: Lanes) -> __m256i {
+            self.0.avx2._mm256_shuffle_epi8(x, pulp::cast(table))
+        }
+
+        /// `x` shifted right by `R` bits or'ed with `x` shifted left by `L` (`R + L` = 32).
+        #[inline(always)]
+        fn shifted<const R: i32, const L: i32>(self, x: __m256i) -> __m256i {
+            let a = self.0.avx2;
+            a._mm256_or_si256(a._mm256_srli_epi32::<R>(x), a._mm256_slli_epi32::<L>(x))
+        }
+    }
+
     impl Rotations for Shifts {
         #[inline(always)]
         fn ror16(self, x: __m256i) -> __m256i {
-            self.0.avx2._mm256_shuffle_epi8(x, pulp::cast(ROT16))
+            self.shuffled(x, ROT16)
         }
 
         #[inline(always)]
         fn ror12(self, x: __m256i) -> __m256i {
-            let a = self.0.avx2;
-            a._mm256_or_si256(a._mm256_srli_epi32::<12>(x), a._mm256_slli_epi32::<20>(x))
+            self.shifted::<12, 20>(x)
         }
 
         #[inline(always)]
         fn ror8(self, x: __m256i) -> __m256i {
-            self.0.avx2._mm256_shuffle_epi8(x, pulp::cast(ROT8))
+            self.shuffled(x, ROT8)
         }
 
         #[inline(always)]
         fn ror7(self, x: __m256i) -> __m256i {
-            let a = self.0.avx2;
-            a._mm256_or_si256(a._mm256_srli_epi32::<7>(x), a._mm256_slli_epi32::<25>(x))
+            self.shifted::<7, 25>(x)
         }
     }
 
