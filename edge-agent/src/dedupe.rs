@@ -1,5 +1,5 @@
 //! The agent's dedupe window: the last N content hashes (and at most T seconds of them), kept in a
-//! compact table ([`schemas::window::DigestWindow`], at most 32 bytes per entry: 32 MB for a
+//! compact table ([`schemas::window::DigestWindow`], at most 36 bytes per entry: 36 MB for a
 //! window of one million records) and persisted, so that a restart does not re-send what was
 //! already sent.
 //!

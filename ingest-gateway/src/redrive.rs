@@ -52,8 +52,8 @@ const QUIET: Duration = Duration::from_secs(30);
 const PROGRESS_EVERY: Duration = Duration::from_secs(10);
 /// Most offsets in one redrive note (its value stays far below Kafka's 1 MB message limit).
 const NOTE_OFFSETS: usize = 2_000;
-/// Dead letters of a batch id a run remembers, to leave their repeats out: at most 28 bytes
-/// each (`schemas::window`), 28 MB. A retry follows its batch within minutes, so a repeat
+/// Dead letters of a batch id a run remembers, to leave their repeats out: at most 32 bytes
+/// each (`schemas::window`), 32 MB. A retry follows its batch within minutes, so a repeat
 /// comes long before a million other dead letters.
 const REPEAT_WINDOW: usize = 1_000_000;
 

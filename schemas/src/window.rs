@@ -2,20 +2,33 @@
 //! one per stream, the sink one per partition.
 //!
 //! Memory per entry: a 16-byte digest (the first half of the record's BLAKE3 content hash) in a
-//! ring, a 4-byte timestamp when the window also has an age limit, and an 8-byte bucket in an
-//! open-addressing table of 10/7 buckets per entry (at most 70% full): **at most 28 bytes per
-//! entry without an age limit, 32 with one** ([`MAX_ENTRY_BYTES`]). A set of whole 32-byte
-//! hashes plus a queue of them for the order, which this replaced in the sink, took 70–100.
+//! ring, a 4-byte timestamp when the window also has an age limit, and two 8-byte buckets in an
+//! open-addressing table that is at most half full: **at most 32 bytes per entry without an age
+//! limit, 36 with one** ([`MAX_ENTRY_BYTES`]; 28 and 32 until session 48, when the table was
+//! at most 70% full). A set of whole 32-byte hashes plus a queue of them for the order, which
+//! this replaced in the sink, took 70–100.
 //!
-//! A bucket holds the entry's ring position and 32 bits of its keyed hash, from which its home
-//! bucket is computed, so looking a record up, adding it and evicting the oldest entry each
-//! touch one run of adjacent buckets and the ring only where the hash bits match: two random
-//! memory accesses per new record where a general hash table (control bytes, positions and the
-//! ring apart) made four or five. With a million entries (26 MB) the table does not fit in the
-//! cache, and those accesses were a quarter of the edge agent's time. With a group's buckets
-//! loaded together ([`DigestWindow::prefetch`]) the window is about 12% of the agent's samples,
-//! much of it still waiting for those loads; a 1,000-entry window, which fits in L1 but evicts
-//! on every insert, costs the agent as much (its time goes to the eviction's branches).
+//! A bucket holds 32 bits of the entry's keyed hash, from which its home bucket is computed,
+//! and the low 32 bits of its insert number, from which its age in inserts and so its ring
+//! position follow. Looking a record up and adding it touch one run of adjacent buckets, and
+//! the ring only where the hash bits match. Evicting the oldest entry touches no bucket at all:
+//! its bucket stays where it is until a lookup passes it, which sees from the insert number
+//! alone that the entry is gone and takes the bucket out of the run then, while the run is in
+//! the cache anyway. So a new record costs one random memory access, where evicting the oldest
+//! entry's bucket at once made two (until session 48) and a general hash table (control bytes,
+//! positions and the ring apart) four or five. Buckets left behind that way fill the table to
+//! about 89% in the long run, with twice as many buckets as entries (a simulation); should they
+//! come to fill more than 15/16 of it, the ring's entries are placed anew. With a million
+//! entries (about 32 MB) the table does not fit in the cache: in a full million-entry window
+//! an insert took 130 ns with the eviction's access and 78 ns without (1.5 M inserts in groups,
+//! a fifth of them duplicates). With a group's buckets loaded together
+//! ([`DigestWindow::prefetch`]) the window was about 12% of the agent's samples before that
+//! change, much of it waiting for those loads.
+//!
+//! An insert number is kept in 32 bits: a bucket that no lookup passes for 2^32 inserts would
+//! look young again. Such a bucket names a ring slot that holds a remembered entry, and a
+//! lookup matches only the whole digest in that slot, so it can only find a record that is in
+//! the window anyway; it is taken out once it looks old again.
 //!
 //! The table is reserved whole but written only as far as it is used: a small prefix that
 //! grows fourfold as entries arrive; the ring grows as entries are added. So a window touches
@@ -46,8 +59,22 @@ const FIRST_BUCKETS: usize = 1024;
 /// (perf). Growing fourfold and skipping the last small step place 0.24.
 const GROWTH: usize = 4;
 
+/// The most of the buckets in use that may be taken (numerator, denominator) before the ring's
+/// entries are placed anew: buckets of evicted entries are taken out only when a lookup passes
+/// them, and a full window on twice as many buckets as entries settles at about 89% of its
+/// buckets taken that way (a simulation of the table: 50,000 entries, 400,000 inserts). Entries
+/// that leave by age keep their buckets until they are `capacity` inserts old, so a window that
+/// holds few entries for its inserts is placed anew now and then.
+const CROWDED: (usize, usize) = (15, 16);
+
 /// Entries placed together when the table grows.
 const REPLACE_GROUP: usize = 32;
+
+/// Buckets per entry of capacity: the remembered entries take at most half of them, those left
+/// behind by evicted entries some more. With 10/7 (until session 48, when evicting took its
+/// bucket out at once) they settle at about 92% taken, with lookups passing about 9 buckets
+/// where they pass about 4 with 2 (the simulation above).
+const BUCKETS_PER_ENTRY: usize = 2;
 
 /// The 128-bit digest kept per record.
 pub type Digest = u128;
@@ -59,7 +86,7 @@ const FORGOTTEN: Digest = Digest::MAX;
 
 /// Bytes one entry takes at most in a window of a thousand entries or more, with an age limit
 /// ([`MAX_UNTIMED_ENTRY_BYTES`] without one): see the module doc.
-pub const MAX_ENTRY_BYTES: usize = 32;
+pub const MAX_ENTRY_BYTES: usize = 36;
 /// The same without an age limit (no timestamp is kept).
 pub const MAX_UNTIMED_ENTRY_BYTES: usize = MAX_ENTRY_BYTES - size_of::<u32>();
 
@@ -67,16 +94,17 @@ pub fn digest(hash: &ContentHash) -> Digest {
     u128::from_le_bytes(hash.0[..16].try_into().expect("16 bytes"))
 }
 
-/// A table bucket: 0 when empty, else the entry's keyed hash bits (high half) and its ring
-/// position plus one (low half).
+/// A table bucket: 0 when empty, else the entry's keyed hash bits (high half, never 0) and the
+/// low 32 bits of its insert number (low half), from which its age in inserts follows.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 struct Bucket(u64);
 
 impl Bucket {
     const EMPTY: Bucket = Bucket(0);
 
-    fn new(bits: u32, slot: usize) -> Bucket {
-        Bucket((u64::from(bits) << 32) | (slot as u64 + 1))
+    fn new(bits: u32, seq: u32) -> Bucket {
+        debug_assert!(bits != 0);
+        Bucket((u64::from(bits) << 32) | u64::from(seq))
     }
 
     fn is_empty(self) -> bool {
@@ -87,8 +115,8 @@ impl Bucket {
         (self.0 >> 32) as u32
     }
 
-    fn slot(self) -> usize {
-        (self.0 as u32 - 1) as usize
+    fn seq(self) -> u32 {
+        self.0 as u32
     }
 }
 
@@ -103,10 +131,16 @@ pub struct DigestWindow {
     /// Ring positions: `head` is the oldest entry, `len` entries follow it.
     head: usize,
     len: usize,
+    /// The low 32 bits of the number of inserts so far: the next entry's insert number. The
+    /// entry `a` inserts back (1 to `capacity`) is in the ring's slot `a` before its tail.
+    seq: u32,
+    /// Buckets in use, those of entries gone from the ring among them until a lookup passes
+    /// them.
+    occupied: usize,
     /// [`Bucket`]s, linear probing from an entry's home bucket; deletions shift the run back (no
     /// tombstones), so a lookup stops at the first empty bucket. The `active` ones in use (the
-    /// vector's length; its capacity is the most there can be), at most 70% full, so there is
-    /// one.
+    /// vector's length; its capacity is the most there can be), at most half full
+    /// ([`BUCKETS_PER_ENTRY`]), so there is one.
     table: Vec<u64>,
     active: usize,
     /// The most buckets the table grows to.
@@ -128,7 +162,7 @@ impl DigestWindow {
         let buckets = if capacity == 0 {
             0
         } else {
-            capacity * 10 / 7 + 1
+            capacity * BUCKETS_PER_ENTRY
         };
         DigestWindow {
             capacity,
@@ -137,6 +171,8 @@ impl DigestWindow {
             times: Vec::with_capacity(if max_age_secs > 0 { capacity } else { 0 }),
             head: 0,
             len: 0,
+            seq: 0,
+            occupied: 0,
             table: {
                 let mut table = Vec::with_capacity(buckets);
                 table.resize(buckets.min(FIRST_BUCKETS), 0);
@@ -171,9 +207,9 @@ impl DigestWindow {
         }
     }
 
-    /// The keyed hash bits of `d` that a bucket keeps.
+    /// The keyed hash bits of `d` that a bucket keeps (never 0, so no bucket in use is 0).
     fn bits(&self, d: Digest) -> u32 {
-        (self.hasher.hash_one(d as u64) >> 32) as u32
+        (self.hasher.hash_one(d as u64) >> 32) as u32 | 1
     }
 
     /// The bucket where an entry with hash bits `bits` is placed if it is free.
@@ -189,92 +225,104 @@ impl DigestWindow {
         Bucket(self.table[i])
     }
 
-    /// Puts `b` in the first free bucket from its home.
-    fn place(&mut self, b: Bucket) {
-        self.place_from(self.home(b.bits()), b);
+    /// The ring slot of `b`'s entry, or `None` if it is more than `capacity` inserts old (its
+    /// slot has been taken by a newer entry, or is about to be): a bucket's age is read from
+    /// the bucket alone, so evicting an entry needs no table access.
+    fn slot_of(&self, b: Bucket) -> Option<usize> {
+        let age = self.seq.wrapping_sub(b.seq()) as usize;
+        if age == 0 || age > self.capacity {
+            return None;
+        }
+        let tail = self.ring(self.len);
+        Some(if age <= tail {
+            tail - age
+        } else {
+            tail + self.capacity - age
+        })
     }
 
-    /// Puts `b` in the first free bucket from bucket `i`, its home.
-    fn place_from(&mut self, mut i: usize, b: Bucket) {
+    /// Puts `b` in the first free bucket from its home.
+    fn place(&mut self, b: Bucket) {
+        let mut i = self.home(b.bits());
         while !self.bucket(i).is_empty() {
             i = self.next(i);
         }
         self.table[i] = b.0;
+        self.occupied += 1;
     }
 
-    /// Grows the buckets in use ([`GROWTH`]) when one more entry would fill them past 70%,
-    /// placing every remembered entry of the ring anew (no copy of the old buckets is held).
-    fn grow_for_one_more(&mut self) {
-        while self.active < self.buckets && (self.len + 1) * 10 > self.active * 7 {
-            self.table.fill(0);
+    /// Makes room for one more bucket: grows the buckets in use ([`GROWTH`]) when one more
+    /// entry would fill them past half, and places the ring's entries anew in the same buckets
+    /// when those of forgotten entries (which lookups take out only as they pass them) have
+    /// filled them past [`CROWDED`]. Either way every entry of the ring is placed anew, and
+    /// nothing else (no copy of the old buckets is held).
+    fn make_room(&mut self) {
+        let grow = self.active < self.buckets && (self.len + 1) * BUCKETS_PER_ENTRY > self.active;
+        if !grow && (self.occupied + 1) * CROWDED.1 <= self.active * CROWDED.0 {
+            return;
+        }
+        self.table.fill(0);
+        self.occupied = 0;
+        while self.active < self.buckets && (self.len + 1) * BUCKETS_PER_ENTRY > self.active {
             let grown = self.active * GROWTH;
             self.active = if grown * 2 >= self.buckets {
                 self.buckets
             } else {
                 grown
             };
-            // Within the capacity reserved at the start: no reallocation.
-            self.table.resize(self.active, 0);
-            // In groups whose home buckets are loaded first: a table larger than the cache
-            // misses on each, and the loads of a group wait for memory together (placing the
-            // entries one by one was a quarter of the inserts' time in a million-entry window).
-            let mut homes = [(0usize, Bucket::EMPTY); REPLACE_GROUP];
-            for start in (0..self.len).step_by(REPLACE_GROUP) {
-                let group = &mut homes[..REPLACE_GROUP.min(self.len - start)];
-                let mut sum = 0u64;
-                for (k, home) in (start..).zip(group.iter_mut()) {
-                    let slot = self.ring(k);
-                    let d = self.digests[slot];
-                    *home = if d == FORGOTTEN {
-                        (0, Bucket::EMPTY)
-                    } else {
-                        let b = Bucket::new(self.bits(d), slot);
-                        let i = self.home(b.bits());
-                        sum ^= self.table[i];
-                        (i, b)
-                    };
-                }
-                std::hint::black_box(sum);
-                for &(i, b) in group.iter() {
-                    if !b.is_empty() {
-                        self.place_from(i, b);
-                    }
+        }
+        // Within the capacity reserved at the start: no reallocation.
+        self.table.resize(self.active, 0);
+        // In groups whose home buckets are loaded first: a table larger than the cache misses
+        // on each, and the loads of a group wait for memory together (placing the entries one
+        // by one was a quarter of the inserts' time in a million-entry window).
+        let mut homes = [Bucket::EMPTY; REPLACE_GROUP];
+        for start in (0..self.len).step_by(REPLACE_GROUP) {
+            let group = &mut homes[..REPLACE_GROUP.min(self.len - start)];
+            let mut sum = 0u64;
+            for (k, home) in (start..).zip(group.iter_mut()) {
+                let d = self.digests[self.ring(k)];
+                *home = if d == FORGOTTEN {
+                    Bucket::EMPTY
+                } else {
+                    let b = Bucket::new(self.bits(d), self.seq.wrapping_sub((self.len - k) as u32));
+                    sum ^= self.table[self.home(b.bits())];
+                    b
+                };
+            }
+            std::hint::black_box(sum);
+            for &b in group.iter() {
+                if !b.is_empty() {
+                    self.place(b);
                 }
             }
         }
     }
 
-    /// The bucket of the first entry from `bits`' home that `hit` accepts, before the run ends.
-    fn find(&self, bits: u32, hit: impl Fn(Bucket) -> bool) -> Option<usize> {
-        if self.active == 0 {
-            return None;
-        }
+    /// The bucket and ring slot of `d`'s entry, unless it is past the age limit at `now_secs`.
+    fn find(&self, d: Digest, now_secs: u32) -> Option<(usize, usize)> {
+        let bits = self.bits(d);
         let mut i = self.home(bits);
         loop {
             let b = self.bucket(i);
             if b.is_empty() {
                 return None;
             }
-            if b.bits() == bits && hit(b) {
-                return Some(i);
+            if b.bits() == bits
+                && let Some(slot) = self.slot_of(b)
+                && self.digests[slot] == d
+                && !self.expired(self.time(slot), now_secs)
+            {
+                return Some((i, slot));
             }
             i = self.next(i);
         }
     }
 
-    /// The bucket of `d`'s entry.
-    fn find_digest(&self, d: Digest) -> Option<usize> {
-        self.find(self.bits(d), |b| self.digests[b.slot()] == d)
-    }
-
-    /// The bucket of ring position `slot`'s entry, unless it was forgotten.
-    fn find_slot(&self, slot: usize) -> Option<usize> {
-        self.find(self.bits(self.digests[slot]), |b| b.slot() == slot)
-    }
-
     /// Empties bucket `i`, moving later entries of its run back so that each stays reachable
     /// from its home bucket.
     fn remove_bucket(&mut self, mut i: usize) {
+        self.occupied -= 1;
         let mut j = i;
         loop {
             j = self.next(j);
@@ -302,8 +350,7 @@ impl DigestWindow {
     }
 
     pub fn contains(&self, d: Digest, now_secs: u32) -> bool {
-        self.find_digest(d)
-            .is_some_and(|i| !self.expired(self.time(self.bucket(i).slot()), now_secs))
+        self.capacity > 0 && self.find(d, now_secs).is_some()
     }
 
     /// Whether an entry seen at `time` is past the age limit at `now_secs`.
@@ -320,40 +367,60 @@ impl DigestWindow {
         while self.len > 0 && self.expired(self.time(self.head), now_secs) {
             self.evict_oldest();
         }
-        if self.contains(d, now_secs) {
-            return false;
+        // Look `d` up, taking the buckets of entries gone from the ring out of the run on the
+        // way: they were left in place when their entries were evicted.
+        let bits = self.bits(d);
+        let mut i = self.home(bits);
+        loop {
+            let b = self.bucket(i);
+            if b.is_empty() {
+                break;
+            }
+            match self.slot_of(b) {
+                None => {
+                    // Fills bucket `i` from later in the run, or empties it.
+                    self.remove_bucket(i);
+                    continue;
+                }
+                Some(slot) => {
+                    if b.bits() == bits
+                        && self.digests[slot] == d
+                        && !self.expired(self.time(slot), now_secs)
+                    {
+                        return false;
+                    }
+                }
+            }
+            i = self.next(i);
         }
         if self.len == self.capacity {
             self.evict_oldest();
         }
+        self.make_room();
         let timed = self.max_age_secs > 0;
-        let slot = if self.digests.len() < self.capacity {
+        let slot = self.ring(self.len);
+        if slot == self.digests.len() {
             // Grow the ring lazily, so a big window costs memory only once it is used.
-            debug_assert_eq!(self.head + self.len, self.digests.len());
             self.digests.push(d);
             if timed {
                 self.times.push(now_secs);
             }
-            self.digests.len() - 1
         } else {
-            let slot = self.ring(self.len);
             self.digests[slot] = d;
             if timed {
                 self.times[slot] = now_secs;
             }
-            slot
-        };
-        self.grow_for_one_more();
-        self.place(Bucket::new(self.bits(d), slot));
+        }
         self.len += 1;
+        self.seq = self.seq.wrapping_add(1);
+        self.place(Bucket::new(bits, self.seq.wrapping_sub(1)));
         true
     }
 
-    /// Loads the buckets that inserting `ds` in turn will probe first: theirs, and those of the
-    /// entries the inserts will evict. A window much larger than the cache misses on each, and
-    /// these independent loads wait for memory together where the inserts would wait one after
-    /// another (a cache miss was 95% of a lookup's time with a million entries). Only a hint:
-    /// calling it or not changes no answer.
+    /// Loads the buckets that inserting `ds` in turn will probe first. A window much larger
+    /// than the cache misses on each, and these independent loads wait for memory together
+    /// where the inserts would wait one after another (a cache miss was 95% of a lookup's time
+    /// with a million entries). Only a hint: calling it or not changes no answer.
     pub fn prefetch(&self, ds: &[Digest]) {
         if self.active == 0 {
             return;
@@ -362,38 +429,29 @@ impl DigestWindow {
         for &d in ds {
             sum ^= self.table[self.home(self.bits(d))];
         }
-        if self.len + ds.len() > self.capacity {
-            for k in 0..(self.len + ds.len() - self.capacity).min(self.len) {
-                let slot = self.ring(k);
-                sum ^= self.table[self.home(self.bits(self.digests[slot]))];
-            }
-        }
         std::hint::black_box(sum);
     }
 
     /// Takes `d` out of the window (its records were not stored after all, so a re-send must
     /// not count as a duplicate). Its ring slot stays until evicted, matching no table entry,
-    /// and holds [`FORGOTTEN`] so that growing the table does not bring it back.
+    /// and holds [`FORGOTTEN`] so that placing the entries anew does not bring it back.
     pub fn forget(&mut self, d: Digest) {
-        if let Some(i) = self.find_digest(d) {
-            let slot = self.bucket(i).slot();
+        if self.capacity == 0 {
+            return;
+        }
+        // An entry past the age limit may still have its bucket, beside a newer one: both go
+        // (a time of 0 counts every entry as within the limit).
+        while let Some((i, slot)) = self.find(d, 0) {
             self.remove_bucket(i);
             self.digests[slot] = FORGOTTEN;
         }
     }
 
+    /// Drops the oldest entry from the ring. Its bucket stays until a lookup passes it or the
+    /// entries are placed anew: by then its insert number says it is gone.
     fn evict_oldest(&mut self) {
-        let slot = self.head;
-        if let Some(i) = self.find_slot(slot) {
-            self.remove_bucket(i);
-        }
         self.head = self.ring(1);
         self.len -= 1;
-        if self.len == 0 && self.digests.len() < self.capacity {
-            self.head = 0;
-            self.digests.clear();
-            self.times.clear();
-        }
     }
 
     /// Lowers the capacity to `capacity` (a no-op if it is not lower), keeping the newest
@@ -415,7 +473,7 @@ impl DigestWindow {
         resized.hasher = self.hasher.clone();
         let live: Vec<usize> = (0..self.len)
             .map(|i| self.ring(i))
-            .filter(|&slot| self.find_slot(slot).is_some())
+            .filter(|&slot| self.digests[slot] != FORGOTTEN)
             .collect();
         for &slot in &live[live.len().saturating_sub(capacity)..] {
             resized.insert(self.digests[slot], self.time(slot));
@@ -509,6 +567,33 @@ mod tests {
         }
     }
 
+    /// Every bucket in use lies in an unbroken run from its home bucket, and `occupied` counts
+    /// them; the buckets of remembered entries are exactly one per entry.
+    fn assert_runs_reachable(w: &DigestWindow, remembered: usize, what: &str) {
+        let mut used = 0;
+        let mut of_entries = 0;
+        for i in 0..w.active {
+            let b = w.bucket(i);
+            if b.is_empty() {
+                continue;
+            }
+            used += 1;
+            if w.slot_of(b).is_some() {
+                of_entries += 1;
+            }
+            let mut j = w.home(b.bits());
+            while j != i {
+                assert!(
+                    !w.bucket(j).is_empty(),
+                    "{what}: bucket {i} cut off from its home"
+                );
+                j = w.next(j);
+            }
+        }
+        assert_eq!(used, w.occupied, "{what}: buckets in use");
+        assert_eq!(of_entries, remembered, "{what}: one bucket per entry");
+    }
+
     /// Inserts, forgets and evictions in random order, on windows whose tables wrap around and
     /// hold long runs: the window answers as a model does, and its table holds exactly one
     /// bucket per remembered entry, each reachable from its home bucket.
@@ -542,12 +627,59 @@ mod tests {
             }
             let live: Vec<u128> = model.iter().filter(|e| e.1).map(|e| e.0).collect();
             assert!(live.iter().all(|&d| w.contains(d, 0)));
-            let used = w.table.iter().filter(|&&b| b != 0).count();
-            assert_eq!(
-                used,
-                live.len(),
-                "capacity {capacity}: one bucket per entry"
-            );
+            assert_runs_reachable(&w, live.len(), &format!("capacity {capacity}"));
+        }
+    }
+
+    /// With an age limit short enough that most entries leave by age, the buckets they leave
+    /// behind are taken out or the entries placed anew before they crowd the table (small
+    /// windows whose buckets in use stay few), and the window answers as a model does.
+    #[test]
+    fn entries_leaving_by_age_do_not_crowd_the_table() {
+        for capacity in [1, 3, 64, 5_000] {
+            let max_age = 3;
+            let mut w = DigestWindow::new(capacity, max_age);
+            // (digest, time, not forgotten) in the order seen: a forgotten entry keeps its
+            // place in the ring until it is evicted.
+            let mut model: std::collections::VecDeque<(u128, u32, bool)> = Default::default();
+            let mut x: u64 = 99 + capacity as u64;
+            let universe = 2 * capacity as u64 + 40;
+            let mut now = 0u32;
+            for n in 0..40_000u32 {
+                if n % 50 == 0 {
+                    now += 1;
+                }
+                let d = u128::from(lcg(&mut x) % universe);
+                if lcg(&mut x).is_multiple_of(9) {
+                    w.forget(d);
+                    for e in model.iter_mut().filter(|e| e.0 == d) {
+                        e.2 = false;
+                    }
+                    continue;
+                }
+                while model.front().is_some_and(|&(_, t, _)| now - t > max_age) {
+                    model.pop_front();
+                }
+                let fresh = !model.iter().any(|&(m, _, live)| m == d && live);
+                assert_eq!(w.insert(d, now), fresh, "capacity {capacity}, digest {d}");
+                if fresh {
+                    model.push_back((d, now, true));
+                    if model.len() > capacity {
+                        model.pop_front();
+                    }
+                }
+                assert!(
+                    w.occupied * CROWDED.1 <= w.active * CROWDED.0,
+                    "capacity {capacity}: {} of {} buckets in use",
+                    w.occupied,
+                    w.active
+                );
+            }
+            for &(d, ..) in &model {
+                let live = model.iter().any(|&(m, _, live)| m == d && live);
+                assert_eq!(w.contains(d, now), live, "capacity {capacity}, digest {d}");
+            }
+            assert_eq!(w.len(), model.len());
         }
     }
 
@@ -605,9 +737,9 @@ mod tests {
     #[test]
     fn grows_fourfold_and_to_all_its_buckets_from_half() {
         for (capacity, steps) in [
-            (100_000, vec![1024, 4096, 16_384, 65_536, 142_858]),
-            (40_000, vec![1024, 4096, 16_384, 57_143]),
-            (500, vec![715]),
+            (100_000, vec![1024, 4096, 16_384, 65_536, 200_000]),
+            (40_000, vec![1024, 4096, 16_384, 80_000]),
+            (500, vec![1000]),
         ] {
             let mut w = DigestWindow::new(capacity, 0);
             let mut seen = vec![w.active];
@@ -634,18 +766,22 @@ mod tests {
             assert!(w.insert(d, 0));
             inserted.push(d);
             assert!(
-                n * 10 <= w.active * 7,
+                n * BUCKETS_PER_ENTRY <= w.active,
                 "{n} entries on {} buckets",
                 w.active
             );
             assert!(
-                w.active <= (n * 10 / 7 * GROWTH).max(FIRST_BUCKETS),
+                w.active <= (n * BUCKETS_PER_ENTRY * GROWTH).max(FIRST_BUCKETS),
                 "{n} entries"
             );
         }
         assert_eq!(w.active, 65_536);
         assert_eq!(w.table.len(), w.active, "the rest is not written");
-        assert_eq!(w.table.capacity(), 1_000_000 * 10 / 7 + 1, "reserved once");
+        assert_eq!(
+            w.table.capacity(),
+            1_000_000 * BUCKETS_PER_ENTRY,
+            "reserved once"
+        );
         assert!(inserted.iter().all(|&d| w.contains(d, 0)));
         assert!(
             inserted.iter().all(|&d| !w.insert(d, 0)),

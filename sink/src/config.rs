@@ -41,11 +41,11 @@ pub struct SinkConfig {
     /// Content hashes remembered per partition to drop re-sent records (0: none).
     #[serde(default = "default_dedupe_window")]
     pub dedupe_window: usize,
-    /// Memory for the dedupe windows of all assigned partitions (at most 28 bytes per entry):
+    /// Memory for the dedupe windows of all assigned partitions (at most 32 bytes per entry):
     /// when `dedupe_window` entries for each would need more, every partition's window is
     /// smaller, so that many partitions never mean running out of memory. 128 MiB holds
-    /// 100,000 entries for each of up to 47 partitions, about 75,000 for each of 64 and 4,800 for
-    /// each of 1,000.
+    /// 100,000 entries for each of up to 41 partitions, 65,536 for each of 64 and about 4,200
+    /// for each of 1,000.
     #[serde(default = "default_dedupe_memory")]
     pub dedupe_memory_bytes: usize,
     /// Memory for open files across all partitions (rows not yet encoded and row groups in
@@ -470,11 +470,12 @@ mod tests {
         let c = super::SinkConfig::default();
         let cap = |n| crate::window_capacity(&c, n);
         assert_eq!(cap(1), c.dedupe_window);
-        assert_eq!(cap(47), 100_000);
-        assert_eq!(cap(64), 74_898);
-        assert_eq!(cap(1_000), 4_793);
+        assert_eq!(cap(41), 100_000);
+        assert!(cap(42) < 100_000);
+        assert_eq!(cap(64), 65_536);
+        assert_eq!(cap(1_000), 4_194);
         // What the windows reserve stays within the memory, whatever the partition count.
-        for n in [1, 47, 48, 64, 1_000] {
+        for n in [1, 41, 42, 64, 1_000] {
             let one = schemas::window::DigestWindow::new(cap(n), 0).memory_bytes();
             assert!(
                 one * n <= c.dedupe_memory_bytes,
