@@ -617,7 +617,8 @@ async fn sighup_puts_new_rotation_settings_in_force_and_keeps_them_through_a_bad
     );
     // The windows shrink to their new size (at the worker's next tick, after the log line).
     wait_for("the dedupe windows were not resized", &|| {
-        metric(admin, "sink_dedupe_window_bytes") <= 2.0 * 1_000.0 * 28.0
+        metric(admin, "sink_dedupe_window_bytes")
+            <= 2.0 * 1_000.0 * schemas::window::MAX_UNTIMED_ENTRY_BYTES as f64
     });
     for r in &sent[100..] {
         support::produce_raw(&producer, TOPIC, &key(r), &r.to_string()).await;
