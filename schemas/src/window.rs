@@ -253,7 +253,7 @@ impl DigestWindow {
 
     /// Makes room for one more bucket: grows the buckets in use ([`GROWTH`]) when one more
     /// entry would fill them past half, and places the ring's entries anew in the same buckets
-    /// when those of forgotten entries (which lookups take out only as they pass them) have
+    /// when those left by evicted entries (which lookups take out only as they pass them) have
     /// filled them past [`CROWDED`]. Either way every entry of the ring is placed anew, and
     /// nothing else (no copy of the old buckets is held).
     fn make_room(&mut self) {
