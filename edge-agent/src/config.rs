@@ -213,7 +213,8 @@ impl Default for BatchConfig {
 #[derive(Debug, Clone, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub struct DedupeConfig {
-    /// Content hashes remembered per stream (about 30 bytes each); 0 turns dedupe off.
+    /// Content hashes remembered per stream (at most 36 bytes each, 32 with `window_secs` 0); 0
+    /// turns dedupe off.
     #[serde(default = "default_dedupe_records")]
     pub window_records: usize,
     /// Hashes older than this many seconds are forgotten; 0 keeps them until evicted by count.
