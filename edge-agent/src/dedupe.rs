@@ -4,15 +4,21 @@
 //! already sent.
 //!
 //! Persistence: every accepted digest is appended to `<stream>.digests` (20 bytes each) right after
-//! its batch is spooled, with the spool's fsync policy, and before the spool offers the batch for
-//! delivery. On start the tail of that log is loaded, then the digests of every batch still in the
-//! spool are added, and logged if the log lacked them (a crash between spooling a batch and
-//! logging its digests): delivering that batch takes it out of the spool, and the next start must
-//! still know its records. The log is rewritten to its last N entries when it reaches twice that.
+//! its batch is spooled, and before the spool offers the batch for delivery. On start the tail of
+//! that log is loaded, then the digests of every batch still in the spool are added, and logged if
+//! the log lacked them (a crash between spooling a batch and logging its digests): delivering that
+//! batch takes it out of the spool, and the next start must still know its records. The log is
+//! rewritten to its last N entries when it reaches twice that.
+//!
+//! The log is made durable (fsynced) on the delivery side, by [`LogSync`], before an acknowledged
+//! batch leaves the spool ([`crate::spool::Spool::ack`]): until then the spool holds the batch, and
+//! a restart takes its digests from there. So the pipeline fsyncs only the spool a batch, and one
+//! fsync of the log covers every batch spooled since the last.
 
 use std::fs::{self, File, OpenOptions};
 use std::io::{Read, Seek, SeekFrom, Write};
 use std::path::{Path, PathBuf};
+use std::sync::{Arc, Mutex, MutexGuard, PoisonError};
 
 pub use schemas::window::{Digest, DigestWindow, digest};
 
@@ -22,10 +28,70 @@ const ENTRY: usize = 20;
 #[derive(Debug)]
 pub struct DigestLog {
     path: PathBuf,
-    file: File,
+    file: Arc<File>,
     entries: u64,
     keep: usize,
     buf: Vec<u8>,
+    sync: Arc<LogSync>,
+}
+
+/// Makes what a [`DigestLog`] wrote durable from another thread: the delivery side's, before an
+/// acknowledged batch leaves the spool.
+#[derive(Debug)]
+pub struct LogSync {
+    state: Mutex<SyncState>,
+}
+
+#[derive(Debug)]
+struct SyncState {
+    /// The log's file, replaced when compaction writes a new one.
+    file: Arc<File>,
+    /// Entries written since the log was opened (compaction does not lower it).
+    written: u64,
+    /// Of those, how many are known to be durable.
+    durable: u64,
+}
+
+impl LogSync {
+    fn new(file: Arc<File>) -> LogSync {
+        LogSync {
+            state: Mutex::new(SyncState {
+                file,
+                written: 0,
+                durable: 0,
+            }),
+        }
+    }
+
+    fn lock(&self) -> MutexGuard<'_, SyncState> {
+        self.state.lock().unwrap_or_else(PoisonError::into_inner)
+    }
+
+    /// Makes every entry written so far durable: one fsync for all that were written since the
+    /// last, none when there are none. The pipeline keeps appending meanwhile (the lock is not
+    /// held during the fsync).
+    pub fn sync(&self) -> std::io::Result<()> {
+        let (file, written) = {
+            let state = self.lock();
+            if state.durable >= state.written {
+                return Ok(());
+            }
+            (state.file.clone(), state.written)
+        };
+        // A compaction meanwhile made them durable in a new file; syncing the old one is
+        // harmless.
+        file.sync_data()?;
+        let mut state = self.lock();
+        state.durable = state.durable.max(written);
+        Ok(())
+    }
+
+    /// Whether entries were written that are not known to be durable.
+    #[cfg(test)]
+    pub(crate) fn behind(&self) -> bool {
+        let state = self.lock();
+        state.durable < state.written
+    }
 }
 
 impl DigestLog {
@@ -60,13 +126,20 @@ impl DigestLog {
                 window.insert(d, t);
             }
         }
+        let file = Arc::new(file);
         Ok(DigestLog {
             path: path.to_owned(),
+            sync: Arc::new(LogSync::new(file.clone())),
             file,
             entries: whole / ENTRY as u64,
             keep,
             buf: Vec::new(),
         })
+    }
+
+    /// What makes the log's entries durable from another thread.
+    pub fn syncer(&self) -> Arc<LogSync> {
+        self.sync.clone()
     }
 
     /// Queues a digest; [`DigestLog::flush`] writes the queue.
@@ -75,11 +148,11 @@ impl DigestLog {
         self.buf.extend_from_slice(&time.to_le_bytes());
     }
 
-    /// Writes queued digests, fsyncs if `sync`, and compacts the log when it has grown to twice the
-    /// window.
-    pub fn flush(&mut self, sync: bool) -> std::io::Result<()> {
+    /// Writes queued digests (without an fsync: [`LogSync::sync`] makes them durable), and
+    /// compacts the log when it has grown to twice the window.
+    pub fn flush(&mut self) -> std::io::Result<()> {
         if !self.buf.is_empty() {
-            if let Err(e) = self.file.write_all(&self.buf) {
+            if let Err(e) = (&*self.file).write_all(&self.buf) {
                 // Keep whole entries only; keep the queue for the next try, within reason.
                 let _ = self.file.set_len(self.entries * ENTRY as u64);
                 if self.buf.len() > (1 << 20) {
@@ -87,11 +160,10 @@ impl DigestLog {
                 }
                 return Err(e);
             }
-            self.entries += (self.buf.len() / ENTRY) as u64;
+            let n = (self.buf.len() / ENTRY) as u64;
+            self.entries += n;
+            self.sync.lock().written += n;
             self.buf.clear();
-        }
-        if sync {
-            self.file.sync_data()?;
         }
         if self.keep > 0 && self.entries >= 2 * self.keep as u64 {
             self.compact()?;
@@ -112,10 +184,17 @@ impl DigestLog {
         if let Some(dir) = self.path.parent() {
             File::open(dir)?.sync_all()?;
         }
-        self.file = OpenOptions::new()
-            .read(true)
-            .append(true)
-            .open(&self.path)?;
+        self.file = Arc::new(
+            OpenOptions::new()
+                .read(true)
+                .append(true)
+                .open(&self.path)?,
+        );
+        // Everything written is in the new file, which is durable.
+        let mut state = self.sync.lock();
+        state.file = self.file.clone();
+        state.durable = state.written;
+        drop(state);
         self.entries = (whole - start) / ENTRY as u64;
         Ok(())
     }
@@ -134,12 +213,12 @@ mod tests {
         for d in 1..=7u128 {
             assert!(w.insert(d, 5));
             log.push(d, 5);
-            log.flush(true).unwrap();
+            log.flush().unwrap();
         }
         // Compacted at 8 entries? Not yet: 7 < 2 * 4.
         assert_eq!(fs::metadata(&path).unwrap().len(), 7 * ENTRY as u64);
         log.push(8, 5);
-        log.flush(true).unwrap();
+        log.flush().unwrap();
         assert_eq!(
             fs::metadata(&path).unwrap().len(),
             4 * ENTRY as u64,
@@ -158,6 +237,40 @@ mod tests {
         assert!(!again.contains(4, 0));
     }
 
+    /// The delivery side's fsync covers what the pipeline wrote before it; a compaction's new
+    /// file counts as durable too.
+    #[test]
+    fn the_log_is_behind_from_a_write_until_a_sync() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("s.digests");
+        let mut w = DigestWindow::new(4, 0);
+        let mut log = DigestLog::open(&path, &mut w, 0).unwrap();
+        let syncer = log.syncer();
+        assert!(!syncer.behind(), "nothing written");
+        log.push(1, 5);
+        assert!(!syncer.behind(), "queued, not written");
+        log.flush().unwrap();
+        assert!(syncer.behind());
+        syncer.sync().unwrap();
+        assert!(!syncer.behind());
+        // The compaction at 8 entries writes a new, durable file, which later syncs use.
+        for d in 2..=8 {
+            log.push(d, 5);
+            log.flush().unwrap();
+        }
+        assert!(!syncer.behind(), "compacted");
+        assert_eq!(fs::metadata(&path).unwrap().len(), 4 * ENTRY as u64);
+        log.push(9, 5);
+        log.flush().unwrap();
+        assert!(syncer.behind());
+        syncer.sync().unwrap();
+        assert!(!syncer.behind());
+        drop(log);
+        let mut again = DigestWindow::new(4, 0);
+        DigestLog::open(&path, &mut again, 0).unwrap();
+        assert!((6..=9).all(|d| again.contains(d, 0)));
+    }
+
     #[test]
     fn a_log_longer_than_the_window_loads_its_newest_entries() {
         let dir = tempfile::tempdir().unwrap();
@@ -168,7 +281,7 @@ mod tests {
             w.insert(d, 5);
             log.push(d, 5);
         }
-        log.flush(true).unwrap();
+        log.flush().unwrap();
         drop(log);
         // Seven entries on disk, a window of four: the last four come back.
         let mut again = DigestWindow::new(4, 0);
@@ -178,7 +291,7 @@ mod tests {
         assert!((1..=3).all(|d| !again.contains(d, 0)));
         // The reopened log counts its seven entries: the eighth compacts it to the window.
         log.push(8, 5);
-        log.flush(true).unwrap();
+        log.flush().unwrap();
         assert_eq!(fs::metadata(&path).unwrap().len(), 4 * ENTRY as u64);
         drop(log);
         let mut third = DigestWindow::new(4, 0);

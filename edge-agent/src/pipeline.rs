@@ -308,7 +308,9 @@ impl Pipeline {
             stats: PipelineStats::default(),
         };
         // Writes the digests queued above; a failure (a full disk) is not fatal, as in the run.
-        pipeline.flush_log(true);
+        // The spool makes them durable before it lets a batch go.
+        pipeline.flush_log();
+        pipeline.spool.sync_log_before_ack(pipeline.log.syncer());
         Ok(pipeline)
     }
 
@@ -787,7 +789,7 @@ impl Pipeline {
             for d in &open.digests {
                 self.log.push(*d, now);
             }
-            self.flush_log(false);
+            self.flush_log();
             self.waiting.push_back((None, open.done));
             self.reuse(open.ndjson, open.digests);
             self.fire_ready();
@@ -820,8 +822,9 @@ impl Pipeline {
                 for d in &open.digests {
                     self.log.push(*d, now);
                 }
-                self.flush_log(durable);
-                // Logged: the batch may be delivered (and leave the spool) now.
+                self.flush_log();
+                // Logged: the batch may be delivered now; the spool makes the log durable before
+                // the batch leaves it (`Spool::ack`).
                 self.spool.release(seq);
                 if durable {
                     self.durable = seq + 1;
@@ -864,10 +867,11 @@ impl Pipeline {
         self.open.digests = digests;
     }
 
-    /// Writes the dedupe log. Failures (a full disk) are logged, not fatal: the log only saves
-    /// re-sending after a restart, and the receiver drops re-sent records anyway.
-    fn flush_log(&mut self, sync: bool) {
-        if let Err(e) = self.log.flush(sync) {
+    /// Writes the dedupe log, without an fsync (see [`crate::dedupe`]). Failures (a full disk)
+    /// are logged, not fatal: the log only saves re-sending after a restart, and the receiver
+    /// drops re-sent records anyway.
+    fn flush_log(&mut self) {
+        if let Err(e) = self.log.flush() {
             self.log_errors += 1;
             if self.log_errors <= 3 || self.log_errors.is_multiple_of(1000) {
                 tracing::warn!(stream = %self.def.name, error = %e, "cannot write the dedupe log");
@@ -882,10 +886,7 @@ impl Pipeline {
             .any(|(seq, _)| seq.is_some_and(|s| s >= self.durable))
         {
             let durable = self.spool.sync(force)?;
-            if durable > self.durable {
-                self.flush_log(true);
-                self.durable = durable;
-            }
+            self.durable = self.durable.max(durable);
         }
         self.fire_ready();
         Ok(())

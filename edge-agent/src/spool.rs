@@ -23,6 +23,7 @@ use serde::Deserialize;
 use thiserror::Error;
 
 use crate::batch::{Batch, BatchId, BodyEncoding};
+use crate::dedupe::LogSync;
 use crate::metrics as m;
 
 const MAGIC: [u8; 4] = *b"EAS1";
@@ -185,6 +186,9 @@ pub struct Spool {
     inner: Mutex<Inner>,
     space: Condvar,
     appended: tokio::sync::Notify,
+    /// The dedupe log that holds the digests of this spool's batches: made durable before an
+    /// acknowledged batch leaves ([`Spool::sync_log_before_ack`]).
+    digest_log: Mutex<Option<Arc<LogSync>>>,
 }
 
 impl Spool {
@@ -258,6 +262,7 @@ impl Spool {
             }),
             space: Condvar::new(),
             appended: tokio::sync::Notify::new(),
+            digest_log: Mutex::new(None),
         };
         spool.report(&spool.lock());
         Ok((spool, recovery))
@@ -571,8 +576,28 @@ impl Spool {
         self.appended.notified().await;
     }
 
-    /// Acknowledges every entry up to and including `seq`; deletes segments left with none.
+    /// Makes `log` durable before each acknowledgement (replacing the log given before): the
+    /// pipeline writes the digests of a spooled batch to it without an fsync, and once the batch
+    /// leaves the spool only the log remembers them across a restart.
+    pub fn sync_log_before_ack(&self, log: Arc<LogSync>) {
+        *self.digest_log.lock().unwrap_or_else(|e| e.into_inner()) = Some(log);
+    }
+
+    /// Acknowledges every entry up to and including `seq`; deletes segments left with none. The
+    /// dedupe log is made durable first; if it cannot be (a full or failing disk), the failure is
+    /// logged and the entries leave anyway: the log only saves re-sending after a restart, and
+    /// the receiver drops re-sent records too.
     pub fn ack(&self, seq: u64) -> Result<(), SpoolError> {
+        let log = self
+            .digest_log
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .clone();
+        if let Some(log) = log
+            && let Err(e) = log.sync()
+        {
+            tracing::warn!(stream = %self.stream, error = %e, "cannot make the dedupe log durable");
+        }
         let mut inner = self.lock();
         self.ack_locked(&mut inner, seq)?;
         self.report(&inner);

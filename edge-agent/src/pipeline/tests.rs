@@ -146,6 +146,31 @@ fn callbacks_fire_in_order_once_durable_and_batches_decode_to_the_records() {
     }
 }
 
+/// The pipeline writes a spooled batch's digests without an fsync; acknowledging the batch
+/// (which takes it out of the spool) makes them durable first, and a restart after that knows
+/// them from the log alone.
+#[test]
+fn acknowledging_a_batch_makes_its_digests_durable_first() {
+    let dir = tempfile::tempdir().unwrap();
+    let never = AtomicBool::new(false);
+    let lines: Vec<String> = (0..4).map(line).collect();
+    let (mut p, spool) = pipeline(dir.path(), BodyEncoding::Ndjson, 4);
+    let syncer = p.log.syncer();
+    p.push_chunk(Chunk::new(lines.join("\n").into_bytes(), None), &never)
+        .unwrap();
+    assert_eq!(p.stats.batches, 1);
+    assert!(syncer.behind(), "the spool is fsynced, the log is not");
+    let (seq, _) = spool.first_pending().unwrap().expect("released");
+    spool.ack(seq).unwrap();
+    assert!(!syncer.behind(), "synced before the batch left the spool");
+    assert_eq!(spool.pending(), (0, 0));
+    drop(p);
+    let (mut p, _) = pipeline(dir.path(), BodyEncoding::Ndjson, 4);
+    p.push_chunk(Chunk::new(lines.join("\n").into_bytes(), None), &never)
+        .unwrap();
+    assert_eq!(p.stats.duplicates, 4);
+}
+
 #[test]
 fn a_restart_drops_what_was_spooled_even_without_the_dedupe_log() {
     let dir = tempfile::tempdir().unwrap();
