@@ -64,6 +64,10 @@ pub struct AgentBenchReport {
     pub rounds: usize,
     /// Agent (NDJSON bodies) over `zstd -3` throughput of each round, both per CPU-second.
     pub round_ratios_ndjson: Vec<f64>,
+    /// The median of `round_ratios_ndjson` (the upper one of an even count): each round's two
+    /// runs follow each other, so a slow or fast stretch of the machine moves both, where the
+    /// headline ratio divides the fastest rounds, which may come from different stretches.
+    pub median_round_ratio_ndjson: f64,
     pub zstd: Tool,
     pub gzip: Tool,
     pub agent_ndjson: AgentRun,
@@ -245,6 +249,10 @@ pub fn run(opts: AgentBenchOptions) -> anyhow::Result<AgentBenchReport> {
         records: opts.records,
         raw_bytes: raw,
         rounds: opts.rounds.max(1),
+        median_round_ratio_ndjson: crate::bench_gateway::median_by(
+            round_ratios_ndjson.clone(),
+            |r| *r,
+        ),
         round_ratios_ndjson,
         ratio_ndjson_zstd: agent_ndjson.throughput.mb_per_cpu_s / zstd.mb_per_cpu_s,
         ratio_parquet_zstd: agent_parquet.throughput.mb_per_cpu_s / zstd.mb_per_cpu_s,
@@ -496,6 +504,16 @@ impl std::fmt::Display for AgentBenchReport {
             "agent/zstd -3 throughput per CPU-second: {:.2} (ndjson), {:.2} (parquet); target ≥ 0.5 \
              (against zstd's wall-clock speed: {:.2})",
             self.ratio_ndjson_zstd, self.ratio_parquet_zstd, self.ratio_ndjson_zstd_wall
+        )?;
+        writeln!(
+            f,
+            "the rounds' own ratios (ndjson): {} (median {:.2})",
+            self.round_ratios_ndjson
+                .iter()
+                .map(|r| format!("{r:.2}"))
+                .collect::<Vec<_>>()
+                .join(", "),
+            self.median_round_ratio_ndjson
         )?;
         writeln!(
             f,

@@ -456,7 +456,7 @@ async fn spawn_gateway(
 }
 
 /// The item of median `key` (the upper one of an even count); `items` is not empty.
-fn median_by<T>(mut items: Vec<T>, key: impl Fn(&T) -> f64) -> T {
+pub(crate) fn median_by<T>(mut items: Vec<T>, key: impl Fn(&T) -> f64) -> T {
     items.sort_by(|a, b| key(a).total_cmp(&key(b)));
     let mid = items.len() / 2;
     items.swap_remove(mid)
