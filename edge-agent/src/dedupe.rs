@@ -18,6 +18,7 @@
 use std::fs::{self, File, OpenOptions};
 use std::io::{Read, Seek, SeekFrom, Write};
 use std::path::{Path, PathBuf};
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard, PoisonError};
 
 pub use schemas::window::{Digest, DigestWindow, digest};
@@ -40,6 +41,8 @@ pub struct DigestLog {
 #[derive(Debug)]
 pub struct LogSync {
     state: Mutex<SyncState>,
+    /// Failed syncs, for the warnings' rate.
+    errors: AtomicU64,
 }
 
 #[derive(Debug)]
@@ -60,6 +63,7 @@ impl LogSync {
                 written: 0,
                 durable: 0,
             }),
+            errors: AtomicU64::new(0),
         }
     }
 
@@ -84,6 +88,18 @@ impl LogSync {
         let mut state = self.lock();
         state.durable = state.durable.max(written);
         Ok(())
+    }
+
+    /// [`LogSync::sync`], a failure (a full or failing disk) only logged, the first three and
+    /// then every thousandth: the log only saves re-sending after a restart, and the receiver
+    /// drops re-sent records too.
+    pub fn sync_or_warn(&self, stream: &str) {
+        if let Err(e) = self.sync() {
+            let n = self.errors.fetch_add(1, Ordering::Relaxed) + 1;
+            if n <= 3 || n.is_multiple_of(1000) {
+                tracing::warn!(stream, error = %e, failures = n, "cannot make the dedupe log durable");
+            }
+        }
     }
 
     /// Whether entries were written that are not known to be durable.
@@ -269,6 +285,20 @@ mod tests {
         let mut again = DigestWindow::new(4, 0);
         DigestLog::open(&path, &mut again, 0).unwrap();
         assert!((6..=9).all(|d| again.contains(d, 0)));
+    }
+
+    /// A log that cannot be made durable stays behind and counts the failures; the caller goes
+    /// on (fdatasync on /dev/full fails with EINVAL).
+    #[cfg(target_os = "linux")]
+    #[test]
+    fn a_failed_sync_is_counted_and_not_fatal() {
+        let sync = LogSync::new(Arc::new(File::open("/dev/full").unwrap()));
+        sync.lock().written = 3;
+        assert!(sync.sync().is_err());
+        sync.sync_or_warn("s");
+        sync.sync_or_warn("s");
+        assert_eq!(sync.errors.load(Ordering::Relaxed), 2);
+        assert!(sync.behind());
     }
 
     #[test]

@@ -585,18 +585,15 @@ impl Spool {
 
     /// Acknowledges every entry up to and including `seq`; deletes segments left with none. The
     /// dedupe log is made durable first; if it cannot be (a full or failing disk), the failure is
-    /// logged and the entries leave anyway: the log only saves re-sending after a restart, and
-    /// the receiver drops re-sent records too.
+    /// logged and the entries leave anyway ([`LogSync::sync_or_warn`]).
     pub fn ack(&self, seq: u64) -> Result<(), SpoolError> {
         let log = self
             .digest_log
             .lock()
             .unwrap_or_else(|e| e.into_inner())
             .clone();
-        if let Some(log) = log
-            && let Err(e) = log.sync()
-        {
-            tracing::warn!(stream = %self.stream, error = %e, "cannot make the dedupe log durable");
+        if let Some(log) = log {
+            log.sync_or_warn(&self.stream);
         }
         let mut inner = self.lock();
         self.ack_locked(&mut inner, seq)?;
