@@ -12,8 +12,9 @@
 //!
 //! The log is made durable (fsynced) on the delivery side, by [`LogSync`], before an acknowledged
 //! batch leaves the spool ([`crate::spool::Spool::ack`]): until then the spool holds the batch, and
-//! a restart takes its digests from there. So the pipeline fsyncs only the spool a batch, and one
-//! fsync of the log covers every batch spooled since the last.
+//! a restart takes its digests from there. So the pipeline fsyncs only the spool a batch; one
+//! fsync of the log covers every batch spooled before it, and an acknowledgement of batches
+//! that an earlier fsync covered makes none (while a backlog is delivered, say).
 
 use std::fs::{self, File, OpenOptions};
 use std::io::{Read, Seek, SeekFrom, Write};
@@ -71,13 +72,24 @@ impl LogSync {
         self.state.lock().unwrap_or_else(PoisonError::into_inner)
     }
 
+    /// Entries written so far: a position [`LogSync::sync_through`] takes.
+    pub fn position(&self) -> u64 {
+        self.lock().written
+    }
+
     /// Makes every entry written so far durable: one fsync for all that were written since the
-    /// last, none when there are none. The pipeline keeps appending meanwhile (the lock is not
-    /// held during the fsync).
+    /// last, none when there are none.
     pub fn sync(&self) -> std::io::Result<()> {
+        self.sync_through(u64::MAX)
+    }
+
+    /// Makes the entries before `position` durable, and with them every entry written so far:
+    /// no fsync when an earlier one covered them. The pipeline keeps appending meanwhile (the
+    /// lock is not held during the fsync).
+    pub fn sync_through(&self, position: u64) -> std::io::Result<()> {
         let (file, written) = {
             let state = self.lock();
-            if state.durable >= state.written {
+            if state.durable >= state.written.min(position) {
                 return Ok(());
             }
             (state.file.clone(), state.written)
@@ -90,11 +102,11 @@ impl LogSync {
         Ok(())
     }
 
-    /// [`LogSync::sync`], a failure (a full or failing disk) only logged, the first three and
-    /// then every thousandth: the log only saves re-sending after a restart, and the receiver
-    /// drops re-sent records too.
-    pub fn sync_or_warn(&self, stream: &str) {
-        if let Err(e) = self.sync() {
+    /// [`LogSync::sync_through`], a failure (a full or failing disk) only logged, the first
+    /// three and then every thousandth: the log only saves re-sending after a restart, and the
+    /// receiver drops re-sent records too.
+    pub fn sync_through_or_warn(&self, position: u64, stream: &str) {
+        if let Err(e) = self.sync_through(position) {
             let n = self.errors.fetch_add(1, Ordering::Relaxed) + 1;
             if n <= 3 || n.is_multiple_of(1000) {
                 tracing::warn!(stream, error = %e, failures = n, "cannot make the dedupe log durable");
@@ -295,8 +307,8 @@ mod tests {
         let sync = LogSync::new(Arc::new(File::open("/dev/full").unwrap()));
         sync.lock().written = 3;
         assert!(sync.sync().is_err());
-        sync.sync_or_warn("s");
-        sync.sync_or_warn("s");
+        sync.sync_through_or_warn(3, "s");
+        sync.sync_through_or_warn(u64::MAX, "s");
         assert_eq!(sync.errors.load(Ordering::Relaxed), 2);
         assert!(sync.behind());
     }

@@ -154,6 +154,9 @@ struct Loc {
     offset: u64,
     len: u32,
     records: u32,
+    /// How far the dedupe log must be durable before this entry leaves ([`LogSync::position`]
+    /// when it was released; 0: no log, or not released yet).
+    log_position: u64,
 }
 
 #[derive(Debug)]
@@ -405,6 +408,7 @@ impl Spool {
             offset,
             len: (entry_len as usize - HEADER) as u32,
             records: batch.records,
+            log_position: 0,
         });
         metrics::counter!(m::SPOOL_WRITTEN_BYTES, "stream" => self.stream.clone())
             .increment(entry_len);
@@ -427,9 +431,21 @@ impl Spool {
         Ok(Appended::Stored { seq, durable })
     }
 
-    /// Offers the entries up to and including `seq` for delivery (once durable).
+    /// Offers the entries up to and including `seq` for delivery (once durable). The dedupe
+    /// log's position now ([`Spool::sync_log_before_ack`]) is where it must be durable before
+    /// they leave: the pipeline wrote their digests before it released them.
     pub fn release(&self, seq: u64) {
+        let position = self.log().map_or(0, |log| log.position());
         let mut inner = self.lock();
+        let from = inner.released;
+        for loc in inner.pending.iter_mut().rev() {
+            if loc.seq < from {
+                break;
+            }
+            if loc.seq <= seq {
+                loc.log_position = position;
+            }
+        }
         inner.released = inner.released.max(seq + 1);
         drop(inner);
         self.appended.notify_one();
@@ -576,24 +592,41 @@ impl Spool {
         self.appended.notified().await;
     }
 
-    /// Makes `log` durable before each acknowledgement (replacing the log given before): the
-    /// pipeline writes the digests of a spooled batch to it without an fsync, and once the batch
-    /// leaves the spool only the log remembers them across a restart.
+    /// Makes `log` durable before acknowledged entries leave (replacing the log given before):
+    /// the pipeline writes the digests of a spooled batch to it without an fsync, and once the
+    /// batch leaves the spool only the log remembers them across a restart. The entries pending
+    /// now, those found at start included (whose digests the pipeline logged again if the log
+    /// lacked them), need all that the log holds now.
     pub fn sync_log_before_ack(&self, log: Arc<LogSync>) {
+        let position = log.position();
         *self.digest_log.lock().unwrap_or_else(|e| e.into_inner()) = Some(log);
+        for loc in self.lock().pending.iter_mut() {
+            loc.log_position = position;
+        }
+    }
+
+    fn log(&self) -> Option<Arc<LogSync>> {
+        self.digest_log
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .clone()
     }
 
     /// Acknowledges every entry up to and including `seq`; deletes segments left with none. The
-    /// dedupe log is made durable first; if it cannot be (a full or failing disk), the failure is
-    /// logged and the entries leave anyway ([`LogSync::sync_or_warn`]).
+    /// dedupe log is made durable first as far as their digests go (no fsync when an earlier one
+    /// covered them, as while a backlog is delivered); if it cannot be (a full or failing disk),
+    /// the failure is logged and the entries leave anyway ([`LogSync::sync_or_warn`]).
     pub fn ack(&self, seq: u64) -> Result<(), SpoolError> {
-        let log = self
-            .digest_log
-            .lock()
-            .unwrap_or_else(|e| e.into_inner())
-            .clone();
-        if let Some(log) = log {
-            log.sync_or_warn(&self.stream);
+        if let Some(log) = self.log() {
+            let position = self
+                .lock()
+                .pending
+                .iter()
+                .take_while(|l| l.seq <= seq)
+                .map(|l| l.log_position)
+                .max()
+                .unwrap_or(0);
+            log.sync_through_or_warn(position, &self.stream);
         }
         let mut inner = self.lock();
         self.ack_locked(&mut inner, seq)?;
@@ -874,6 +907,7 @@ fn entry_at(data: &[u8], pos: usize) -> Option<Loc> {
         offset: pos as u64,
         len: len as u32,
         records: u32_at(payload, 16),
+        log_position: 0,
     })
 }
 

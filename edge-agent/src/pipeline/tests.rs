@@ -148,27 +148,66 @@ fn callbacks_fire_in_order_once_durable_and_batches_decode_to_the_records() {
 
 /// The pipeline writes a spooled batch's digests without an fsync; acknowledging the batch
 /// (which takes it out of the spool) makes them durable first, and a restart after that knows
-/// them from the log alone.
+/// them from the log alone. An acknowledgement syncs only as far as its batches need: one whose
+/// digests an earlier fsync covered leaves without one (as while a backlog is delivered).
 #[test]
 fn acknowledging_a_batch_makes_its_digests_durable_first() {
     let dir = tempfile::tempdir().unwrap();
     let never = AtomicBool::new(false);
-    let lines: Vec<String> = (0..4).map(line).collect();
-    let (mut p, spool) = pipeline(dir.path(), BodyEncoding::Ndjson, 4);
+    let lines: Vec<String> = (0..6).map(line).collect();
+    let (mut p, spool) = pipeline(dir.path(), BodyEncoding::Ndjson, 2);
     let syncer = p.log.syncer();
-    p.push_chunk(Chunk::new(lines.join("\n").into_bytes(), None), &never)
-        .unwrap();
-    assert_eq!(p.stats.batches, 1);
+    let push = |p: &mut Pipeline, lines: &[String]| {
+        p.push_chunk(Chunk::new(lines.join("\n").into_bytes(), None), &never)
+            .unwrap()
+    };
+    let ack_first = || {
+        let (seq, _) = spool.first_pending().unwrap().expect("released");
+        spool.ack(seq).unwrap();
+    };
+    push(&mut p, &lines[..4]);
+    assert_eq!(p.stats.batches, 2);
     assert!(syncer.behind(), "the spool is fsynced, the log is not");
-    let (seq, _) = spool.first_pending().unwrap().expect("released");
-    spool.ack(seq).unwrap();
-    assert!(!syncer.behind(), "synced before the batch left the spool");
+    ack_first();
+    assert!(
+        !syncer.behind(),
+        "synced before the batch left the spool: both batches' digests"
+    );
+    push(&mut p, &lines[4..]);
+    assert!(syncer.behind());
+    ack_first();
+    assert!(
+        syncer.behind(),
+        "the second batch's digests were durable: no fsync"
+    );
+    ack_first();
+    assert!(!syncer.behind());
     assert_eq!(spool.pending(), (0, 0));
     drop(p);
-    let (mut p, _) = pipeline(dir.path(), BodyEncoding::Ndjson, 4);
-    p.push_chunk(Chunk::new(lines.join("\n").into_bytes(), None), &never)
-        .unwrap();
-    assert_eq!(p.stats.duplicates, 4);
+    let (mut p, _) = pipeline(dir.path(), BodyEncoding::Ndjson, 2);
+    push(&mut p, &lines);
+    assert_eq!(p.stats.duplicates, 6);
+}
+
+/// A batch found in the spool at start, whose digests the start logged again because the log
+/// lacked them (lost with the page cache), needs them durable before it leaves.
+#[test]
+fn a_batch_found_at_start_leaves_after_the_digests_logged_for_it() {
+    let dir = tempfile::tempdir().unwrap();
+    let never = AtomicBool::new(false);
+    let lines: Vec<String> = (0..2).map(line).collect();
+    {
+        let (mut p, _) = pipeline(dir.path(), BodyEncoding::Ndjson, 2);
+        p.push_chunk(Chunk::new(lines.join("\n").into_bytes(), None), &never)
+            .unwrap();
+    }
+    std::fs::remove_file(dir.path().join("sensor_readings.digests")).unwrap();
+    let (p, spool) = pipeline(dir.path(), BodyEncoding::Ndjson, 2);
+    let syncer = p.log.syncer();
+    assert!(syncer.behind(), "logged again at start, not synced");
+    let (seq, _) = spool.first_pending().unwrap().expect("found at start");
+    spool.ack(seq).unwrap();
+    assert!(!syncer.behind());
 }
 
 #[test]
