@@ -615,7 +615,7 @@ impl Spool {
     /// Acknowledges every entry up to and including `seq`; deletes segments left with none. The
     /// dedupe log is made durable first as far as their digests go (no fsync when an earlier one
     /// covered them, as while a backlog is delivered); if it cannot be (a full or failing disk),
-    /// the failure is logged and the entries leave anyway ([`LogSync::sync_or_warn`]).
+    /// the failure is logged and the entries leave anyway ([`LogSync::sync_through_or_warn`]).
     pub fn ack(&self, seq: u64) -> Result<(), SpoolError> {
         if let Some(log) = self.log() {
             let position = self
