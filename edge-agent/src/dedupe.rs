@@ -30,7 +30,6 @@ const ENTRY: usize = 20;
 #[derive(Debug)]
 pub struct DigestLog {
     path: PathBuf,
-    file: Arc<File>,
     entries: u64,
     keep: usize,
     buf: Vec<u8>,
@@ -48,7 +47,7 @@ pub struct LogSync {
 
 #[derive(Debug)]
 struct SyncState {
-    /// The log's file, replaced when compaction writes a new one.
+    /// The log's file (the pipeline appends to it), replaced when compaction writes a new one.
     file: Arc<File>,
     /// Entries written since the log was opened (compaction does not lower it).
     written: u64,
@@ -79,7 +78,8 @@ impl LogSync {
 
     /// Makes every entry written so far durable: one fsync for all that were written since the
     /// last, none when there are none.
-    pub fn sync(&self) -> std::io::Result<()> {
+    #[cfg(test)]
+    pub(crate) fn sync(&self) -> std::io::Result<()> {
         self.sync_through(u64::MAX)
     }
 
@@ -154,11 +154,9 @@ impl DigestLog {
                 window.insert(d, t);
             }
         }
-        let file = Arc::new(file);
         Ok(DigestLog {
             path: path.to_owned(),
-            sync: Arc::new(LogSync::new(file.clone())),
-            file,
+            sync: Arc::new(LogSync::new(Arc::new(file))),
             entries: whole / ENTRY as u64,
             keep,
             buf: Vec::new(),
@@ -176,13 +174,14 @@ impl DigestLog {
         self.buf.extend_from_slice(&time.to_le_bytes());
     }
 
-    /// Writes queued digests (without an fsync: [`LogSync::sync`] makes them durable), and
-    /// compacts the log when it has grown to twice the window.
+    /// Writes queued digests (without an fsync: [`LogSync::sync_through`] makes them durable),
+    /// and compacts the log when it has grown to twice the window.
     pub fn flush(&mut self) -> std::io::Result<()> {
         if !self.buf.is_empty() {
-            if let Err(e) = (&*self.file).write_all(&self.buf) {
+            let file = self.sync.lock().file.clone();
+            if let Err(e) = (&*file).write_all(&self.buf) {
                 // Keep whole entries only; keep the queue for the next try, within reason.
-                let _ = self.file.set_len(self.entries * ENTRY as u64);
+                let _ = file.set_len(self.entries * ENTRY as u64);
                 if self.buf.len() > (1 << 20) {
                     self.buf.clear();
                 }
@@ -212,15 +211,13 @@ impl DigestLog {
         if let Some(dir) = self.path.parent() {
             File::open(dir)?.sync_all()?;
         }
-        self.file = Arc::new(
-            OpenOptions::new()
-                .read(true)
-                .append(true)
-                .open(&self.path)?,
-        );
+        let file = OpenOptions::new()
+            .read(true)
+            .append(true)
+            .open(&self.path)?;
         // Everything written is in the new file, which is durable.
         let mut state = self.sync.lock();
-        state.file = self.file.clone();
+        state.file = Arc::new(file);
         state.durable = state.written;
         drop(state);
         self.entries = (whole - start) / ENTRY as u64;
