@@ -58,6 +58,10 @@ pub struct SinkBenchReport {
     pub ingest_time: IngestTime,
     /// Sink / pyarrow in records per CPU-second, round by round.
     pub round_ratios: Vec<f64>,
+    /// The median of `round_ratios` (the upper one of an even count): a round's sink and
+    /// pyarrow run one after the other, so this follows the machine's moods less than the ratio
+    /// of the fastest rounds, which may come from different rounds.
+    pub median_round_ratio: f64,
     pub librdkafka_consumer: Throughput,
     /// The sink's per-record work without Kafka ([`sink_path`]), on one thread, the records
     /// spread over `partitions` files as the topic spreads them.
@@ -224,6 +228,7 @@ pub async fn run(opts: SinkBenchOptions) -> anyhow::Result<SinkBenchReport> {
         rounds: round_ratios.len(),
         gateway_headers: opts.gateway_headers,
         ingest_time: opts.ingest_time,
+        median_round_ratio: crate::bench_gateway::median_by(round_ratios.clone(), |r| *r),
         round_ratios,
         ratio_sink_pyarrow: sink.throughput.records_per_cpu_s / pyarrow.records_per_cpu_s,
         librdkafka_consumer: consumer,
@@ -441,9 +446,11 @@ impl std::fmt::Display for SinkBenchReport {
             .collect();
         writeln!(
             f,
-            "sink / pyarrow (records per CPU-second, fastest rounds): {:.2} (by round: {})",
+            "sink / pyarrow (records per CPU-second, fastest rounds): {:.2} (by round: {}; \
+             median {:.2})",
             self.ratio_sink_pyarrow,
-            rounds.join(", ")
+            rounds.join(", "),
+            self.median_round_ratio
         )?;
         writeln!(
             f,
