@@ -594,3 +594,20 @@ pub(crate) fn write_table(
     }
     Ok(())
 }
+
+#[cfg(test)]
+mod tests {
+    use super::median_by;
+
+    #[test]
+    fn the_median_is_the_middle_item_or_the_upper_of_the_two() {
+        // The session-50 bench-sink run's ten round ratios, in their order.
+        let rounds = vec![0.93, 0.84, 1.00, 1.01, 0.95, 0.83, 1.04, 0.97, 1.07, 0.62];
+        assert_eq!(median_by(rounds, |r| *r), 0.97);
+        assert_eq!(median_by(vec![0.5, 0.1, 0.3], |r| *r), 0.3);
+        assert_eq!(median_by(vec![2.0], |r| *r), 2.0);
+        // Items are kept whole: the median by one field brings the rest with it.
+        let runs = vec![("slow", 1.0), ("fast", 3.0), ("mid", 2.0)];
+        assert_eq!(median_by(runs, |r| r.1).0, "mid");
+    }
+}
