@@ -360,10 +360,10 @@ pub async fn sink_worker(
     brokers: &str,
     prefix: &str,
     group_id: &str,
-    records: usize,
-    raw_bytes: usize,
+    (records, raw_bytes): (usize, usize),
     landing: &Path,
     ingest_time: IngestTime,
+    consumer: std::collections::BTreeMap<String, String>,
 ) -> anyhow::Result<SinkRun> {
     let mut config = sink::SinkConfig {
         store: sink::config::StoreConfig::Local {
@@ -376,6 +376,7 @@ pub async fn sink_worker(
     config.kafka.topic_prefix = prefix.to_owned();
     config.kafka.group_id = group_id.to_owned();
     config.kafka.ingest_time = ingest_time;
+    config.kafka.consumer = consumer;
     let shutdown = tokio_util::sync::CancellationToken::new();
     let start = Measure::start();
     let sink = sink::start(config, schemas::example_streams(), shutdown.clone()).await?;

@@ -128,6 +128,10 @@ enum Command {
         group_id: Option<String>,
         #[arg(long, value_enum, default_value_t = IngestTimeArg::Header)]
         ingest_time: IngestTimeArg,
+        /// An extra librdkafka consumer property, KEY=VALUE (repeatable), as the sink's
+        /// `kafka.consumer` sets it: for trying a setting without a rebuild.
+        #[arg(long = "consumer", value_parser = key_value)]
+        consumer: Vec<(String, String)>,
     },
     /// Benchmarks the agent's pipeline (read, parse, dedupe, batch, compress, spool) against
     /// `zstd -3 -T1` and `gzip -6` of the same generated file, in one run, in MB per CPU-second
@@ -439,16 +443,17 @@ async fn main() -> anyhow::Result<()> {
             landing,
             group_id,
             ingest_time,
+            consumer,
         } => {
             let group_id = group_id.unwrap_or_else(|| format!("{topic_prefix}sink"));
             let run = loadtest::bench_sink::sink_worker(
                 &brokers,
                 &topic_prefix,
                 &group_id,
-                records,
-                raw_bytes,
+                (records, raw_bytes),
                 &landing,
                 ingest_time.into(),
+                consumer.into_iter().collect(),
             )
             .await?;
             println!("{}", serde_json::to_string(&run)?);
@@ -595,4 +600,12 @@ async fn main() -> anyhow::Result<()> {
             Ok(())
         }
     }
+}
+
+/// `KEY=VALUE`, split at the first `=`.
+fn key_value(arg: &str) -> Result<(String, String), String> {
+    arg.split_once('=')
+        .filter(|(k, _)| !k.is_empty())
+        .map(|(k, v)| (k.to_owned(), v.to_owned()))
+        .ok_or_else(|| format!("expected KEY=VALUE, got {arg:?}"))
 }
