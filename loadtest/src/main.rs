@@ -609,3 +609,21 @@ fn key_value(arg: &str) -> Result<(String, String), String> {
         .map(|(k, v)| (k.to_owned(), v.to_owned()))
         .ok_or_else(|| format!("expected KEY=VALUE, got {arg:?}"))
 }
+
+#[cfg(test)]
+mod tests {
+    use super::key_value;
+
+    #[test]
+    fn consumer_settings_split_at_the_first_equals_sign() {
+        let kv = |k: &str, v: &str| Ok((k.to_owned(), v.to_owned()));
+        assert_eq!(
+            key_value("fetch.max.bytes=1048576"),
+            kv("fetch.max.bytes", "1048576")
+        );
+        assert_eq!(key_value("a=b=c"), kv("a", "b=c"));
+        assert_eq!(key_value("debug="), kv("debug", ""));
+        assert!(key_value("no-equals-sign").is_err());
+        assert!(key_value("=value").is_err());
+    }
+}
