@@ -249,10 +249,7 @@ pub fn run(opts: AgentBenchOptions) -> anyhow::Result<AgentBenchReport> {
         records: opts.records,
         raw_bytes: raw,
         rounds: opts.rounds.max(1),
-        median_round_ratio_ndjson: crate::bench_gateway::median_by(
-            round_ratios_ndjson.clone(),
-            |r| *r,
-        ),
+        median_round_ratio_ndjson: crate::bench_gateway::median_ratio(&round_ratios_ndjson),
         round_ratios_ndjson,
         ratio_ndjson_zstd: agent_ndjson.throughput.mb_per_cpu_s / zstd.mb_per_cpu_s,
         ratio_parquet_zstd: agent_parquet.throughput.mb_per_cpu_s / zstd.mb_per_cpu_s,
@@ -508,11 +505,7 @@ impl std::fmt::Display for AgentBenchReport {
         writeln!(
             f,
             "the rounds' own ratios (ndjson): {} (median {:.2})",
-            self.round_ratios_ndjson
-                .iter()
-                .map(|r| format!("{r:.2}"))
-                .collect::<Vec<_>>()
-                .join(", "),
+            crate::bench_gateway::ratios_text(&self.round_ratios_ndjson),
             self.median_round_ratio_ndjson
         )?;
         writeln!(

@@ -410,7 +410,7 @@ pub async fn run(opts: BenchOptions) -> anyhow::Result<BenchReport> {
         raw_bytes,
         batches: compressed.len(),
         ratio_gateway_direct: gw.records_per_s / direct.records_per_s,
-        median_round_ratio: median_by(round_ratios.clone(), |r| *r),
+        median_round_ratio: median_ratio(&round_ratios),
         round_ratios,
         warmup_rounds: opts.warmup_rounds,
         gateway_check: check_t,
@@ -460,6 +460,17 @@ pub(crate) fn median_by<T>(mut items: Vec<T>, key: impl Fn(&T) -> f64) -> T {
     items.sort_by(|a, b| key(a).total_cmp(&key(b)));
     let mid = items.len() / 2;
     items.swap_remove(mid)
+}
+
+/// The median of the rounds' own ratios (the upper one of an even count); `ratios` is not empty.
+pub(crate) fn median_ratio(ratios: &[f64]) -> f64 {
+    median_by(ratios.to_vec(), |r| *r)
+}
+
+/// The rounds' own ratios as the benchmarks print them.
+pub(crate) fn ratios_text(ratios: &[f64]) -> String {
+    let each: Vec<String> = ratios.iter().map(|r| format!("{r:.2}")).collect();
+    each.join(", ")
 }
 
 /// Sends every prepared record straight to Kafka and waits for all acknowledgements.
@@ -553,18 +564,13 @@ impl std::fmt::Display for BenchReport {
                 ("gateway (HTTP→Kafka)", &self.gateway),
             ],
         )?;
-        let rounds: Vec<String> = self
-            .round_ratios
-            .iter()
-            .map(|r| format!("{r:.2}"))
-            .collect();
         writeln!(
             f,
             "ratio gateway/direct (records/s): {:.2} for the median rounds; median of the \
              round ratios {:.2} (by round: {}; {} warm-up round(s) not counted)",
             self.ratio_gateway_direct,
             self.median_round_ratio,
-            rounds.join(", "),
+            ratios_text(&self.round_ratios),
             self.warmup_rounds
         )?;
         write!(
@@ -597,13 +603,15 @@ pub(crate) fn write_table(
 
 #[cfg(test)]
 mod tests {
-    use super::median_by;
+    use super::{median_by, median_ratio, ratios_text};
 
     #[test]
     fn the_median_is_the_middle_item_or_the_upper_of_the_two() {
         // The session-50 bench-sink run's ten round ratios, in their order.
         let rounds = vec![0.93, 0.84, 1.00, 1.01, 0.95, 0.83, 1.04, 0.97, 1.07, 0.62];
-        assert_eq!(median_by(rounds, |r| *r), 0.97);
+        assert_eq!(median_by(rounds.clone(), |r| *r), 0.97);
+        assert_eq!(median_ratio(&rounds), 0.97);
+        assert_eq!(ratios_text(&rounds[..3]), "0.93, 0.84, 1.00");
         assert_eq!(median_by(vec![0.5, 0.1, 0.3], |r| *r), 0.3);
         assert_eq!(median_by(vec![2.0], |r| *r), 2.0);
         // Items are kept whole: the median by one field brings the rest with it.

@@ -228,7 +228,7 @@ pub async fn run(opts: SinkBenchOptions) -> anyhow::Result<SinkBenchReport> {
         rounds: round_ratios.len(),
         gateway_headers: opts.gateway_headers,
         ingest_time: opts.ingest_time,
-        median_round_ratio: crate::bench_gateway::median_by(round_ratios.clone(), |r| *r),
+        median_round_ratio: crate::bench_gateway::median_ratio(&round_ratios),
         round_ratios,
         ratio_sink_pyarrow: sink.throughput.records_per_cpu_s / pyarrow.records_per_cpu_s,
         librdkafka_consumer: consumer,
@@ -440,17 +440,12 @@ impl std::fmt::Display for SinkBenchReport {
                 (&path, &self.sink_path),
             ],
         )?;
-        let rounds: Vec<String> = self
-            .round_ratios
-            .iter()
-            .map(|r| format!("{r:.2}"))
-            .collect();
         writeln!(
             f,
             "sink / pyarrow (records per CPU-second, fastest rounds): {:.2} (by round: {}; \
              median {:.2})",
             self.ratio_sink_pyarrow,
-            rounds.join(", "),
+            crate::bench_gateway::ratios_text(&self.round_ratios),
             self.median_round_ratio
         )?;
         writeln!(
