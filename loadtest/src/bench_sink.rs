@@ -62,6 +62,11 @@ pub struct SinkBenchReport {
     /// pyarrow run one after the other, so this follows the machine's moods less than the ratio
     /// of the fastest rounds, which may come from different rounds.
     pub median_round_ratio: f64,
+    /// Sink / pyarrow in user CPU time alone (the kernel's part left out), round by round, and
+    /// their median: on a virtual machine the kernel's part follows the memory's history more
+    /// than either side's work.
+    pub round_user_ratios: Vec<f64>,
+    pub median_round_user_ratio: f64,
     pub librdkafka_consumer: Throughput,
     /// The sink's per-record work without Kafka ([`sink_path`]), on one thread, the records
     /// spread over `partitions` files as the topic spreads them.
@@ -178,7 +183,7 @@ pub async fn run(opts: SinkBenchOptions) -> anyhow::Result<SinkBenchReport> {
     // Every path once per round, in turn, so that they share the machine's moods; each path's
     // fastest round is reported (the slower ones lost time to the machine).
     let (mut consumer, mut sink, mut pyarrow, mut path) = (None, None, None, None);
-    let mut round_ratios = Vec::new();
+    let (mut round_ratios, mut round_user_ratios) = (Vec::new(), Vec::new());
     for round in 0..opts.rounds.max(1) {
         // 1. A librdkafka consumer that only reads.
         let (brokers, t, n, parts) = (
@@ -214,6 +219,7 @@ pub async fn run(opts: SinkBenchOptions) -> anyhow::Result<SinkBenchReport> {
             kernel_text(&p),
         );
         round_ratios.push(ratio);
+        round_user_ratios.push(user_per_record(&p) / user_per_record(&s.throughput));
         keep_fastest(&mut consumer, c, |t| t.cpu_seconds);
         keep_fastest(&mut sink, s, |r| r.throughput.cpu_seconds);
         keep_fastest(&mut pyarrow, p, |t| t.cpu_seconds);
@@ -236,6 +242,8 @@ pub async fn run(opts: SinkBenchOptions) -> anyhow::Result<SinkBenchReport> {
         ingest_time: opts.ingest_time,
         median_round_ratio: crate::bench_gateway::median_ratio(&round_ratios),
         round_ratios,
+        median_round_user_ratio: crate::bench_gateway::median_ratio(&round_user_ratios),
+        round_user_ratios,
         ratio_sink_pyarrow: sink.throughput.records_per_cpu_s / pyarrow.records_per_cpu_s,
         librdkafka_consumer: consumer,
         sink_path: path,
@@ -256,6 +264,11 @@ fn kernel_text(t: &Throughput) -> String {
         100.0 * t.system_seconds / t.cpu_seconds.max(1e-9),
         t.minor_faults
     )
+}
+
+/// User CPU time (CPU time less the kernel's part) per record.
+fn user_per_record(t: &Throughput) -> f64 {
+    (t.cpu_seconds - t.system_seconds).max(1e-9) / t.records.max(1) as f64
 }
 
 /// The config value of an ingest-time source.
@@ -479,6 +492,12 @@ impl std::fmt::Display for SinkBenchReport {
             "the kernel's part of the CPU time, fastest rounds: sink {}; pyarrow {}",
             kernel_text(&self.sink.throughput),
             kernel_text(&self.pyarrow)
+        )?;
+        writeln!(
+            f,
+            "sink / pyarrow in user CPU time per record alone: {} by round, median {:.2}",
+            crate::bench_gateway::ratios_text(&self.round_user_ratios),
+            self.median_round_user_ratio
         )?;
         write!(
             f,
