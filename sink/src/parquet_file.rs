@@ -793,12 +793,15 @@ mod tests {
         // Timestamps and offsets are delta-encoded without a dictionary, strings use one.
         let reader = SerializedFileReader::new(data).unwrap();
         let group = reader.metadata().row_group(0);
-        let encodings = |name: &str| {
-            let column = group
+        let column = |name: &str| {
+            group
                 .columns()
                 .iter()
                 .find(|c| c.column_path().string() == name)
-                .unwrap_or_else(|| panic!("no column {name}"));
+                .unwrap_or_else(|| panic!("no column {name}"))
+        };
+        let encodings = |name: &str| {
+            let column = column(name);
             (
                 column.encodings().collect::<Vec<_>>(),
                 column.dictionary_page_offset(),
@@ -824,14 +827,7 @@ mod tests {
         assert!(dictionary.is_some());
 
         // zstd for the data, not for the random content hashes nor the one-value partition.
-        let compression = |name: &str| {
-            group
-                .columns()
-                .iter()
-                .find(|c| c.column_path().string() == name)
-                .unwrap_or_else(|| panic!("no column {name}"))
-                .compression()
-        };
+        let compression = |name: &str| column(name).compression();
         for name in ["device_id", "value", "ts", COL_INGEST_TS, COL_OFFSET] {
             assert!(matches!(compression(name), Compression::ZSTD(_)), "{name}");
         }
