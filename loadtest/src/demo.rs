@@ -1,15 +1,17 @@
 //! The one-command demo on the embedded default: gateway, sink and a simulated agent in one
 //! process, on librdkafka's in-process mock cluster and a local landing directory.
 
-use std::collections::HashSet;
+use std::collections::{HashSet, VecDeque};
 use std::fmt;
 use std::path::{Path, PathBuf};
+use std::sync::Arc;
 use std::sync::atomic::Ordering;
 use std::time::{Duration, Instant};
 
 use anyhow::{Context, bail};
 use ingest_gateway::GatewayConfig;
 use ingest_gateway::config::{AuthConfig, TokenConfig};
+use rdkafka::consumer::{BaseConsumer, Consumer as _};
 use rdkafka::mocking::MockCluster;
 use schemas::wire::topic_name;
 use schemas::{ContentHash, Streams};
@@ -17,7 +19,7 @@ use sink::SinkConfig;
 use sink::config::{RotationConfig, StoreConfig};
 use tokio_util::sync::CancellationToken;
 
-use crate::fleet::{FleetSpec, sensor_readings, to_ndjson};
+use crate::fleet::{FleetSpec, Readings};
 use crate::verify::{Verdict, compare, read_landing_dir};
 
 const STREAM: &str = "sensor_readings";
@@ -103,9 +105,40 @@ impl fmt::Display for DemoSummary {
     }
 }
 
+/// Partitions of each topic of the embedded cluster.
+const PARTITIONS: i32 = 3;
+
+/// Readings that may wait between the readings file and the sink at once: lines of the file the
+/// agent has not read, records in its spool and records in Kafka the sink has not taken. The
+/// mock cluster keeps at most 5 MiB (or 100,000 record batches) of each partition and drops the
+/// oldest past that, which a sink further behind would never read (it reports them as an offset
+/// gap). The gateway's readings take about 60 bytes each in its zstd batches, so this many stay
+/// under 2.5 MB even when they all wait in one partition.
+pub const MAX_WAITING: u64 = 40_000;
+
+/// Readings appended to the agent's file at a time.
+const CHUNK: usize = 5_000;
+
+/// The most readings a demo takes: their content hashes, and those of the landed rows, are
+/// checked in memory (about 100 bytes per reading).
+pub const MAX_RECORDS: usize = 10_000_000;
+
+/// How long the sink may take to be assigned its partitions before the demo gives up.
+const ASSIGN_TIMEOUT: Duration = Duration::from_secs(30);
+
 /// Runs the demo. The mock cluster is memory-only: nothing but the landing files survives.
+///
+/// The sink is assigned its partitions before the agent starts, and the readings are appended
+/// to the agent's file (which it follows, as on an edge box) only while fewer than
+/// [`MAX_WAITING`] wait on their way to the sink: so the mock cluster never holds more of a
+/// partition than it keeps, whatever the number of readings.
 pub async fn run(options: DemoOptions) -> anyhow::Result<DemoSummary> {
     let started = Instant::now();
+    if options.fleet.records > MAX_RECORDS {
+        bail!(
+            "the embedded demo takes at most {MAX_RECORDS} readings (it checks their content hashes in memory); for more, run the components against Kafka and drive them with `loadtest send`"
+        );
+    }
     tracing::warn!(
         "embedded mode: Kafka is librdkafka's in-process mock cluster; it is memory-only and not for production"
     );
@@ -115,7 +148,7 @@ pub async fn run(options: DemoOptions) -> anyhow::Result<DemoSummary> {
     for def in streams.iter() {
         cluster.create_topic(
             &topic_name(schemas::wire::DEFAULT_TOPIC_PREFIX, &def.name),
-            3,
+            PARTITIONS,
             1,
         )?;
     }
@@ -131,45 +164,63 @@ pub async fn run(options: DemoOptions) -> anyhow::Result<DemoSummary> {
     )
     .await?;
 
-    let records = sensor_readings(&options.fleet);
-    let expected = distinct_hashes(&streams, &records)?;
-    // The agent reads the fleet's readings from a file, as it would on an edge box.
+    let assigned = Instant::now();
+    let partitions = PARTITIONS as u64 * streams.iter().count() as u64;
+    while sink.stats.assigned_partitions.load(Ordering::Relaxed) < partitions {
+        if assigned.elapsed() > ASSIGN_TIMEOUT {
+            shutdown.cancel();
+            bail!("the sink was not assigned its partitions within {ASSIGN_TIMEOUT:?}");
+        }
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+
+    // The agent follows a file of the fleet's readings, as it would on an edge box.
     let agent_dir = options.landing.join(format!("{run_prefix}-agent"));
     std::fs::create_dir_all(&agent_dir)?;
     let agent_config = file_agent(&FileAgent {
         dir: &agent_dir,
-        ndjson: &to_ndjson(&records),
+        ndjson: b"",
         gateway: gateway.addr,
         token: Some(DEMO_TOKEN),
         max_records: 2000,
         admin_listen: None,
+        follow: true,
     })?;
-    let agent = edge_agent::run(agent_config, streams.clone(), shutdown.clone()).await?;
-    let deadline = Instant::now() + options.timeout;
-    while sink.stats.records_written.load(Ordering::Relaxed) < expected.len() as u64 {
-        if Instant::now() > deadline {
-            shutdown.cancel();
-            bail!(
-                "only {} of {} records landed within {:?}",
-                sink.stats.records_written.load(Ordering::Relaxed),
-                expected.len(),
-                options.timeout
-            );
-        }
-        tokio::time::sleep(Duration::from_millis(100)).await;
-    }
+    let agent_stop = shutdown.child_token();
+    let agent = tokio::spawn(edge_agent::run(
+        agent_config.clone(),
+        streams.clone(),
+        agent_stop.clone(),
+    ));
+    let watch = Watch {
+        stats: sink.stats.clone(),
+        lag: Lag::new(&brokers)?,
+        timeout: options.timeout,
+    };
+    let fed = feed(&options.fleet, &streams, &agent_config, &agent_dir, &watch).await;
+    let landed = match fed {
+        Ok(expected) => watch
+            .landing(expected.len() as u64)
+            .await
+            .map(|()| expected),
+        Err(e) => Err(e),
+    };
+    agent_stop.cancel();
+    let agent = agent.await.context("the agent's task failed")?;
     shutdown.cancel();
     gateway.task.await??;
     sink.task.await??;
     // The gateway's reload handle holds its producer: the cluster goes after every client, or
     // the clients left log that all brokers are down.
     drop(gateway.reload);
+    drop(watch);
     drop(cluster);
+    let (agent, expected) = (agent?, landed?);
 
     let run_dir = options.landing.join(&run_prefix);
     let landed = read_landing_dir(&run_dir)?;
     Ok(DemoSummary {
-        generated: records.len(),
+        generated: options.fleet.records,
         distinct: expected.len(),
         agent,
         sink_duplicates: sink.stats.duplicates_dropped.load(Ordering::Relaxed),
@@ -179,6 +230,173 @@ pub async fn run(options: DemoOptions) -> anyhow::Result<DemoSummary> {
         run_dir,
         elapsed: started.elapsed(),
     })
+}
+
+/// What the demo watches while it runs: the sink's counters and the records in Kafka that the
+/// sink has not taken.
+struct Watch {
+    stats: Arc<sink::SinkStats>,
+    lag: Lag,
+    /// How long nothing may move before the demo gives up.
+    timeout: Duration,
+}
+
+impl Watch {
+    /// Fails once the sink found an offset gap: the mock cluster dropped records before the
+    /// sink read them, and the demo cannot verify.
+    fn check_gaps(&self) -> anyhow::Result<()> {
+        let gaps = self.stats.offset_gaps.load(Ordering::Relaxed);
+        if gaps > 0 {
+            bail!(
+                "the sink found {gaps} offset gap(s): the mock cluster dropped records before the sink read them (see the sink's ERROR log)"
+            );
+        }
+        Ok(())
+    }
+
+    /// Waits until `distinct` rows landed; fails when nothing moved for the timeout.
+    async fn landing(&self, distinct: u64) -> anyhow::Result<()> {
+        let mut progress = Progress::new(self.timeout);
+        loop {
+            let written = self.stats.records_written.load(Ordering::Relaxed);
+            if written >= distinct {
+                return Ok(());
+            }
+            self.check_gaps()?;
+            let taken = self.stats.records_received.load(Ordering::Relaxed);
+            progress.check(written + taken, || {
+                format!("only {written} of {distinct} records landed")
+            })?;
+            tokio::time::sleep(Duration::from_millis(100)).await;
+        }
+    }
+}
+
+/// Records of the demo's topic that the sink has not taken: the partitions' end offsets, read
+/// from the mock cluster, less the records the sink took.
+struct Lag {
+    consumer: Arc<BaseConsumer>,
+    topic: String,
+}
+
+impl Lag {
+    fn new(brokers: &str) -> anyhow::Result<Lag> {
+        let consumer: BaseConsumer = rdkafka::ClientConfig::new()
+            .set("bootstrap.servers", brokers)
+            .create()
+            .context("cannot make a client of the mock cluster")?;
+        Ok(Lag {
+            consumer: Arc::new(consumer),
+            topic: topic_name(schemas::wire::DEFAULT_TOPIC_PREFIX, STREAM),
+        })
+    }
+
+    async fn records(&self, taken: u64) -> anyhow::Result<u64> {
+        let (consumer, topic) = (self.consumer.clone(), self.topic.clone());
+        let ends = tokio::task::spawn_blocking(move || {
+            (0..PARTITIONS)
+                .map(|p| {
+                    consumer
+                        .fetch_watermarks(&topic, p, Duration::from_secs(5))
+                        .map(|(_, end)| end)
+                })
+                .sum::<Result<i64, _>>()
+        })
+        .await?
+        .context("cannot read the end offsets of the demo's topic")?;
+        Ok((ends as u64).saturating_sub(taken))
+    }
+}
+
+/// Fails when a count has not moved for its timeout.
+struct Progress {
+    last: u64,
+    since: Instant,
+    timeout: Duration,
+}
+
+impl Progress {
+    fn new(timeout: Duration) -> Progress {
+        Progress {
+            last: 0,
+            since: Instant::now(),
+            timeout,
+        }
+    }
+
+    fn check(&mut self, count: u64, what: impl FnOnce() -> String) -> anyhow::Result<()> {
+        if count != self.last {
+            (self.last, self.since) = (count, Instant::now());
+        } else if self.since.elapsed() > self.timeout {
+            bail!("{}: nothing moved for {:?}", what(), self.timeout);
+        }
+        Ok(())
+    }
+}
+
+/// Appends the fleet's readings to the file the agent follows, [`CHUNK`] at a time, each chunk
+/// once it fits under [`MAX_WAITING`] with the readings already on their way to the sink (lines
+/// the agent has not read, its spool, Kafka's records the sink has not taken). Returns the
+/// distinct content hashes of the readings.
+async fn feed(
+    fleet: &FleetSpec,
+    streams: &Streams,
+    agent: &edge_agent::AgentConfig,
+    dir: &Path,
+    watch: &Watch,
+) -> anyhow::Result<HashSet<ContentHash>> {
+    let def = streams
+        .get(STREAM)
+        .context("sensor_readings stream missing")?;
+    let path = readings_file(dir);
+    let mut file = std::fs::OpenOptions::new()
+        .append(true)
+        .open(&path)
+        .with_context(|| format!("cannot append to {}", path.display()))?;
+    let mut readings = Readings::new(fleet);
+    let mut expected = HashSet::new();
+    // The end in the file and the lines of each chunk appended, until the agent read past it.
+    let mut unread: VecDeque<(u64, u64)> = VecDeque::new();
+    let (mut chunk, mut lines, mut end) = (Vec::new(), 0u64, 0u64);
+    let mut progress = Progress::new(watch.timeout);
+    loop {
+        if lines == 0 {
+            for reading in readings.by_ref().take(CHUNK) {
+                serde_json::to_writer(&mut chunk, &reading)?;
+                chunk.push(b'\n');
+                expected.insert(schemas::check(def, reading)?.hash);
+                lines += 1;
+            }
+            if lines == 0 {
+                return Ok(expected);
+            }
+        }
+        watch.check_gaps()?;
+        let status = edge_agent::status::status(agent)?;
+        let read = status.files.first().map_or(0, |f| f.read_bytes);
+        while unread
+            .front()
+            .is_some_and(|&(chunk_end, _)| chunk_end <= read)
+        {
+            unread.pop_front();
+        }
+        let in_file: u64 = unread.iter().map(|&(_, n)| n).sum();
+        let spooled: u64 = status.streams.iter().map(|s| s.spool.records).sum();
+        let taken = watch.stats.records_received.load(Ordering::Relaxed);
+        let waiting = in_file + spooled + watch.lag.records(taken).await?;
+        if waiting + lines <= MAX_WAITING {
+            std::io::Write::write_all(&mut file, &chunk)
+                .with_context(|| format!("cannot append to {}", path.display()))?;
+            end += chunk.len() as u64;
+            unread.push_back((end, lines));
+            (lines, chunk) = (0, Vec::new());
+        } else {
+            progress.check(taken + read, || {
+                format!("{taken} readings taken by the sink, {waiting} waiting")
+            })?;
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
+    }
 }
 
 /// The distinct content hashes of generated records.
@@ -193,11 +411,19 @@ pub struct FileAgent<'a> {
     pub token: Option<&'a str>,
     pub max_records: usize,
     pub admin_listen: Option<&'a str>,
+    /// Follow the file for appended readings (until the agent is stopped), rather than read
+    /// it to its end and stop.
+    pub follow: bool,
+}
+
+/// The file an agent of [`file_agent`] reads.
+pub fn readings_file(dir: &Path) -> PathBuf {
+    dir.join("readings.ndjson")
 }
 
 /// Writes the readings file of `agent` and returns the agent's config.
 pub fn file_agent(agent: &FileAgent<'_>) -> anyhow::Result<edge_agent::AgentConfig> {
-    let file = agent.dir.join("readings.ndjson");
+    let file = readings_file(agent.dir);
     std::fs::write(&file, agent.ndjson)?;
     let optional =
         |key: &str, value: Option<&str>| value.map_or(String::new(), |v| format!("{key} = {v:?}"));
@@ -214,12 +440,15 @@ pub fn file_agent(agent: &FileAgent<'_>) -> anyhow::Result<edge_agent::AgentConf
         type = "file"
         path = {file:?}
         stream = "{STREAM}"
+        follow = {follow}
+        poll_ms = 50
         "#,
         state = agent.dir.join("state"),
         admin = optional("admin_listen", agent.admin_listen),
         gateway = agent.gateway,
         token = optional("token", agent.token),
         max_records = agent.max_records,
+        follow = agent.follow,
     ))
 }
 
@@ -275,4 +504,74 @@ fn sink_config(brokers: &str, landing: &std::path::Path, prefix: &str) -> SinkCo
 /// The BLAKE3 hex of a token, as `auth.tokens[].blake3` wants it.
 pub fn blake3_hex(token: &str) -> String {
     blake3::hash(token.as_bytes()).to_hex().to_string()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// With no sink reading, the feed stops once [`MAX_WAITING`] readings wait: the agent and
+    /// the gateway put no more than that into Kafka, so the mock cluster drops none of them
+    /// (one device, so they all go to one partition), and the feed gives up when nothing moves.
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn the_feed_waits_for_the_sink_before_the_cluster_drops_a_reading() {
+        let streams = schemas::example_streams();
+        let cluster = MockCluster::new(1).unwrap();
+        let brokers = cluster.bootstrap_servers();
+        let topic = topic_name(schemas::wire::DEFAULT_TOPIC_PREFIX, STREAM);
+        cluster.create_topic(&topic, PARTITIONS, 1).unwrap();
+        let shutdown = CancellationToken::new();
+        let gateway =
+            ingest_gateway::start(gateway_config(&brokers), streams.clone(), shutdown.clone())
+                .await
+                .unwrap();
+        let dir = tempfile::tempdir().unwrap();
+        let agent_config = file_agent(&FileAgent {
+            dir: dir.path(),
+            ndjson: b"",
+            gateway: gateway.addr,
+            token: Some(DEMO_TOKEN),
+            max_records: 2000,
+            admin_listen: None,
+            follow: true,
+        })
+        .unwrap();
+        let agent = tokio::spawn(edge_agent::run(
+            agent_config.clone(),
+            streams.clone(),
+            shutdown.clone(),
+        ));
+        let watch = Watch {
+            stats: Arc::new(sink::SinkStats::default()),
+            lag: Lag::new(&brokers).unwrap(),
+            timeout: Duration::from_secs(3),
+        };
+        let fleet = FleetSpec {
+            records: 150_000,
+            devices: 1,
+            duplicate_ratio: 0.0,
+            ..FleetSpec::default()
+        };
+        let fed = feed(&fleet, &streams, &agent_config, dir.path(), &watch).await;
+        let e = fed.unwrap_err().to_string();
+        assert!(e.contains("0 readings taken by the sink"), "{e}");
+        assert!(e.contains("nothing moved"), "{e}");
+        let produced = watch.lag.records(0).await.unwrap();
+        assert!(
+            produced <= MAX_WAITING && produced > MAX_WAITING - 2 * CHUNK as u64,
+            "{produced} readings in Kafka"
+        );
+        for p in 0..PARTITIONS {
+            let (earliest, _) = watch
+                .lag
+                .consumer
+                .fetch_watermarks(&topic, p, Duration::from_secs(5))
+                .unwrap();
+            assert_eq!(earliest, 0, "partition {p} dropped readings");
+        }
+        shutdown.cancel();
+        agent.await.unwrap().unwrap();
+        gateway.task.await.unwrap().unwrap();
+        drop((gateway.reload, watch));
+    }
 }

@@ -29,14 +29,17 @@ struct Args {
 #[derive(Debug, Subcommand)]
 enum Command {
     /// Runs gateway, sink and a simulated agent in one process on the in-process mock Kafka
-    /// cluster, lands Parquet files in a local directory and verifies them.
+    /// cluster, lands Parquet files in a local directory and verifies them. The agent follows a
+    /// file that gets the readings as the sink keeps up (at most 40,000 on their way at once,
+    /// which the mock cluster keeps); up to 10,000,000 readings.
     Demo {
         /// Landing directory; each run writes under its own `demo-<time>` prefix.
         #[arg(long, default_value = "landing")]
         landing: PathBuf,
         #[command(flatten)]
         fleet: FleetArgs,
-        /// Seconds to wait for every record to land.
+        /// Seconds the demo waits while nothing moves (no reading taken from Kafka, none
+        /// landed) before it gives up.
         #[arg(long, default_value_t = 120)]
         timeout: u64,
     },
@@ -251,7 +254,10 @@ enum Command {
     /// Runs librdkafka's mock cluster, a Kafka-protocol broker in memory in this process, with
     /// the example streams' topics, until interrupted; prints its bootstrap address. For soaks
     /// of a whole deployment on one machine: unlike tansu 0.6, it hands a killed consumer's
-    /// partitions to the others and answers a fetch inside a record batch with that batch.
+    /// partitions to the others and answers a fetch inside a record batch with that batch. It
+    /// keeps at most 5 MiB (or 100,000 record batches) of each partition and drops the oldest
+    /// past that, about 80,000 of the gateway's readings: a consumer further behind finds an
+    /// offset gap (more partitions keep more).
     MockBroker {
         /// Partitions of each topic.
         #[arg(long, default_value_t = 3)]
@@ -588,6 +594,10 @@ async fn main() -> anyhow::Result<()> {
                 )?;
             }
             println!("{}", cluster.bootstrap_servers());
+            tracing::warn!(
+                partitions,
+                "the mock broker keeps at most 5 MiB (or 100,000 record batches) of each partition and drops the oldest past that: a consumer further behind finds an offset gap"
+            );
             tokio::signal::ctrl_c().await?;
             Ok(())
         }

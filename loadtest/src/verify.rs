@@ -217,6 +217,10 @@ pub struct VerifyReport {
     pub duplicated: usize,
     /// Records in the landing files that were not sent.
     pub unexpected: usize,
+    /// Offsets the sinks noted in the stream's dead letters as skipped at an offset gap: records
+    /// Kafka no longer held when a sink read the partition (`on_offset_gap = "skip"`), which
+    /// explains that many missing ones.
+    pub skipped_offsets: u64,
     /// Every expected record landed once and nothing else failed the check.
     pub passed: bool,
 }
@@ -235,7 +239,9 @@ pub async fn verify(opts: &VerifyOptions) -> anyhow::Result<VerifyReport> {
         let landed = read_landing_store(&store, &opts.prefix, &opts.def.name).await?;
         let verdict = compare(&expected, &landed);
         if verdict.missing == 0 || Instant::now() >= deadline {
+            let skipped_offsets = skipped_offsets(&store, &opts.prefix, &opts.def.name).await?;
             return Ok(VerifyReport {
+                skipped_offsets,
                 sent_lines,
                 invalid_lines,
                 expected: expected.len(),
@@ -258,6 +264,37 @@ pub async fn verify(opts: &VerifyOptions) -> anyhow::Result<VerifyReport> {
         tokio::time::sleep(VERIFY_POLL.min(deadline.saturating_duration_since(Instant::now())))
             .await;
     }
+}
+
+/// The offsets noted as skipped at offset gaps in the dead letters of `stream` under `prefix`.
+pub async fn skipped_offsets(
+    store: &ObjectStore,
+    prefix: &str,
+    stream: &str,
+) -> anyhow::Result<u64> {
+    #[derive(serde::Deserialize)]
+    struct Line {
+        offset: i64,
+        #[serde(default)]
+        skipped_through: Option<i64>,
+    }
+    let under = format!("{}/_dead_letters/{stream}/", prefix.trim_end_matches('/'));
+    let mut skipped = 0;
+    for key in store.list(&under).await? {
+        let Some(data) = store.get(&key).await? else {
+            continue;
+        };
+        for line in data.split(|&b| b == b'\n') {
+            if let Ok(Line {
+                offset,
+                skipped_through: Some(last),
+            }) = serde_json::from_slice(line)
+            {
+                skipped += (last - offset + 1).max(0) as u64;
+            }
+        }
+    }
+    Ok(skipped)
 }
 
 /// How often `verify` looks again while records are missing.

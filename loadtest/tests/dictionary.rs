@@ -40,6 +40,7 @@ async fn deliver(
         token: None,
         max_records: 3,
         admin_listen: None,
+        follow: false,
     })
     .unwrap();
     let stats = edge_agent::run(agent, agent_streams.clone(), shutdown.clone())

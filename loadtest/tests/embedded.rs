@@ -38,6 +38,49 @@ async fn embedded_default_lands_every_record_exactly_once() {
     common::assert_landed_exactly(&sensor_readings(&fleet), &landed);
 }
 
+/// One device, so every reading goes to one partition: more of them than the mock cluster keeps
+/// of a partition (5 MiB of record batches, about 87,500 of the gateway's readings; past that
+/// it drops the oldest). The demo feeds the agent only as the sink keeps up, so none is dropped
+/// before the sink read it: every distinct reading lands once, and the sink found no gap.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_partition_gets_more_readings_than_the_mock_cluster_keeps_of_it_and_all_land() {
+    let landing = tempfile::tempdir().unwrap();
+    let fleet = FleetSpec {
+        records: 120_000,
+        devices: 1,
+        duplicate_ratio: 0.05,
+        ..FleetSpec::default()
+    };
+    let summary = run(DemoOptions {
+        landing: landing.path().to_path_buf(),
+        fleet,
+        timeout: Duration::from_secs(120),
+    })
+    .await
+    .unwrap();
+    assert!(summary.distinct > 100_000, "{summary}");
+    assert!(summary.verdict.exactly_once(), "{summary}");
+    assert_eq!(summary.landed_rows, summary.distinct);
+}
+
+/// A demo of more readings than it can check in memory is refused before anything starts.
+#[test]
+fn the_demo_refuses_more_readings_than_it_takes() {
+    let landing = tempfile::tempdir().unwrap();
+    let out = std::process::Command::new(env!("CARGO_BIN_EXE_loadtest"))
+        .args(["demo", "--records", "10000001", "--landing"])
+        .arg(landing.path())
+        .output()
+        .unwrap();
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(!out.status.success());
+    assert!(
+        stderr.contains("takes at most 10000000 readings"),
+        "{stderr}"
+    );
+    assert_eq!(std::fs::read_dir(landing.path()).unwrap().count(), 0);
+}
+
 /// The README's first command, as a user runs it: it succeeds, prints the verdict, and logs no
 /// error. Its last line used to be a librdkafka error that all brokers were down: the mock
 /// cluster went while the gateway's reload handle still held a producer.

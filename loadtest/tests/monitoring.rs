@@ -363,6 +363,7 @@ async fn the_dashboards_and_alerts_read_the_components_metrics() {
         token: None,
         max_records: 500,
         admin_listen: Some(&agent_admin),
+        follow: false,
     })
     .unwrap();
     let stats = edge_agent::run(agent, streams.clone(), shutdown.child_token())
@@ -471,6 +472,8 @@ async fn the_dashboards_and_alerts_read_the_components_metrics() {
         "sink_staging_errors_total",
         r#"gateway_records_total{stream="vehicle_telemetry", outcome="rejected"}"#,
         r#"sink_dead_letter_records_total{stream="vehicle_telemetry"}"#,
+        r#"sink_offsets_skipped_total{stream="vehicle_telemetry"}"#,
+        r#"sink_partitions_stopped_at_gap{stream="sensor_readings"}"#,
     ] {
         let result = prometheus.query(expr).await;
         assert_eq!(

@@ -55,6 +55,36 @@ pub struct SinkConfig {
     pub memory_budget_bytes: usize,
     #[serde(default)]
     pub upload: UploadConfig,
+    /// What a partition does when the offset it gets from Kafka is past the one it needs next
+    /// (the records between were deleted by retention before they were read, or the broker
+    /// did not deliver them): `stop` there, or `skip` them with a note.
+    #[serde(default)]
+    pub on_offset_gap: OffsetGapPolicy,
+}
+
+/// What a partition does at an offset gap: the records from the offset it needs next up to the
+/// one it got are not in Kafka for it. Either way the gap is logged (ERROR, with the range),
+/// counted and alerted on.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Deserialize, serde::Serialize)]
+#[serde(rename_all = "snake_case")]
+pub enum OffsetGapPolicy {
+    /// The partition lands and commits what came before the gap, then stops there (paused,
+    /// the sink unready) until an operator decides: `skip` by a reload (SIGHUP) or restart
+    /// lets it go on. Every sink that takes the partition over stops at the same offset.
+    #[default]
+    Stop,
+    /// The partition notes the range in its dead letters (a line with `skipped_through`) and
+    /// goes on with the first offset Kafka still holds.
+    Skip,
+}
+
+impl OffsetGapPolicy {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            OffsetGapPolicy::Stop => "stop",
+            OffsetGapPolicy::Skip => "skip",
+        }
+    }
 }
 
 #[derive(Debug, Clone, PartialEq, Deserialize)]
@@ -106,6 +136,7 @@ impl Default for SinkConfig {
             dedupe_memory_bytes: default_dedupe_memory(),
             memory_budget_bytes: default_memory_budget(),
             upload: UploadConfig::default(),
+            on_offset_gap: OffsetGapPolicy::default(),
         }
     }
 }

@@ -7,6 +7,7 @@
 //! object already holds and commits past them.
 
 pub mod config;
+mod gaps;
 pub mod metrics;
 pub mod open_file;
 pub mod parquet_file;
@@ -83,6 +84,16 @@ pub struct SinkStats {
     /// Streams whose definition file holds an incompatible change this sink refused
     /// ([`m::DEFINITION_REFUSED`]).
     pub definitions_refused: AtomicU64,
+    /// Offset gaps found: a partition got a later offset from Kafka than the one it needed
+    /// next ([`m::OFFSETS_SKIPPED`], [`m::GAP_STOPPED`]).
+    pub offset_gaps: AtomicU64,
+    /// Records skipped at offset gaps (`on_offset_gap = "skip"`).
+    pub offsets_skipped: AtomicU64,
+    /// Partitions this sink holds stopped at an offset gap (`on_offset_gap = "stop"`): the sink
+    /// is not ready while there are any.
+    pub gap_stopped: AtomicU64,
+    /// Partitions assigned to this sink, as of the last rebalance.
+    pub assigned_partitions: AtomicU64,
 }
 
 impl SinkStats {
@@ -128,10 +139,12 @@ pub struct Readiness {
 impl Readiness {
     /// The sink runs, Kafka answers a metadata request within 3 s, the object store's last
     /// write did not fail (a failing write is retried until it succeeds, which makes the sink
-    /// ready again), and no partition stands still after a staged write failed.
+    /// ready again), no partition stands still after a staged write failed, and none is
+    /// stopped at an offset gap.
     pub async fn check(&self) -> bool {
         if self.stats.store_failing.load(Ordering::Relaxed)
             || self.stats.staging_failing.load(Ordering::Relaxed)
+            || self.stats.gap_stopped.load(Ordering::Relaxed) > 0
         {
             return false;
         }
@@ -260,8 +273,13 @@ impl ConsumerContext for SinkContext {
 
     /// Counted again once the assignment changed, so that what was read in between is not
     /// taken for the new one.
-    fn post_rebalance(&self, _consumer: &BaseConsumer<Self>, _rebalance: &Rebalance<'_>) {
+    fn post_rebalance(&self, consumer: &BaseConsumer<Self>, _rebalance: &Rebalance<'_>) {
         self.rebalances.fetch_add(1, Ordering::AcqRel);
+        if let Ok(list) = consumer.assignment() {
+            self.stats
+                .assigned_partitions
+                .store(list.count() as u64, Ordering::Relaxed);
+        }
     }
 }
 
@@ -398,6 +416,9 @@ pub async fn start(
         hashes: HashGroup::new(),
         sought: Vec::new(),
         reloads,
+        resume_at: HashMap::new(),
+        committed_read: None,
+        gap_stopped: HashMap::new(),
     };
     Ok(Sink {
         task: tokio::spawn(worker.run()),
@@ -456,6 +477,24 @@ struct Worker {
     sought: Vec<PartKey>,
     /// Configs reloaded (SIGHUP), taken at the next tick ([`Worker::take_reload`]).
     reloads: tokio::sync::watch::Receiver<Arc<SinkConfig>>,
+    /// Where assigned partitions without state are expected to go on: the group's committed
+    /// offsets (read once per rebalance, [`Worker::expected_start`]) and the offsets the sink
+    /// sought partitions back to ([`Worker::hold`]). What a partition's first record is
+    /// checked against for an offset gap.
+    resume_at: HashMap<PartKey, i64>,
+    /// The rebalance generation whose committed offsets are in `resume_at`.
+    committed_read: Option<u64>,
+    /// Partitions stopped at an offset gap (`on_offset_gap = "stop"`), paused until the policy
+    /// becomes `skip` or they are revoked.
+    gap_stopped: HashMap<PartKey, Gap>,
+}
+
+/// An offset gap: the partition of `stream` needed offset `next` and got `got`.
+#[derive(Debug, Clone)]
+struct Gap {
+    stream: String,
+    next: i64,
+    got: i64,
 }
 
 /// A staged file could not be written (the staging disk full, an I/O error). The sink does not
@@ -602,6 +641,9 @@ enum Handled {
     /// Not taken: its stream's definition may have a newer version that takes it
     /// ([`Worker::redefine`]).
     Redefine,
+    /// Not taken: its offset is past the one the partition needs next, which it carries
+    /// ([`Worker::offset_gap`]).
+    Gap(i64),
 }
 
 fn now_micros() -> i64 {
@@ -625,6 +667,7 @@ impl Worker {
                 _ = tick.tick() => {
                     self.take_reload();
                     self.drop_revoked();
+                    self.resume_gaps().await?;
                     self.resume_due();
                     self.sweep_if_due().await;
                     for name in self.refused.clone() {
@@ -689,13 +732,18 @@ impl Worker {
         }
         self.round_start = Instant::now();
         let flush = loop {
+            let PartRef(topic, partition) = fields.part;
             match self.handle(&fields, None)? {
                 Handled::Taken(flush) => break flush,
                 // Handled again with the definition there is now: a redefinition ends in a
                 // stamp that matches, so this ends.
-                Handled::Redefine => {
-                    let PartRef(topic, partition) = fields.part;
-                    self.redefine(&(topic.to_owned(), partition)).await?
+                Handled::Redefine => self.redefine(&(topic.to_owned(), partition)).await?,
+                // Handled again once the gap is skipped; not taken if the partition stopped.
+                Handled::Gap(next) => {
+                    let key = (topic.to_owned(), partition);
+                    if !self.offset_gap(&key, next, &fields).await? {
+                        return Ok(());
+                    }
                 }
             }
         };
@@ -864,6 +912,7 @@ impl Worker {
             return Ok(());
         };
         self.sought.push(key.clone());
+        self.resume_at.insert(key.clone(), offset);
         let consumer = self.consumer.clone();
         let (topic, partition) = key;
         tokio::task::spawn_blocking(move || {
@@ -909,6 +958,11 @@ impl Worker {
         for key in revoked {
             if let Some(p) = self.parts.remove(&key) {
                 tracing::info!(topic = %key.0, partition = key.1, dropped_rows = p.rows(), "partition revoked");
+            }
+            // Its next owner finds the gap, if there is one, where this sink found it.
+            self.resume_at.remove(&key);
+            if let Some(gap) = self.gap_stopped.remove(&key) {
+                self.report_gap_stopped(&gap.stream);
             }
             // Its next owner reads it from the committed offset, with a disk of its own.
             self.staging_recovered(&key);
@@ -958,11 +1012,14 @@ impl Worker {
             return Ok(());
         }
         let key = (msg.topic().to_owned(), msg.partition());
+        let expected = self.expected_start(&key).await;
         let Some(def) = self.stream_of(msg.topic()).await else {
             // Read again from this message once the definition may have come: skipped, its
-            // records would wait for the next rebalance.
+            // records would wait for the next rebalance. From where the partition was expected
+            // to start if that is before, so that a gap in front of it is still found then.
             let until = Instant::now() + STREAMS_RELOAD;
-            return self.hold(key, Some(msg.offset()), until).await;
+            let from = expected.map_or(msg.offset(), |e| e.min(msg.offset()));
+            return self.hold(key, Some(from), until).await;
         };
         // More partitions than before share the dedupe memory: the open ones give up their
         // oldest entries first.
@@ -972,6 +1029,7 @@ impl Worker {
         }
         tracing::debug!(topic = %key.0, partition = key.1, offset = msg.offset(), "opening partition");
         let mut state = PartitionState::new(def.clone(), key.0.clone(), key.1, capacity);
+        state.expect_from = expected;
         // The store failing, the window is warmed once it answers, before the partition is
         // read: read with a cold window, records re-sent since the files were written would
         // land again once the store is back. Nothing lands meanwhile anyway.
@@ -1214,6 +1272,9 @@ impl Worker {
             payload,
             ..
         } = *msg;
+        if let Some(next) = part.gap_before(offset) {
+            return Ok(Handled::Gap(next));
+        }
         let adopted = part.next_offset.is_some_and(|next| offset < next);
         let appended = if adopted {
             None

@@ -20,6 +20,13 @@ pub const ADOPTED_DEAD_LETTERS: &str = "sink_adopted_dead_letter_objects_total";
 /// that cannot be read as what the sink writes there: each stops its partition, which then
 /// commits nothing.
 pub const LANDING_CONFLICTS: &str = "sink_landing_conflicts_total";
+/// Records of a stream's partitions that were not in Kafka when the sink needed them (deleted
+/// by retention before they were read, or not delivered by the broker) and that it skipped
+/// (`on_offset_gap = "skip"`), each range noted in the dead letters.
+pub const OFFSETS_SKIPPED: &str = "sink_offsets_skipped_total";
+/// Partitions of a stream that this sink holds stopped at an offset gap
+/// (`on_offset_gap = "stop"`): they land nothing until an operator decides.
+pub const GAP_STOPPED: &str = "sink_partitions_stopped_at_gap";
 pub const CONSUMER_LAG: &str = "sink_consumer_lag_records";
 pub const BUFFERED_BYTES: &str = "sink_buffered_bytes";
 /// Bytes of open files written to their staged files so far, over all partitions (at most about
@@ -82,6 +89,8 @@ pub fn register_stream(def: &schemas::StreamDef) {
     ::metrics::counter!(DEAD_LETTERS, "stream" => def.name.clone()).increment(0);
     ::metrics::counter!(ADOPTED_RECORDS, "stream" => def.name.clone()).increment(0);
     ::metrics::counter!(LANDING_CONFLICTS, "stream" => def.name.clone()).increment(0);
+    ::metrics::counter!(OFFSETS_SKIPPED, "stream" => def.name.clone()).increment(0);
+    ::metrics::gauge!(GAP_STOPPED, "stream" => def.name.clone()).set(0.0);
     ::metrics::gauge!(DEFINITION_REFUSED, "stream" => def.name.clone()).set(0.0);
     for result in ["taken", "refused"] {
         ::metrics::counter!(DEFINITION_CHANGES, "stream" => def.name.clone(), "result" => result)

@@ -38,6 +38,10 @@ pub struct PartitionState {
     pub range_start: Option<RangeStart>,
     /// The offset committed to Kafka, if any was in this assignment.
     pub committed: Option<i64>,
+    /// Where the partition's first record is expected, before anything was consumed: the
+    /// group's committed offset, or where the sink sought it back to. `None` for a partition
+    /// the group never committed (it starts at the earliest offset Kafka holds, unchecked).
+    pub expect_from: Option<i64>,
     pub last_append: Instant,
     pub window: DigestWindow,
     /// Dead letters of the open range, as JSON lines for the dead-letter object.
@@ -174,6 +178,9 @@ pub enum FlushReason {
     /// The stream's definition changed (compatibly) and a record needs the new one: the file of
     /// the old columns closes.
     Definition,
+    /// The next record is past an offset gap and the partition stops there: what came before
+    /// is landed and committed.
+    OffsetGap,
     Shutdown,
 }
 
@@ -188,6 +195,7 @@ impl FlushReason {
             FlushReason::DeadLetters => "dead_letters",
             FlushReason::StagingBudget => "staging_budget",
             FlushReason::Definition => "definition",
+            FlushReason::OffsetGap => "offset_gap",
             FlushReason::Shutdown => "shutdown",
         }
     }
@@ -319,6 +327,7 @@ impl PartitionState {
             next_offset: None,
             range_start: None,
             committed: None,
+            expect_from: None,
             last_append: Instant::now(),
             window: DigestWindow::new(window, 0),
             dead: DeadLetters::default(),
@@ -378,10 +387,48 @@ impl PartitionState {
             "reason": reason,
             "payload_hex": hex::encode(payload),
         });
-        if self.dead_through.is_none_or(|through| offset > through) {
-            self.dead.push(offset, ingest_ts, &line);
-        }
+        self.keep_dead_line(offset, ingest_ts, &line);
         self.consumed(offset, ingest_ts);
+    }
+
+    /// Adds a line at `offset` to the dead letters, unless a dead-letter object found written
+    /// already holds it.
+    fn keep_dead_line(&mut self, offset: i64, ingest_ts: i64, line: &serde_json::Value) {
+        if self.dead_through.is_none_or(|through| offset > through) {
+            self.dead.push(offset, ingest_ts, line);
+        }
+    }
+
+    /// The offset this partition needs next when `offset` is past it: the records between are
+    /// not in Kafka for it (an offset gap). `None` when `offset` follows on.
+    pub fn gap_before(&self, offset: i64) -> Option<i64> {
+        self.next_offset
+            .or(self.expect_from)
+            .filter(|&next| offset > next)
+    }
+
+    /// Skips the offsets from `next` up to the record at `offset` (ingested at `ingest_ts`),
+    /// which comes next: they are noted in the dead letters as one line (no payload,
+    /// `skipped_through` its last offset), and the open range takes them in, so it starts at
+    /// `next` as it would have for a sink that read them (its key is the same).
+    pub fn skip_gap(&mut self, next: i64, offset: i64, ingest_ts: i64) {
+        let last = offset - 1;
+        let line = serde_json::json!({
+            "topic": self.topic,
+            "partition": self.partition,
+            "offset": next,
+            "ingest_ts": ingest_ts,
+            "reason": format!("offsets {next} to {last} were not in Kafka when the sink read the partition"),
+            "skipped_through": last,
+            "skipped_records": offset - next,
+        });
+        self.keep_dead_line(next, ingest_ts, &line);
+        self.range_start.get_or_insert_with(|| RangeStart {
+            offset: next,
+            ingest_ts,
+            opened: Instant::now(),
+        });
+        self.next_offset = Some(offset);
     }
 
     /// Takes a dead-letter object found written whose last line is at `last`: the dead letters
@@ -489,6 +536,58 @@ mod tests {
         assert!(dead_letter_ids(b"{\"reason\":\"x\"}\n").is_err());
         let ids = dead_letter_ids(b"{\"offset\":7}\n{\"offset\":3}\n").unwrap();
         assert_eq!(last_dead_letter(&ids).unwrap(), 7);
+    }
+
+    #[test]
+    fn a_gap_is_found_against_the_next_offset_or_the_expected_start_and_skipped_in_the_range() {
+        let def = schemas::example_streams()
+            .get("sensor_readings")
+            .unwrap()
+            .clone();
+        let mut part = PartitionState::new(def, "ingest.sensor_readings".into(), 2, 10);
+        // A partition the group never committed: whatever comes first is where it starts.
+        assert_eq!(part.gap_before(5_000), None);
+        // One whose committed offset is 40: a later first record is a gap, from 40.
+        part.expect_from = Some(40);
+        assert_eq!(part.gap_before(40), None);
+        assert_eq!(part.gap_before(39), None, "before it: no records lost");
+        assert_eq!(part.gap_before(41), Some(40));
+        part.consumed(40, 7);
+        part.consumed(41, 7);
+        // While it is read, against the next offset (the expected start no longer counts).
+        assert_eq!(part.gap_before(42), None);
+        assert_eq!(part.gap_before(50), Some(42));
+        part.skip_gap(42, 50, 9);
+        assert_eq!(part.gap_before(50), None);
+        assert_eq!(part.next_offset, Some(50));
+        assert_eq!(
+            part.range_start.unwrap().offset,
+            40,
+            "the open range goes on"
+        );
+        let note: serde_json::Value = serde_json::from_slice(part.dead.text()).unwrap();
+        assert_eq!(note["offset"], 42);
+        assert_eq!(note["skipped_through"], 49);
+        assert_eq!(note["skipped_records"], 8);
+        assert_eq!(note["partition"], 2);
+        assert_eq!(part.dead.first(), Some((42, 9)));
+
+        // A gap before anything was consumed opens the range at the gap, so its key is the one
+        // of a sink that read from there.
+        let def = part.def.clone();
+        let mut part = PartitionState::new(def, "ingest.sensor_readings".into(), 2, 10);
+        part.expect_from = Some(100);
+        part.skip_gap(100, 180, 11);
+        assert_eq!(
+            part.range_start.map(|r| (r.offset, r.ingest_ts)),
+            Some((100, 11))
+        );
+        // A dead-letter object found written through the gap holds its note already.
+        let def = part.def.clone();
+        let mut part = PartitionState::new(def, "ingest.sensor_readings".into(), 2, 10);
+        part.adopt_dead_letters_through(120);
+        part.skip_gap(100, 180, 11);
+        assert!(part.dead.is_empty());
     }
 
     #[test]

@@ -127,7 +127,7 @@ impl Worker {
                 .as_ref()
                 .map(|c| c.as_ref().map(|row| (row, self.hashes.get(row.hash))));
             let taken = match self.handle(f, checked) {
-                Ok(Handled::Redefine) => break,
+                Ok(Handled::Redefine | Handled::Gap(_)) => break,
                 Ok(Handled::Taken(flush)) => self.count_received().map(|budget| flush.or(budget)),
                 Err(e) => Err(e),
             };

@@ -50,6 +50,9 @@ pub struct RedriveReport {
     pub unreadable_objects: u64,
     /// Dead letters left out: an earlier run redrove them.
     pub redriven_before: u64,
+    /// Offsets noted in the dead letters as skipped at an offset gap: their records were not
+    /// in Kafka when the sink read the partition, so there is nothing to send back.
+    pub skipped_offsets: u64,
     /// The others, checked against the definition as it is now.
     #[serde(flatten)]
     pub tally: Tally,
@@ -61,7 +64,11 @@ pub struct RedriveReport {
 struct DeadLetterLine {
     topic: String,
     offset: i64,
+    #[serde(default)]
     payload_hex: String,
+    /// Set on the note of an offset gap skipped (`on_offset_gap = "skip"`): its last offset.
+    #[serde(default)]
+    skipped_through: Option<i64>,
 }
 
 /// What `_redriven/` notes of an object: the offsets produced again.
@@ -225,6 +232,10 @@ fn check_object(
         }
         let dead: DeadLetterLine = serde_json::from_slice(line)
             .with_context(|| format!("line {} of {key} is not a dead letter", i + 1))?;
+        if let Some(last) = dead.skipped_through {
+            report.skipped_offsets += (last - dead.offset + 1).max(0) as u64;
+            continue;
+        }
         if done.contains(&dead.offset) {
             report.redriven_before += 1;
             continue;
@@ -278,6 +289,28 @@ mod tests {
         assert!(folder(&opts(Some("2026-11-25"), Some(24))).is_err());
         assert!(folder(&opts(Some("25.11.2026"), None)).is_err());
         assert!(folder(&opts(Some("../x"), None)).is_err());
+    }
+
+    #[test]
+    fn a_gap_note_is_counted_and_the_dead_letters_beside_it_are_checked() {
+        let streams = schemas::example_streams();
+        let def = streams.get("sensor_readings").unwrap();
+        let valid = r#"{"device_id":"d","sensor":"t","ts":1,"value":1.5}"#;
+        let data = format!(
+            "{}\n{}\n{}\n",
+            serde_json::json!({"topic": "ingest.sensor_readings", "partition": 0, "offset": 3,
+                "payload_hex": hex::encode("{not json"), "reason": "malformed"}),
+            serde_json::json!({"topic": "ingest.sensor_readings", "partition": 0, "offset": 4,
+                "skipped_through": 99, "skipped_records": 96, "reason": "gap"}),
+            serde_json::json!({"topic": "ingest.sensor_readings", "partition": 0, "offset": 100,
+                "payload_hex": hex::encode(valid), "reason": "unknown field"}),
+        );
+        let mut report = RedriveReport::default();
+        let (by_topic, offsets) =
+            check_object(def, "k", data.as_bytes(), &BTreeSet::new(), &mut report).unwrap();
+        assert_eq!(report.skipped_offsets, 96);
+        assert_eq!(offsets, [100]);
+        assert_eq!(by_topic.len(), 1);
     }
 
     #[test]

@@ -12,7 +12,8 @@
 //! `upload.staging_budget_bytes`, `upload.part_bytes` and `upload.abandoned_after_hours`, and
 //! `dedupe_window` and `dedupe_memory_bytes`: every open partition's window is resized to its
 //! new share, keeping its newest entries (all of them when it grows; a grown window is not
-//! warmed again from the landing files, it fills from the records read after).
+//! warmed again from the landing files, it fills from the records read after), and
+//! `on_offset_gap` (a change to `skip` lets the partitions stopped at a gap go on).
 //! The other settings shape what the sink set up when it started (its consumer and group
 //! membership, its store client, the keys it writes, its staging folder and admin address):
 //! they take effect at the next start, and a reload that changes one of them names it in its
@@ -38,6 +39,7 @@ pub const LIVE: &[&str] = &[
     "upload.abandoned_after_hours",
     "dedupe_window",
     "dedupe_memory_bytes",
+    "on_offset_gap",
 ];
 
 /// Hands reloaded configs to a running sink ([`crate::Sink::reload`]).
@@ -126,6 +128,7 @@ fn changed(old: &SinkConfig, new: &SinkConfig, live: bool) -> Vec<&'static str> 
             "dedupe_memory_bytes",
             old.dedupe_memory_bytes != new.dedupe_memory_bytes,
         ),
+        ("on_offset_gap", old.on_offset_gap != new.on_offset_gap),
     ];
     settings
         .into_iter()
@@ -146,6 +149,9 @@ impl Worker {
         config.memory_budget_bytes = new.memory_budget_bytes;
         config.upload.part_bytes = new.upload.part_bytes;
         config.upload.abandoned_after_hours = new.upload.abandoned_after_hours;
+        // Partitions stopped at an offset gap go on at the next tick when this is `skip`
+        // ([`Worker::resume_gaps`]).
+        config.on_offset_gap = new.on_offset_gap;
         let budget = new.upload.staging_budget_bytes;
         if budget != config.upload.staging_budget_bytes {
             // 0 is half the free space: read again now, as at a start.
@@ -189,6 +195,7 @@ impl Worker {
             staging_budget_bytes = self.staging_budget,
             dedupe_window = self.config.dedupe_window,
             dedupe_memory_bytes = self.config.dedupe_memory_bytes,
+            on_offset_gap = self.config.on_offset_gap.as_str(),
             "reloaded settings in force"
         );
     }
@@ -241,6 +248,7 @@ mod tests {
         new.upload.abandoned_after_hours += 1;
         new.dedupe_window += 1;
         new.dedupe_memory_bytes += 1;
+        new.on_offset_gap = crate::config::OffsetGapPolicy::Skip;
         assert_eq!(changed(&old, &new, true), LIVE);
         assert_eq!(changed(&old, &new, false), Vec::<&str>::new());
     }

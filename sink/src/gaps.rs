@@ -1,0 +1,196 @@
+//! Offset gaps: a partition that gets a later offset from Kafka than the one it needs next.
+//!
+//! The records of a stream's topic have consecutive offsets (no compaction, no transactions),
+//! so a partition that needs offset `next` and gets a later one has lost the records between:
+//! deleted by retention before a sink read them (a sink down for longer than the topic keeps
+//! its records, a topic with a small `retention.bytes`, a consumer reset to the earliest offset
+//! still held), or not delivered by the broker. Every such gap is found, whether it opens
+//! while the partition is read, or lies between the group's committed offset and the first
+//! record a newly assigned partition gets (a partition the group never committed starts at
+//! the earliest offset Kafka holds, unchecked). It is logged (ERROR, with the range and the
+//! partition's earliest offset), counted and alerted on, and then, by `on_offset_gap`:
+//! - `stop`: the partition lands and commits what came before the gap and stops there,
+//!   paused, with the sink unready; every sink that takes it over stops at the same offset,
+//!   until an operator sets `skip` (a reload is enough) or moves the group's offset;
+//! - `skip`: the range is noted as one line in the partition's dead letters and the partition
+//!   goes on; its open range starts at the gap, so the keys are those of a sink that read it.
+
+use std::sync::atomic::Ordering;
+use std::time::{Duration, Instant};
+
+use anyhow::Context as _;
+use rdkafka::consumer::Consumer as _;
+use rdkafka::{Offset, TopicPartitionList};
+
+use crate::config::OffsetGapPolicy;
+use crate::metrics as m;
+use crate::partition::FlushReason;
+use crate::{Fields, Gap, PartKey, Worker};
+
+impl Worker {
+    /// Where partition `key`, which has no state, is expected to go on: where the sink sought
+    /// it back to, else the group's committed offset (the committed offsets of the whole
+    /// assignment are read once per rebalance). `None` when the group never committed it, or
+    /// its committed offsets cannot be read (logged: its first record is then not checked).
+    pub(crate) async fn expected_start(&mut self, key: &PartKey) -> Option<i64> {
+        if let Some(&at) = self.resume_at.get(key) {
+            return Some(at);
+        }
+        let generation = self.consumer.context().rebalances.load(Ordering::Acquire);
+        if self.committed_read == Some(generation) {
+            return None;
+        }
+        self.committed_read = Some(generation);
+        let consumer = self.consumer.clone();
+        let read = tokio::task::spawn_blocking(move || {
+            let assignment = consumer.assignment()?;
+            consumer.committed_offsets(assignment, Duration::from_secs(10))
+        })
+        .await;
+        match read {
+            Ok(Ok(list)) => {
+                for e in list.elements() {
+                    if let Offset::Offset(offset) = e.offset() {
+                        self.resume_at
+                            .entry((e.topic().to_owned(), e.partition()))
+                            .or_insert(offset);
+                    }
+                }
+            }
+            Ok(Err(e)) => tracing::warn!(
+                error = %e,
+                "cannot read the group's committed offsets: the first records of the partitions opened now are not checked for an offset gap"
+            ),
+            Err(e) => tracing::warn!(error = %e, "committed offsets task failed"),
+        }
+        self.resume_at.get(key).copied()
+    }
+
+    /// The record `msg` of partition `key` is past offset `next`, which the partition needs:
+    /// reports the gap and skips it or stops the partition ([`OffsetGapPolicy`]). `true` when
+    /// skipped (the record is to be handled again), `false` when the partition stopped (the
+    /// record is not taken).
+    pub(crate) async fn offset_gap(
+        &mut self,
+        key: &PartKey,
+        next: i64,
+        msg: &Fields<'_>,
+    ) -> anyhow::Result<bool> {
+        let Some(part) = self.parts.get(key) else {
+            return Ok(false);
+        };
+        let stream = part.def.name.clone();
+        let (got, records) = (msg.offset, msg.offset - next);
+        let earliest = self.earliest_offset(key).await;
+        let cause = match earliest {
+            Some(low) if low > next => format!(
+                "deleted before they were read (retention): the partition's earliest offset is {low}"
+            ),
+            Some(low) => format!(
+                "not delivered although the partition still starts at {low} (a compacted or transactional topic, or a broker that answers a fetch with later offsets than asked)"
+            ),
+            None => "the partition's earliest offset cannot be read".to_owned(),
+        };
+        self.stats.offset_gaps.fetch_add(1, Ordering::Relaxed);
+        let (topic, partition) = (key.0.as_str(), key.1);
+        let policy = self.config.on_offset_gap;
+        if policy == OffsetGapPolicy::Skip {
+            tracing::error!(
+                topic,
+                partition,
+                first_offset = next,
+                last_offset = got - 1,
+                records,
+                policy = policy.as_str(),
+                "offset gap: {records} records ({next} to {}) were not in Kafka when the sink read the partition, {cause}; skipped, and noted in the partition's dead letters",
+                got - 1
+            );
+            ::metrics::counter!(m::OFFSETS_SKIPPED, "stream" => stream).increment(records as u64);
+            self.stats
+                .offsets_skipped
+                .fetch_add(records as u64, Ordering::Relaxed);
+            if let Some(part) = self.parts.get_mut(key) {
+                part.skip_gap(next, got, msg.ingest_ts);
+            }
+            return Ok(true);
+        }
+        tracing::error!(
+            topic,
+            partition,
+            first_offset = next,
+            last_offset = got - 1,
+            records,
+            policy = policy.as_str(),
+            "offset gap: {records} records ({next} to {}) are not in Kafka for the sink, {cause}; the partition stops at offset {next} (what came before is landed and committed) and the sink is not ready: set on_offset_gap = \"skip\" and reload the sink (SIGHUP) to skip them",
+            got - 1
+        );
+        self.flush(key, FlushReason::OffsetGap).await?;
+        let Some(part) = self.parts.get_mut(key) else {
+            return Ok(false);
+        };
+        part.stopped = true;
+        let mut list = TopicPartitionList::new();
+        list.add_partition(topic, partition);
+        if let Err(e) = self.consumer.pause(&list) {
+            tracing::warn!(topic, partition, error = %e, "cannot pause the partition stopped at the gap; its records are read and left");
+        }
+        self.gap_stopped
+            .insert(key.clone(), Gap { stream, next, got });
+        self.report_gap_stopped(&self.gap_stopped[key].stream);
+        Ok(false)
+    }
+
+    /// Once `on_offset_gap` is `skip` (a reload), the partitions stopped at a gap go on: each is
+    /// read again from the offset it stopped at, and skips the gap there.
+    pub(crate) async fn resume_gaps(&mut self) -> anyhow::Result<()> {
+        if self.config.on_offset_gap != OffsetGapPolicy::Skip || self.gap_stopped.is_empty() {
+            return Ok(());
+        }
+        for (key, gap) in std::mem::take(&mut self.gap_stopped) {
+            tracing::warn!(
+                topic = %key.0,
+                partition = key.1,
+                first_offset = gap.next,
+                next_offset_held = gap.got,
+                "on_offset_gap is \"skip\" now: the partition stopped at the gap goes on past it"
+            );
+            self.drop_partition(&key);
+            self.report_gap_stopped(&gap.stream);
+            self.hold(key, Some(gap.next), Instant::now()).await?;
+        }
+        Ok(())
+    }
+
+    /// Sets the gauge of `stream`'s partitions stopped at a gap, and the sink's count.
+    pub(crate) fn report_gap_stopped(&self, stream: &str) {
+        let of_stream = self
+            .gap_stopped
+            .values()
+            .filter(|g| g.stream == stream)
+            .count();
+        ::metrics::gauge!(m::GAP_STOPPED, "stream" => stream.to_owned()).set(of_stream as f64);
+        self.stats
+            .gap_stopped
+            .store(self.gap_stopped.len() as u64, Ordering::Relaxed);
+    }
+
+    /// The earliest offset Kafka holds of partition `key`, for the report of a gap.
+    async fn earliest_offset(&self, key: &PartKey) -> Option<i64> {
+        let consumer = self.consumer.clone();
+        let (topic, partition) = key.clone();
+        let read = tokio::task::spawn_blocking(move || {
+            consumer
+                .fetch_watermarks(&topic, partition, Duration::from_secs(5))
+                .context("cannot read the partition's watermarks")
+        })
+        .await;
+        match read {
+            Ok(Ok((low, _))) => Some(low),
+            Ok(Err(e)) => {
+                tracing::warn!(error = %format!("{e:#}"), "offset gap");
+                None
+            }
+            Err(_) => None,
+        }
+    }
+}
