@@ -9,12 +9,14 @@ use axum::extract::rejection::PathRejection;
 use axum::extract::{Path, State};
 use axum::http::{HeaderMap, HeaderValue, StatusCode, header};
 use axum::response::{IntoResponse, Response};
+use http_body_util::BodyExt as _;
 use plumbing::body::DecompressError;
 use plumbing::kafka::Messages;
 use schemas::DecodeError;
 use schemas::api::{ErrorBody, IngestResponse, RejectedRecord};
-use schemas::columnar::parquet_to_ndjson;
-use schemas::decode::{BodyFormat, split_body_in};
+use schemas::budget::Charge;
+use schemas::columnar::parquet_to_ndjson_charged;
+use schemas::decode::{BodyFormat, split_body_charged};
 use schemas::hash::HashSetOfHashes;
 use schemas::{Forward, HashGroup, RecordError, StreamDef, Streams, validate_stream_name};
 use tokio::sync::{OwnedSemaphorePermit, Semaphore};
@@ -309,9 +311,9 @@ fn body_format(headers: &HeaderMap) -> Result<BodyFormat, ApiError> {
         })
 }
 
-/// Decompression state kept by each blocking-pool thread between requests: a zstd context
-/// and an output buffer (fresh megabyte buffers per request cost more in page faults than the
-/// decoding itself).
+/// Decompression state of a request: a zstd context, kept by each blocking-pool thread between
+/// requests, and an output buffer, taken from the few kept ([`KEPT_BUFFERS`]; fresh megabyte
+/// buffers per request cost more in page faults than the decoding itself).
 struct Scratch {
     zstd: Option<zstd::bulk::Decompressor<'static>>,
     plain: Vec<u8>,
@@ -320,10 +322,37 @@ struct Scratch {
 /// Larger buffers are not kept between requests.
 const SCRATCH_KEEP_BYTES: usize = 8 << 20;
 
+/// Output buffers kept between requests, at most: the memory they hold between requests
+/// (`KEPT_BUFFERS` × [`SCRATCH_KEEP_BYTES`]) is the only memory of the checks outside the
+/// in-flight budget, so it is bounded whatever the number of blocking threads.
+const KEPT_BUFFERS: usize = 4;
+
+static KEPT: std::sync::Mutex<Vec<Vec<u8>>> = std::sync::Mutex::new(Vec::new());
+
 thread_local! {
-    static SCRATCH: std::cell::RefCell<Scratch> = const {
-        std::cell::RefCell::new(Scratch { zstd: None, plain: Vec::new() })
-    };
+    static ZSTD: std::cell::RefCell<Option<zstd::bulk::Decompressor<'static>>> =
+        const { std::cell::RefCell::new(None) };
+}
+
+/// A kept output buffer, or a new one.
+fn take_buffer() -> Vec<u8> {
+    KEPT.lock()
+        .ok()
+        .and_then(|mut kept| kept.pop())
+        .unwrap_or_default()
+}
+
+/// Keeps `buffer` for a later request if it is small enough and there is room.
+fn keep_buffer(mut buffer: Vec<u8>) {
+    if buffer.capacity() > SCRATCH_KEEP_BYTES {
+        return;
+    }
+    buffer.clear();
+    if let Ok(mut kept) = KEPT.lock()
+        && kept.len() < KEPT_BUFFERS
+    {
+        kept.push(buffer);
+    }
 }
 
 /// Decompresses `body` into the scratch buffer, stopping as soon as the output passes `limit` (a
@@ -334,6 +363,7 @@ fn decompress_into(
     body: &[u8],
     limit: usize,
     scratch: &mut Scratch,
+    charge: Charge<'_>,
 ) -> Result<(), ApiError> {
     plumbing::body::decompress_into(
         encoding,
@@ -342,9 +372,11 @@ fn decompress_into(
         &mut scratch.zstd,
         &def.dictionaries,
         &mut scratch.plain,
+        charge,
     )
     .map_err(|e| match e {
         DecompressError::TooLarge(limit) => decompressed_too_large(limit),
+        DecompressError::OverBudget => overloaded("in-flight bytes"),
         DecompressError::Invalid(message) => ApiError::bad_request(message),
         e @ DecompressError::UnknownDictionary(_) => ApiError::new(
             StatusCode::UNPROCESSABLE_ENTITY,
@@ -377,33 +409,46 @@ pub struct Checked {
     pub newer_definition_may_take: bool,
 }
 
-/// Decompresses, decodes, validates and hashes a body; CPU work, run on the blocking pool.
+/// Decompresses, decodes, validates and hashes a body; CPU work, run on the blocking pool. The
+/// memory it takes besides the body (the decompressed bytes as the decoder produces them, the
+/// records' lines, the Kafka messages) is taken from `charge` before it is allocated: a body
+/// the budget does not take is answered 429 (`overloaded`) before it fills memory.
 pub fn check_body(
     def: &StreamDef,
     format: BodyFormat,
     encoding: Encoding,
     body: Bytes,
     limits: &LimitsConfig,
+    charge: Charge<'_>,
 ) -> Result<Checked, ApiError> {
     if encoding == Encoding::Identity {
         if body.len() > limits.max_decompressed_bytes {
             return Err(decompressed_too_large(limits.max_decompressed_bytes));
         }
-        return check_plain(def, format, &body, limits);
+        return check_plain(def, format, &body, limits, charge);
     }
-    SCRATCH.with(|scratch| {
-        let mut scratch = scratch.borrow_mut();
+    ZSTD.with(|zstd| {
+        let mut scratch = Scratch {
+            zstd: zstd.borrow_mut().take(),
+            plain: take_buffer(),
+        };
+        // A buffer kept from earlier bodies is this body's while it is checked.
+        if !charge(scratch.plain.capacity()) {
+            keep_buffer(scratch.plain);
+            *zstd.borrow_mut() = scratch.zstd;
+            return Err(overloaded("in-flight bytes"));
+        }
         let checked = decompress_into(
             def,
             encoding,
             &body,
             limits.max_decompressed_bytes,
             &mut scratch,
+            &mut *charge,
         )
-        .and_then(|()| check_plain(def, format, &scratch.plain, limits));
-        if scratch.plain.capacity() > SCRATCH_KEEP_BYTES {
-            scratch.plain = Vec::new();
-        }
+        .and_then(|()| check_plain(def, format, &scratch.plain, limits, &mut *charge));
+        keep_buffer(scratch.plain);
+        *zstd.borrow_mut() = scratch.zstd;
         checked
     })
 }
@@ -414,17 +459,23 @@ fn check_plain(
     format: BodyFormat,
     plain: &[u8],
     limits: &LimitsConfig,
+    charge: Charge<'_>,
 ) -> Result<Checked, ApiError> {
     let converted;
     let (format, plain) = match format {
         BodyFormat::Parquet => {
-            converted = parquet_to_ndjson(
+            if !charge(plain.len()) {
+                return Err(overloaded("in-flight bytes"));
+            }
+            converted = parquet_to_ndjson_charged(
                 def,
                 Bytes::copy_from_slice(plain),
                 limits.max_decompressed_bytes,
+                &mut *charge,
             )
             .map_err(|e| match e {
                 DecodeError::TooLarge(limit) => decompressed_too_large(limit),
+                DecodeError::OverBudget => overloaded("in-flight bytes"),
                 e => ApiError {
                     newer_definition_may_take: e.newer_definition_may_take(),
                     ..ApiError::bad_request(e.to_string())
@@ -434,13 +485,21 @@ fn check_plain(
         }
         other => (other, plain),
     };
-    let records = split_body_in(format, plain).map_err(|e| ApiError::bad_request(e.to_string()))?;
-    if records.len() > limits.max_records {
-        return Err(ApiError::too_large(format!(
-            "{} records in one request; the limit is {}",
-            records.len(),
-            limits.max_records
-        )));
+    let records = split_body_charged(format, plain, limits.max_records, &mut *charge)
+        .map_err(|e| match e {
+            DecodeError::OverBudget => overloaded("in-flight bytes"),
+            e => ApiError::bad_request(e.to_string()),
+        })?
+        .ok_or_else(|| {
+            ApiError::too_large(format!(
+                "more than {} records in one request",
+                limits.max_records
+            ))
+        })?;
+    // The Kafka messages (values about as large as the records), the in-request dedupe set and
+    // the fingerprint.
+    if !charge(plain.len() + records.len() * CHECK_BYTES_PER_RECORD) {
+        return Err(overloaded("in-flight bytes"));
     }
     let mut response = IngestResponse::default();
     let mut seen = HashSetOfHashes::with_capacity_and_hasher(records.len(), Default::default());
@@ -522,35 +581,151 @@ fn check_plain(
 /// Records of a request whose content hashes are made together.
 const HASH_GROUP: usize = 32;
 
+/// Memory `check_plain` takes per record besides its value: its Kafka message's entry, its
+/// content hash in the in-request dedupe set and in the fingerprint.
+const CHECK_BYTES_PER_RECORD: usize = plumbing::kafka::Messages::ENTRY_BYTES
+    + 2 * std::mem::size_of::<schemas::ContentHash>()
+    + 2 * std::mem::size_of::<usize>();
+
 const IDEMPOTENCY_KEY: &str = "idempotency-key";
 const IDEMPOTENT_REPLAYED: &str = "idempotent-replayed";
 
-/// Request bytes held by a request: KiB permits of the in-flight budget, reported as a gauge.
-struct Inflight {
-    _permit: OwnedSemaphorePermit,
-    bytes: f64,
+/// Memory held by a request, taken from the in-flight budget (KiB permits) before it is
+/// allocated and given back when the request ends; reported as a gauge.
+pub(crate) struct Inflight {
+    budget: Arc<Semaphore>,
+    /// The whole budget (`limits.max_inflight_bytes`).
+    capacity: usize,
+    permit: Option<OwnedSemaphorePermit>,
+    bytes: usize,
+    /// A take failed that the whole budget could not have given either.
+    never_fits: bool,
 }
 
 impl Inflight {
-    fn acquire(budget: &Arc<Semaphore>, bytes: usize) -> Result<Inflight, ApiError> {
-        let kib = u32::try_from(bytes.div_ceil(1024))
-            .unwrap_or(u32::MAX)
-            .max(1);
-        let permit = budget
-            .clone()
-            .try_acquire_many_owned(kib)
-            .map_err(|_| overloaded("in-flight bytes"))?;
+    pub(crate) fn new(budget: &Arc<Semaphore>, capacity: usize) -> Inflight {
+        Inflight {
+            budget: budget.clone(),
+            capacity,
+            permit: None,
+            bytes: 0,
+            never_fits: false,
+        }
+    }
+
+    /// Takes `bytes` more from the budget; `false` when it does not have them now.
+    fn take(&mut self, bytes: usize) -> bool {
+        let total = self.bytes.saturating_add(bytes);
+        let kib = total.div_ceil(1024) - self.bytes.div_ceil(1024);
+        if kib > 0 {
+            let acquired = u32::try_from(kib)
+                .ok()
+                .and_then(|kib| self.budget.clone().try_acquire_many_owned(kib).ok());
+            match acquired {
+                Some(more) => match &mut self.permit {
+                    Some(held) => held.merge(more),
+                    None => self.permit = Some(more),
+                },
+                None => {
+                    self.never_fits = total > self.capacity;
+                    return false;
+                }
+            }
+        }
+        self.bytes = total;
         metrics::gauge!(m::INFLIGHT_BYTES).increment(bytes as f64);
-        Ok(Inflight {
-            _permit: permit,
-            bytes: bytes as f64,
-        })
+        true
+    }
+
+    /// Gives back what was taken past the first `bytes` (memory freed).
+    fn give_back_to(&mut self, bytes: usize) {
+        if let Some(held) = &mut self.permit {
+            let keep = bytes.div_ceil(1024);
+            drop(held.split(held.num_permits().saturating_sub(keep)));
+        }
+        let given = self.bytes.saturating_sub(bytes);
+        self.bytes -= given;
+        metrics::gauge!(m::INFLIGHT_BYTES).decrement(given as f64);
+    }
+
+    /// [`Inflight::take`], answered 429 with `Retry-After` when the budget does not have them.
+    fn acquire(&mut self, bytes: usize) -> Result<(), ApiError> {
+        if self.take(bytes) {
+            Ok(())
+        } else {
+            Err(self.refusal(overloaded("in-flight bytes")))
+        }
+    }
+
+    /// `error`, or 413 when the request needs more than the whole budget: no retry would do
+    /// better than the 429 `error` promises.
+    fn refusal(&self, error: ApiError) -> ApiError {
+        if self.never_fits {
+            ApiError::too_large(format!(
+                "the request needs more memory than the gateway's whole max_inflight_bytes ({} bytes)",
+                self.capacity
+            ))
+        } else {
+            error
+        }
     }
 }
 
 impl Drop for Inflight {
     fn drop(&mut self) {
-        metrics::gauge!(m::INFLIGHT_BYTES).decrement(self.bytes);
+        metrics::gauge!(m::INFLIGHT_BYTES).decrement(self.bytes as f64);
+    }
+}
+
+/// Reads a request body, its bytes taken from the in-flight budget before they are held: a
+/// declared `Content-Length` at once, before anything is read (413 past `max_body_bytes`, 429
+/// past the budget), a body without one as its buffer grows.
+async fn read_body(
+    body: Body,
+    headers: &HeaderMap,
+    limit: usize,
+    deadline: Instant,
+    inflight: &mut Inflight,
+) -> Result<Bytes, ApiError> {
+    let too_large = || ApiError::too_large(format!("request body is larger than {limit} bytes"));
+    let declared = headers
+        .get(axum::http::header::CONTENT_LENGTH)
+        .and_then(|v| v.to_str().ok())
+        .and_then(|v| v.parse::<usize>().ok());
+    let mut buffer = Vec::new();
+    if let Some(declared) = declared {
+        if declared > limit {
+            return Err(too_large());
+        }
+        inflight.acquire(declared)?;
+        buffer.reserve_exact(declared);
+    }
+    let read = async {
+        let mut body = body;
+        while let Some(frame) = body.frame().await {
+            let frame = frame
+                .map_err(|e| ApiError::bad_request(format!("cannot read the request body: {e}")))?;
+            let Ok(data) = frame.into_data() else {
+                continue;
+            };
+            if buffer.len() + data.len() > limit {
+                return Err(too_large());
+            }
+            if !schemas::budget::reserve(&mut buffer, data.len(), &mut |bytes| inflight.take(bytes))
+            {
+                return Err(inflight.refusal(overloaded("in-flight bytes")));
+            }
+            buffer.extend_from_slice(&data);
+        }
+        Ok(())
+    };
+    match tokio::time::timeout_at(deadline.into(), read).await {
+        Ok(read) => read.map(|()| Bytes::from(buffer)),
+        Err(_) => Err(ApiError::new(
+            StatusCode::REQUEST_TIMEOUT,
+            "request_timeout",
+            "the request body did not arrive in time",
+        )),
     }
 }
 
@@ -643,48 +818,51 @@ pub async fn ingest(
         ),
     };
     let deadline = Instant::now() + request_time(&state.limits, &headers);
-    let limit = state.limits.max_body_bytes;
-    let body =
-        match tokio::time::timeout_at(deadline.into(), axum::body::to_bytes(body, limit)).await {
-            Ok(Ok(body)) => body,
-            Ok(Err(_)) => {
-                return Err(ApiError::too_large(format!(
-                    "request body is larger than {limit} bytes"
-                )));
-            }
-            Err(_) => {
-                return Err(ApiError::new(
-                    StatusCode::REQUEST_TIMEOUT,
-                    "request_timeout",
-                    "the request body did not arrive in time",
-                ));
-            }
-        };
+    // Everything the request holds, from its body to its Kafka messages, is charged here and
+    // given back when it ends.
+    let mut inflight = Inflight::new(&state.inflight, state.limits.max_inflight_bytes);
+    let body = read_body(
+        body,
+        &headers,
+        state.limits.max_body_bytes,
+        deadline,
+        &mut inflight,
+    )
+    .await?;
     auth.charge(who, body.len());
-    let _compressed = Inflight::acquire(&state.inflight, body.len())?;
     let labels = [("stream", stream.clone())];
     metrics::counter!(m::RECEIVED_BYTES, &labels).increment(body.len() as u64);
 
-    let check = |def: Arc<StreamDef>, body: Bytes| {
+    // The memory the check takes is held until the request ends (its Kafka messages are
+    // produced from it).
+    let check = |def: Arc<StreamDef>, body: Bytes, mut inflight: Inflight| {
         let st = state.clone();
         async move {
             tokio::task::spawn_blocking(move || {
-                check_body(&def, format, encoding, body, &st.limits)
+                let checked = check_body(&def, format, encoding, body, &st.limits, &mut |bytes| {
+                    inflight.take(bytes)
+                });
+                (checked.map_err(|e| inflight.refusal(e)), inflight)
             })
             .await
-            .map_err(|e| ApiError::unavailable(format!("internal error: {e}"), 1))?
+            .map_err(|e| ApiError::unavailable(format!("internal error: {e}"), 1))
         }
     };
-    let mut checked = check(def.clone(), body.clone()).await;
+    let body_bytes = inflight.bytes;
+    let (mut checked, mut inflight) = check(def.clone(), body.clone(), inflight).await?;
     let unfit = match &checked {
         Ok(c) => c.newer_definition_may_take,
         Err(e) => e.newer_definition_may_take,
     };
     if unfit && let Some(newer) = state.newer_definition(&def).await {
-        checked = check(newer, body).await;
+        // The first check's memory goes back before the second takes its own.
+        drop(checked);
+        inflight.give_back_to(body_bytes);
+        (checked, inflight) = check(newer, body, inflight).await?;
     }
     let checked = checked?;
-    let _decompressed = Inflight::acquire(&state.inflight, checked.decompressed_bytes)?;
+    // Given back once the answer is made, with the messages produced from it.
+    let _held = inflight;
     metrics::counter!(m::DECOMPRESSED_BYTES, &labels).increment(checked.decompressed_bytes as u64);
     // The key is looked up once the records are known: a repeat must carry the same ones.
     let guard = match key {
@@ -783,7 +961,15 @@ mod tests {
             zstd: None,
             plain: Vec::new(),
         };
-        decompress_into(def, encoding, &body, limit, &mut scratch).map(|()| scratch.plain)
+        decompress_into(
+            def,
+            encoding,
+            &body,
+            limit,
+            &mut scratch,
+            &mut schemas::budget::unlimited,
+        )
+        .map(|()| scratch.plain)
     }
 
     #[test]
@@ -876,6 +1062,7 @@ mod tests {
             BodyFormat::Ndjson,
             body.as_bytes(),
             &LimitsConfig::default(),
+            &mut schemas::budget::unlimited,
         )
         .unwrap();
         let values: Vec<(&str, &[u8])> = checked.prepared.iter().collect();

@@ -163,9 +163,10 @@ pub struct LimitsConfig {
     /// Requests served at once; more are answered 429 with `Retry-After`.
     #[serde(default = "default_max_concurrent")]
     pub max_concurrent_requests: usize,
-    /// Request bytes (compressed plus decompressed) held at once across all requests; a request
-    /// that would pass it is answered 429 with `Retry-After`, so a slow Kafka cannot pile up
-    /// memory.
+    /// Memory held at once across all requests (bodies as sent, decompressed bodies, the
+    /// records' lines and Kafka messages), taken before it is allocated: a request that would
+    /// pass it is answered 429 with `Retry-After` (413 when it needs more than all of it), so
+    /// neither many clients nor a slow Kafka can take the gateway's memory.
     #[serde(default = "default_max_inflight")]
     pub max_inflight_bytes: usize,
     /// Time for a whole request, from the first body byte to the answer, in milliseconds, plus

@@ -279,6 +279,7 @@ impl Workload {
                 &mut dctx,
                 dictionaries,
                 &mut plain,
+                &mut schemas::budget::unlimited,
             )?;
             Ok(schemas::decode::ndjson_lines_in(&plain)
                 .filter(|&line| valid(&self.def, line))
@@ -298,6 +299,7 @@ impl Workload {
                 Encoding::Zstd,
                 body.clone(),
                 &limits,
+                &mut schemas::budget::unlimited,
             )
             .map_or(0, |c| c.prepared.len()))
         })

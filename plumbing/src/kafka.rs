@@ -109,6 +109,9 @@ struct Entry {
 }
 
 impl Messages {
+    /// Memory of one message besides its value (its key, content hash and end).
+    pub const ENTRY_BYTES: usize = std::mem::size_of::<Entry>();
+
     pub fn new(def: &StreamDef, records: usize, value_bytes: usize) -> Messages {
         Messages {
             entries: Vec::with_capacity(records),

@@ -334,18 +334,34 @@ pub fn parquet_to_ndjson(
     body: Bytes,
     max_bytes: usize,
 ) -> Result<Vec<u8>, DecodeError> {
+    parquet_to_ndjson_charged(def, body, max_bytes, &mut crate::budget::unlimited)
+}
+
+/// [`parquet_to_ndjson`], the NDJSON's memory taken from `charge` before it is allocated
+/// ([`DecodeError::OverBudget`] when the budget does not take it).
+pub fn parquet_to_ndjson_charged(
+    def: &StreamDef,
+    body: Bytes,
+    max_bytes: usize,
+    charge: crate::budget::Charge<'_>,
+) -> Result<Vec<u8>, DecodeError> {
     // The parquet crate panics on some malformed files instead of returning an error (found
     // by fuzzing, `schemas/fuzz`: an assertion that a column chunk's start is not negative, a
     // division by zero in its byte-array reader, and arithmetic overflows where overflow checks
     // are on). A hostile body must get a 400 like any other malformed one, not take down the
     // thread decoding it (the gateway answered 503, which clients retry for ever).
     std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
-        decode_parquet(def, body, max_bytes)
+        decode_parquet(def, body, max_bytes, charge)
     }))
     .unwrap_or_else(|_| Err(malformed("the Parquet reader failed on it")))
 }
 
-fn decode_parquet(def: &StreamDef, body: Bytes, max_bytes: usize) -> Result<Vec<u8>, DecodeError> {
+fn decode_parquet(
+    def: &StreamDef,
+    body: Bytes,
+    max_bytes: usize,
+    charge: crate::budget::Charge<'_>,
+) -> Result<Vec<u8>, DecodeError> {
     let builder = ParquetRecordBatchReaderBuilder::try_new(body).map_err(malformed)?;
     let stated: i64 = builder
         .metadata()
@@ -386,7 +402,11 @@ fn decode_parquet(def: &StreamDef, body: Bytes, max_bytes: usize) -> Result<Vec<
             for (column, &field) in batch.columns().iter().zip(&columns) {
                 record.values[field] = value_at(column.as_ref(), &def.fields[field].ty, row);
             }
-            out.extend_from_slice(&encode_value(def, &record));
+            let line = encode_value(def, &record);
+            if !crate::budget::reserve(&mut out, line.len() + 1, charge) {
+                return Err(DecodeError::OverBudget);
+            }
+            out.extend_from_slice(&line);
             out.push(b'\n');
             if out.len() > max_bytes {
                 return Err(DecodeError::TooLarge(max_bytes));

@@ -107,6 +107,46 @@ pub fn split_body(format: BodyFormat, body: &[u8]) -> Result<Vec<&[u8]>, DecodeE
     }
 }
 
+/// [`split_body_in`] of at most `max` records (`None` past that), the memory of the lines
+/// taken from `charge` before it is allocated. NDJSON lines are split one at a time, so that
+/// a body of many short lines is refused before it allocates them all; a JSON array is parsed
+/// whole first and its elements charged then.
+pub fn split_body_charged<'a>(
+    format: BodyFormat,
+    body: &'a [u8],
+    max: usize,
+    charge: crate::budget::Charge<'_>,
+) -> Result<Option<Vec<Line<'a>>>, DecodeError> {
+    let mut lines = Vec::new();
+    let mut add = |line: Line<'a>| -> Result<bool, DecodeError> {
+        if lines.len() == max {
+            return Ok(false);
+        }
+        if !crate::budget::reserve(&mut lines, 1, &mut *charge) {
+            return Err(DecodeError::OverBudget);
+        }
+        lines.push(line);
+        Ok(true)
+    };
+    match format {
+        BodyFormat::Ndjson => {
+            for line in ndjson_lines_in(body) {
+                if !add(line)? {
+                    return Ok(None);
+                }
+            }
+        }
+        _ => {
+            for item in split_body(format, body)? {
+                if !add(Line::from(item))? {
+                    return Ok(None);
+                }
+            }
+        }
+    }
+    Ok(Some(lines))
+}
+
 /// [`split_body`] as [`Line`]s: an NDJSON body's lines read through windows on the body
 /// ([`ndjson_lines_in`]), a JSON array's elements as slices.
 pub fn split_body_in(format: BodyFormat, body: &[u8]) -> Result<Vec<Line<'_>>, DecodeError> {

@@ -72,6 +72,9 @@ pub enum DecodeError {
     /// compatible definition may have added).
     #[error("Parquet body: column '{0}' is not a field of the stream")]
     UnknownColumn(String),
+    /// The caller's memory budget did not take the decoded body ([`crate::budget`]).
+    #[error("the decoded body does not fit in the memory free for requests now")]
+    OverBudget,
 }
 
 impl DecodeError {

@@ -10,6 +10,7 @@
 
 pub mod api;
 pub mod arrow;
+pub mod budget;
 pub mod columnar;
 pub mod decode;
 pub mod dictionary;

@@ -286,12 +286,16 @@ async fn ingest(
             &mut None,
             &def.dictionaries,
             &mut plain,
+            &mut schemas::budget::unlimited,
         )
         .map_err(|e| match e {
             DecompressError::TooLarge(_) => {
                 error(StatusCode::PAYLOAD_TOO_LARGE, "too_large", e.to_string())
             }
             DecompressError::Invalid(m) => error(StatusCode::BAD_REQUEST, "bad_encoding", m),
+            DecompressError::OverBudget => {
+                error(StatusCode::TOO_MANY_REQUESTS, "overloaded", e.to_string())
+            }
             DecompressError::UnknownDictionary(_) => error(
                 StatusCode::UNPROCESSABLE_ENTITY,
                 "unknown_dictionary",
