@@ -1,4 +1,4 @@
-//! The producer side of the Kafka wire format (DESIGN.md), shared by the gateway and the agent's
+//! The producer side of the Kafka wire format (the rest of it is `schemas::wire`), shared by the gateway and the agent's
 //! Kafka output.
 
 use std::sync::atomic::{AtomicUsize, Ordering};

@@ -210,7 +210,7 @@ pub enum Change {
     /// raised. Records written under either fit one table (new columns are null in old files).
     Compatible,
     /// Records in Kafka or in landing files would no longer be taken, or would hash otherwise:
-    /// a new version of the stream (DESIGN.md's evolution rule). The reason names the field.
+    /// a new version of the stream (streams/README.md, "Evolution"). The reason names the field.
     Incompatible(String),
 }
 

@@ -4,8 +4,8 @@
 //! Memory per entry: a 16-byte digest (the first half of the record's BLAKE3 content hash) in a
 //! ring, a 4-byte timestamp when the window also has an age limit, and two 8-byte buckets in an
 //! open-addressing table that is at most half full: **at most 32 bytes per entry without an age
-//! limit, 36 with one** ([`MAX_ENTRY_BYTES`]; 28 and 32 until session 48, when the table was
-//! at most 70% full). A set of whole 32-byte hashes plus a queue of them for the order, which
+//! limit, 36 with one** ([`MAX_ENTRY_BYTES`]; a table at most 70% full would take 28 and 32, at
+//! the cost of longer runs, see [`BUCKETS_PER_ENTRY`]). A set of whole 32-byte hashes plus a queue of them for the order, which
 //! this replaced in the sink, took 70–100.
 //!
 //! A bucket holds 32 bits of the entry's keyed hash, from which its home bucket is computed,
@@ -15,7 +15,7 @@
 //! its bucket stays where it is until a lookup passes it, which sees from the insert number
 //! alone that the entry is gone and takes the bucket out of the run then, while the run is in
 //! the cache anyway. So a new record costs one random memory access, where evicting the oldest
-//! entry's bucket at once made two (until session 48) and a general hash table (control bytes,
+//! entry's bucket at once would make two, and a general hash table (control bytes,
 //! positions and the ring apart) four or five. Buckets left behind that way fill the table to
 //! about 89% in the long run, with twice as many buckets as entries (a simulation); should they
 //! come to fill more than 15/16 of it, the ring's entries are placed anew. With a million
@@ -71,8 +71,8 @@ const CROWDED: (usize, usize) = (15, 16);
 const REPLACE_GROUP: usize = 32;
 
 /// Buckets per entry of capacity: the remembered entries take at most half of them, those left
-/// behind by evicted entries some more. With 10/7 (until session 48, when evicting took its
-/// bucket out at once) they settle at about 92% taken, with lookups passing about 9 buckets
+/// behind by evicted entries some more. With 10/7 (and evicting that took its bucket out at
+/// once) they settled at about 92% taken, with lookups passing about 9 buckets
 /// where they pass about 4 with 2 (the simulation above).
 const BUCKETS_PER_ENTRY: usize = 2;
 

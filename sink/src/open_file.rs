@@ -203,7 +203,7 @@ impl OpenFile {
         self.raw_estimate() * self.ratio.0 >= self.targets.file_bytes as f64
     }
 
-    /// Finishes the file with the metadata DESIGN.md lists and returns the staged file.
+    /// Finishes the file with a landing file's key-value metadata ([`crate::parquet_file`]) and returns the staged file.
     pub fn finish(
         mut self,
         def: &StreamDef,

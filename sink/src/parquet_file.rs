@@ -108,7 +108,7 @@ pub fn encode(
     Ok(Bytes::from(writer.into_inner()?))
 }
 
-/// The key-value metadata of a landing file (DESIGN.md, "Sink → landing zone").
+/// The key-value metadata of a landing file (README.md, "Sink").
 pub fn file_metadata(
     def: &StreamDef,
     topic: &str,

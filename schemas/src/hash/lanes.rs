@@ -2,7 +2,7 @@
 //! blocks fills one vector of eight 32-bit lanes, and each step of the compression function
 //! works on all eight. The `blake3` crate does this for the chunks of one long input; for short
 //! inputs it can only compress one block at a time, where each step waits on the one before
-//! (about 85 ns a block on the machines of docs/benchmark-history.md, whichever instruction
+//! (about 85 ns a block on the machines of docs/benchmarks.md, whichever instruction
 //! set it picks). A sensor reading's canonical encoding is one or two blocks, so its hash was
 //! latency-bound; eight lanes take a block of each of eight readings in about the time of
 //! two blocks alone.
@@ -13,16 +13,15 @@
 //! exists) the compression function is written with AVX2 intrinsics through `pulp`'s checked
 //! token, and each input's block is loaded whole and the blocks' words transposed into the
 //! vectors with shuffles; its seven rounds are written out, so every message word is picked by
-//! a constant index. (Session 45: the words had been put in place one at a time, and the rounds
-//! looped over the schedule table; 733 → 518 instructions a sensor reading, −3% of the edge
-//! agent's CPU.) Where the CPU also has AVX-512F and VL, the same code runs through the `V4`
+//! a constant index (518 instructions a sensor reading, against 733 with the words put in place
+//! one at a time and the rounds looped over the schedule table). Where the CPU also has AVX-512F and VL, the same code runs through the `V4`
 //! token with each rotation one instruction (`vprord`) instead of a shuffle or two shifts and
-//! an or (session 47: the lanes' share of the agent's samples 5.9% → 4.6%). Elsewhere it is
+//! an or (the lanes' share of the agent's samples 4.6%, against 5.9% with AVX2). Elsewhere it is
 //! plain Rust on arrays that the compiler vectorizes, compiled by [`pulp::Arch`] for the best
-//! instruction set the CPU has (NEON on aarch64). That portable code
-//! was what x86-64 ran too until session 44, when an unrelated change elsewhere in the crate
-//! left it compiled to scalar code (the same source, vectorized or not as the optimizer's
-//! heuristics fell): the edge agent's CPU rose by a quarter. Tests hold every result of both
+//! instruction set the CPU has (NEON on aarch64). x86-64 does not run that portable code: an
+//! unrelated change elsewhere in the crate can leave it compiled to scalar code (the same
+//! source, vectorized or not as the optimizer's heuristics fall), which costs the edge agent a
+//! quarter more CPU. Tests hold every result of both
 //! paths equal to `blake3::keyed_hash`.
 
 const LANES: usize = 8;
