@@ -6,6 +6,7 @@ use std::net::SocketAddr;
 use std::path::PathBuf;
 use std::time::Duration;
 
+use plumbing::secret::{self, Secret};
 use serde::Deserialize;
 
 use crate::batch::BodyEncoding;
@@ -60,9 +61,13 @@ pub struct AgentConfig {
 pub struct GatewayTarget {
     /// Base URL of the gateway, e.g. `http://gateway:8080`.
     pub url: String,
-    /// Bearer token; none for a gateway that allows anonymous ingest.
+    /// Bearer token; none for a gateway that allows anonymous ingest. Best from `token_file`
+    /// (a mounted secret) or `EDGE_AGENT_GATEWAY__TOKEN`; never printed.
     #[serde(default)]
-    pub token: Option<String>,
+    pub token: Option<Secret>,
+    /// A file holding the bearer token (its first line), instead of `token`.
+    #[serde(default)]
+    pub token_file: Option<PathBuf>,
     /// Timeout of one request, in milliseconds, plus the time its body takes at
     /// `min_upload_bytes_per_sec`.
     #[serde(default = "default_timeout_ms")]
@@ -369,8 +374,12 @@ pub enum SourceConfig {
         qos: u8,
         #[serde(default)]
         username: Option<String>,
+        /// The login's password; best from `password_file` or the environment.
         #[serde(default)]
-        password: Option<String>,
+        password: Option<Secret>,
+        /// A file holding the password (its first line), instead of `password`.
+        #[serde(default)]
+        password_file: Option<PathBuf>,
         /// Messages not yet acknowledged at which the open batch is closed early. Keep it at or
         /// below the broker's in-flight limit (mosquitto: `max_inflight_messages`, 20).
         #[serde(default = "default_max_unacked")]
@@ -390,9 +399,13 @@ pub enum SourceConfig {
     /// Answers after the records are in the spool.
     Http {
         listen: SocketAddr,
-        /// Bearer token clients must present; none accepts anonymous requests.
+        /// Bearer token clients must present; none accepts anonymous requests. Best from
+        /// `token_file` or the environment.
         #[serde(default)]
-        token: Option<String>,
+        token: Option<Secret>,
+        /// A file holding the token (its first line), instead of `token`.
+        #[serde(default)]
+        token_file: Option<PathBuf>,
         /// Largest request body, compressed or not.
         #[serde(default = "default_http_max_body")]
         max_body_bytes: usize,
@@ -425,6 +438,26 @@ impl SourceConfig {
             | SourceConfig::Stdin { fields, .. }
             | SourceConfig::Mqtt { fields, .. } => Some(fields),
             SourceConfig::Http { .. } => None,
+        }
+    }
+
+    /// The source's secret (an MQTT login's password, the local port's token), from the config
+    /// or its file.
+    pub fn secret(&self) -> anyhow::Result<Option<Secret>> {
+        match self {
+            SourceConfig::Mqtt {
+                password,
+                password_file,
+                ..
+            } => secret::resolve(
+                password.as_ref(),
+                password_file.as_deref(),
+                "sources.password",
+            ),
+            SourceConfig::Http {
+                token, token_file, ..
+            } => secret::resolve(token.as_ref(), token_file.as_deref(), "sources.token"),
+            SourceConfig::File { .. } | SourceConfig::Stdin { .. } => Ok(None),
         }
     }
 }
@@ -475,6 +508,9 @@ impl AgentConfig {
                 && streams.get(stream).is_none()
             {
                 problems.push(format!("a source refers to unknown stream '{stream}'"));
+            }
+            if let Err(e) = source.secret() {
+                problems.push(format!("{e:#}"));
             }
             if let (Some(fields), Some(def)) = (
                 source.fields(),

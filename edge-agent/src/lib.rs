@@ -508,6 +508,7 @@ fn start_sources(
             _ => None,
         };
         let shutdown = shutdown.clone();
+        let secret = source.secret()?;
         tasks.push(match source.clone() {
             SourceConfig::File {
                 path,
@@ -563,7 +564,6 @@ fn start_sources(
                 client_id,
                 qos,
                 username,
-                password,
                 max_unacked,
                 tls,
                 topic_fields,
@@ -579,7 +579,7 @@ fn start_sources(
                     client_id,
                     qos,
                     username,
-                    password,
+                    password: secret,
                     max_unacked,
                     tls,
                     topic_fields,
@@ -593,9 +593,9 @@ fn start_sources(
             }
             SourceConfig::Http {
                 listen,
-                token,
                 max_body_bytes,
                 tls,
+                ..
             } => {
                 let starter = starter.clone();
                 let router = source::http::router(
@@ -603,7 +603,7 @@ fn start_sources(
                     &config.streams_dir,
                     feeds.clone(),
                     Arc::new(move |def| starter.start(def)),
-                    token.as_deref(),
+                    secret.as_ref().map(plumbing::secret::Secret::expose),
                     max_body_bytes,
                 );
                 on_task(source::http::serve(listen, router, tls, shutdown))

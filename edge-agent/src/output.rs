@@ -17,6 +17,7 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use plumbing::kafka::{DeadLetter, DeliveryGroup, GroupProducer, Messages};
+use plumbing::secret::Secret;
 use rand::Rng;
 use rdkafka::producer::Producer;
 use reqwest::StatusCode;
@@ -179,7 +180,7 @@ const DICTIONARY_FALLBACK_LEVEL: i32 = 3;
 pub struct HttpOutput {
     client: reqwest::Client,
     base: String,
-    token: Option<String>,
+    token: Option<Secret>,
     max_backoff: Duration,
     /// 4xx answers retried like 5xx ([`GatewayTarget::retry_statuses`]).
     retry_statuses: Vec<u16>,
@@ -205,7 +206,12 @@ impl HttpOutput {
         Ok(HttpOutput {
             client,
             base: target.url.trim_end_matches('/').to_owned(),
-            token: target.token.clone(),
+            token: plumbing::secret::resolve(
+                target.token.as_ref(),
+                target.token_file.as_deref(),
+                "gateway.token",
+            )
+            .map_err(|e| SendError::Config(format!("{e:#}")))?,
             max_backoff: Duration::from_millis(target.max_backoff_ms.max(1)),
             retry_statuses: target.retry_statuses.clone(),
             refused_dictionaries: Default::default(),
@@ -256,7 +262,7 @@ impl HttpOutput {
             .header("X-Request-Id", batch.id.to_string())
             .body(body);
         if let Some(token) = &self.token {
-            request = request.bearer_auth(token);
+            request = request.bearer_auth(token.expose());
         }
         let response = request.send().await.map_err(|e| {
             let kind = if e.is_timeout() { "timeout" } else { "connect" };

@@ -273,3 +273,117 @@ async fn sighup_reloads_a_config_that_checks_and_refuses_one_that_does_not() {
         "{log}"
     );
 }
+
+/// The agent's secrets (its gateway token, an MQTT login's password, its local port's token)
+/// come from files, and none shows in what it prints: `check`'s output, a config that does not
+/// check, its log (debug) through a start, failing deliveries and MQTT connections, a SIGHUP
+/// reload and a stop, nor its metrics.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn secrets_come_from_files_and_never_show() {
+    const SECRETS: [&str; 3] = ["gw-9f3a1c77", "mq-41bd02e5", "lp-c4d2a8f1"];
+    let dir = tempfile::tempdir().unwrap();
+    let file = |name: &str, secret: &str| {
+        let path = dir.path().join(name);
+        std::fs::write(&path, format!("{secret}\n")).unwrap();
+        path
+    };
+    let (gateway_token, mqtt_password, port_token) = (
+        file("gateway-token", SECRETS[0]),
+        file("mqtt-password", SECRETS[1]),
+        file("port-token", SECRETS[2]),
+    );
+    let (port, admin) = (free_port(), free_port());
+    let readings = dir.path().join("readings.ndjson");
+    std::fs::write(&readings, "").unwrap();
+    let sources = format!(
+        "{}\n[[sources]]\ntype = \"mqtt\"\nurl = \"mqtt://127.0.0.1:9\"\ntopics = [\"t\"]\n\
+         stream = \"sensor_readings\"\nusername = \"u\"\npassword_file = {mqtt_password:?}\n\
+         [[sources]]\ntype = \"http\"\nlisten = \"127.0.0.1:{port}\"\ntoken_file = {port_token:?}\n",
+        file_source_toml(&readings, "follow = true\npoll_ms = 50"),
+    );
+    let cfg = dir.path().join("agent.toml");
+    std::fs::write(
+        &cfg,
+        config_with_root(
+            &dir.path().join("state"),
+            "http://127.0.0.1:9",
+            &format!("admin_listen = \"127.0.0.1:{admin}\""),
+            &format!("token_file = {gateway_token:?}"),
+            &sources,
+        ),
+    )
+    .unwrap();
+    let shown = |what: &str, text: &str| {
+        for secret in SECRETS {
+            assert!(!text.contains(secret), "{what} shows {secret}:\n{text}");
+        }
+    };
+
+    let check = Command::new(env!("CARGO_BIN_EXE_edge-agent"))
+        .args(["check", "--config"])
+        .arg(&cfg)
+        .output()
+        .unwrap();
+    assert!(check.status.success(), "{check:?}");
+    shown("check", &format!("{check:?}"));
+    // A secret given twice is refused, naming the setting, not the value.
+    let twice = dir.path().join("twice.toml");
+    std::fs::write(
+        &twice,
+        std::fs::read_to_string(&cfg).unwrap().replace(
+            "token_file = ",
+            &format!("token = \"{}\"\ntoken_file = ", SECRETS[0]),
+        ),
+    )
+    .unwrap();
+    let refused = Command::new(env!("CARGO_BIN_EXE_edge-agent"))
+        .args(["check", "--config"])
+        .arg(&twice)
+        .output()
+        .unwrap();
+    assert!(!refused.status.success());
+    let refusal = String::from_utf8_lossy(&refused.stderr);
+    assert!(refusal.contains("gateway.token_file"), "{refusal}");
+    shown("a refused config", &refusal);
+
+    let mut agent = support::spawn_agent_with(&cfg, dir.path(), 0, Stdio::null(), "debug");
+    let log = dir.path().join("agent-0.log");
+    wait_logged_times(&log, "stream ready", 1);
+    // The local port checks its token: a wrong one is refused, the right one taken.
+    let url = format!("http://127.0.0.1:{port}/v1/streams/sensor_readings/records");
+    let client = reqwest::Client::new();
+    let post = |token: &'static str| {
+        client
+            .post(&url)
+            .bearer_auth(token)
+            .header("content-type", "application/x-ndjson")
+            .body(r#"{"device_id":"d","sensor":"t","ts":1767225600000,"value":1.5}"#)
+            .send()
+    };
+    assert_eq!(post("wrong").await.unwrap().status(), 401);
+    assert_eq!(post(SECRETS[2]).await.unwrap().status(), 200);
+    // Deliveries to a gateway that is not there fail and are logged.
+    wait_logged_times(&log, "127.0.0.1:9", 2);
+    let metrics = reqwest::get(format!("http://127.0.0.1:{admin}/metrics"))
+        .await
+        .unwrap()
+        .text()
+        .await
+        .unwrap();
+    shown("/metrics", &metrics);
+    let status = Command::new("kill")
+        .args(["-HUP", &agent.id().to_string()])
+        .status()
+        .unwrap();
+    assert!(status.success());
+    wait_logged_times(&log, "starting again on the reloaded config", 1);
+    wait_logged_times(&log, "stream ready", 2);
+    sigterm_and_wait(
+        &mut agent,
+        Duration::from_secs(30),
+        "stopping",
+        (dir.path(), 0),
+    )
+    .await;
+    shown("the log", &std::fs::read_to_string(&log).unwrap());
+}

@@ -104,7 +104,8 @@ pub async fn run(opts: SendOptions, shutdown: CancellationToken) -> anyhow::Resu
     let output = Arc::new(Output::new(
         Some(&GatewayTarget {
             url: opts.gateway.clone(),
-            token: opts.token.clone(),
+            token: opts.token.clone().map(Into::into),
+            token_file: None,
             timeout_ms: opts.timeout.as_millis() as u64,
             // `--timeout` is the whole request's, as given.
             min_upload_bytes_per_sec: 0,

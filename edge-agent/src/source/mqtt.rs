@@ -30,7 +30,7 @@ pub struct MqttSpec {
     pub client_id: String,
     pub qos: u8,
     pub username: Option<String>,
-    pub password: Option<String>,
+    pub password: Option<plumbing::secret::Secret>,
     pub max_unacked: usize,
     /// Certificates for an `mqtts://` url.
     pub tls: TlsFiles,
@@ -99,7 +99,7 @@ pub async fn run(spec: MqttSpec, feed: Feed, shutdown: CancellationToken) -> any
         .set_manual_acks(true)
         .set_max_packet_size(16 << 20, 16 << 20);
     if let (Some(user), Some(pass)) = (&spec.username, &spec.password) {
-        options.set_credentials(user, pass);
+        options.set_credentials(user, pass.expose());
     }
     let qos = if spec.qos == 0 {
         QoS::AtMostOnce
