@@ -926,6 +926,21 @@ async fn schemathesis_finds_no_violations_of_the_openapi_document() {
     g.stop().await;
 }
 
+/// A gateway config on `port` for tansu at `brokers` (topics `prefix`<stream>, dead letters to
+/// `dead_letters`), taking [`TOKEN`], with the TOML of `more` after it.
+fn gateway_toml(port: u16, brokers: &str, prefix: &str, dead_letters: &str, more: &str) -> String {
+    format!(
+        "listen = \"127.0.0.1:{port}\"\nstreams_dir = {streams:?}\n\
+         [kafka]\nbrokers = \"{brokers}\"\ntopic_prefix = \"{prefix}\"\n\
+         create_topics = true\nproduce_timeout_ms = 10000\n\
+         dead_letter_topic = \"{dead_letters}\"\n\
+         [auth]\nallow_anonymous = false\n[[auth.tokens]]\nname = \"test\"\n\
+         blake3 = \"{hash}\"\nstreams = [\"*\"]\n{more}",
+        streams = Path::new(env!("CARGO_MANIFEST_DIR")).join("../streams"),
+        hash = blake3::hash(TOKEN.as_bytes()).to_hex(),
+    )
+}
+
 /// The gateway binary on `config` (a TOML file), listening on `port`; returns once it accepts
 /// connections (waiting on the runtime's timer, not blocking one of its threads).
 async fn spawn_gateway(config: &Path, port: u16, log: &Path) -> Child {
@@ -967,15 +982,12 @@ async fn sigkill_at_random_points_loses_no_acknowledged_record() {
     let config = dir.path().join("gateway.toml");
     std::fs::write(
         &config,
-        format!(
-            "listen = \"127.0.0.1:{port}\"\nstreams_dir = {streams:?}\n\
-             [kafka]\nbrokers = \"{brokers}\"\ntopic_prefix = \"{prefix}\"\n\
-             create_topics = true\nproduce_timeout_ms = 10000\n\
-             dead_letter_topic = \"gwkill{id}-dead-letters\"\n\
-             [auth]\nallow_anonymous = false\n[[auth.tokens]]\nname = \"test\"\n\
-             blake3 = \"{hash}\"\nstreams = [\"*\"]\n",
-            streams = Path::new(env!("CARGO_MANIFEST_DIR")).join("../streams"),
-            hash = blake3::hash(TOKEN.as_bytes()).to_hex(),
+        gateway_toml(
+            port,
+            &brokers,
+            &prefix,
+            &format!("gwkill{id}-dead-letters"),
+            "",
         ),
     )
     .unwrap();
@@ -1769,15 +1781,12 @@ async fn spawn_limited(brokers: &str, dir: &Path, limits: &str) -> (Child, u16, 
     let config = dir.join("gateway.toml");
     std::fs::write(
         &config,
-        format!(
-            "listen = \"127.0.0.1:{port}\"\nstreams_dir = {streams:?}\n\
-             [kafka]\nbrokers = \"{brokers}\"\ntopic_prefix = \"{prefix}\"\n\
-             create_topics = true\nproduce_timeout_ms = 10000\n\
-             dead_letter_topic = \"{prefix}dead-letters\"\n\
-             [auth]\nallow_anonymous = false\n[[auth.tokens]]\nname = \"test\"\n\
-             blake3 = \"{hash}\"\nstreams = [\"*\"]\n[limits]\n{limits}\n",
-            streams = Path::new(env!("CARGO_MANIFEST_DIR")).join("../streams"),
-            hash = blake3::hash(TOKEN.as_bytes()).to_hex(),
+        gateway_toml(
+            port,
+            brokers,
+            &prefix,
+            &format!("{prefix}dead-letters"),
+            &format!("[limits]\n{limits}\n"),
         ),
     )
     .unwrap();

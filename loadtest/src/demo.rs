@@ -177,15 +177,7 @@ pub async fn run(options: DemoOptions) -> anyhow::Result<DemoSummary> {
     // The agent follows a file of the fleet's readings, as it would on an edge box.
     let agent_dir = options.landing.join(format!("{run_prefix}-agent"));
     std::fs::create_dir_all(&agent_dir)?;
-    let agent_config = file_agent(&FileAgent {
-        dir: &agent_dir,
-        ndjson: b"",
-        gateway: gateway.addr,
-        token: Some(DEMO_TOKEN),
-        max_records: 2000,
-        admin_listen: None,
-        follow: true,
-    })?;
+    let agent_config = following_agent(&agent_dir, gateway.addr)?;
     let agent_stop = shutdown.child_token();
     let agent = tokio::spawn(edge_agent::run(
         agent_config.clone(),
@@ -416,6 +408,23 @@ pub struct FileAgent<'a> {
     pub follow: bool,
 }
 
+/// The demo's agent: it follows an empty readings file in `dir`, which [`feed`] fills, and
+/// delivers to the demo's gateway at `gateway`.
+fn following_agent(
+    dir: &Path,
+    gateway: std::net::SocketAddr,
+) -> anyhow::Result<edge_agent::AgentConfig> {
+    file_agent(&FileAgent {
+        dir,
+        ndjson: b"",
+        gateway,
+        token: Some(DEMO_TOKEN),
+        max_records: 2000,
+        admin_listen: None,
+        follow: true,
+    })
+}
+
 /// The file an agent of [`file_agent`] reads.
 pub fn readings_file(dir: &Path) -> PathBuf {
     dir.join("readings.ndjson")
@@ -526,16 +535,7 @@ mod tests {
                 .await
                 .unwrap();
         let dir = tempfile::tempdir().unwrap();
-        let agent_config = file_agent(&FileAgent {
-            dir: dir.path(),
-            ndjson: b"",
-            gateway: gateway.addr,
-            token: Some(DEMO_TOKEN),
-            max_records: 2000,
-            admin_listen: None,
-            follow: true,
-        })
-        .unwrap();
+        let agent_config = following_agent(dir.path(), gateway.addr).unwrap();
         let agent = tokio::spawn(edge_agent::run(
             agent_config.clone(),
             streams.clone(),

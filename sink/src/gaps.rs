@@ -94,17 +94,25 @@ impl Worker {
         self.stats.offset_gaps.fetch_add(1, Ordering::Relaxed);
         let (topic, partition) = (key.0.as_str(), key.1);
         let policy = self.config.on_offset_gap;
+        let action = match policy {
+            OffsetGapPolicy::Skip => {
+                "skipped, and noted in the partition's dead letters".to_owned()
+            }
+            OffsetGapPolicy::Stop => format!(
+                "the partition stops at offset {next} (what came before is landed and committed) and the sink is not ready: set on_offset_gap = \"skip\" and reload the sink (SIGHUP) to skip them"
+            ),
+        };
+        tracing::error!(
+            topic,
+            partition,
+            first_offset = next,
+            last_offset = got - 1,
+            records,
+            policy = policy.as_str(),
+            "offset gap: {records} records ({next} to {}) are not in Kafka for the sink, {cause}; {action}",
+            got - 1
+        );
         if policy == OffsetGapPolicy::Skip {
-            tracing::error!(
-                topic,
-                partition,
-                first_offset = next,
-                last_offset = got - 1,
-                records,
-                policy = policy.as_str(),
-                "offset gap: {records} records ({next} to {}) were not in Kafka when the sink read the partition, {cause}; skipped, and noted in the partition's dead letters",
-                got - 1
-            );
             ::metrics::counter!(m::OFFSETS_SKIPPED, "stream" => stream).increment(records as u64);
             self.stats
                 .offsets_skipped
@@ -114,16 +122,6 @@ impl Worker {
             }
             return Ok(true);
         }
-        tracing::error!(
-            topic,
-            partition,
-            first_offset = next,
-            last_offset = got - 1,
-            records,
-            policy = policy.as_str(),
-            "offset gap: {records} records ({next} to {}) are not in Kafka for the sink, {cause}; the partition stops at offset {next} (what came before is landed and committed) and the sink is not ready: set on_offset_gap = \"skip\" and reload the sink (SIGHUP) to skip them",
-            got - 1
-        );
         self.flush(key, FlushReason::OffsetGap).await?;
         let Some(part) = self.parts.get_mut(key) else {
             return Ok(false);

@@ -126,6 +126,14 @@ async fn wait_for(what: &str, stats: &SinkStats, done: impl Fn(&SinkStats) -> bo
     }
 }
 
+async fn start(config: SinkConfig, streams: &schemas::Streams) -> (Sink, CancellationToken) {
+    let shutdown = CancellationToken::new();
+    let sink = sink::start(config, streams.clone(), shutdown.clone())
+        .await
+        .unwrap();
+    (sink, shutdown)
+}
+
 async fn stop(sink: Sink, shutdown: CancellationToken) {
     shutdown.cancel();
     sink.task.await.unwrap().unwrap();
@@ -162,14 +170,7 @@ async fn a_committed_offset_out_of_retention_stops_the_partition_then_is_skipped
     // The group lands and commits the first 100 readings.
     let first = readings(0, 100);
     produce(&bootstrap, &first).await;
-    let shutdown = CancellationToken::new();
-    let sink = sink::start(
-        config(&bootstrap, &landing, GROUP),
-        streams.clone(),
-        shutdown.clone(),
-    )
-    .await
-    .unwrap();
+    let (sink, shutdown) = start(config(&bootstrap, &landing, GROUP), &streams).await;
     wait_for("the first readings", &sink.stats, |s| {
         s.records_written.load(Ordering::Relaxed) == 100
     })
@@ -190,14 +191,7 @@ async fn a_committed_offset_out_of_retention_stops_the_partition_then_is_skipped
 
     // Stop (the default): nothing past the gap is landed or committed, and the sink is not
     // ready.
-    let shutdown = CancellationToken::new();
-    let sink = sink::start(
-        config(&bootstrap, &landing, GROUP),
-        streams.clone(),
-        shutdown.clone(),
-    )
-    .await
-    .unwrap();
+    let (sink, shutdown) = start(config(&bootstrap, &landing, GROUP), &streams).await;
     wait_for("the partition to stop at the gap", &sink.stats, |s| {
         s.gap_stopped.load(Ordering::Relaxed) == 1
     })
@@ -266,14 +260,7 @@ async fn a_committed_offset_out_of_retention_stops_the_partition_then_is_skipped
 
     // A new group starts at the earliest offset held, without a report.
     let fresh = dir.path().join("b");
-    let shutdown = CancellationToken::new();
-    let sink = sink::start(
-        config(&bootstrap, &fresh, "gap-sink-new"),
-        streams,
-        shutdown.clone(),
-    )
-    .await
-    .unwrap();
+    let (sink, shutdown) = start(config(&bootstrap, &fresh, "gap-sink-new"), &streams).await;
     wait_for("a new group's landing", &sink.stats, |s| {
         s.records_written.load(Ordering::Relaxed) == held
     })
