@@ -1974,3 +1974,71 @@ async fn requests_past_the_concurrency_limit_are_answered_429_and_the_rest_serve
     gateway.kill().unwrap();
     gateway.wait().unwrap();
 }
+
+/// The gateway's Kafka password comes from a file and shows nowhere: not in `--check`'s
+/// output, nor in its log (debug) through a start, a login and a request that Kafka refuses
+/// (tansu takes no SASL login), a SIGHUP reload and a stop.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_kafka_password_comes_from_a_file_and_never_shows() {
+    const SECRET: &str = "kafka-pw-5e8d20b3";
+    let brokers = env("EDGE_INGEST_KAFKA");
+    let dir = tempfile::tempdir().unwrap();
+    let password = dir.path().join("kafka-password");
+    std::fs::write(&password, format!("{SECRET}\n")).unwrap();
+    let port = free_port();
+    let prefix = format!("gwsecret{}.", unique());
+    let config = dir.path().join("gateway.toml");
+    let toml = gateway_toml(port, &brokers, &prefix, &format!("{prefix}dead-letters"), "")
+        // Topics made at start would wait for the login, which never succeeds here.
+        .replace(
+            "create_topics = true\n",
+            &format!(
+                "create_topics = false\nsasl = {{ mechanism = \"SCRAM-SHA-512\", username = \"u\", password_file = {password:?} }}\n"
+            ),
+        )
+        .replace("produce_timeout_ms = 10000", "produce_timeout_ms = 2000");
+    std::fs::write(&config, toml).unwrap();
+    let check = Command::new(env!("CARGO_BIN_EXE_ingest-gateway"))
+        .args(["--check", "--config"])
+        .arg(&config)
+        .output()
+        .unwrap();
+    assert!(check.status.success(), "{check:?}");
+    assert!(!format!("{check:?}").contains(SECRET), "{check:?}");
+
+    let log = dir.path().join("gateway.log");
+    let mut gateway = Command::new(env!("CARGO_BIN_EXE_ingest-gateway"))
+        .arg("--config")
+        .arg(&config)
+        .env("RUST_LOG", "debug")
+        .stdout(std::fs::File::create(dir.path().join("gateway.out")).unwrap())
+        .stderr(std::fs::File::create(&log).unwrap())
+        .spawn()
+        .unwrap();
+    let deadline = Instant::now() + Duration::from_secs(30);
+    while tokio::net::TcpStream::connect(("127.0.0.1", port))
+        .await
+        .is_err()
+    {
+        assert!(Instant::now() < deadline, "the gateway did not start");
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    let client = reqwest::Client::new();
+    let url = format!("http://127.0.0.1:{port}/v1/streams/sensor_readings/records");
+    let answer = post(&client, &url, ndjson(&[reading(1)]), None).await;
+    assert_eq!(answer.status(), 503, "Kafka takes no login here");
+    sighup(&gateway, &log, "SIGHUP: reloaded", 1);
+    gateway.kill().unwrap();
+    gateway.wait().unwrap();
+    let printed = std::fs::read_to_string(&log).unwrap()
+        + &std::fs::read_to_string(dir.path().join("gateway.out")).unwrap();
+    assert!(printed.contains("SIGHUP: reloaded"));
+    assert!(
+        printed.contains("Authentication"),
+        "the login was tried:\n{printed}"
+    );
+    assert!(
+        !printed.contains(SECRET),
+        "the gateway printed its password:\n{printed}"
+    );
+}

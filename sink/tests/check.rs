@@ -71,3 +71,71 @@ fn the_check_passes_the_shipped_config_and_names_what_is_wrong() {
     let (ok, text) = common::run_from_root("timeout", &args, &[]);
     assert!(!ok && text.contains("give http://host:port"), "{text}");
 }
+
+/// The sink's Kafka password comes from a file and shows nowhere: not in `--check`'s output,
+/// nor in its log (debug) through a start, a login Kafka refuses (tansu takes no SASL login), a
+/// SIGHUP reload and a stop.
+#[test]
+fn the_kafka_password_comes_from_a_file_and_never_shows() {
+    const SECRET: &str = "sink-pw-0c71e9a4";
+    let brokers = common::service_env("EDGE_INGEST_KAFKA");
+    let dir = tempfile::tempdir().unwrap();
+    let password = dir.path().join("kafka-password");
+    std::fs::write(&password, format!("{SECRET}\n")).unwrap();
+    let config = dir.path().join("sink.toml");
+    std::fs::write(
+        &config,
+        format!(
+            "streams_dir = {streams:?}\nadmin_listen = \"127.0.0.1:{admin}\"\n\
+             [kafka]\nbrokers = \"{brokers}\"\ngroup_id = \"secret-{id}\"\n\
+             sasl = {{ mechanism = \"SCRAM-SHA-512\", username = \"u\", password_file = {password:?} }}\n\
+             [store]\ntype = \"local\"\npath = {landing:?}\n",
+            streams = common::repo_root().join("streams"),
+            admin = common::free_port(),
+            id = common::unique_id(),
+            landing = dir.path().join("landing"),
+        ),
+    )
+    .unwrap();
+    let (passed, printed) = check_file(&config, &[]);
+    assert!(passed, "{printed}");
+    assert!(!printed.contains(SECRET), "{printed}");
+
+    let log = dir.path().join("sink.log");
+    let mut sink = std::process::Command::new(env!("CARGO_BIN_EXE_sink"))
+        .arg("--config")
+        .arg(&config)
+        .env("RUST_LOG", "debug")
+        .stdout(std::fs::File::create(dir.path().join("sink.out")).unwrap())
+        .stderr(std::fs::File::create(&log).unwrap())
+        .spawn()
+        .unwrap();
+    let logged = |text: &str| std::fs::read_to_string(&log).unwrap().contains(text);
+    let wait = |text: &str| {
+        let deadline = std::time::Instant::now() + std::time::Duration::from_secs(30);
+        while !logged(text) {
+            assert!(
+                std::time::Instant::now() < deadline,
+                "no '{text}' in the log:\n{}",
+                std::fs::read_to_string(&log).unwrap()
+            );
+            std::thread::sleep(std::time::Duration::from_millis(50));
+        }
+    };
+    wait("sink started");
+    wait("Authentication");
+    let hup = std::process::Command::new("kill")
+        .args(["-HUP", &sink.id().to_string()])
+        .status()
+        .unwrap();
+    assert!(hup.success());
+    wait("SIGHUP: reloaded the config");
+    sink.kill().unwrap();
+    sink.wait().unwrap();
+    let printed = std::fs::read_to_string(&log).unwrap()
+        + &std::fs::read_to_string(dir.path().join("sink.out")).unwrap();
+    assert!(
+        !printed.contains(SECRET),
+        "the sink printed its password:\n{printed}"
+    );
+}
