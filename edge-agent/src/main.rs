@@ -85,10 +85,12 @@ enum Command {
         #[arg(long, default_value_t = 100_000)]
         max_samples: usize,
     },
-    /// Prints the BLAKE3 hash of a token, for the gateway's auth.tokens.
+    /// Prints the BLAKE3 hash of a token, for the gateway's auth.tokens. The token is read from
+    /// the first line of standard input (so that it shows in no process list or shell history),
+    /// or given as the argument.
     HashToken {
-        /// The token.
-        token: String,
+        /// The token; read from standard input when absent or `-`.
+        token: Option<String>,
     },
 }
 
@@ -105,6 +107,17 @@ async fn main() -> anyhow::Result<()> {
     plumbing::init_tracing();
     match args.command {
         Command::HashToken { token } => {
+            let token = match token.filter(|t| t != "-") {
+                Some(token) => token,
+                None => {
+                    let mut line = String::new();
+                    std::io::stdin().read_line(&mut line).map_err(|e| {
+                        anyhow::anyhow!("cannot read the token from standard input: {e}")
+                    })?;
+                    line.trim_end_matches(['\n', '\r']).to_owned()
+                }
+            };
+            anyhow::ensure!(!token.is_empty(), "the token is empty");
             println!("{}", blake3::hash(token.as_bytes()).to_hex());
             Ok(())
         }

@@ -387,3 +387,37 @@ async fn secrets_come_from_files_and_never_show() {
     .await;
     shown("the log", &std::fs::read_to_string(&log).unwrap());
 }
+
+/// `hash-token` takes the token on its standard input (so that it shows in no process list),
+/// or as its argument, and prints the BLAKE3 hash the gateway's `auth.tokens` take.
+#[test]
+fn hash_token_reads_the_token_from_standard_input() {
+    use std::io::Write as _;
+    let expected = blake3::hash(b"tok-3b1f").to_hex().to_string();
+    let mut child = Command::new(env!("CARGO_BIN_EXE_edge-agent"))
+        .arg("hash-token")
+        .stdin(Stdio::piped())
+        .stdout(Stdio::piped())
+        .spawn()
+        .unwrap();
+    child
+        .stdin
+        .take()
+        .unwrap()
+        .write_all(b"tok-3b1f\n")
+        .unwrap();
+    let out = child.wait_with_output().unwrap();
+    assert!(out.status.success());
+    assert_eq!(String::from_utf8_lossy(&out.stdout).trim(), expected);
+    let out = Command::new(env!("CARGO_BIN_EXE_edge-agent"))
+        .args(["hash-token", "tok-3b1f"])
+        .output()
+        .unwrap();
+    assert_eq!(String::from_utf8_lossy(&out.stdout).trim(), expected);
+    let empty = Command::new(env!("CARGO_BIN_EXE_edge-agent"))
+        .arg("hash-token")
+        .stdin(Stdio::null())
+        .output()
+        .unwrap();
+    assert!(!empty.status.success(), "an empty token is refused");
+}
