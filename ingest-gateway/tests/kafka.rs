@@ -941,16 +941,9 @@ fn gateway_toml(port: u16, brokers: &str, prefix: &str, dead_letters: &str, more
     )
 }
 
-/// The gateway binary on `config` (a TOML file), listening on `port`; returns once it accepts
-/// connections (waiting on the runtime's timer, not blocking one of its threads).
-async fn spawn_gateway(config: &Path, port: u16, log: &Path) -> Child {
-    let child = Command::new(env!("CARGO_BIN_EXE_ingest-gateway"))
-        .arg("--config")
-        .arg(config)
-        .stdout(std::process::Stdio::null())
-        .stderr(std::fs::File::create(log).unwrap())
-        .spawn()
-        .unwrap();
+/// Returns once something accepts connections on `port` (waiting on the runtime's timer, not
+/// blocking one of its threads); 30 s at most.
+async fn listening(port: u16) {
     let deadline = Instant::now() + Duration::from_secs(30);
     while tokio::net::TcpStream::connect(("127.0.0.1", port))
         .await
@@ -959,6 +952,19 @@ async fn spawn_gateway(config: &Path, port: u16, log: &Path) -> Child {
         assert!(Instant::now() < deadline, "the gateway did not start");
         tokio::time::sleep(Duration::from_millis(20)).await;
     }
+}
+
+/// The gateway binary on `config` (a TOML file), listening on `port`; returns once it accepts
+/// connections.
+async fn spawn_gateway(config: &Path, port: u16, log: &Path) -> Child {
+    let child = Command::new(env!("CARGO_BIN_EXE_ingest-gateway"))
+        .arg("--config")
+        .arg(config)
+        .stdout(std::process::Stdio::null())
+        .stderr(std::fs::File::create(log).unwrap())
+        .spawn()
+        .unwrap();
+    listening(port).await;
     child
 }
 
@@ -2015,14 +2021,7 @@ async fn the_kafka_password_comes_from_a_file_and_never_shows() {
         .stderr(std::fs::File::create(&log).unwrap())
         .spawn()
         .unwrap();
-    let deadline = Instant::now() + Duration::from_secs(30);
-    while tokio::net::TcpStream::connect(("127.0.0.1", port))
-        .await
-        .is_err()
-    {
-        assert!(Instant::now() < deadline, "the gateway did not start");
-        tokio::time::sleep(Duration::from_millis(20)).await;
-    }
+    listening(port).await;
     let client = reqwest::Client::new();
     let url = format!("http://127.0.0.1:{port}/v1/streams/sensor_readings/records");
     let answer = post(&client, &url, ndjson(&[reading(1)]), None).await;

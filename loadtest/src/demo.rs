@@ -364,7 +364,11 @@ async fn feed(
             }
         }
         watch.check_gaps()?;
-        let status = edge_agent::status::status(agent)?;
+        // The state directory's files (positions, spool segments) are read on the blocking pool.
+        let status = {
+            let agent = agent.clone();
+            tokio::task::spawn_blocking(move || edge_agent::status::status(&agent)).await??
+        };
         let read = status.files.first().map_or(0, |f| f.read_bytes);
         while unread
             .front()

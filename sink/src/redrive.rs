@@ -64,8 +64,9 @@ pub struct RedriveReport {
 struct DeadLetterLine {
     topic: String,
     offset: i64,
+    /// Absent only on the note of an offset gap.
     #[serde(default)]
-    payload_hex: String,
+    payload_hex: Option<String>,
     /// Set on the note of an offset gap skipped (`on_offset_gap = "skip"`): its last offset.
     #[serde(default)]
     skipped_through: Option<i64>,
@@ -240,8 +241,13 @@ fn check_object(
             report.redriven_before += 1;
             continue;
         }
-        let payload = hex::decode(&dead.payload_hex)
-            .with_context(|| format!("line {} of {key}: payload_hex", i + 1))?;
+        let payload = dead
+            .payload_hex
+            .as_deref()
+            .with_context(|| format!("line {} of {key} has no payload_hex", i + 1))
+            .and_then(|text| {
+                hex::decode(text).with_context(|| format!("line {} of {key}: payload_hex", i + 1))
+            })?;
         if let Some(valid) = report.tally.check(def, &payload) {
             by_topic
                 .entry(dead.topic)
