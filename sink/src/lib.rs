@@ -250,6 +250,25 @@ impl ClientContext for SinkContext {
 impl ConsumerContext for SinkContext {
     fn pre_rebalance(&self, _consumer: &BaseConsumer<Self>, rebalance: &Rebalance<'_>) {
         self.rebalances.fetch_add(1, Ordering::AcqRel);
+        // Counted from the events: asking librdkafka for the assignment inside its rebalance
+        // callback waits on its main thread, which waits on this callback while the consumer
+        // closes.
+        match rebalance {
+            Rebalance::Assign(list) => {
+                self.stats
+                    .assigned_partitions
+                    .fetch_add(list.count() as u64, Ordering::Relaxed);
+            }
+            Rebalance::Revoke(list) => {
+                let revoked = list.count() as u64;
+                let _ = self.stats.assigned_partitions.fetch_update(
+                    Ordering::Relaxed,
+                    Ordering::Relaxed,
+                    |n| Some(n.saturating_sub(revoked)),
+                );
+            }
+            Rebalance::Error(_) => {}
+        }
         if let Rebalance::Assign(list) = rebalance {
             for e in list.elements() {
                 tracing::info!(
@@ -273,13 +292,8 @@ impl ConsumerContext for SinkContext {
 
     /// Counted again once the assignment changed, so that what was read in between is not
     /// taken for the new one.
-    fn post_rebalance(&self, consumer: &BaseConsumer<Self>, _rebalance: &Rebalance<'_>) {
+    fn post_rebalance(&self, _consumer: &BaseConsumer<Self>, _rebalance: &Rebalance<'_>) {
         self.rebalances.fetch_add(1, Ordering::AcqRel);
-        if let Ok(list) = consumer.assignment() {
-            self.stats
-                .assigned_partitions
-                .store(list.count() as u64, Ordering::Relaxed);
-        }
     }
 }
 
