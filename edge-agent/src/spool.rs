@@ -32,6 +32,9 @@ const HEADER: usize = 12;
 const META: usize = 8 + 8 + 4 + 4 + 1 + 32;
 /// A bigger declared payload is damage, not a batch.
 const MAX_PAYLOAD: usize = 1 << 30;
+/// The largest sequence number: a billion batches a second would take 146 years to reach it.
+/// Anything above is damage, so that `seq + 1` never overflows.
+const MAX_SEQ: u64 = 1 << 62;
 const ACKED_FILE: &str = "acked";
 const QUARANTINE_DIR: &str = "quarantine";
 /// Most bytes a stream's `quarantine/` keeps; damaged regions past it are counted and dropped
@@ -213,6 +216,9 @@ impl Spool {
             .write(true)
             .open(&acked_path)
             .map_err(io(&acked_path))?;
+        // Exactly the 20 digits that later acknowledgements overwrite in place: a longer file
+        // (damage) would otherwise keep its tail after them and read as another number.
+        acked_file.set_len(20).map_err(io(&acked_path))?;
         write_acked(&acked_file, &acked_path, acked)?;
         let names = segment_names(&dir)?;
         let mut recovery = Recovery::default();
@@ -901,8 +907,12 @@ fn entry_at(data: &[u8], pos: usize) -> Option<Loc> {
     }
     let payload = check_entry(rest)?;
     BodyEncoding::from_code(payload[24])?;
+    let seq = u64_at(payload, 0);
+    if seq >= MAX_SEQ {
+        return None;
+    }
     Some(Loc {
-        seq: u64_at(payload, 0),
+        seq,
         segment: 0,
         offset: pos as u64,
         len: len as u32,
@@ -959,11 +969,16 @@ fn keep_quarantined(
 
 fn read_acked(dir: &Path) -> Result<u64, SpoolError> {
     let path = dir.join(ACKED_FILE);
-    match fs::read_to_string(&path) {
-        Ok(text) => Ok(text.trim().parse().unwrap_or_else(|_| {
-            tracing::error!(file = %path.display(), "unreadable acknowledgement file; resending the whole spool");
-            0
-        })),
+    // Damage (bytes that are not digits, or not even text) is read as nothing acknowledged.
+    match fs::read(&path) {
+        Ok(bytes) => Ok(std::str::from_utf8(&bytes)
+            .ok()
+            .and_then(|text| text.trim().parse().ok())
+            .filter(|acked| *acked <= MAX_SEQ)
+            .unwrap_or_else(|| {
+                tracing::error!(file = %path.display(), "unreadable acknowledgement file; resending the whole spool");
+                0
+            })),
         Err(e) if e.kind() == std::io::ErrorKind::NotFound => Ok(0),
         Err(e) => Err(io(&path)(e)),
     }

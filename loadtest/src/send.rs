@@ -46,7 +46,9 @@ pub struct SendOptions {
     pub concurrency: usize,
     /// Readings per second over all senders; 0 for as fast as the gateway takes them.
     pub rate: f64,
-    /// Where the readings go as NDJSON, in the order they were generated.
+    /// Where the readings go as NDJSON, in the order they were generated; the first attempt
+    /// of each acknowledged batch goes next to it ([`crate::verify::times_path`]), for `verify`
+    /// to measure from send to landing.
     pub save: Option<PathBuf>,
     /// Timeout of one request.
     pub timeout: Duration,
@@ -76,14 +78,39 @@ pub struct SendSummary {
     /// From a batch's first attempt to its acknowledgement, retries included.
     pub latency_ms: Latency,
     pub saved: Option<PathBuf>,
+    /// The send times of the saved records' batches.
+    pub saved_times: Option<PathBuf>,
 }
 
-#[derive(Debug, Default, Serialize)]
+/// Percentiles of a latency, in milliseconds, over `count` values.
+#[derive(Debug, Default, Clone, Copy, PartialEq, Serialize)]
 pub struct Latency {
+    pub count: usize,
     pub p50: f64,
     pub p99: f64,
     pub max: f64,
 }
+
+impl Latency {
+    /// The percentiles of `all` (milliseconds); `None` when it is empty.
+    pub fn of_ms(all: &mut [f64]) -> Option<Latency> {
+        if all.is_empty() {
+            return None;
+        }
+        all.sort_unstable_by(f64::total_cmp);
+        let at = |q: f64| all[((all.len() - 1) as f64 * q).round() as usize];
+        Some(Latency {
+            count: all.len(),
+            p50: at(0.5),
+            p99: at(0.99),
+            max: at(1.0),
+        })
+    }
+}
+
+/// An acknowledged batch of the save file: its first record (counted over the save file's
+/// lines), its records and its first attempt in milliseconds since the Unix epoch.
+type SentBatch = (u64, u64, u64);
 
 #[derive(Default)]
 struct Counts {
@@ -119,7 +146,7 @@ pub async fn run(opts: SendOptions, shutdown: CancellationToken) -> anyhow::Resu
     )?);
     let counts = Arc::new(Counts::default());
     let started = Instant::now();
-    let (tx, rx) = mpsc::channel::<Batch>(opts.concurrency.max(1) * 2);
+    let (tx, rx) = mpsc::channel::<(Batch, u64)>(opts.concurrency.max(1) * 2);
     let rx = Arc::new(Mutex::new(rx));
     let mut senders = Vec::new();
     for _ in 0..opts.concurrency.max(1) {
@@ -139,12 +166,22 @@ pub async fn run(opts: SendOptions, shutdown: CancellationToken) -> anyhow::Resu
         tokio::task::spawn_blocking(move || generate(&opts, &def, tx, started, &shutdown))
     };
     let generated = generated.await?;
-    let mut latencies = Vec::new();
+    let (mut latencies, mut sent) = (Vec::new(), Vec::new());
     for s in senders {
-        latencies.extend(s.await??);
+        let (l, b) = s.await??;
+        latencies.extend(l);
+        sent.extend(b);
     }
     progress.abort();
     generated?;
+    let saved_times = match &opts.save {
+        Some(path) => {
+            let times = crate::verify::times_path(path);
+            crate::verify::SendTimes::write(&times, sent)?;
+            Some(times)
+        }
+        None => None,
+    };
     let seconds = started.elapsed().as_secs_f64();
     let records = counts.records.load(Ordering::Relaxed);
     Ok(SendSummary {
@@ -157,8 +194,9 @@ pub async fn run(opts: SendOptions, shutdown: CancellationToken) -> anyhow::Resu
         interrupted: shutdown.is_cancelled(),
         seconds,
         records_per_s: records as f64 / seconds.max(1e-9),
-        latency_ms: latency(latencies),
+        latency_ms: Latency::of_ms(&mut latencies).unwrap_or_default(),
         saved: opts.save,
+        saved_times,
     })
 }
 
@@ -166,7 +204,7 @@ pub async fn run(opts: SendOptions, shutdown: CancellationToken) -> anyhow::Resu
 fn generate(
     opts: &SendOptions,
     def: &StreamDef,
-    tx: mpsc::Sender<Batch>,
+    tx: mpsc::Sender<(Batch, u64)>,
     started: Instant,
     shutdown: &CancellationToken,
 ) -> anyhow::Result<()> {
@@ -179,6 +217,7 @@ fn generate(
     };
     let mut readings = Readings::new(&opts.fleet).peekable();
     let mut queued = 0usize;
+    let mut first_line = 0u64;
     while readings.peek().is_some() && !shutdown.is_cancelled() {
         let mut ndjson = Vec::new();
         let mut parsed = Vec::new();
@@ -213,7 +252,9 @@ fn generate(
                 .duration_since(UNIX_EPOCH)
                 .map_or(0, |d| d.as_millis() as u64),
         };
-        if tx.blocking_send(batch).is_err() {
+        let first = first_line;
+        first_line += u64::from(records);
+        if tx.blocking_send((batch, first)).is_err() {
             // Every sender stopped (cancelled, or one failed and says why).
             break;
         }
@@ -224,28 +265,35 @@ fn generate(
     Ok(())
 }
 
-/// Posts batches until the generator is done; returns each acknowledged batch's latency.
+/// Posts batches until the generator is done; returns each acknowledged batch's latency (ms)
+/// and when it was first sent.
 async fn sender(
-    rx: Arc<Mutex<mpsc::Receiver<Batch>>>,
+    rx: Arc<Mutex<mpsc::Receiver<(Batch, u64)>>>,
     output: &Output,
     def: &Arc<StreamDef>,
     counts: &Counts,
     shutdown: &CancellationToken,
-) -> anyhow::Result<Vec<Duration>> {
-    let mut latencies = Vec::new();
+) -> anyhow::Result<(Vec<f64>, Vec<SentBatch>)> {
+    let (mut latencies, mut sent) = (Vec::new(), Vec::new());
     loop {
         let next = tokio::select! {
             batch = async { rx.lock().await.recv().await } => batch,
             _ = shutdown.cancelled() => None,
         };
-        let Some(batch) = next else { break };
+        let Some((batch, first_line)) = next else {
+            break;
+        };
         let started = Instant::now();
+        let sent_ms = SystemTime::now()
+            .duration_since(UNIX_EPOCH)
+            .map_or(0, |d| d.as_millis() as u64);
         counts
             .records
             .fetch_add(u64::from(batch.records), Ordering::Relaxed);
         match output.send(def, &batch, shutdown).await {
             Ok((answer, _)) => {
-                latencies.push(started.elapsed());
+                latencies.push(started.elapsed().as_secs_f64() * 1e3);
+                sent.push((first_line, u64::from(batch.records), sent_ms));
                 counts.batches.fetch_add(1, Ordering::Relaxed);
                 counts
                     .accepted
@@ -281,7 +329,7 @@ async fn sender(
             Err(e) => return Err(e.into()),
         }
     }
-    Ok(latencies)
+    Ok((latencies, sent))
 }
 
 /// Prints a line of progress every few seconds until aborted.
@@ -297,18 +345,5 @@ async fn report_progress(counts: Arc<Counts>, total: u64, started: Instant) {
             "send: {records} of {total} readings handed to senders, {acked} batches acknowledged, {:.0} readings/s",
             records as f64 / secs
         );
-    }
-}
-
-fn latency(mut all: Vec<Duration>) -> Latency {
-    if all.is_empty() {
-        return Latency::default();
-    }
-    all.sort_unstable();
-    let at = |q: f64| all[((all.len() - 1) as f64 * q).round() as usize].as_secs_f64() * 1e3;
-    Latency {
-        p50: at(0.5),
-        p99: at(0.99),
-        max: at(1.0),
     }
 }

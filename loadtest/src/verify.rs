@@ -1,11 +1,11 @@
 //! End-to-end verification: read the landing files back (a local directory or S3) and compare
 //! their content hashes with those of what was sent.
 
-use std::collections::{BTreeMap, HashSet};
+use std::collections::{BTreeMap, HashMap, HashSet};
 use std::io::BufRead;
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
-use std::time::{Duration, Instant};
+use std::time::{Duration, Instant, SystemTime};
 
 use anyhow::Context;
 use arrow::array::{Array, FixedSizeBinaryArray};
@@ -18,6 +18,8 @@ use serde::Serialize;
 use sink::config::StoreConfig;
 use sink::store::ObjectStore;
 
+use crate::send::Latency;
+
 /// One landing file.
 #[derive(Debug, Clone)]
 pub struct LandedFile {
@@ -27,6 +29,8 @@ pub struct LandedFile {
     pub size: u64,
     pub rows: usize,
     pub row_groups: usize,
+    /// When the file appeared under its key, where the store tells ([`ObjectStore::list_with_times`]).
+    pub landed_at: Option<SystemTime>,
 }
 
 /// What the landing files hold.
@@ -34,8 +38,17 @@ pub struct LandedFile {
 pub struct Landed {
     pub files: Vec<LandedFile>,
     pub rows: usize,
-    /// How often each content hash landed.
-    pub hashes: BTreeMap<ContentHash, usize>,
+    /// How often each content hash landed, and when first.
+    pub hashes: BTreeMap<ContentHash, Copies>,
+}
+
+/// The landed copies of one record.
+#[derive(Debug, Default, Clone, Copy, PartialEq, Eq)]
+pub struct Copies {
+    pub count: usize,
+    /// When the earliest file holding it landed, in milliseconds since the Unix epoch, where
+    /// the store tells.
+    pub landed_ms: Option<u64>,
 }
 
 /// Reads every `.parquet` file under `dir`, leaving out hidden names (a sink's staged files are
@@ -60,7 +73,9 @@ pub fn read_landing_dir(dir: &Path) -> anyhow::Result<Landed> {
                 let rows_before = landed.rows;
                 let file = std::fs::File::open(&path)
                     .with_context(|| format!("cannot open {}", path.display()))?;
-                let row_groups = read_file(file, &path.display().to_string(), &mut landed)?;
+                let landed_at = sink::store::changed_at(&path);
+                let row_groups =
+                    read_file(file, &path.display().to_string(), landed_at, &mut landed)?;
                 let key = path
                     .strip_prefix(dir)
                     .unwrap_or(&path)
@@ -74,6 +89,7 @@ pub fn read_landing_dir(dir: &Path) -> anyhow::Result<Landed> {
                     row_groups,
                     key,
                     path,
+                    landed_at,
                 });
             }
         }
@@ -90,16 +106,16 @@ pub async fn read_landing_store(
     stream: &str,
 ) -> anyhow::Result<Landed> {
     let under = format!("{}/{stream}/", prefix.trim_end_matches('/'));
-    let mut keys: Vec<String> = store
-        .list(&under)
+    let mut keys: Vec<(String, Option<SystemTime>)> = store
+        .list_with_times(&under)
         .await
         .with_context(|| format!("cannot list {under} in {}", store.describe()))?
         .into_iter()
-        .filter(|k| sink::parquet_file::partition_and_offset_of(k, stream).is_some())
+        .filter(|(k, _)| sink::parquet_file::partition_and_offset_of(k, stream).is_some())
         .collect();
     keys.sort();
     let mut landed = Landed::default();
-    for key in keys {
+    for (key, landed_at) in keys {
         let Some(data) = store
             .get(&key)
             .await
@@ -110,14 +126,15 @@ pub async fn read_landing_store(
         };
         let rows_before = landed.rows;
         let size = data.len() as u64;
-        let row_groups =
-            read_file(data, &key, &mut landed).with_context(|| format!("cannot read {key}"))?;
+        let row_groups = read_file(data, &key, landed_at, &mut landed)
+            .with_context(|| format!("cannot read {key}"))?;
         landed.files.push(LandedFile {
             path: PathBuf::from(&key),
             key,
             size,
             rows: landed.rows - rows_before,
             row_groups,
+            landed_at,
         });
     }
     Ok(landed)
@@ -127,8 +144,10 @@ pub async fn read_landing_store(
 fn read_file<R: ChunkReader + 'static>(
     file: R,
     name: &str,
+    landed_at: Option<SystemTime>,
     landed: &mut Landed,
 ) -> anyhow::Result<usize> {
+    let landed_ms = landed_at.map(unix_ms);
     let builder = ParquetRecordBatchReaderBuilder::try_new(file)?;
     let row_groups = builder.metadata().num_row_groups();
     // Only the hash column is decoded.
@@ -145,7 +164,12 @@ fn read_file<R: ChunkReader + 'static>(
             .context("content hash column is not fixed-size binary")?;
         for i in 0..hashes.len() {
             let bytes: [u8; 32] = hashes.value(i).try_into()?;
-            *landed.hashes.entry(ContentHash(bytes)).or_default() += 1;
+            let copies = landed.hashes.entry(ContentHash(bytes)).or_default();
+            copies.count += 1;
+            copies.landed_ms = match (copies.landed_ms, landed_ms) {
+                (Some(a), Some(b)) => Some(a.min(b)),
+                (a, b) => a.or(b),
+            };
         }
         landed.rows += batch.num_rows();
     }
@@ -168,18 +192,41 @@ impl Verdict {
 
 /// Compares what landed with the distinct hashes that were sent.
 pub fn compare(expected: &HashSet<ContentHash>, landed: &Landed) -> Verdict {
+    verdict(expected.iter(), |h| expected.contains(h), landed)
+}
+
+fn verdict<'a>(
+    expected: impl Iterator<Item = &'a ContentHash>,
+    sent: impl Fn(&ContentHash) -> bool,
+    landed: &Landed,
+) -> Verdict {
     Verdict {
-        missing: expected
-            .iter()
-            .filter(|h| !landed.hashes.contains_key(h))
-            .count(),
-        duplicated: landed.hashes.values().filter(|n| **n > 1).count(),
-        unexpected: landed
-            .hashes
-            .keys()
-            .filter(|h| !expected.contains(h))
-            .count(),
+        missing: expected.filter(|h| !landed.hashes.contains_key(h)).count(),
+        duplicated: landed.hashes.values().filter(|c| c.count > 1).count(),
+        unexpected: landed.hashes.keys().filter(|h| !sent(h)).count(),
     }
+}
+
+/// From each expected record's first send to the landing of the first file holding it, over the
+/// records that have both times; `None` when none has.
+pub fn send_to_landing(
+    expected: &HashMap<ContentHash, Option<u64>>,
+    landed: &Landed,
+) -> Option<Latency> {
+    let mut all: Vec<f64> = expected
+        .iter()
+        .filter_map(|(h, sent)| {
+            let landed = landed.hashes.get(h)?.landed_ms?;
+            // Clocks a little apart (the store's and the sender's) must not make it negative.
+            Some(landed.saturating_sub((*sent)?) as f64)
+        })
+        .collect();
+    Latency::of_ms(&mut all)
+}
+
+fn unix_ms(t: SystemTime) -> u64 {
+    t.duration_since(SystemTime::UNIX_EPOCH)
+        .map_or(0, |d| d.as_millis() as u64)
 }
 
 /// What `loadtest verify` checks, and where.
@@ -221,6 +268,12 @@ pub struct VerifyReport {
     /// Kafka no longer held when a sink read the partition (`on_offset_gap = "skip"`), which
     /// explains that many missing ones.
     pub skipped_offsets: u64,
+    /// From a record's first send to the landing of the file that holds it (p50, p99 and max,
+    /// milliseconds), over the landed records with a send time: `send --save` writes the times
+    /// of its batches next to the records (`<file>.times`). Absent when no sent file has them.
+    pub send_to_landing_ms: Option<Latency>,
+    /// The records that latency is taken over.
+    pub timed_records: usize,
     /// Every expected record landed once and nothing else failed the check.
     pub passed: bool,
 }
@@ -229,6 +282,7 @@ pub struct VerifyReport {
 /// while records are missing, until `opts.wait` has passed.
 pub async fn verify(opts: &VerifyOptions) -> anyhow::Result<VerifyReport> {
     let (expected, sent_lines, invalid_lines) = sent_hashes(&opts.sent, &opts.def)?;
+    let timed = expected.values().filter(|t| t.is_some()).count();
     if let StoreConfig::Local { path } = &opts.store {
         // The store would create a missing directory; a typo should not pass as "all missing".
         anyhow::ensure!(path.is_dir(), "no landing directory at {}", path.display());
@@ -237,7 +291,10 @@ pub async fn verify(opts: &VerifyOptions) -> anyhow::Result<VerifyReport> {
     let deadline = Instant::now() + opts.wait;
     loop {
         let landed = read_landing_store(&store, &opts.prefix, &opts.def.name).await?;
-        let verdict = compare(&expected, &landed);
+        let verdict = verdict(expected.keys(), |h| expected.contains_key(h), &landed);
+        let latency = (timed > 0)
+            .then(|| send_to_landing(&expected, &landed))
+            .flatten();
         if verdict.missing == 0 || Instant::now() >= deadline {
             let skipped_offsets = skipped_offsets(&store, &opts.prefix, &opts.def.name).await?;
             return Ok(VerifyReport {
@@ -250,13 +307,21 @@ pub async fn verify(opts: &VerifyOptions) -> anyhow::Result<VerifyReport> {
                 missing: verdict.missing,
                 duplicated: verdict.duplicated,
                 unexpected: verdict.unexpected,
+                timed_records: latency.as_ref().map_or(0, |l| l.count),
+                send_to_landing_ms: latency,
                 passed: verdict.missing == 0
                     && verdict.duplicated == 0
                     && (opts.allow_unexpected || verdict.unexpected == 0),
             });
         }
+        let so_far = latency.map_or(String::new(), |l| {
+            format!(
+                "; send to landing so far p50 {:.0} ms, p99 {:.0} ms, max {:.0} ms",
+                l.p50, l.p99, l.max
+            )
+        });
         eprintln!(
-            "verify: {} of {} records not landed yet ({} files), looking again",
+            "verify: {} of {} records not landed yet ({} files){so_far}, looking again",
             verdict.missing,
             expected.len(),
             landed.files.len()
@@ -300,29 +365,159 @@ pub async fn skipped_offsets(
 /// How often `verify` looks again while records are missing.
 const VERIFY_POLL: Duration = Duration::from_secs(2);
 
-/// The distinct content hashes of the valid records in `files`, the non-blank lines read and
-/// how many of them were not valid records.
+/// The distinct content hashes of the valid records in `files`, each with its first send time
+/// where the file's `.times` gives one, the non-blank lines read and how many of them were not
+/// valid records.
 fn sent_hashes(
     files: &[PathBuf],
     def: &StreamDef,
-) -> anyhow::Result<(HashSet<ContentHash>, usize, usize)> {
-    let (mut hashes, mut lines, mut invalid) = (HashSet::new(), 0, 0);
+) -> anyhow::Result<(HashMap<ContentHash, Option<u64>>, usize, usize)> {
+    let (mut hashes, mut lines, mut invalid) = (HashMap::new(), 0, 0);
     for path in files {
+        let times = SendTimes::read(&times_path(path))?;
         let file =
             std::fs::File::open(path).with_context(|| format!("cannot open {}", path.display()))?;
+        let mut index = 0u64;
         for line in std::io::BufReader::new(file).split(b'\n') {
             let line = line.with_context(|| format!("cannot read {}", path.display()))?;
             if line.trim_ascii().is_empty() {
                 continue;
             }
+            let sent = times.at(index);
+            index += 1;
             lines += 1;
             match schemas::check_bytes(def, &line) {
                 Ok(valid) => {
-                    hashes.insert(valid.hash);
+                    let first = hashes.entry(valid.hash).or_insert(sent);
+                    *first = match (*first, sent) {
+                        (Some(a), Some(b)) => Some(a.min(b)),
+                        (a, b) => a.or(b),
+                    };
                 }
                 Err(_) => invalid += 1,
             }
         }
     }
     Ok((hashes, lines, invalid))
+}
+
+/// Where `send --save FILE` writes the send times of FILE's records: `FILE.times`.
+pub fn times_path(saved: &Path) -> PathBuf {
+    let mut name = saved.as_os_str().to_owned();
+    name.push(".times");
+    PathBuf::from(name)
+}
+
+/// The send times of a saved file's records, by batch: each line of a `.times` file is
+/// `<first record> <records> <first attempt, ms since the Unix epoch>`, the records counted
+/// from 0 over the saved file's non-blank lines.
+#[derive(Debug, Default)]
+pub struct SendTimes {
+    /// (first record, records, sent at), sorted by first record.
+    batches: Vec<(u64, u64, u64)>,
+}
+
+impl SendTimes {
+    /// Reads a `.times` file; none (no file) when there is none.
+    pub fn read(path: &Path) -> anyhow::Result<SendTimes> {
+        let text = match std::fs::read_to_string(path) {
+            Ok(text) => text,
+            Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(SendTimes::default()),
+            Err(e) => return Err(e).with_context(|| format!("cannot read {}", path.display())),
+        };
+        let mut batches = Vec::new();
+        for (n, line) in text.lines().enumerate() {
+            let fields: Vec<u64> = line
+                .split_ascii_whitespace()
+                .map(str::parse)
+                .collect::<Result<_, _>>()
+                .ok()
+                .filter(|f: &Vec<u64>| f.len() == 3)
+                .with_context(|| {
+                    format!(
+                        "{}:{}: expected <first record> <records> <sent ms>, found {line:?}",
+                        path.display(),
+                        n + 1
+                    )
+                })?;
+            batches.push((fields[0], fields[1], fields[2]));
+        }
+        batches.sort_unstable();
+        Ok(SendTimes { batches })
+    }
+
+    /// When the record at `index` was first sent.
+    pub fn at(&self, index: u64) -> Option<u64> {
+        let i = self.batches.partition_point(|b| b.0 <= index);
+        let &(first, records, sent) = self.batches.get(i.checked_sub(1)?)?;
+        (index < first + records).then_some(sent)
+    }
+
+    /// Writes the times of acknowledged batches, `(first record, records, sent at)`.
+    pub fn write(path: &Path, mut batches: Vec<(u64, u64, u64)>) -> anyhow::Result<()> {
+        batches.sort_unstable();
+        let mut text = String::with_capacity(batches.len() * 32);
+        for (first, records, sent) in batches {
+            text.push_str(&format!("{first} {records} {sent}\n"));
+        }
+        std::fs::write(path, text).with_context(|| format!("cannot write {}", path.display()))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn send_times_map_records_to_their_batch() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("sent.ndjson.times");
+        // Batches acknowledged out of order, as concurrent senders note them.
+        SendTimes::write(&path, vec![(5, 3, 2_000), (0, 5, 1_000), (10, 2, 3_000)]).unwrap();
+        assert_eq!(
+            std::fs::read_to_string(&path).unwrap(),
+            "0 5 1000\n5 3 2000\n10 2 3000\n"
+        );
+        let times = SendTimes::read(&path).unwrap();
+        let at: Vec<Option<u64>> = (0..13).map(|i| times.at(i)).collect();
+        let (a, b, c) = (Some(1_000), Some(2_000), Some(3_000));
+        // Records 8 and 9 were in a batch that was refused: no time.
+        assert_eq!(at, [a, a, a, a, a, b, b, b, None, None, c, c, None]);
+        assert!(
+            SendTimes::read(&dir.path().join("none"))
+                .unwrap()
+                .at(0)
+                .is_none()
+        );
+
+        std::fs::write(&path, "0 5 1000\n5 x 2000\n").unwrap();
+        let e = SendTimes::read(&path).unwrap_err().to_string();
+        assert!(e.contains(":2: expected"), "{e}");
+    }
+
+    #[test]
+    fn send_to_landing_counts_the_records_with_both_times_and_never_below_zero() {
+        let h = |b: u8| ContentHash([b; 32]);
+        let mut landed = Landed::default();
+        let copies = |count, landed_ms| Copies { count, landed_ms };
+        landed.hashes.insert(h(1), copies(1, Some(5_000)));
+        landed.hashes.insert(h(2), copies(2, Some(7_000)));
+        // Landed before it was sent: the clocks disagree.
+        landed.hashes.insert(h(3), copies(1, Some(900)));
+        landed.hashes.insert(h(4), copies(1, None));
+        let expected = HashMap::from([
+            (h(1), Some(1_000)),
+            (h(2), Some(1_000)),
+            (h(3), Some(1_000)),
+            (h(4), Some(1_000)),
+            (h(5), Some(1_000)),
+            (h(6), None),
+        ]);
+        let latency = send_to_landing(&expected, &landed).unwrap();
+        assert_eq!(
+            (latency.count, latency.p50, latency.max),
+            (3, 4_000.0, 6_000.0)
+        );
+        assert!(send_to_landing(&HashMap::from([(h(1), None)]), &landed).is_none());
+    }
 }

@@ -1245,11 +1245,13 @@ async fn ingest_time_from_the_header_or_the_kafka_timestamp() {
 }
 
 /// `loadtest verify` on a local landing directory: every sent reading once passes (a line that
-/// is not a valid record is counted apart, not expected); a landed file copied under another
+/// is not a valid record is counted apart, not expected); the time from the send times next to
+/// the sent file to the landing of each file is measured; a landed file copied under another
 /// start offset fails it with its rows duplicated.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn verify_checks_a_local_landing_directory() {
     let (cluster, producer) = mock_cluster(2);
+    let sent_ms = unix_ms(std::time::SystemTime::now());
     let readings = sensor_readings(&FleetSpec {
         records: 300,
         ..FleetSpec::default()
@@ -1283,6 +1285,12 @@ async fn verify_checks_a_local_landing_directory() {
     let mut text = loadtest::fleet::to_ndjson(&readings);
     text.extend_from_slice(b"{\"device_id\": 7}\n");
     std::fs::write(&sent, text).unwrap();
+    // All of them sent in one batch before the sink started, as `send --save` notes it.
+    loadtest::verify::SendTimes::write(
+        &loadtest::verify::times_path(&sent),
+        vec![(0, readings.len() as u64, sent_ms)],
+    )
+    .unwrap();
     let options = VerifyOptions {
         sent: vec![sent],
         def,
@@ -1304,6 +1312,22 @@ async fn verify_checks_a_local_landing_directory() {
         ),
         (readings.len() + 1, 1, distinct, distinct),
         "{report:?}"
+    );
+    // Each record from its send to the moment its file was linked into place (the inode's
+    // change time), read here from the files themselves; a file closes once its partition was
+    // idle for 300 ms.
+    let latency = report.send_to_landing_ms.expect("send times were given");
+    assert_eq!((latency.count, report.timed_records), (distinct, distinct));
+    let landed_ms = |f: &loadtest::verify::LandedFile| {
+        use std::os::unix::fs::MetadataExt;
+        let meta = std::fs::metadata(&f.path).unwrap();
+        meta.ctime() as u64 * 1000 + meta.ctime_nsec() as u64 / 1_000_000
+    };
+    let latest = landed.files.iter().map(landed_ms).max().unwrap();
+    assert_eq!(latency.max, (latest - sent_ms) as f64, "{latency:?}");
+    assert!(
+        latency.p50 >= 300.0 && latency.p50 <= latency.p99 && latency.p99 <= latency.max,
+        "{latency:?}"
     );
 
     let file = &landed.files[0];
@@ -1861,4 +1885,8 @@ async fn produce_at_once(
         }
     });
     futures::future::join_all(sends).await;
+}
+
+fn unix_ms(t: std::time::SystemTime) -> u64 {
+    t.duration_since(std::time::UNIX_EPOCH).unwrap().as_millis() as u64
 }

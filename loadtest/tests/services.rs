@@ -313,6 +313,7 @@ else:
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn send_and_verify_a_running_stack() {
     let stack = Stack::start().await;
+    let started = std::time::Instant::now();
     let dir = tempfile::tempdir().unwrap();
     let sent = dir.path().join("sent.ndjson");
     let sent_arg = sent.to_str().unwrap();
@@ -421,6 +422,25 @@ async fn send_and_verify_a_running_stack() {
     assert_eq!(report["rows"], expected.len(), "{report}");
     assert_eq!(report["missing"], 0, "{report}");
     assert_eq!(report["duplicated"], 0, "{report}");
+    // Every batch's first attempt is noted next to what was saved, and verify measures each
+    // record from it to its object's Last-Modified: at least 0, at most this test's run.
+    let times = |f: &std::path::Path| {
+        let mut name = f.as_os_str().to_owned();
+        name.push(".times");
+        std::fs::read_to_string(name).unwrap().lines().count()
+    };
+    assert_eq!((times(&sent), times(&sent_parquet)), (8, 1));
+    let latency = &report["send_to_landing_ms"];
+    assert_eq!(latency["count"], expected.len(), "{report}");
+    assert_eq!(report["timed_records"], expected.len(), "{report}");
+    let ms = |q: &str| latency[q].as_f64().unwrap();
+    assert!(
+        0.0 <= ms("p50")
+            && ms("p50") <= ms("p99")
+            && ms("p99") <= ms("max")
+            && ms("max") <= started.elapsed().as_secs_f64() * 1e3,
+        "{report}"
+    );
     // The independent reader agrees.
     let landed = common::pyarrow_s3(&s3, &bucket, "landing/");
     common::assert_landed_exactly(&records, &landed);

@@ -346,7 +346,7 @@ pub fn parquet_to_ndjson_charged(
     charge: crate::budget::Charge<'_>,
 ) -> Result<Vec<u8>, DecodeError> {
     // The parquet crate panics on some malformed files instead of returning an error (found
-    // by fuzzing, `schemas/fuzz`: an assertion that a column chunk's start is not negative, a
+    // by fuzzing, `fuzz/`: an assertion that a column chunk's start is not negative, a
     // division by zero in its byte-array reader, and arithmetic overflows where overflow checks
     // are on). A hostile body must get a 400 like any other malformed one, not take down the
     // thread decoding it (the gateway answered 503, which clients retry for ever).

@@ -487,6 +487,25 @@ impl ObjectStore {
 
     /// Keys under `prefix` (which ends with `/`), in any order.
     pub async fn list(&self, prefix: &str) -> Result<Vec<String>, StoreError> {
+        let listed = self.list_objects(prefix, false).await?;
+        Ok(listed.into_iter().map(|(key, _)| key).collect())
+    }
+
+    /// [`ObjectStore::list`] with the time each object appeared under its key, where the store
+    /// tells: a local file's status change time (set when the sink moves a finished file into
+    /// place), an S3 object's `Last-Modified` (for a multipart upload, when the upload began).
+    pub async fn list_with_times(
+        &self,
+        prefix: &str,
+    ) -> Result<Vec<(String, Option<SystemTime>)>, StoreError> {
+        self.list_objects(prefix, true).await
+    }
+
+    async fn list_objects(
+        &self,
+        prefix: &str,
+        times: bool,
+    ) -> Result<Vec<(String, Option<SystemTime>)>, StoreError> {
         match self {
             ObjectStore::Local(root) => {
                 let (root, prefix) = (root.clone(), prefix.to_owned());
@@ -525,7 +544,8 @@ impl ObjectStore {
                             if is_dir {
                                 stack.push(path);
                             } else if let Ok(rel) = path.strip_prefix(&root) {
-                                out.push(rel.to_string_lossy().into_owned());
+                                let time = if times { changed_at(&path) } else { None };
+                                out.push((rel.to_string_lossy().into_owned(), time));
                             }
                         }
                     }
@@ -544,11 +564,12 @@ impl ObjectStore {
                     .send();
                 while let Some(page) = pages.next().await {
                     let page = page.map_err(|e| s3_error("list", prefix, e))?;
-                    out.extend(
-                        page.contents()
-                            .iter()
-                            .filter_map(|o| o.key().map(str::to_owned)),
-                    );
+                    out.extend(page.contents().iter().filter_map(|o| {
+                        let time = o
+                            .last_modified()
+                            .and_then(|t| SystemTime::try_from(*t).ok());
+                        o.key().map(|key| (key.to_owned(), time))
+                    }));
                 }
                 Ok(out)
             }
@@ -583,6 +604,18 @@ impl ObjectStore {
             }
         }
     }
+}
+
+/// When a local file last changed status (its inode's ctime): a rename or link into place sets
+/// it, unlike the modification time, which a rename keeps.
+pub fn changed_at(path: &Path) -> Option<SystemTime> {
+    use std::os::unix::fs::MetadataExt;
+    let meta = std::fs::metadata(path).ok()?;
+    let since_epoch = Duration::new(
+        u64::try_from(meta.ctime()).ok()?,
+        u32::try_from(meta.ctime_nsec()).ok()?,
+    );
+    SystemTime::UNIX_EPOCH.checked_add(since_epoch)
 }
 
 /// Which bytes of an object [`ObjectStore::get_range`] reads.

@@ -352,9 +352,82 @@ fn an_acknowledgement_inside_a_segment_survives_a_restart() {
     );
     drop(spool);
     fs::write(dir.path().join("s").join(ACKED_FILE), "garbage").unwrap();
-    let (spool, recovery) = open(dir.path(), opts);
+    let (spool, recovery) = open(dir.path(), opts.clone());
     assert_eq!(recovery.pending_batches, 1);
     assert_eq!(drain(&spool), vec![batch(7, 100)]);
+    drop(spool);
+    // Nor does one that is not even text (found by the `spool_segment` fuzz target: it stopped
+    // the agent's start).
+    let (spool, _) = open(dir.path(), opts.clone());
+    let seq = stored(
+        spool
+            .append(&batch(8, 100), Overflow::Block, &never())
+            .unwrap(),
+    );
+    drop(spool);
+    fs::write(dir.path().join("s").join(ACKED_FILE), b"\xff\xfe0\x00").unwrap();
+    let (spool, recovery) = open(dir.path(), opts);
+    assert_eq!(recovery.pending_batches, 1);
+    assert_eq!(drain(&spool), vec![batch(8, 100)]);
+    assert!(seq > 0);
+}
+
+/// Sequence numbers past [`MAX_SEQ`], in an entry whose checksum holds or in `acked`, are damage
+/// (found by the `spool_segment` fuzz target: the next append's `seq + 1` overflowed).
+#[test]
+fn sequence_numbers_at_the_end_of_the_range_are_damage() {
+    let dir = tempfile::tempdir().unwrap();
+    let sdir = dir.path().join("s");
+    fs::create_dir_all(&sdir).unwrap();
+    let mut segment = encode_entry(u64::MAX, &batch(1, 10));
+    segment.extend_from_slice(&encode_entry(0, &batch(2, 10)));
+    fs::write(sdir.join("seg-0.spool"), &segment).unwrap();
+    let (spool, recovery) = open(dir.path(), options(1 << 20, 1 << 20));
+    assert_eq!(recovery.quarantined_regions, 1);
+    assert_eq!(recovery.pending_batches, 1);
+    assert_eq!(
+        stored(
+            spool
+                .append(&batch(3, 10), Overflow::Block, &never())
+                .unwrap()
+        ),
+        1
+    );
+    assert_eq!(drain(&spool), vec![batch(2, 10), batch(3, 10)]);
+    drop(spool);
+
+    fs::write(sdir.join(ACKED_FILE), format!("{:020}", u64::MAX)).unwrap();
+    let (spool, recovery) = open(dir.path(), options(1 << 20, 1 << 20));
+    assert_eq!(recovery.pending_batches, 0);
+    let seq = stored(
+        spool
+            .append(&batch(4, 10), Overflow::Block, &never())
+            .unwrap(),
+    );
+    assert!(seq < MAX_SEQ);
+    assert_eq!(drain(&spool), vec![batch(4, 10)]);
+    drop(spool);
+
+    // An unreadable `acked` longer than the 20 digits written over it: what follows them must
+    // not read as part of the number once they are (found by the fuzz target too: the tail
+    // "1111" after 20 zeros read as 1111, and the pending entry 0 was lost).
+    let (spool, _) = open(dir.path(), options(1 << 20, 1 << 20));
+    let seq = stored(
+        spool
+            .append(&batch(5, 10), Overflow::Block, &never())
+            .unwrap(),
+    );
+    drop(spool);
+    fs::write(
+        sdir.join(ACKED_FILE),
+        format!("{}{}", "x".repeat(20), seq + 1000),
+    )
+    .unwrap();
+    for _ in 0..2 {
+        let (spool, recovery) = open(dir.path(), options(1 << 20, 1 << 20));
+        assert_eq!(recovery.pending_batches, 1);
+        assert_eq!(spool.pending_batches().unwrap(), vec![batch(5, 10)]);
+    }
 }
 
 #[test]

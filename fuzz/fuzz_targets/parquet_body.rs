@@ -1,0 +1,45 @@
+//! Hostile columnar (Parquet) request bodies through the gateway's decoder
+//! (`schemas::columnar::parquet_to_ndjson_charged`): decoding one must end in NDJSON or an error,
+//! never a panic, never in more NDJSON than the limit allows, and never in memory the budget
+//! was not charged for first.
+#![no_main]
+
+use libfuzzer_sys::fuzz_target;
+
+const MAX_BYTES: usize = 1 << 20;
+const BUDGET: usize = 4 << 20;
+
+fuzz_target!(
+    init: {
+        // `parquet_to_ndjson_charged` catches the panics of the parquet crate; libfuzzer-sys's
+        // hook would abort on them all the same. A panic that escapes still ends the run and
+        // keeps the input (libfuzzer-sys catches it and aborts); FUZZ_SHOW_PANICS=1 prints
+        // every panic.
+        let show = std::env::var_os("FUZZ_SHOW_PANICS").is_some();
+        std::panic::set_hook(Box::new(move |info| {
+            if show {
+                eprintln!("{info}");
+            }
+        }));
+    },
+    |data: &[u8]| {
+        let streams = schemas::example_streams();
+        for def in streams.iter() {
+            let body = bytes::Bytes::copy_from_slice(data);
+            let mut left = BUDGET;
+            let mut charge = |bytes: usize| {
+                let taken = bytes <= left;
+                if taken {
+                    left -= bytes;
+                }
+                taken
+            };
+            if let Ok(ndjson) =
+                schemas::columnar::parquet_to_ndjson_charged(def, body, MAX_BYTES, &mut charge)
+            {
+                assert!(ndjson.len() <= MAX_BYTES);
+                assert!(ndjson.capacity() <= BUDGET - left, "allocated past the charge");
+            }
+        }
+    }
+);
