@@ -371,6 +371,24 @@ async fn secrets_come_from_files_and_never_show() {
         .await
         .unwrap();
     shown("/metrics", &metrics);
+    let served = reqwest::get(format!("http://127.0.0.1:{admin}/status"))
+        .await
+        .unwrap()
+        .text()
+        .await
+        .unwrap();
+    assert!(served.contains("sensor_readings"), "{served}");
+    shown("/status", &served);
+    for json in [false, true] {
+        let mut status = Command::new(env!("CARGO_BIN_EXE_edge-agent"));
+        status.args(["status", "--config"]).arg(&cfg);
+        if json {
+            status.arg("--json");
+        }
+        let out = status.output().unwrap();
+        assert!(out.status.success(), "{out:?}");
+        shown("edge-agent status", &format!("{out:?}"));
+    }
     let status = Command::new("kill")
         .args(["-HUP", &agent.id().to_string()])
         .status()
