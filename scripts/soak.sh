@@ -18,7 +18,7 @@
 # The broker is librdkafka's mock cluster (`loadtest mock-broker`): tansu 0.6, the suite's
 # broker, keeps a killed member's partitions from the others and answers a fetch inside a
 # record batch with the next batch, which loses records for any consumer that resumes from a
-# commit in the middle of a batch (README, "Tests"). Logs and the report stay in the printed
+# commit in the middle of a batch (docs/src/testing.md). Logs and the report stay in the printed
 # directory.
 set -euo pipefail
 cd "$(dirname "${BASH_SOURCE[0]}")/.."

@@ -184,10 +184,11 @@ async fn main() -> anyhow::Result<()> {
             // SIGINT/SIGTERM stop the process; a reload (SIGHUP) stops only the run.
             let stop = CancellationToken::new();
             let shutdown = stop.child_token();
+            // Listening for SIGTERM and SIGINT before `on_sighup` unblocks them (after a reload).
+            plumbing::cancel_on_signal(stop.clone());
             let reload = Reload::on_sighup(path.clone(), shutdown.clone(), |path| {
                 load(path).map(|(config, _)| config)
             })?;
-            plumbing::cancel_on_signal(stop.clone());
             plumbing::install_metrics();
             plumbing::raise_open_files_limit();
             let (config, streams) = load(&path)?;

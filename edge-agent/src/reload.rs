@@ -97,9 +97,10 @@ impl Reload {
                 }
             }
         })?;
-        // A run started by a reload's exec has SIGHUP blocked (`exec_self`): a SIGHUP that came
-        // since waited, and arrives now, at the listener.
-        sighup().thread_unblock()?;
+        // A run started by a reload's exec has SIGHUP, SIGTERM and SIGINT blocked (`exec_self`):
+        // one that came since waited, and arrives now, at its listener (the caller listens for
+        // SIGTERM and SIGINT before this, `plumbing::cancel_on_signal`).
+        held_over_exec().thread_unblock()?;
         Ok(reload)
     }
 
@@ -161,9 +162,10 @@ pub fn exec_self() -> std::io::Error {
             Err(e) => return e,
         }
     };
-    // The signal mask survives the exec, handlers do not: blocked, a SIGHUP that comes before
-    // the new run listens (`Reload::on_sighup`) waits for it instead of ending the process.
-    if let Err(e) = sighup().thread_block() {
+    // The signal mask survives the exec, handlers do not: blocked, a SIGHUP, SIGTERM or SIGINT
+    // that comes before the new run listens (`Reload::on_sighup`) waits for it instead of ending
+    // the process at once (a SIGTERM then stops the new run as it stops any run).
+    if let Err(e) = held_over_exec().thread_block() {
         return e.into();
     }
     let mut args = std::env::args_os();
@@ -174,10 +176,12 @@ pub fn exec_self() -> std::io::Error {
         .exec()
 }
 
-/// The set of SIGHUP alone.
-fn sighup() -> SigSet {
+/// The signals a reload's exec holds until the new run listens for them.
+fn held_over_exec() -> SigSet {
     let mut set = SigSet::empty();
-    set.add(Signal::SIGHUP);
+    for signal in [Signal::SIGHUP, Signal::SIGTERM, Signal::SIGINT] {
+        set.add(signal);
+    }
     set
 }
 

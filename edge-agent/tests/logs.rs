@@ -274,6 +274,56 @@ async fn sighup_reloads_a_config_that_checks_and_refuses_one_that_does_not() {
     );
 }
 
+/// A SIGTERM that comes while a reload starts the agent again (between its exec and the new run
+/// listening) stops the new run as any SIGTERM does: it waits, blocked, instead of ending the
+/// process at once by the signal's default action.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_sigterm_during_a_reload_stops_the_new_run_cleanly() {
+    let dir = tempfile::tempdir().unwrap();
+    let readings = dir.path().join("readings.ndjson");
+    std::fs::write(&readings, "").unwrap();
+    let cfg = dir.path().join("agent.toml");
+    std::fs::write(
+        &cfg,
+        config_with_root(
+            &dir.path().join("state"),
+            "http://127.0.0.1:9",
+            "",
+            "",
+            &file_source_toml(&readings, "follow = true\npoll_ms = 50"),
+        ),
+    )
+    .unwrap();
+    let mut agent = support::spawn_agent_with(&cfg, dir.path(), 0, Stdio::null(), "info");
+    let log = dir.path().join("agent-0.log");
+    wait_logged_times(&log, "stream ready", 1);
+    let signal = |name: &str, pid: u32| {
+        let status = Command::new("kill")
+            .args([name, &pid.to_string()])
+            .status()
+            .unwrap();
+        assert!(status.success());
+    };
+    signal("-HUP", agent.id());
+    // The SIGTERM goes as soon as the old run says it starts again: the exec follows at once,
+    // and the new run takes milliseconds to listen.
+    let deadline = Instant::now() + Duration::from_secs(20);
+    while !std::fs::read_to_string(&log)
+        .unwrap()
+        .contains("starting again on the reloaded config")
+    {
+        assert!(Instant::now() < deadline, "no reload");
+        std::thread::sleep(Duration::from_millis(1));
+    }
+    signal("-TERM", agent.id());
+    let status = tokio::task::spawn_blocking(move || agent.wait().unwrap())
+        .await
+        .unwrap();
+    let text = std::fs::read_to_string(&log).unwrap();
+    assert!(status.success(), "{status}: {text}");
+    assert_eq!(text.matches("run finished").count(), 2, "{text}");
+}
+
 /// The agent's secrets (its gateway token, an MQTT login's password, its local port's token)
 /// come from files, and none shows in what it prints: `check`'s output, a config that does not
 /// check, its log (debug) through a start, failing deliveries and MQTT connections, a SIGHUP
@@ -395,7 +445,8 @@ async fn secrets_come_from_files_and_never_show() {
         .unwrap();
     assert!(status.success());
     wait_logged_times(&log, "starting again on the reloaded config", 1);
-    wait_logged_times(&log, "stream ready", 2);
+    // Both streams of the new run are ready (the first run's were logged twice too).
+    wait_logged_times(&log, "stream ready", 4);
     sigterm_and_wait(
         &mut agent,
         Duration::from_secs(30),

@@ -1,6 +1,6 @@
 //! The shipped systemd unit (`deploy/systemd/edge-agent.service`): `systemd-analyze verify`
-//! finds nothing wrong with it, `systemd-analyze security` rates its hardening as the README
-//! says, and the environment it sets reaches the agent's config.
+//! finds nothing wrong with it, `systemd-analyze security` rates its hardening as the agent's
+//! chapter of the docs says, and the environment it sets reaches the agent's config.
 
 mod support;
 

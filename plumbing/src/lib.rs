@@ -69,28 +69,37 @@ pub fn on_sighup(mut each: impl FnMut() + Send + 'static) -> std::io::Result<()>
 }
 
 /// Cancels `token` on Ctrl-C or SIGTERM.
+///
+/// On Unix the handlers are in place when this returns, so that a caller may then unblock the
+/// signals (the agent's reload keeps them blocked across its exec).
 pub fn cancel_on_signal(token: CancellationToken) {
-    tokio::spawn(async move {
-        let ctrl_c = tokio::signal::ctrl_c();
-        #[cfg(unix)]
-        {
-            let mut term =
-                match tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate()) {
-                    Ok(s) => s,
-                    Err(e) => {
-                        tracing::warn!(error = %e, "cannot listen for SIGTERM");
-                        let _ = ctrl_c.await;
-                        token.cancel();
-                        return;
+    #[cfg(unix)]
+    {
+        use tokio::signal::unix::{SignalKind, signal};
+        let listeners = signal(SignalKind::terminate()).and_then(|term| {
+            let interrupt = signal(SignalKind::interrupt())?;
+            Ok((term, interrupt))
+        });
+        tokio::spawn(async move {
+            match listeners {
+                Ok((mut term, mut interrupt)) => {
+                    tokio::select! {
+                        _ = term.recv() => {}
+                        _ = interrupt.recv() => {}
                     }
-                };
-            tokio::select! {
-                _ = ctrl_c => {}
-                _ = term.recv() => {}
+                }
+                Err(e) => {
+                    tracing::warn!(error = %e, "cannot listen for SIGTERM");
+                    let _ = tokio::signal::ctrl_c().await;
+                }
             }
-        }
-        #[cfg(not(unix))]
-        let _ = ctrl_c.await;
+            tracing::info!("shutdown requested");
+            token.cancel();
+        });
+    }
+    #[cfg(not(unix))]
+    tokio::spawn(async move {
+        let _ = tokio::signal::ctrl_c().await;
         tracing::info!("shutdown requested");
         token.cancel();
     });

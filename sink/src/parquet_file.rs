@@ -108,7 +108,7 @@ pub fn encode(
     Ok(Bytes::from(writer.into_inner()?))
 }
 
-/// The key-value metadata of a landing file (README.md, "Sink").
+/// The key-value metadata of a landing file (docs/src/sink.md).
 pub fn file_metadata(
     def: &StreamDef,
     topic: &str,

@@ -2,7 +2,7 @@
 //! blocks fills one vector of eight 32-bit lanes, and each step of the compression function
 //! works on all eight. The `blake3` crate does this for the chunks of one long input; for short
 //! inputs it can only compress one block at a time, where each step waits on the one before
-//! (about 85 ns a block on the machines of docs/benchmarks.md, whichever instruction
+//! (about 85 ns a block on the machines of docs/src/benchmarks.md, whichever instruction
 //! set it picks). A sensor reading's canonical encoding is one or two blocks, so its hash was
 //! latency-bound; eight lanes take a block of each of eight readings in about the time of
 //! two blocks alone.
