@@ -14,8 +14,9 @@ use rdkafka::consumer::{Consumer as _, MessageStream};
 use rdkafka::error::KafkaResult;
 use rdkafka::message::{BorrowedMessage, OwnedMessage};
 
+use super::{DRAIN_MAX, Handled, Worker};
 use crate::partition::FlushReason;
-use crate::{DRAIN_MAX, Fields, Handled, PartKey, SinkContext, Worker, part_ref};
+use crate::{Fields, PartKey, SinkContext, part_ref};
 
 /// Messages checked together. The lanes take eight records of a block count; 32 fill them for
 /// the one or two blocks that a sensor reading's encoding takes.

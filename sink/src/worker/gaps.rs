@@ -22,10 +22,11 @@ use anyhow::Context as _;
 use rdkafka::consumer::Consumer as _;
 use rdkafka::{Offset, TopicPartitionList};
 
+use super::{Gap, Worker};
 use crate::config::OffsetGapPolicy;
 use crate::metrics as m;
 use crate::partition::FlushReason;
-use crate::{Fields, Gap, PartKey, Worker};
+use crate::{Fields, PartKey};
 
 impl Worker {
     /// Where partition `key`, which has no state, is expected to go on: where the sink sought
