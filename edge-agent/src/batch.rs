@@ -1,6 +1,7 @@
 //! A closed batch: the unit that is spooled, sent and acknowledged.
 
 use std::fmt;
+use std::time::{SystemTime, UNIX_EPOCH};
 
 use serde::Deserialize;
 
@@ -148,4 +149,12 @@ impl Batch {
             .map(|line| schemas::check_bytes(def, line).map_err(|e| UnreadableBatch(e.to_string())))
             .collect()
     }
+}
+
+/// Milliseconds since the epoch (0 before it).
+pub(crate) fn now_ms() -> u64 {
+    SystemTime::now()
+        .duration_since(UNIX_EPOCH)
+        .map(|d| d.as_millis() as u64)
+        .unwrap_or(0)
 }

@@ -9,6 +9,7 @@
 //! ```
 
 pub mod batch;
+pub mod chunk;
 pub mod config;
 pub mod dedupe;
 pub mod deliver;
@@ -25,6 +26,7 @@ pub mod source;
 pub mod spool;
 pub mod status;
 pub mod tls;
+pub mod validate;
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::io::BufReader;

@@ -17,13 +17,12 @@ use schemas::decode::ndjson_lines_in;
 use schemas::wire::encode_value_into;
 use schemas::{HashGroup, Hashed, Line, Pending, Record, Row, StreamDef, ValidRecord};
 
-use crate::batch::{Batch, BatchId, BodyEncoding};
+use crate::batch::{Batch, BatchId, BodyEncoding, now_ms};
 use crate::config::{BatchConfig, DedupeConfig, StreamSettings};
 use crate::dedupe::{Digest, DigestLog, DigestWindow, digest};
 use crate::filter::{FilterChain, FilterConfig};
 use crate::invalid::KeptInvalid;
 use crate::metrics as m;
-use crate::source::Spares;
 use crate::spool::{Appended, Overflow, Spool, SpoolError};
 
 /// A line as the pipeline checked it; its hash is the line's place in the group's
@@ -52,48 +51,7 @@ const RETRY_CHUNK_BYTES: usize = 256 * 1024;
 /// (they do within a poll interval; a source that does not is not waited for longer).
 pub const STOP_GRACE: Duration = Duration::from_secs(2);
 
-/// Called once the chunk's records are durable or dropped on purpose.
-pub type Done = Box<dyn FnOnce(ChunkOutcome) + Send>;
-
-/// NDJSON lines from a source.
-pub struct Chunk {
-    pub data: Vec<u8>,
-    pub done: Option<Done>,
-    /// Close the open batch after this chunk (a source holding many unacknowledged messages).
-    pub flush: bool,
-    /// Where `data`'s buffer goes back to once the pipeline is done with it.
-    spares: Option<Spares>,
-}
-
-impl Chunk {
-    pub fn new(data: Vec<u8>, done: Option<Done>) -> Chunk {
-        Chunk {
-            data,
-            done,
-            flush: false,
-            spares: None,
-        }
-    }
-
-    /// A chunk whose buffer goes back to `spares` once the pipeline is done with it.
-    pub fn recycled(data: Vec<u8>, done: Option<Done>, spares: Spares) -> Chunk {
-        Chunk {
-            spares: Some(spares),
-            ..Chunk::new(data, done)
-        }
-    }
-}
-
-/// What became of one chunk's records.
-#[derive(Debug, Default, Clone, PartialEq, Eq)]
-pub struct ChunkOutcome {
-    /// Valid records that were not duplicates (spooled, or dropped by a filter).
-    pub accepted: usize,
-    pub duplicates: usize,
-    pub rejected: Vec<RejectedRecord>,
-    /// The spool was full and the stream's policy dropped records of this chunk.
-    pub spool_dropped: bool,
-}
+pub use crate::chunk::{Chunk, ChunkOutcome, Done};
 
 /// Counters of one stream's pipeline.
 #[derive(Debug, Default, Clone, PartialEq, Eq)]
@@ -227,14 +185,6 @@ pub fn now_secs() -> u32 {
     SystemTime::now()
         .duration_since(UNIX_EPOCH)
         .map(|d| d.as_secs() as u32)
-        .unwrap_or(0)
-}
-
-/// Milliseconds since the epoch (0 before it).
-pub(crate) fn now_ms() -> u64 {
-    SystemTime::now()
-        .duration_since(UNIX_EPOCH)
-        .map(|d| d.as_millis() as u64)
         .unwrap_or(0)
 }
 

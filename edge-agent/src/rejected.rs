@@ -177,7 +177,7 @@ impl KeptBatch {
                 records: small("records").context("the note has no 'records'")?,
                 // Notes written before these were kept: 0 and now.
                 raw_bytes: small("raw_bytes").unwrap_or(0),
-                created_ms: number("created_ms").unwrap_or_else(crate::pipeline::now_ms),
+                created_ms: number("created_ms").unwrap_or_else(crate::batch::now_ms),
             },
             status: number("status")
                 .and_then(|s| u16::try_from(s).ok())

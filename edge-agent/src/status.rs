@@ -90,7 +90,7 @@ pub fn status(config: &AgentConfig) -> anyhow::Result<Status> {
     }
     Ok(Status {
         state_dir: state.clone(),
-        now_ms: crate::pipeline::now_ms(),
+        now_ms: crate::batch::now_ms(),
         spool_bytes: streams.iter().map(|s| s.spool.disk_bytes).sum(),
         spool_max_bytes: config.spool.options().max_bytes,
         rejected_bytes: rejected.used()?,

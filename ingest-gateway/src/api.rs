@@ -13,7 +13,7 @@ use http_body_util::BodyExt as _;
 use plumbing::body::DecompressError;
 use plumbing::kafka::Messages;
 use schemas::DecodeError;
-use schemas::api::{ErrorBody, IngestResponse, RejectedRecord};
+use schemas::api::{IngestResponse, RejectedRecord};
 use schemas::budget::Charge;
 use schemas::columnar::parquet_to_ndjson_charged;
 use schemas::decode::{BodyFormat, split_body_charged};
@@ -23,6 +23,7 @@ use tokio::sync::{OwnedSemaphorePermit, Semaphore};
 
 use crate::auth::Auth;
 use crate::config::{IdempotencyConfig, LimitsConfig};
+pub use crate::error::ApiError;
 use crate::idempotency::{self, Begin, IdempotencyCache};
 use crate::metrics as m;
 use crate::produce::Producer;
@@ -224,71 +225,6 @@ impl AppState {
             .auth
             .write()
             .unwrap_or_else(std::sync::PoisonError::into_inner) = Arc::new(auth);
-    }
-}
-
-/// A client or server error, answered as JSON with a stable code.
-#[derive(Debug)]
-pub struct ApiError {
-    pub status: StatusCode,
-    pub code: &'static str,
-    pub message: String,
-    pub retry_after_secs: Option<u64>,
-    /// The body may fit a newer definition of its stream (a Parquet column the definition
-    /// lacks): the gateway looks for one before it answers ([`AppState::newer_definition`]).
-    pub newer_definition_may_take: bool,
-}
-
-impl ApiError {
-    pub fn new(status: StatusCode, code: &'static str, message: impl Into<String>) -> ApiError {
-        ApiError {
-            status,
-            code,
-            message: message.into(),
-            retry_after_secs: None,
-            newer_definition_may_take: false,
-        }
-    }
-    pub fn unauthorized(message: impl Into<String>) -> ApiError {
-        ApiError::new(StatusCode::UNAUTHORIZED, "unauthorized", message)
-    }
-    pub fn forbidden(message: impl Into<String>) -> ApiError {
-        ApiError::new(StatusCode::FORBIDDEN, "forbidden", message)
-    }
-    fn bad_request(message: impl Into<String>) -> ApiError {
-        ApiError::new(StatusCode::BAD_REQUEST, "bad_request", message)
-    }
-    pub(crate) fn too_large(message: impl Into<String>) -> ApiError {
-        ApiError::new(StatusCode::PAYLOAD_TOO_LARGE, "payload_too_large", message)
-    }
-    fn unsupported(message: impl Into<String>) -> ApiError {
-        ApiError::new(
-            StatusCode::UNSUPPORTED_MEDIA_TYPE,
-            "unsupported_media_type",
-            message,
-        )
-    }
-    pub fn unavailable(message: impl Into<String>, retry_after_secs: u64) -> ApiError {
-        ApiError {
-            retry_after_secs: Some(retry_after_secs),
-            ..ApiError::new(StatusCode::SERVICE_UNAVAILABLE, "unavailable", message)
-        }
-    }
-}
-
-impl IntoResponse for ApiError {
-    fn into_response(self) -> Response {
-        let body = ErrorBody {
-            error: self.code.to_owned(),
-            message: self.message,
-        };
-        let mut response = (self.status, Json(body)).into_response();
-        if let Some(secs) = self.retry_after_secs {
-            response
-                .headers_mut()
-                .insert(header::RETRY_AFTER, HeaderValue::from(secs));
-        }
-        response
     }
 }
 

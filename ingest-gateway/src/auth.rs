@@ -6,8 +6,8 @@ use std::sync::Mutex;
 use axum::http::{HeaderMap, StatusCode, header};
 use plumbing::rate::Bucket;
 
-use crate::api::ApiError;
 use crate::config::AuthConfig;
+use crate::error::ApiError;
 use crate::metrics as m;
 
 #[derive(Debug)]

@@ -4,6 +4,7 @@
 pub mod api;
 pub mod auth;
 pub mod config;
+pub mod error;
 pub mod idempotency;
 pub mod metrics;
 pub mod produce;

@@ -14,8 +14,8 @@ use rdkafka::producer::Producer as _;
 use schemas::Streams;
 use schemas::wire::topic_name;
 
-use crate::api::ApiError;
 use crate::config::KafkaConfig;
+use crate::error::ApiError;
 
 pub struct Producer {
     /// Replaced when librdkafka reports a fatal error (e.g. a fenced idempotent producer after

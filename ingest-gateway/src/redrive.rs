@@ -29,16 +29,17 @@ use std::collections::{BTreeMap, BTreeSet, HashSet};
 use std::time::{Duration, Instant};
 
 use anyhow::Context as _;
-use plumbing::kafka::{
-    DLQ_HEADER_BATCH, DLQ_HEADER_INDEX, DLQ_HEADER_REDRIVEN, DLQ_HEADER_STREAM,
-    DLQ_HEADER_TRUNCATED, DeliveryGroup, GroupProducer, Messages,
-};
+use plumbing::kafka::{DeliveryGroup, GroupProducer, Messages};
 use plumbing::redrive::Tally;
 use rdkafka::consumer::{Consumer as _, StreamConsumer};
 use rdkafka::error::KafkaError;
 use rdkafka::message::{BorrowedMessage, Header, Headers as _, Message as _, OwnedHeaders};
 use rdkafka::{ClientConfig, Offset, TopicPartitionList};
 use schemas::window::{Digest, DigestWindow};
+use schemas::wire::{
+    DLQ_HEADER_BATCH, DLQ_HEADER_INDEX, DLQ_HEADER_REDRIVEN, DLQ_HEADER_STREAM,
+    DLQ_HEADER_TRUNCATED,
+};
 use schemas::{Streams, ValidRecord};
 use serde::{Deserialize, Serialize};
 

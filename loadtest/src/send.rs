@@ -82,31 +82,7 @@ pub struct SendSummary {
     pub saved_times: Option<PathBuf>,
 }
 
-/// Percentiles of a latency, in milliseconds, over `count` values.
-#[derive(Debug, Default, Clone, Copy, PartialEq, Serialize)]
-pub struct Latency {
-    pub count: usize,
-    pub p50: f64,
-    pub p99: f64,
-    pub max: f64,
-}
-
-impl Latency {
-    /// The percentiles of `all` (milliseconds); `None` when it is empty.
-    pub fn of_ms(all: &mut [f64]) -> Option<Latency> {
-        if all.is_empty() {
-            return None;
-        }
-        all.sort_unstable_by(f64::total_cmp);
-        let at = |q: f64| all[((all.len() - 1) as f64 * q).round() as usize];
-        Some(Latency {
-            count: all.len(),
-            p50: at(0.5),
-            p99: at(0.99),
-            max: at(1.0),
-        })
-    }
-}
+pub use crate::verify::Latency;
 
 /// An acknowledged batch of the save file: its first record (counted over the save file's
 /// lines), its records and its first attempt in milliseconds since the Unix epoch.

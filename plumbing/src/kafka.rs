@@ -10,7 +10,9 @@ use rdkafka::message::{DeliveryResult, Header, OwnedHeaders, ToBytes};
 use rdkafka::producer::{BaseRecord, ProducerContext, ThreadedProducer};
 use rdkafka::{ClientConfig, ClientContext};
 use schemas::wire::{
-    HEADER_CONTENT_HASH, HEADER_INGEST_TS, HEADER_SCHEMA_VERSION, encode_value_into,
+    DLQ_HEADER_BATCH, DLQ_HEADER_CODE, DLQ_HEADER_INDEX, DLQ_HEADER_REASON, DLQ_HEADER_STREAM,
+    DLQ_HEADER_TRUNCATED, HEADER_CONTENT_HASH, HEADER_INGEST_TS, HEADER_SCHEMA_VERSION,
+    encode_value_into,
 };
 use schemas::{ContentHash, Forward, Str, StreamDef, ValidRecord};
 use tokio::sync::Notify;
@@ -225,21 +227,6 @@ pub struct DeadLetter {
 
 /// Longest record kept in the dead-letter topic (Kafka's default message limit is 1 MB).
 pub const MAX_DEAD_LETTER_BYTES: usize = 64 * 1024;
-
-/// Dead-letter headers: the stream, the record's index in its request, a reason code and text.
-pub const DLQ_HEADER_STREAM: &str = "stream";
-pub const DLQ_HEADER_INDEX: &str = "record-index";
-pub const DLQ_HEADER_CODE: &str = "reason-code";
-pub const DLQ_HEADER_REASON: &str = "reason";
-pub const DLQ_HEADER_TRUNCATED: &str = "truncated";
-/// The `Idempotency-Key` of the request (the batch id when the edge agent sent it, or when its
-/// Kafka output produced the dead letter); absent for a request without one. A dead letter
-/// produced again (a request answered after a crash of its producer, retried by the client) has
-/// the same batch id and `record-index`: a reader drops repeats by the two.
-pub const DLQ_HEADER_BATCH: &str = "batch-id";
-/// Header of a redrive note in the dead-letter topic (`ingest-gateway redrive`): the stream whose
-/// dead letters it lists as produced again. A note has no `stream` header.
-pub const DLQ_HEADER_REDRIVEN: &str = "redriven";
 
 impl DeadLetter {
     /// The record at `index` of its request or batch, `raw` as it came, refused for `reason`

@@ -19,6 +19,21 @@ pub const HEADER_CONTENT_HASH: &str = "content-hash";
 pub const HEADER_SCHEMA_VERSION: &str = "schema-version";
 pub const HEADER_INGEST_TS: &str = "ingest-ts";
 
+/// Dead-letter headers: the stream, the record's index in its request, a reason code and text.
+pub const DLQ_HEADER_STREAM: &str = "stream";
+pub const DLQ_HEADER_INDEX: &str = "record-index";
+pub const DLQ_HEADER_CODE: &str = "reason-code";
+pub const DLQ_HEADER_REASON: &str = "reason";
+pub const DLQ_HEADER_TRUNCATED: &str = "truncated";
+/// The `Idempotency-Key` of the request (the batch id when the edge agent sent it, or when its
+/// Kafka output produced the dead letter); absent for a request without one. A dead letter
+/// produced again (a request answered after a crash of its producer, retried by the client) has
+/// the same batch id and `record-index`: a reader drops repeats by the two.
+pub const DLQ_HEADER_BATCH: &str = "batch-id";
+/// Header of a redrive note in the dead-letter topic (`ingest-gateway redrive`): the stream whose
+/// dead letters it lists as produced again. A note has no `stream` header.
+pub const DLQ_HEADER_REDRIVEN: &str = "redriven";
+
 /// The topic of a stream.
 pub fn topic_name(prefix: &str, stream: &str) -> String {
     format!("{prefix}{stream}")

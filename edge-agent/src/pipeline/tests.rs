@@ -2,6 +2,7 @@ use std::sync::Mutex;
 use std::sync::atomic::AtomicBool;
 
 use super::*;
+use crate::chunk::Spares;
 use crate::spool::{FsyncPolicy, SpoolOptions, Usage};
 
 fn def() -> Arc<StreamDef> {

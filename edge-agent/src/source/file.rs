@@ -26,8 +26,8 @@ use tokio_util::sync::CancellationToken;
 
 use super::fields::StaticFields;
 use super::{Feed, UntilStopped, Verbatim, feed_lines_with};
+use crate::chunk::Done;
 use crate::config::FileFormat;
-use crate::pipeline::Done;
 
 /// (device, inode).
 pub type FileId = (u64, u64);

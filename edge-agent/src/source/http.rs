@@ -23,7 +23,7 @@ use schemas::{DecodeError, StreamDef, Streams};
 use tokio_util::sync::CancellationToken;
 
 use super::{Feed, Feeds};
-use crate::pipeline::{Chunk, ChunkOutcome};
+use crate::chunk::{Chunk, ChunkOutcome};
 
 /// Starts the pipeline of a stream defined after the agent started (blocking) and gives its feed.
 pub type StartStream = Arc<dyn Fn(Arc<StreamDef>) -> anyhow::Result<Feed> + Send + Sync>;
@@ -320,7 +320,7 @@ async fn ingest(
     .await
     .map_err(|e| error(StatusCode::SERVICE_UNAVAILABLE, "internal", e.to_string()))??;
     let (tx, rx) = tokio::sync::oneshot::channel::<ChunkOutcome>();
-    let done: crate::pipeline::Done = Box::new(move |outcome| {
+    let done: crate::chunk::Done = Box::new(move |outcome| {
         let _ = tx.send(outcome);
     });
     let stopping = || {

@@ -9,14 +9,14 @@ pub mod mqtt;
 use std::collections::BTreeMap;
 use std::io::{BufRead, BufReader, Read};
 use std::os::fd::AsFd;
+use std::sync::Arc;
 use std::sync::mpsc::{SyncSender, TrySendError};
-use std::sync::{Arc, Mutex};
 
 use rustix::event::{PollFd, PollFlags};
 use tokio_util::sync::CancellationToken;
 
+use crate::chunk::{Chunk, Done};
 use crate::metrics as m;
-use crate::pipeline::{Chunk, Done};
 
 /// Largest chunk a line-reading source hands over at once.
 pub const CHUNK_BYTES: usize = 256 * 1024;
@@ -36,38 +36,7 @@ pub struct Feed {
     spares: Spares,
 }
 
-/// Chunk buffers that the pipeline is done with, for a line source to read into again
-/// ([`feed_lines`]): reading into a buffer takes it written once already (safe Rust has no
-/// read into uninitialized memory), and for a fresh buffer that first write costs about what
-/// the copy it saves does.
-#[derive(Clone, Default)]
-pub struct Spares(Arc<Mutex<Vec<Vec<u8>>>>);
-
-impl Spares {
-    /// Buffers kept. A source waits on a full queue while the pipeline reads, and one faster
-    /// than its input finds its last buffer back before it needs the next: either way a buffer
-    /// comes back about when one is taken, and more than two kept would only hold memory (a
-    /// chunk's worth each, for every stream, idle ones too).
-    const KEEP: usize = 2;
-
-    /// A buffer of `len` bytes: a spare one when there is one (only the part of it past its
-    /// last contents is written), else a new one.
-    pub(crate) fn take(&self, len: usize) -> Vec<u8> {
-        let spare = self.0.lock().ok().and_then(|mut spares| spares.pop());
-        let mut buf = spare.unwrap_or_default();
-        buf.resize(len, 0);
-        buf
-    }
-
-    /// Keeps `buf` for [`Spares::take`] (or frees it, when enough are kept).
-    pub fn give(&self, buf: Vec<u8>) {
-        if let Ok(mut spares) = self.0.lock()
-            && spares.len() < Self::KEEP
-        {
-            spares.push(buf);
-        }
-    }
-}
+pub use crate::chunk::Spares;
 
 /// The pipeline is gone (the agent is stopping).
 #[derive(Debug, thiserror::Error)]

@@ -20,7 +20,7 @@ use tokio_util::sync::CancellationToken;
 
 use super::Feed;
 use super::fields::{StaticFields, TopicFields};
-use crate::pipeline::Chunk;
+use crate::chunk::Chunk;
 use crate::tls::TlsFiles;
 
 #[derive(Debug, Clone)]
@@ -138,7 +138,7 @@ pub async fn run(spec: MqttSpec, feed: Feed, shutdown: CancellationToken) -> any
                     None => data,
                     Some(fields) => fields.fill(&data),
                 };
-                let done: Option<crate::pipeline::Done> = if publish.qos == QoS::AtMostOnce {
+                let done: Option<crate::chunk::Done> = if publish.qos == QoS::AtMostOnce {
                     None
                 } else {
                     unacked.fetch_add(1, Ordering::Relaxed);
