@@ -48,7 +48,7 @@ export PATH="$CARGO_FUZZ_ROOT/bin:$PATH"
 export RUSTC_BOOTSTRAP=1
 fuzz=(cargo fuzz run --fuzz-dir fuzz --sanitizer none)
 
-log "building ${#targets[@]} targets (about 9 minutes from cold on 2 cores)"
+log "building the targets (about 9 minutes from cold on 2 cores)"
 cargo fuzz build --fuzz-dir fuzz --sanitizer none >&2
 
 work="$(mktemp -d "${TMPDIR:-/tmp}/edge-ingest-fuzz.XXXXXX")"

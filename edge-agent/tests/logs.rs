@@ -274,6 +274,26 @@ async fn sighup_reloads_a_config_that_checks_and_refuses_one_that_does_not() {
     );
 }
 
+/// Writes `dir/agent.toml`: state in `dir/state`, a gateway that is not there, `root` and
+/// `gateway` settings and `sources`.
+fn unreachable_gateway_config(
+    dir: &std::path::Path,
+    root: &str,
+    gateway: &str,
+    sources: &str,
+) -> std::path::PathBuf {
+    let cfg = dir.join("agent.toml");
+    let text = config_with_root(
+        &dir.join("state"),
+        "http://127.0.0.1:9",
+        root,
+        gateway,
+        sources,
+    );
+    std::fs::write(&cfg, text).unwrap();
+    cfg
+}
+
 /// A SIGTERM that comes while a reload starts the agent again (between its exec and the new run
 /// listening) stops the new run as any SIGTERM does: it waits, blocked, instead of ending the
 /// process at once by the signal's default action.
@@ -282,18 +302,12 @@ async fn a_sigterm_during_a_reload_stops_the_new_run_cleanly() {
     let dir = tempfile::tempdir().unwrap();
     let readings = dir.path().join("readings.ndjson");
     std::fs::write(&readings, "").unwrap();
-    let cfg = dir.path().join("agent.toml");
-    std::fs::write(
-        &cfg,
-        config_with_root(
-            &dir.path().join("state"),
-            "http://127.0.0.1:9",
-            "",
-            "",
-            &file_source_toml(&readings, "follow = true\npoll_ms = 50"),
-        ),
-    )
-    .unwrap();
+    let cfg = unreachable_gateway_config(
+        dir.path(),
+        "",
+        "",
+        &file_source_toml(&readings, "follow = true\npoll_ms = 50"),
+    );
     let mut agent = support::spawn_agent_with(&cfg, dir.path(), 0, Stdio::null(), "info");
     let log = dir.path().join("agent-0.log");
     wait_logged_times(&log, "stream ready", 1);
@@ -351,18 +365,12 @@ async fn secrets_come_from_files_and_never_show() {
          [[sources]]\ntype = \"http\"\nlisten = \"127.0.0.1:{port}\"\ntoken_file = {port_token:?}\n",
         file_source_toml(&readings, "follow = true\npoll_ms = 50"),
     );
-    let cfg = dir.path().join("agent.toml");
-    std::fs::write(
-        &cfg,
-        config_with_root(
-            &dir.path().join("state"),
-            "http://127.0.0.1:9",
-            &format!("admin_listen = \"127.0.0.1:{admin}\""),
-            &format!("token_file = {gateway_token:?}"),
-            &sources,
-        ),
-    )
-    .unwrap();
+    let cfg = unreachable_gateway_config(
+        dir.path(),
+        &format!("admin_listen = \"127.0.0.1:{admin}\""),
+        &format!("token_file = {gateway_token:?}"),
+        &sources,
+    );
     let shown = |what: &str, text: &str| {
         for secret in SECRETS {
             assert!(!text.contains(secret), "{what} shows {secret}:\n{text}");

@@ -10,11 +10,13 @@
 //!   them), through compaction, which keeps the file under twice the window.
 #![no_main]
 
-use std::path::Path;
-
 use edge_agent::dedupe::{DigestLog, DigestWindow};
 use libfuzzer_sys::arbitrary::{self, Arbitrary};
 use libfuzzer_sys::fuzz_target;
+
+#[path = "scratch.rs"]
+mod scratch;
+use scratch::scratch;
 
 const ENTRY: usize = 20;
 
@@ -37,16 +39,6 @@ fn entries(bytes: &[u8]) -> Vec<(u128, u32)> {
             )
         })
         .collect()
-}
-
-fn scratch() -> tempfile::TempDir {
-    let shm = Path::new("/dev/shm");
-    if shm.is_dir()
-        && let Ok(dir) = tempfile::tempdir_in(shm)
-    {
-        return dir;
-    }
-    tempfile::tempdir().expect("a scratch directory")
 }
 
 /// Checks that `window` holds the unexpired entries among the last `capacity` of `log`.

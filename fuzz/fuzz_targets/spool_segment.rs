@@ -21,6 +21,10 @@ use edge_agent::spool::{Appended, FsyncPolicy, Overflow, Spool, SpoolOptions, Us
 use libfuzzer_sys::arbitrary::{self, Arbitrary};
 use libfuzzer_sys::fuzz_target;
 
+#[path = "scratch.rs"]
+mod scratch;
+use scratch::scratch;
+
 const MAGIC: &[u8; 4] = b"EAS1";
 
 #[derive(Arbitrary, Debug)]
@@ -108,17 +112,6 @@ fn options() -> SpoolOptions {
 fn open(root: &Path) -> (Spool, edge_agent::spool::Recovery) {
     Spool::open(root, "s", options(), Arc::new(Usage::default()))
         .expect("recovery never fails on damage")
-}
-
-/// A scratch directory in memory where there is one: every run writes files.
-fn scratch() -> tempfile::TempDir {
-    let shm = Path::new("/dev/shm");
-    if shm.is_dir()
-        && let Ok(dir) = tempfile::tempdir_in(shm)
-    {
-        return dir;
-    }
-    tempfile::tempdir().expect("a scratch directory")
 }
 
 fuzz_target!(|input: Input| {
