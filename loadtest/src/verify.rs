@@ -97,7 +97,8 @@ pub fn read_landing_dir(dir: &Path) -> anyhow::Result<Landed> {
                 let rows_before = landed.rows;
                 let file = std::fs::File::open(&path)
                     .with_context(|| format!("cannot open {}", path.display()))?;
-                let landed_at = sink::store::changed_at(&path);
+                let meta = std::fs::metadata(&path)?;
+                let landed_at = sink::store::changed_at(&meta);
                 let row_groups =
                     read_file(file, &path.display().to_string(), landed_at, &mut landed)?;
                 let key = path
@@ -108,7 +109,7 @@ pub fn read_landing_dir(dir: &Path) -> anyhow::Result<Landed> {
                     .collect::<Vec<_>>()
                     .join("/");
                 landed.files.push(LandedFile {
-                    size: std::fs::metadata(&path)?.len(),
+                    size: meta.len(),
                     rows: landed.rows - rows_before,
                     row_groups,
                     key,

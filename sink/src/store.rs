@@ -544,7 +544,10 @@ impl ObjectStore {
                             if is_dir {
                                 stack.push(path);
                             } else if let Ok(rel) = path.strip_prefix(&root) {
-                                let time = if times { changed_at(&path) } else { None };
+                                let time = times
+                                    .then(|| std::fs::metadata(&path).ok())
+                                    .flatten()
+                                    .and_then(|meta| changed_at(&meta));
                                 out.push((rel.to_string_lossy().into_owned(), time));
                             }
                         }
@@ -608,9 +611,8 @@ impl ObjectStore {
 
 /// When a local file last changed status (its inode's ctime): a rename or link into place sets
 /// it, unlike the modification time, which a rename keeps.
-pub fn changed_at(path: &Path) -> Option<SystemTime> {
+pub fn changed_at(meta: &std::fs::Metadata) -> Option<SystemTime> {
     use std::os::unix::fs::MetadataExt;
-    let meta = std::fs::metadata(path).ok()?;
     let since_epoch = Duration::new(
         u64::try_from(meta.ctime()).ok()?,
         u32::try_from(meta.ctime_nsec()).ok()?,
