@@ -6,8 +6,8 @@ use std::net::SocketAddr;
 use std::path::PathBuf;
 use std::time::Duration;
 
-use plumbing::secret::{self, Secret};
 use serde::Deserialize;
+use service_kit::config::secret::{self, Secret};
 
 use crate::batch::BodyEncoding;
 use crate::filter::FilterConfig;
@@ -165,7 +165,7 @@ pub struct KafkaTarget {
     /// SASL authentication: `{ mechanism = "SCRAM-SHA-512", username, password_file }`
     /// (or `password`, e.g. from `EDGE_AGENT_KAFKA__SASL__PASSWORD`).
     #[serde(default)]
-    pub sasl: Option<plumbing::kafka_security::Sasl>,
+    pub sasl: Option<service_kit::kafka::security::Sasl>,
     /// Extra librdkafka producer properties (timeouts), set last: they win over the above.
     #[serde(default)]
     pub properties: BTreeMap<String, String>,
@@ -411,7 +411,7 @@ pub enum SourceConfig {
         max_body_bytes: usize,
         /// HTTPS with this certificate and key (PEM); plain HTTP when absent.
         #[serde(default)]
-        tls: Option<plumbing::server::TlsConfig>,
+        tls: Option<service_kit::http::server::TlsConfig>,
     },
 }
 
@@ -566,7 +566,8 @@ mod tests {
     fn shipped_config_file_is_valid() {
         let file =
             std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("../config/edge-agent.toml");
-        let c: super::AgentConfig = plumbing::load_config(Some(&file), "NO_SUCH_PREFIX_").unwrap();
+        let c: super::AgentConfig =
+            service_kit::load_config(Some(&file), "NO_SUCH_PREFIX_").unwrap();
         assert_eq!(c.batch.max_bytes, super::BatchConfig::default().max_bytes);
         c.validate(&schemas::example_streams()).unwrap();
         assert_eq!(c.gateway.unwrap().retry_statuses, [401, 403, 404]);

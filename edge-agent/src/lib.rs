@@ -10,6 +10,7 @@
 
 pub mod batch;
 pub mod chunk;
+pub mod cli;
 pub mod config;
 pub mod dedupe;
 pub mod deliver;
@@ -264,7 +265,7 @@ impl Starter {
             spool.clone(),
             &self.dedupe_dir,
         )?
-        .follow_definition(plumbing::DefinitionFile::new(&config.streams_dir, &name));
+        .follow_definition(service_kit::DefinitionFile::new(&config.streams_dir, &name));
         // `invalid_max_mb = 0` keeps none: invalid records are only counted, as before keeping.
         let max = config.spool.invalid_max_bytes();
         if max > 0 {
@@ -328,9 +329,9 @@ pub async fn run(
     let spool_root = state.join("spool");
     let dedupe_dir = state.join("dedupe");
     std::fs::create_dir_all(&dedupe_dir)?;
-    let health = plumbing::Health::default();
+    let health = service_kit::Health::default();
     if let Some(addr) = config.admin_listen {
-        let local = plumbing::serve_admin_with(
+        let local = service_kit::serve_admin_with(
             addr,
             health.clone(),
             status::router(&config),
@@ -605,7 +606,9 @@ fn start_sources(
                     &config.streams_dir,
                     feeds.clone(),
                     Arc::new(move |def| starter.start(def)),
-                    secret.as_ref().map(plumbing::secret::Secret::expose),
+                    secret
+                        .as_ref()
+                        .map(service_kit::config::secret::Secret::expose),
                     max_body_bytes,
                 );
                 on_task(source::http::serve(listen, router, tls, shutdown))

@@ -1,6 +1,6 @@
 //! Bandwidth caps (global and per stream) and stream priority on the uplink.
 //!
-//! A cap is a token bucket of one second's worth of bytes (`plumbing::rate::Bucket`): a batch may
+//! A cap is a token bucket of one second's worth of bytes (`service_kit::http::rate::Bucket`): a batch may
 //! take it below zero, and the next sender then waits until the debt is paid. Under the global
 //! cap, the waiting stream with the highest priority goes next (ties: the one that waited
 //! longest).
@@ -10,7 +10,7 @@ use std::collections::BTreeSet;
 use std::sync::Mutex;
 use std::sync::atomic::{AtomicU64, Ordering};
 
-use plumbing::rate::Bucket;
+use service_kit::http::rate::Bucket;
 
 /// A per-stream cap.
 #[derive(Debug)]

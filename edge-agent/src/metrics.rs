@@ -62,29 +62,31 @@ pub const SPOOL_LIMIT_BYTES: &str = "edge_agent_spool_limit_bytes";
 /// a counter whose first sample is already 1, so the first dropped record would go unnoticed.
 pub fn register(spool_limit_bytes: u64) {
     metrics::gauge!(SPOOL_LIMIT_BYTES).set(spool_limit_bytes as f64);
-    metrics::counter!(SPOOL_TORN_TAILS).increment(0);
-    metrics::counter!(SPOOL_QUARANTINED).increment(0);
+    service_kit::telemetry::zero_counters(&[SPOOL_TORN_TAILS, SPOOL_QUARANTINED], &[]);
 }
 
 /// [`register`] for one stream, whose spool overflows by `policy`.
 pub fn register_stream(stream: &str, policy: &'static str) {
+    use service_kit::telemetry::{set_gauges, zero_counters};
     let labels = [("stream", stream.to_owned())];
-    for counter in [
+    let counters = [
         BATCHES_REJECTED,
         RECORDS_REJECTED,
         SPOOL_BLOCKED,
         DEAD_LETTERS_LOST,
         INVALID_NOT_KEPT,
         INVALID_RETRIED,
-    ] {
-        metrics::counter!(counter, &labels).increment(0);
-    }
-    metrics::counter!(SPOOL_DROPPED_RECORDS, "stream" => stream.to_owned(), "policy" => policy)
-        .increment(0);
-    metrics::gauge!(REJECTED_WAITING, &labels).set(0.0);
-    metrics::gauge!(DEFINITION_REFUSED, &labels).set(0.0);
+    ];
+    zero_counters(&counters, &labels);
+    let dropped = [("stream", stream.to_owned()), ("policy", policy.to_owned())];
+    zero_counters(&[SPOOL_DROPPED_RECORDS], &dropped);
+    set_gauges(&[REJECTED_WAITING, DEFINITION_REFUSED], 0.0, &labels);
     for (reason, intentional) in [("invalid", "false"), ("duplicate", "true")] {
-        metrics::counter!(DISCARDED, "stream" => stream.to_owned(), "reason" => reason, "intentional" => intentional)
-            .increment(0);
+        let labels = [
+            ("stream", stream.to_owned()),
+            ("reason", reason.to_owned()),
+            ("intentional", intentional.to_owned()),
+        ];
+        zero_counters(&[DISCARDED], &labels);
     }
 }

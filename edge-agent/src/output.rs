@@ -16,8 +16,6 @@
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use plumbing::kafka::{DeadLetter, DeliveryGroup, GroupProducer, Messages};
-use plumbing::secret::Secret;
 use rand::Rng;
 use rdkafka::producer::Producer;
 use reqwest::StatusCode;
@@ -25,6 +23,8 @@ use reqwest::header::{CONTENT_ENCODING, CONTENT_TYPE, RETRY_AFTER};
 use schemas::StreamDef;
 use schemas::api::{IngestResponse, RejectedRecord};
 use schemas::wire::topic_name;
+use service_kit::config::secret::Secret;
+use service_kit::kafka::{DeadLetter, DeliveryGroup, GroupProducer, Messages};
 use thiserror::Error;
 use tokio_util::sync::CancellationToken;
 
@@ -206,7 +206,7 @@ impl HttpOutput {
         Ok(HttpOutput {
             client,
             base: target.url.trim_end_matches('/').to_owned(),
-            token: plumbing::secret::resolve(
+            token: service_kit::config::secret::resolve(
                 target.token.as_ref(),
                 target.token_file.as_deref(),
                 "gateway.token",
@@ -368,7 +368,7 @@ fn with_proxy(
         );
     match &config.username {
         Some(user) => {
-            let password = plumbing::secret::password(
+            let password = service_kit::config::secret::password(
                 config.password.as_deref(),
                 config.password_file.as_deref(),
                 "gateway.proxy",
@@ -425,19 +425,19 @@ pub struct KafkaOutput {
 
 impl KafkaOutput {
     pub fn new(target: &KafkaTarget) -> Result<KafkaOutput, SendError> {
-        let mut config = plumbing::kafka::producer_config(&target.brokers, 30_000);
-        plumbing::kafka_security::apply(&mut config, target.tls.as_ref(), target.sasl.as_ref())
+        let mut config = service_kit::kafka::producer_config(&target.brokers, 30_000);
+        service_kit::kafka::security::apply(&mut config, target.tls.as_ref(), target.sasl.as_ref())
             .map_err(|e| SendError::Config(format!("{e:#}")))?;
         for (k, v) in &target.properties {
             config.set(k, v);
         }
         Ok(KafkaOutput {
             producer: Arc::new(
-                plumbing::kafka::group_producer(&config)
+                service_kit::kafka::group_producer(&config)
                     .map_err(|e| SendError::Config(e.to_string()))?,
             ),
             topic_prefix: target.topic_prefix.clone(),
-            max_message_bytes: plumbing::kafka::max_message_bytes(&config),
+            max_message_bytes: service_kit::kafka::max_message_bytes(&config),
             dead_letter_topic: target.dead_letter_topic.clone(),
         })
     }
@@ -462,7 +462,7 @@ impl KafkaOutput {
                     messages.push(&def, r);
                     let size = messages.last_message_bytes();
                     if size > max {
-                        let reason = plumbing::kafka::too_large_reason(size, max);
+                        let reason = service_kit::kafka::too_large_reason(size, max);
                         let value = messages.iter().last().map_or(&[][..], |(_, v)| v);
                         let dead =
                             DeadLetter::new(index, "too_large", &reason, value).in_batch(&batch_id);
@@ -500,7 +500,7 @@ impl KafkaOutput {
             self.dead_letters_lost(stream, batch, too_large.len(), "the topic does not exist");
             return;
         }
-        let ingest_ts = plumbing::kafka::ingest_ts_now();
+        let ingest_ts = service_kit::kafka::ingest_ts_now();
         let mut group = DeliveryGroup::new();
         let sent = too_large.iter().try_for_each(|(_, dead)| {
             let topic = &self.dead_letter_topic;
@@ -544,13 +544,13 @@ impl KafkaOutput {
 
     async fn attempt(&self, stream: &str, messages: &Messages) -> Result<IngestResponse, Attempt> {
         let topic = topic_name(&self.topic_prefix, stream);
-        let ingest_ts = plumbing::kafka::ingest_ts_now();
+        let ingest_ts = service_kit::kafka::ingest_ts_now();
         let mut group = DeliveryGroup::new();
         let sent = messages.send(&self.producer, &mut group, &topic, &ingest_ts);
         // What was handed over is awaited even when the rest was refused.
         let settled = group.settled().await;
         match sent.and(settled) {
-            Err(e) if plumbing::kafka::refused_as_too_large(&e) => {
+            Err(e) if service_kit::kafka::refused_as_too_large(&e) => {
                 // The broker's (or topic's) limit is below the producer's: a retry would never
                 // do better. The batch is kept aside until the limits are fixed.
                 return Err(Attempt::Final(SendError::Rejected {

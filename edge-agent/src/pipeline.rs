@@ -10,12 +10,12 @@ use std::sync::atomic::AtomicBool;
 use std::sync::mpsc::{Receiver, RecvTimeoutError};
 use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
-use plumbing::{DefinitionFile, Reread};
 use schemas::api::RejectedRecord;
 use schemas::columnar::BodyBuilder;
 use schemas::decode::ndjson_lines_in;
 use schemas::wire::encode_value_into;
 use schemas::{HashGroup, Hashed, Line, Pending, Record, Row, StreamDef, ValidRecord};
+use service_kit::{DefinitionFile, Reread};
 
 use crate::batch::{Batch, BatchId, BodyEncoding, now_ms};
 use crate::config::{BatchConfig, DedupeConfig, StreamSettings};

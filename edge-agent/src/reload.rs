@@ -54,7 +54,7 @@ impl Reload {
         let reload = Reload::default();
         let (state, requested) = (reload.state.clone(), reload.requested.clone());
         let state_dir = reload.state_dir.clone();
-        plumbing::on_sighup(move || {
+        service_kit::process::on_sighup(move || {
             if requested.load(Ordering::Acquire) {
                 tracing::info!("SIGHUP: a reload is already under way");
                 return;
@@ -99,7 +99,7 @@ impl Reload {
         })?;
         // A run started by a reload's exec has SIGHUP, SIGTERM and SIGINT blocked (`exec_self`):
         // one that came since waited, and arrives now, at its listener (the caller listens for
-        // SIGTERM and SIGINT before this, `plumbing::cancel_on_signal`).
+        // SIGTERM and SIGINT before this, `service_kit::process::cancel_on_signal`).
         held_over_exec().thread_unblock()?;
         Ok(reload)
     }

@@ -3,11 +3,11 @@
 //! client certificate for brokers that require one; and the local ingest port's certificate.
 
 use anyhow::Context as _;
-use plumbing::pem::pem_certificates;
 use rustls::pki_types::PrivateKeyDer;
 use rustls::pki_types::pem::PemObject;
+use service_kit::tls::pem_certificates;
 
-pub use plumbing::pem::TlsFiles;
+pub use service_kit::tls::TlsFiles;
 
 /// A client config trusting `files.ca_file` (or the platform's roots) and presenting the client
 /// certificate when one is given.
@@ -84,6 +84,6 @@ pub fn http_client(
 
 /// Checks a server certificate and key (the local ingest port's): both readable, the key the
 /// certificate's, and the client CA file when one is given.
-pub fn check_server(tls: &plumbing::server::TlsConfig) -> anyhow::Result<()> {
+pub fn check_server(tls: &service_kit::http::server::TlsConfig) -> anyhow::Result<()> {
     tls.server_config().map(drop)
 }

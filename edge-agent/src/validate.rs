@@ -29,7 +29,7 @@ impl AgentConfig {
         if let Some(k) = &self.kafka {
             let mut scratch = rdkafka::ClientConfig::new();
             if let Err(e) =
-                plumbing::kafka_security::apply(&mut scratch, k.tls.as_ref(), k.sasl.as_ref())
+                service_kit::kafka::security::apply(&mut scratch, k.tls.as_ref(), k.sasl.as_ref())
             {
                 problems.push(format!("kafka: {e:#}"));
             }

@@ -1,4 +1,4 @@
-//! The binaries' logs on stderr (here the agent's, through `plumbing::init_tracing`): plain text
+//! The binaries' logs on stderr (here the agent's, through `service_kit::init_tracing`): plain text
 //! without terminal colours when stderr is not a terminal, one JSON object per line with
 //! `LOG_FORMAT=json`. And the agent's SIGHUP, which reloads its config.
 

@@ -539,7 +539,7 @@ async fn a_compatible_definition_change_is_taken_without_a_restart() {
         "stream = \"sensor_readings\"\nfollow = true\npoll_ms = 50",
     );
     let config = edge_agent::AgentConfig::parse(&cfg).unwrap();
-    let loaded = plumbing::load_streams_dir(&streams).unwrap();
+    let loaded = service_kit::load_streams_dir(&streams).unwrap();
     let shutdown = tokio_util::sync::CancellationToken::new();
     let agent = tokio::spawn(edge_agent::run(config, loaded.clone(), shutdown.clone()));
     let old = loaded.get("sensor_readings").unwrap().clone();
@@ -594,7 +594,7 @@ async fn lines_skipped_as_invalid_land_once_the_definition_takes_them() {
     );
     let run = || {
         let config = edge_agent::AgentConfig::parse(&cfg).unwrap();
-        let loaded = plumbing::load_streams_dir(&streams).unwrap();
+        let loaded = service_kit::load_streams_dir(&streams).unwrap();
         edge_agent::run(config, loaded, tokio_util::sync::CancellationToken::new())
     };
     let first = run().await.unwrap().total();
@@ -631,7 +631,7 @@ async fn lines_skipped_as_invalid_land_once_the_definition_takes_them() {
     std::io::Write::write_all(&mut appended, b"{bad\n").unwrap();
     let none = cfg.replace("[batch]\n", "[spool]\ninvalid_max_mb = 0\n[batch]\n");
     let config = edge_agent::AgentConfig::parse(&none).unwrap();
-    let loaded = plumbing::load_streams_dir(&streams).unwrap();
+    let loaded = service_kit::load_streams_dir(&streams).unwrap();
     let third = edge_agent::run(config, loaded, tokio_util::sync::CancellationToken::new())
         .await
         .unwrap()
@@ -676,7 +676,7 @@ async fn local_port_agent(
          [[sources]]\ntype = \"http\"\nlisten = \"127.0.0.1:{port}\"\n",
         state = dir.path().join("state"),
     );
-    let loaded = plumbing::load_streams_dir(streams).unwrap();
+    let loaded = service_kit::load_streams_dir(streams).unwrap();
     let shutdown = tokio_util::sync::CancellationToken::new();
     let agent = tokio::spawn(edge_agent::run(
         edge_agent::AgentConfig::parse(&cfg).unwrap(),

@@ -192,7 +192,7 @@ async fn mqtt_over_tls_with_a_client_certificate() {
 /// A server config for the stub, as the gateway makes it from its `[tls]`: the server
 /// certificate, and client certificates required and checked against the CA.
 fn gateway_tls(pki: &Pki) -> rustls::ServerConfig {
-    plumbing::server::TlsConfig {
+    service_kit::http::server::TlsConfig {
         cert: pki.server_cert.clone(),
         key: pki.server_key.clone(),
         client_ca_file: Some(pki.ca.clone()),

@@ -1,5 +1,5 @@
 //! Hostile compressed request bodies through the decoder of the gateway and the agent's local
-//! HTTP port (`plumbing::body::decompress_into`): identity, zstd (with and without a stream
+//! HTTP port (`service_kit::http::body::decompress_into`): identity, zstd (with and without a stream
 //! dictionary) and gzip, under an output limit and a memory budget.
 //!
 //! What must hold for every input:
@@ -18,7 +18,7 @@ use std::io::Read;
 use std::sync::OnceLock;
 
 use libfuzzer_sys::fuzz_target;
-use plumbing::body::{DecompressError, Encoding, decompress_into};
+use service_kit::http::body::{DecompressError, Encoding, decompress_into};
 use schemas::dictionary::{Dictionaries, ZstdDictionary};
 
 const LIMITS: [usize; 8] = [0, 1, 100, 4096, 65_536, 100_000, 1 << 20, 4 << 20];

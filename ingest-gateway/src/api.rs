@@ -10,8 +10,6 @@ use axum::extract::{Path, State};
 use axum::http::{HeaderMap, HeaderValue, StatusCode, header};
 use axum::response::{IntoResponse, Response};
 use http_body_util::BodyExt as _;
-use plumbing::body::DecompressError;
-use plumbing::kafka::Messages;
 use schemas::DecodeError;
 use schemas::api::{IngestResponse, RejectedRecord};
 use schemas::budget::Charge;
@@ -19,6 +17,8 @@ use schemas::columnar::parquet_to_ndjson_charged;
 use schemas::decode::{BodyFormat, split_body_charged};
 use schemas::hash::HashSetOfHashes;
 use schemas::{Forward, HashGroup, RecordError, StreamDef, Streams, validate_stream_name};
+use service_kit::http::body::DecompressError;
+use service_kit::kafka::Messages;
 use tokio::sync::{OwnedSemaphorePermit, Semaphore};
 
 use crate::auth::Auth;
@@ -27,8 +27,8 @@ pub use crate::error::ApiError;
 use crate::idempotency::{self, Begin, IdempotencyCache};
 use crate::metrics as m;
 use crate::produce::Producer;
-use plumbing::DefinitionFile;
-use plumbing::kafka::DeadLetter;
+use service_kit::DefinitionFile;
+use service_kit::kafka::DeadLetter;
 
 /// Shared state of the handlers.
 pub struct AppState {
@@ -228,7 +228,7 @@ impl AppState {
     }
 }
 
-pub use plumbing::body::Encoding;
+pub use service_kit::http::body::Encoding;
 
 fn content_encoding(headers: &HeaderMap) -> Result<Encoding, ApiError> {
     Encoding::from_header(headers.get(header::CONTENT_ENCODING))
@@ -301,7 +301,7 @@ fn decompress_into(
     scratch: &mut Scratch,
     charge: Charge<'_>,
 ) -> Result<(), ApiError> {
-    plumbing::body::decompress_into(
+    service_kit::http::body::decompress_into(
         encoding,
         body,
         limit,
@@ -485,8 +485,10 @@ fn check_plain(
                         if size > limits.max_message_bytes {
                             prepared.pop();
                             seen.remove(&record.hash);
-                            let reason =
-                                plumbing::kafka::too_large_reason(size, limits.max_message_bytes);
+                            let reason = service_kit::kafka::too_large_reason(
+                                size,
+                                limits.max_message_bytes,
+                            );
                             dead_letters.push(DeadLetter::new(index, "too_large", &reason, raw));
                             response.rejected.push(RejectedRecord { index, reason });
                         }
@@ -519,7 +521,7 @@ const HASH_GROUP: usize = 32;
 
 /// Memory `check_plain` takes per record besides its value: its Kafka message's entry, its
 /// content hash in the in-request dedupe set and in the fingerprint.
-const CHECK_BYTES_PER_RECORD: usize = plumbing::kafka::Messages::ENTRY_BYTES
+const CHECK_BYTES_PER_RECORD: usize = service_kit::kafka::Messages::ENTRY_BYTES
     + 2 * std::mem::size_of::<schemas::ContentHash>()
     + 2 * std::mem::size_of::<usize>();
 

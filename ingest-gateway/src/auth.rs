@@ -4,7 +4,7 @@
 use std::sync::Mutex;
 
 use axum::http::{HeaderMap, StatusCode, header};
-use plumbing::rate::Bucket;
+use service_kit::http::rate::Bucket;
 
 use crate::config::AuthConfig;
 use crate::error::ApiError;

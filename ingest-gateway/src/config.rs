@@ -4,9 +4,9 @@ use std::collections::BTreeMap;
 use std::net::SocketAddr;
 use std::path::PathBuf;
 
-use plumbing::kafka_security::Sasl;
-use plumbing::pem::TlsFiles;
 use serde::Deserialize;
+use service_kit::kafka::security::Sasl;
+use service_kit::tls::TlsFiles;
 
 /// Environment variables with this prefix override config keys (`__` separates nesting).
 pub const ENV_PREFIX: &str = "INGEST_GATEWAY_";
@@ -47,7 +47,7 @@ pub struct GatewayConfig {
     pub worker_nice: u8,
 }
 
-pub use plumbing::server::TlsConfig;
+pub use service_kit::http::server::TlsConfig;
 
 #[derive(Debug, Clone, Deserialize)]
 #[serde(deny_unknown_fields)]
@@ -197,7 +197,7 @@ pub struct LimitsConfig {
 }
 
 fn default_max_message() -> usize {
-    plumbing::kafka::DEFAULT_MAX_MESSAGE_BYTES
+    service_kit::kafka::DEFAULT_MAX_MESSAGE_BYTES
 }
 
 impl Default for LimitsConfig {
@@ -289,7 +289,7 @@ fn default_max_connections() -> usize {
     4096
 }
 fn default_header_timeout_ms() -> u64 {
-    plumbing::server::DEFAULT_HEADER_TIMEOUT.as_millis() as u64
+    service_kit::http::server::DEFAULT_HEADER_TIMEOUT.as_millis() as u64
 }
 fn default_request_timeout_ms() -> u64 {
     60_000

@@ -3,6 +3,7 @@
 
 pub mod api;
 pub mod auth;
+pub mod cli;
 pub mod config;
 pub mod error;
 pub mod idempotency;
@@ -20,8 +21,8 @@ use axum::extract::{MatchedPath, Request};
 use axum::middleware::{self, Next};
 use axum::response::Response;
 use axum::routing::{get, post};
-use plumbing::Health;
 use schemas::Streams;
+use service_kit::Health;
 use tokio::task::JoinHandle;
 use tokio_util::sync::CancellationToken;
 
@@ -36,13 +37,13 @@ use crate::produce::Producer;
 /// [`start`] inside `block_on` on a thread at the process's priority: the Kafka clients are
 /// created there, so librdkafka's threads keep that priority.
 pub fn runtime(worker_nice: u8) -> std::io::Result<tokio::runtime::Runtime> {
-    let base = plumbing::priority::thread_nice();
+    let base = service_kit::process::thread_nice();
     let target = (base + i32::from(worker_nice)).min(19);
     let mut builder = tokio::runtime::Builder::new_multi_thread();
     builder.enable_all();
     if target > base {
         builder.on_thread_start(move || {
-            if let Err(e) = plumbing::priority::set_thread_nice(target) {
+            if let Err(e) = service_kit::process::set_thread_nice(target) {
                 tracing::warn!(error = %e, nice = target, "cannot lower a worker thread's priority");
             }
         });
@@ -73,7 +74,7 @@ pub struct Gateway {
 #[derive(Clone)]
 pub struct Reload {
     state: Arc<AppState>,
-    tls: Option<plumbing::server::RustlsConfig>,
+    tls: Option<service_kit::http::server::RustlsConfig>,
 }
 
 /// What a [`Reload`] put in force.
@@ -127,7 +128,7 @@ pub async fn put_definitions_in_force(
     kafka: &config::KafkaConfig,
 ) -> anyhow::Result<(Vec<String>, Vec<String>)> {
     let dir = dir.to_path_buf();
-    let loaded = tokio::task::spawn_blocking(move || plumbing::load_streams_dir(&dir)).await??;
+    let loaded = tokio::task::spawn_blocking(move || service_kit::load_streams_dir(&dir)).await??;
     let update = state
         .streams()
         .updated_by(loaded)
@@ -145,7 +146,7 @@ pub async fn put_definitions_in_force(
 }
 
 /// Loads the definition of `stream` alone from `dir` (with its dictionaries, a file being
-/// written read whole: [`plumbing::load_stream`]) and puts it in force beside the streams in
+/// written read whole: [`service_kit::load_stream`]) and puts it in force beside the streams in
 /// force, its topic created first when `kafka.create_topics`: a stream defined after the start,
 /// at its first request. A broken file of another stream does not keep it out.
 pub async fn put_stream_in_force(
@@ -155,7 +156,7 @@ pub async fn put_stream_in_force(
     kafka: &config::KafkaConfig,
 ) -> anyhow::Result<()> {
     let (dir, name) = (dir.to_path_buf(), stream.to_owned());
-    let def = tokio::task::spawn_blocking(move || plumbing::load_stream(&dir, &name)).await??;
+    let def = tokio::task::spawn_blocking(move || service_kit::load_stream(&dir, &name)).await??;
     let mut added = schemas::Streams::default();
     added.insert(def.clone());
     metrics::register(&added);
@@ -176,7 +177,7 @@ pub fn router(state: Arc<AppState>, admin: Option<Health>) -> Router {
         .with_state(state)
         .route("/openapi.json", get(openapi));
     match admin {
-        Some(health) => api.merge(plumbing::admin_router(health)),
+        Some(health) => api.merge(service_kit::admin_router(health)),
         None => api,
     }
     .fallback(api::not_found)
@@ -292,7 +293,7 @@ pub async fn start(
     state.follow_definitions(config.streams_dir.clone(), config.kafka.clone());
     let health = Health::default();
     let probed = state.clone();
-    plumbing::spawn_readiness_probe(health.clone(), shutdown.clone(), move || {
+    service_kit::spawn_readiness_probe(health.clone(), shutdown.clone(), move || {
         let state = probed.clone();
         async move { state.producer.is_reachable().await }
     });
@@ -302,7 +303,7 @@ pub async fn start(
     let addr = listener.local_addr()?;
     let admin_addr = match config.admin_listen {
         Some(admin) => Some(
-            plumbing::serve_admin(admin, health.clone(), shutdown.clone())
+            service_kit::serve_admin(admin, health.clone(), shutdown.clone())
                 .await
                 .with_context(|| format!("cannot listen on {admin} (admin_listen)"))?,
         ),
@@ -314,10 +315,10 @@ pub async fn start(
         None => None,
     };
     tracing::info!(%addr, tls = tls.is_some(), brokers = %config.kafka.brokers, "gateway listening");
-    let options = plumbing::server::ServeOptions {
+    let options = service_kit::http::server::ServeOptions {
         header_timeout: Duration::from_millis(config.limits.header_timeout_ms.max(1)),
         max_connections: config.limits.max_connections,
-        metrics: Some(plumbing::server::ConnectionMetrics {
+        metrics: Some(service_kit::http::server::ConnectionMetrics {
             open: metrics::OPEN_CONNECTIONS,
             refused: metrics::REFUSED_CONNECTIONS,
         }),
@@ -327,7 +328,7 @@ pub async fn start(
         tls: tls.clone(),
     };
     let task = tokio::spawn(async move {
-        plumbing::server::serve(listener, app, tls, options, shutdown).await?;
+        service_kit::http::server::serve(listener, app, tls, options, shutdown).await?;
         state.producer.flush(Duration::from_secs(10)).await;
         tracing::info!("gateway stopped");
         Ok(())

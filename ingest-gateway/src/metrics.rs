@@ -24,15 +24,18 @@ pub const RELOAD_SUCCESSFUL: &str = "gateway_config_last_reload_successful";
 /// go unnoticed.
 /// Installs the Prometheus recorder first (once per process), so nothing registered is lost.
 pub fn register(streams: &schemas::Streams) {
-    plumbing::install_metrics();
-    ::metrics::counter!(PRODUCER_REPLACED).increment(0);
-    ::metrics::counter!(REFUSED_CONNECTIONS).increment(0);
-    ::metrics::gauge!(OPEN_CONNECTIONS).set(0.0);
-    ::metrics::gauge!(RELOAD_SUCCESSFUL).set(1.0);
+    use service_kit::telemetry::{set_gauges, zero_counters};
+    service_kit::install_metrics();
+    zero_counters(&[PRODUCER_REPLACED, REFUSED_CONNECTIONS], &[]);
+    set_gauges(&[OPEN_CONNECTIONS], 0.0, &[]);
+    set_gauges(&[RELOAD_SUCCESSFUL], 1.0, &[]);
     for def in streams.iter() {
         for outcome in ["accepted", "duplicate", "rejected"] {
-            ::metrics::counter!(RECORDS, "stream" => def.name.clone(), "outcome" => outcome)
-                .increment(0);
+            let labels = [
+                ("stream", def.name.clone()),
+                ("outcome", outcome.to_owned()),
+            ];
+            zero_counters(&[RECORDS], &labels);
         }
     }
 }

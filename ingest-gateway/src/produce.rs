@@ -5,7 +5,6 @@ use std::sync::mpsc;
 use std::sync::{Arc, RwLock};
 use std::time::Duration;
 
-use plumbing::kafka::{DeadLetter, DeliveryGroup, GroupProducer, Messages};
 use rdkafka::ClientConfig;
 use rdkafka::admin::{AdminClient, AdminOptions, NewTopic, TopicReplication};
 use rdkafka::client::DefaultClientContext;
@@ -13,6 +12,7 @@ use rdkafka::error::{KafkaError, KafkaResult, RDKafkaErrorCode};
 use rdkafka::producer::Producer as _;
 use schemas::Streams;
 use schemas::wire::topic_name;
+use service_kit::kafka::{DeadLetter, DeliveryGroup, GroupProducer, Messages};
 
 use crate::config::KafkaConfig;
 use crate::error::ApiError;
@@ -40,7 +40,7 @@ fn spawn_factory(
         .name("producer-factory".into())
         .spawn(move || {
             for reply in rx {
-                let _ = reply.send(plumbing::kafka::group_producer(&config));
+                let _ = reply.send(service_kit::kafka::group_producer(&config));
             }
         })?;
     Ok(tx)
@@ -49,7 +49,7 @@ fn spawn_factory(
 /// Sets the security settings (`kafka.tls`, `kafka.sasl`) and then the extra properties
 /// (`kafka.producer`, which so win) of `config` on `c`.
 pub(crate) fn configure(c: &mut ClientConfig, config: &KafkaConfig) -> anyhow::Result<()> {
-    plumbing::kafka_security::apply(c, config.tls.as_ref(), config.sasl.as_ref())?;
+    service_kit::kafka::security::apply(c, config.tls.as_ref(), config.sasl.as_ref())?;
     for (k, v) in &config.producer {
         c.set(k, v);
     }
@@ -58,14 +58,14 @@ pub(crate) fn configure(c: &mut ClientConfig, config: &KafkaConfig) -> anyhow::R
 
 impl Producer {
     pub fn new(config: &KafkaConfig, max_inflight_bytes: usize) -> anyhow::Result<Producer> {
-        let mut c = plumbing::kafka::producer_config(&config.brokers, config.produce_timeout_ms);
+        let mut c = service_kit::kafka::producer_config(&config.brokers, config.produce_timeout_ms);
         // The in-flight budget is the limit: librdkafka's queue holds at least as much.
         let kib = (max_inflight_bytes / 1024).clamp(1 << 20, i32::MAX as usize);
         c.set("queue.buffering.max.kbytes", kib.to_string());
         configure(&mut c, config)?;
-        let max_message_bytes = plumbing::kafka::max_message_bytes(&c);
+        let max_message_bytes = service_kit::kafka::max_message_bytes(&c);
         Ok(Producer {
-            inner: RwLock::new(Arc::new(plumbing::kafka::group_producer(&c)?)),
+            inner: RwLock::new(Arc::new(service_kit::kafka::group_producer(&c)?)),
             factory: spawn_factory(c).map_err(|e| {
                 KafkaError::ClientCreation(format!("cannot start the producer factory: {e}"))
             })?,
@@ -156,7 +156,7 @@ impl Producer {
         dead_letters: Vec<DeadLetter>,
     ) -> Result<(), KafkaError> {
         let topic = topic_name(&self.topic_prefix, stream);
-        let ingest_ts = plumbing::kafka::ingest_ts_now();
+        let ingest_ts = service_kit::kafka::ingest_ts_now();
         let mut group = DeliveryGroup::new();
         records.send(producer, &mut group, &topic, &ingest_ts)?;
         // librdkafka copied the values: their buffer need not live while the acks are awaited.
@@ -194,7 +194,7 @@ impl Producer {
 }
 
 fn kafka_unavailable(e: &KafkaError) -> ApiError {
-    if plumbing::kafka::refused_as_too_large(e) {
+    if service_kit::kafka::refused_as_too_large(e) {
         tracing::warn!(error = %e, "the broker refused a record batch as too large");
         return ApiError::too_large(format!(
             "Kafka refused the records as too large ({e}): the broker's or the topic's message.max.bytes is below the gateway producer's; a retry will not help until it is raised"

@@ -29,8 +29,6 @@ use std::collections::{BTreeMap, BTreeSet, HashSet};
 use std::time::{Duration, Instant};
 
 use anyhow::Context as _;
-use plumbing::kafka::{DeliveryGroup, GroupProducer, Messages};
-use plumbing::redrive::Tally;
 use rdkafka::consumer::{Consumer as _, StreamConsumer};
 use rdkafka::error::KafkaError;
 use rdkafka::message::{BorrowedMessage, Header, Headers as _, Message as _, OwnedHeaders};
@@ -42,6 +40,8 @@ use schemas::wire::{
 };
 use schemas::{Streams, ValidRecord};
 use serde::{Deserialize, Serialize};
+use service_kit::kafka::redrive::Tally;
+use service_kit::kafka::{DeliveryGroup, GroupProducer, Messages};
 
 use crate::GatewayConfig;
 
@@ -109,7 +109,7 @@ pub async fn redrive(
     options: &RedriveOptions,
 ) -> anyhow::Result<RedriveReport> {
     let stream = options.stream.as_str();
-    let def = plumbing::redrive::definition(streams, stream, &config.streams_dir)?;
+    let def = service_kit::kafka::redrive::definition(streams, stream, &config.streams_dir)?;
     let dlq = config.kafka.dead_letter_topic.clone();
     let topic = schemas::wire::topic_name(&config.kafka.topic_prefix, stream);
     let starts = {
@@ -120,9 +120,10 @@ pub async fn redrive(
     let producer = if options.dry_run {
         None
     } else {
-        Some(plumbing::redrive::producer(&config.kafka.brokers, |c| {
-            crate::produce::configure(c, &config.kafka)
-        })?)
+        Some(service_kit::kafka::redrive::producer(
+            &config.kafka.brokers,
+            |c| crate::produce::configure(c, &config.kafka),
+        )?)
     };
     let mut report = RedriveReport {
         stream: stream.to_owned(),
@@ -261,7 +262,7 @@ impl Pending<'_> {
         if let Some(producer) = self.producer
             && !self.messages.is_empty()
         {
-            plumbing::redrive::produce(producer, [(topic, &self.messages)]).await?;
+            service_kit::kafka::redrive::produce(producer, [(topic, &self.messages)]).await?;
             tracing::info!(records = self.messages.len(), topic, "redriven");
             let mut group = DeliveryGroup::new();
             for (&partition, offsets) in &self.offsets {
@@ -279,7 +280,7 @@ impl Pending<'_> {
                         .with_context(|| format!("cannot produce a redrive note to {dlq}"))?;
                 }
             }
-            plumbing::redrive::settle(group).await.with_context(|| {
+            service_kit::kafka::redrive::settle(group).await.with_context(|| {
                 format!("redrive notes to {dlq}: the records were produced, and a later run produces them again")
             })?;
         }
@@ -327,7 +328,7 @@ fn consumer(config: &GatewayConfig) -> anyhow::Result<StreamConsumer> {
         .set("enable.auto.commit", "false")
         .set("enable.auto.offset.store", "false")
         .set("enable.partition.eof", "true");
-    plumbing::kafka_security::apply(
+    service_kit::kafka::security::apply(
         &mut client,
         config.kafka.tls.as_ref(),
         config.kafka.sasl.as_ref(),

@@ -40,7 +40,7 @@ fn app_with(auth: &AuthConfig, limits: LimitsConfig) -> axum::Router {
         producer,
         &Default::default(),
     ));
-    crate::router(state, Some(plumbing::Health::default()))
+    crate::router(state, Some(service_kit::Health::default()))
 }
 
 fn post(
@@ -391,7 +391,7 @@ async fn a_token_over_its_rate_limit_gets_429_with_retry_after_and_others_do_not
 fn shipped_config_file_is_valid() {
     let file =
         std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("../config/ingest-gateway.toml");
-    let c: crate::GatewayConfig = plumbing::load_config(Some(&file), "NO_SUCH_PREFIX_").unwrap();
+    let c: crate::GatewayConfig = service_kit::load_config(Some(&file), "NO_SUCH_PREFIX_").unwrap();
     assert_eq!(
         c.limits.max_body_bytes,
         LimitsConfig::default().max_body_bytes
@@ -407,8 +407,8 @@ fn negative_worker_nice_is_refused() {
     let dir = tempfile::tempdir().unwrap();
     let file = dir.path().join("gateway.toml");
     std::fs::write(&file, "worker_nice = -5\n").unwrap();
-    let e =
-        plumbing::load_config::<crate::GatewayConfig>(Some(&file), "NO_SUCH_PREFIX_").unwrap_err();
+    let e = service_kit::load_config::<crate::GatewayConfig>(Some(&file), "NO_SUCH_PREFIX_")
+        .unwrap_err();
     assert!(format!("{e:#}").contains("worker_nice"), "{e:#}");
 }
 
@@ -445,7 +445,7 @@ fn kafka_thread_nices() -> Vec<(String, i32)> {
             continue;
         }
         let tid = task.file_name().to_string_lossy().parse().unwrap();
-        if let Some(nice) = plumbing::priority::nice_of(tid) {
+        if let Some(nice) = service_kit::process::nice_of(tid) {
             out.push((name.to_owned(), nice));
         }
     }
@@ -458,7 +458,7 @@ fn kafka_thread_nices() -> Vec<(String, i32)> {
 #[test]
 fn request_workers_run_below_the_kafka_threads() {
     std::thread::spawn(|| {
-        let base = plumbing::priority::thread_nice();
+        let base = service_kit::process::thread_nice();
         let lowered = (base + 5).min(19);
         let runtime = crate::runtime(5).unwrap();
         runtime.block_on(async {
@@ -470,12 +470,12 @@ fn request_workers_run_below_the_kafka_threads() {
             let p = producer.clone();
             let (worker, fresh) =
                 tokio::spawn(
-                    async move { (plumbing::priority::thread_nice(), p.fresh_instance()) },
+                    async move { (service_kit::process::thread_nice(), p.fresh_instance()) },
                 )
                 .await
                 .unwrap();
             assert_eq!(worker, lowered, "a request worker");
-            let blocking = tokio::task::spawn_blocking(plumbing::priority::thread_nice)
+            let blocking = tokio::task::spawn_blocking(service_kit::process::thread_nice)
                 .await
                 .unwrap();
             assert_eq!(blocking, lowered, "a blocking-pool thread");
@@ -495,7 +495,7 @@ fn request_workers_run_below_the_kafka_threads() {
             drop(fresh);
         });
         assert_eq!(
-            plumbing::priority::thread_nice(),
+            service_kit::process::thread_nice(),
             base,
             "the starting thread"
         );

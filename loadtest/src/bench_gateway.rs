@@ -11,12 +11,12 @@ use bytes::Bytes;
 use ingest_gateway::GatewayConfig;
 use ingest_gateway::api::{Encoding, check_body};
 use ingest_gateway::config::LimitsConfig;
-use plumbing::body::decompress_into;
-use plumbing::kafka::{DeliveryGroup, GroupProducer, Messages};
 use rdkafka::producer::{FutureProducer, FutureRecord};
 use schemas::decode::BodyFormat;
 use schemas::wire::encode_value;
 use serde::Serialize;
+use service_kit::http::body::decompress_into;
+use service_kit::kafka::{DeliveryGroup, GroupProducer, Messages};
 use tokio_util::sync::CancellationToken;
 
 use crate::fleet::{FleetSpec, sensor_readings};
@@ -381,11 +381,11 @@ pub async fn run(opts: BenchOptions) -> anyhow::Result<BenchReport> {
     let topic = format!("{}sensor_readings", kafka.topic_prefix);
     // The same producer, message layout and acknowledgement handling as the gateway's; the
     // records' own NDJSON lines are the values.
-    let producer = plumbing::kafka::group_producer(&plumbing::kafka::producer_config(
+    let producer = service_kit::kafka::group_producer(&service_kit::kafka::producer_config(
         &opts.brokers,
         kafka.produce_timeout_ms,
     ))?;
-    let mut prepared = plumbing::kafka::Messages::new(&def, total, raw_bytes);
+    let mut prepared = service_kit::kafka::Messages::new(&def, total, raw_bytes);
     for (_, batch) in raw {
         for line in batch.split(|c| *c == b'\n').filter(|l| !l.is_empty()) {
             prepared.push_forward(&def, &schemas::check_bytes_forward(&def, line)?, line);
@@ -545,7 +545,7 @@ async fn produce_direct(
         producer,
         &mut group,
         topic,
-        &plumbing::kafka::ingest_ts_now(),
+        &service_kit::kafka::ingest_ts_now(),
     )?;
     group.settled().await?;
     Ok(m.done(total, raw_bytes))

@@ -142,13 +142,13 @@ pub async fn run(opts: SinkBenchOptions) -> anyhow::Result<SinkBenchReport> {
         .context("sensor_readings stream missing")?;
     // Keys and headers first, so that the records go out as fast with headers as without (a
     // slower loop would close smaller batches, which cost the sink more to decompress).
-    let ingest_ts = plumbing::kafka::ingest_ts_now();
+    let ingest_ts = service_kit::kafka::ingest_ts_now();
     let mut keyed = Vec::with_capacity(lines.len());
     for line in &lines {
         let value: serde_json::Value = serde_json::from_slice(line)?;
         let key = value["device_id"].as_str().unwrap_or_default().to_owned();
         let headers = match opts.gateway_headers {
-            true => Some(plumbing::kafka::record_headers(
+            true => Some(service_kit::kafka::record_headers(
                 &schemas::check_bytes(&def, line)?.hash,
                 def.version,
                 &ingest_ts,

@@ -72,7 +72,7 @@ async fn small_batches_go_with_the_dictionary_and_without_it_to_a_gateway_that_l
     }
     let installed = install_dictionary(streams_dir.path(), "sensor_readings", &dictionary).unwrap();
     assert!(installed.retired.is_none());
-    let streams = plumbing::load_streams_dir(streams_dir.path()).unwrap();
+    let streams = service_kit::load_streams_dir(streams_dir.path()).unwrap();
     let current = streams
         .get("sensor_readings")
         .unwrap()
@@ -109,7 +109,7 @@ async fn small_batches_go_with_the_dictionary_and_without_it_to_a_gateway_that_l
     let newer = train_dictionary(def, &ndjson, 8 * 1024, 100_000).unwrap().0;
     let installed = install_dictionary(streams_dir.path(), "sensor_readings", &newer).unwrap();
     assert!(installed.retired.is_some());
-    let streams = plumbing::load_streams_dir(streams_dir.path()).unwrap();
+    let streams = service_kit::load_streams_dir(streams_dir.path()).unwrap();
     let dictionaries = &streams.get("sensor_readings").unwrap().dictionaries;
     assert_eq!(dictionaries.current().map(|d| d.id()), Some(newer.id()));
     assert!(dictionaries.get(dictionary.id()).is_some());

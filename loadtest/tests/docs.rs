@@ -181,7 +181,7 @@ fn config_keys<T: serde::de::DeserializeOwned>(dir: &Path) -> BTreeSet<String> {
     let file = dir.join("probe.toml");
     let error = |toml: String| -> String {
         std::fs::write(&file, toml).unwrap();
-        match plumbing::load_config::<T>(Some(&file), "NO_SUCH_PREFIX_") {
+        match service_kit::load_config::<T>(Some(&file), "NO_SUCH_PREFIX_") {
             Ok(_) => String::new(),
             Err(e) => e.to_string(),
         }

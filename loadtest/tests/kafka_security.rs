@@ -18,8 +18,8 @@ use ingest_gateway::GatewayConfig;
 use ingest_gateway::config::AuthConfig;
 use loadtest::demo::distinct_hashes;
 use loadtest::fleet::{FleetSpec, sensor_readings, to_ndjson};
-use plumbing::kafka_security::{Sasl, SaslMechanism};
-use plumbing::pem::TlsFiles;
+use service_kit::kafka::security::{Sasl, SaslMechanism};
+use service_kit::tls::TlsFiles;
 use sink::SinkConfig;
 use sink::config::{RotationConfig, StoreConfig};
 use tokio_util::sync::CancellationToken;
@@ -69,7 +69,7 @@ impl SecureKafka {
         let (ca, key) = (dir.join("kafka-ca.pem"), dir.join("kafka-key.pem"));
         std::fs::write(&ca, made.cert.pem()).unwrap();
         std::fs::write(&key, made.signing_key.serialize_pem()).unwrap();
-        let server = plumbing::server::TlsConfig {
+        let server = service_kit::http::server::TlsConfig {
             cert: ca.clone(),
             key,
             client_ca_file: None,
@@ -324,7 +324,8 @@ fn topic_records(kafka: &SecureKafka, topic: &str) -> i64 {
     config
         .set("bootstrap.servers", &kafka.bootstrap)
         .set("group.id", "watermarks");
-    plumbing::kafka_security::apply(&mut config, Some(&kafka.tls()), Some(&kafka.sasl())).unwrap();
+    service_kit::kafka::security::apply(&mut config, Some(&kafka.tls()), Some(&kafka.sasl()))
+        .unwrap();
     let consumer: BaseConsumer = config.create().unwrap();
     let metadata = consumer
         .fetch_metadata(Some(topic), Duration::from_secs(10))

@@ -200,13 +200,13 @@ fn the_compose_configs_load() {
     let root = common::repo_root().join("deploy/config");
     let load = |name: &str| root.join(name);
     let gateway: GatewayConfig =
-        plumbing::load_config(Some(&load("ingest-gateway.toml")), "NO_SUCH_PREFIX_").unwrap();
+        service_kit::load_config(Some(&load("ingest-gateway.toml")), "NO_SUCH_PREFIX_").unwrap();
     assert!(!gateway.auth.tokens.is_empty());
     let sink: SinkConfig =
-        plumbing::load_config(Some(&load("sink.toml")), "NO_SUCH_PREFIX_").unwrap();
+        service_kit::load_config(Some(&load("sink.toml")), "NO_SUCH_PREFIX_").unwrap();
     assert!(matches!(sink.store, StoreConfig::S3 { .. }));
     let agent: AgentConfig =
-        plumbing::load_config(Some(&load("edge-agent.toml")), "NO_SUCH_PREFIX_").unwrap();
+        service_kit::load_config(Some(&load("edge-agent.toml")), "NO_SUCH_PREFIX_").unwrap();
     assert_eq!(agent.sources.len(), 2);
 }
 
@@ -330,15 +330,15 @@ async fn the_dashboards_and_alerts_read_the_components_metrics() {
     sink.kafka.brokers = kafka.clone();
     sink.kafka.topic_prefix = topic_prefix.clone();
     sink.kafka.group_id = format!("mon-sink-{id}");
-    let sink_health = plumbing::Health::default();
-    plumbing::serve_admin(sink.admin_listen, sink_health.clone(), shutdown.clone())
+    let sink_health = service_kit::Health::default();
+    service_kit::serve_admin(sink.admin_listen, sink_health.clone(), shutdown.clone())
         .await
         .unwrap();
     let sink = sink::start(sink, streams.clone(), shutdown.clone())
         .await
         .unwrap();
     let readiness = sink.readiness.clone();
-    plumbing::spawn_readiness_probe(sink_health, shutdown.clone(), move || {
+    service_kit::spawn_readiness_probe(sink_health, shutdown.clone(), move || {
         let readiness = readiness.clone();
         async move { readiness.check().await }
     });

@@ -193,7 +193,7 @@ async fn a_field_added_while_the_path_runs_lands_without_a_restart() {
     let definition = streams_dir.join("sensor_readings.toml");
     let shipped = include_str!("../../streams/sensor_readings.toml");
     std::fs::write(&definition, shipped).unwrap();
-    let streams = plumbing::load_streams_dir(&streams_dir).unwrap();
+    let streams = service_kit::load_streams_dir(&streams_dir).unwrap();
     let stack = Stack::start_with(streams.clone(), Some(&streams_dir)).await;
     let fleet = FleetSpec {
         records: 600,

@@ -422,13 +422,6 @@ fn tagged(out: &mut Vec<u8>, tag: u8, payload: [u8; 8]) {
     out.extend_from_slice(&bytes);
 }
 
-/// A field name as the hash encodes it (LEB128 length + UTF-8), computed once per stream.
-pub(crate) fn encoded_name(name: &str) -> Box<[u8]> {
-    let mut out = Vec::with_capacity(name.len() + 2);
-    encode_bytes(&mut out, name.as_bytes());
-    out.into_boxed_slice()
-}
-
 fn encode_bytes(out: &mut Vec<u8>, bytes: &[u8]) {
     leb128(out, bytes.len());
     push_short(out, bytes);
@@ -518,6 +511,16 @@ mod tests {
                 assert_eq!(super::put_scalar(&mut room, 2, value), end, "{value:?}");
                 assert_eq!(room[2..end], pushed[..], "{value:?}");
             }
+        }
+    }
+
+    #[test]
+    fn a_stream_encodes_its_field_names_as_the_hash_encodes_bytes() {
+        for len in [0usize, 1, 8, 16, 17, 127, 128, 300, 20_000] {
+            let name = "n".repeat(len);
+            let mut want = Vec::new();
+            super::encode_bytes(&mut want, name.as_bytes());
+            assert_eq!(&*crate::stream::encoded_name(&name), &want[..], "{len}");
         }
     }
 

@@ -910,15 +910,6 @@ fn same_short(a: &[u8], b: &[u8]) -> bool {
     }
 }
 
-/// A field name's first 8 bytes as a little-endian word, zero-padded: the scanner's first test
-/// of a key against the name.
-pub(crate) fn key_head(name: &[u8]) -> u64 {
-    let mut head = [0u8; 8];
-    let n = name.len().min(8);
-    head[..n].copy_from_slice(&name[..n]);
-    u64::from_le_bytes(head)
-}
-
 /// The low `len` bytes of a word (all of it from 8 up).
 fn head_mask(len: usize) -> u64 {
     if len >= 8 {

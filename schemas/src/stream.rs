@@ -168,10 +168,10 @@ impl StreamDef {
 
     /// The index of a field by name (the decoders call this for every key of every record).
     pub fn field_index(&self, name: &str) -> Option<usize> {
-        self.field_by_head(name.as_bytes(), crate::scan::key_head(name.as_bytes()))
+        self.field_by_head(name.as_bytes(), key_head(name.as_bytes()))
     }
 
-    /// [`StreamDef::field_index`] for a name whose first word ([`crate::scan::key_head`]) the
+    /// [`StreamDef::field_index`] for a name whose first word ([`key_head`]) the
     /// caller has already. Streams of a few fields are searched in order, comparing each name's
     /// length and first word before its bytes, which is faster than hashing the name.
     #[inline]
@@ -404,16 +404,13 @@ impl RawStream {
             .collect();
         let hash_names: Vec<Box<[u8]>> = hash_fields
             .iter()
-            .map(|&i| crate::hash::encoded_name(&fields[i].name))
+            .map(|&i| encoded_name(&fields[i].name))
             .collect();
         let hash_names_bytes = hash_names.iter().map(|n| n.len()).sum();
         let hashed = (0..fields.len())
             .map(|i| hash_fields.contains(&i))
             .collect();
-        let key_heads = fields
-            .iter()
-            .map(|f| crate::scan::key_head(f.name.as_bytes()))
-            .collect();
+        let key_heads = fields.iter().map(|f| key_head(f.name.as_bytes())).collect();
         let next_keys = next_keys(&fields);
         Ok(StreamDef {
             name: self.name,
@@ -582,4 +579,27 @@ impl Streams {
             .ok_or_else(|| format!("no stream '{}' is defined", printable(stream)))?;
         Arc::make_mut(def).dictionaries.add(dictionary, current)
     }
+}
+
+/// A field name's first 8 bytes as a little-endian word, zero-padded: the scanner's first test
+/// of a key against the name.
+pub(crate) fn key_head(name: &[u8]) -> u64 {
+    let mut head = [0u8; 8];
+    let n = name.len().min(8);
+    head[..n].copy_from_slice(&name[..n]);
+    u64::from_le_bytes(head)
+}
+
+/// A field name as the content hash encodes it (its length in unsigned LEB128, then its UTF-8
+/// bytes), computed once per stream.
+pub(crate) fn encoded_name(name: &str) -> Box<[u8]> {
+    let mut out = Vec::with_capacity(name.len() + 2);
+    let mut n = name.len();
+    while n >= 0x80 {
+        out.push((n as u8) | 0x80);
+        n >>= 7;
+    }
+    out.push(n as u8);
+    out.extend_from_slice(name.as_bytes());
+    out.into_boxed_slice()
 }

@@ -5,10 +5,10 @@ use std::net::SocketAddr;
 use std::path::PathBuf;
 use std::time::Duration;
 
-use plumbing::kafka_security::Sasl;
-use plumbing::pem::TlsFiles;
 use schemas::Streams;
 use serde::Deserialize;
+use service_kit::kafka::security::Sasl;
+use service_kit::tls::TlsFiles;
 
 /// Environment variables with this prefix override config keys (`__` separates nesting).
 pub const ENV_PREFIX: &str = "SINK_";
@@ -449,7 +449,8 @@ mod tests {
     #[test]
     fn shipped_config_file_is_valid() {
         let file = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("../config/sink.toml");
-        let c: super::SinkConfig = plumbing::load_config(Some(&file), "NO_SUCH_PREFIX_").unwrap();
+        let c: super::SinkConfig =
+            service_kit::load_config(Some(&file), "NO_SUCH_PREFIX_").unwrap();
         assert_eq!(
             c.rotation.max_bytes,
             super::RotationConfig::default().max_bytes

@@ -6,6 +6,7 @@
 //! object there, the sink adopts it: it reads the object's last offset, drops the rows the
 //! object already holds and commits past them.
 
+pub mod cli;
 pub mod config;
 pub mod metrics;
 pub mod open_file;
@@ -28,7 +29,6 @@ use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
 use anyhow::Context as _;
 use futures::StreamExt as _;
-use plumbing::{DefinitionFile, Reread};
 use rdkafka::consumer::{
     BaseConsumer, CommitMode, Consumer, ConsumerContext, Rebalance, StreamConsumer,
 };
@@ -37,6 +37,7 @@ use rdkafka::{ClientConfig, ClientContext, Offset, TopicPartitionList};
 use schemas::window::{DigestWindow, MAX_UNTIMED_ENTRY_BYTES, digest};
 use schemas::wire::{HEADER_INGEST_TS, parse_decimal_header, stream_of_topic, topic_name};
 use schemas::{ContentHash, HashGroup, Pending, RecordError, Row, Streams};
+use service_kit::{DefinitionFile, Reread};
 use tokio::task::JoinHandle;
 use tokio_util::sync::CancellationToken;
 
@@ -217,7 +218,7 @@ struct SinkContext {
     /// partitions it handed over, and the assignment's size may have changed.
     rebalances: AtomicU64,
     /// librdkafka's reports, each kind logged at most once a minute (a broker outage).
-    log: plumbing::kafka_log::ClientLog,
+    log: service_kit::kafka::log::ClientLog,
 }
 
 impl ClientContext for SinkContext {
@@ -304,7 +305,7 @@ impl ConsumerContext for SinkContext {
 pub fn check(config: &SinkConfig, streams: Streams) -> anyhow::Result<Vec<String>> {
     let streams = config.select_streams(streams)?;
     let mut client = ClientConfig::new();
-    plumbing::kafka_security::apply(
+    service_kit::kafka::security::apply(
         &mut client,
         config.kafka.tls.as_ref(),
         config.kafka.sasl.as_ref(),
@@ -375,7 +376,7 @@ pub async fn start(
         // metadata refresh: every 30 s rather than librdkafka's 5 minutes.
         client.set("topic.metadata.refresh.interval.ms", "30000");
     }
-    plumbing::kafka_security::apply(
+    service_kit::kafka::security::apply(
         &mut client,
         config.kafka.tls.as_ref(),
         config.kafka.sasl.as_ref(),

@@ -69,32 +69,40 @@ pub const RELOAD_SUCCESSFUL: &str = "sink_config_last_reload_successful";
 /// unnoticed.
 /// Installs the Prometheus recorder first (once per process), so nothing registered is lost.
 pub fn register(streams: &schemas::Streams) {
-    plumbing::install_metrics();
+    use service_kit::telemetry::{set_gauges, zero_counters};
+    service_kit::install_metrics();
     for retryable in ["true", "false"] {
-        ::metrics::counter!(STORE_ERRORS, "retryable" => retryable).increment(0);
+        zero_counters(&[STORE_ERRORS], &[("retryable", retryable.to_owned())]);
     }
-    ::metrics::counter!(SPILLED_ROW_GROUPS).increment(0);
-    ::metrics::counter!(ABANDONED_UPLOADS).increment(0);
-    ::metrics::counter!(DECOMPRESSION_REGROWTHS).increment(0);
-    ::metrics::counter!(LANDING_LISTINGS).increment(0);
-    ::metrics::counter!(STAGING_ERRORS).increment(0);
-    ::metrics::gauge!(RELOAD_SUCCESSFUL).set(1.0);
+    let counters = [
+        SPILLED_ROW_GROUPS,
+        ABANDONED_UPLOADS,
+        DECOMPRESSION_REGROWTHS,
+        LANDING_LISTINGS,
+        STAGING_ERRORS,
+    ];
+    zero_counters(&counters, &[]);
+    set_gauges(&[RELOAD_SUCCESSFUL], 1.0, &[]);
     for def in streams.iter() {
         register_stream(def);
     }
 }
 
-/// [`register`]'s series of one stream.
+/// [`register`]'s series of one stream (also for a stream that appears while the sink runs).
 pub fn register_stream(def: &schemas::StreamDef) {
-    ::metrics::counter!(DEAD_LETTERS, "stream" => def.name.clone()).increment(0);
-    ::metrics::counter!(ADOPTED_RECORDS, "stream" => def.name.clone()).increment(0);
-    ::metrics::counter!(LANDING_CONFLICTS, "stream" => def.name.clone()).increment(0);
-    ::metrics::counter!(OFFSETS_SKIPPED, "stream" => def.name.clone()).increment(0);
-    ::metrics::gauge!(GAP_STOPPED, "stream" => def.name.clone()).set(0.0);
-    ::metrics::gauge!(DEFINITION_REFUSED, "stream" => def.name.clone()).set(0.0);
+    use service_kit::telemetry::{set_gauges, zero_counters};
+    let labels = [("stream", def.name.clone())];
+    let counters = [
+        DEAD_LETTERS,
+        ADOPTED_RECORDS,
+        LANDING_CONFLICTS,
+        OFFSETS_SKIPPED,
+    ];
+    zero_counters(&counters, &labels);
+    set_gauges(&[GAP_STOPPED, DEFINITION_REFUSED], 0.0, &labels);
     for result in ["taken", "refused"] {
-        ::metrics::counter!(DEFINITION_CHANGES, "stream" => def.name.clone(), "result" => result)
-            .increment(0);
+        let labels = [("stream", def.name.clone()), ("result", result.to_owned())];
+        zero_counters(&[DEFINITION_CHANGES], &labels);
     }
     duplicates(&def.name).increment(0);
 }

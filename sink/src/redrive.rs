@@ -20,10 +20,10 @@ use std::collections::{BTreeMap, BTreeSet, HashMap};
 
 use anyhow::Context as _;
 use bytes::Bytes;
-use plumbing::kafka::{GroupProducer, Messages};
-use plumbing::redrive::Tally;
 use schemas::{StreamDef, Streams};
 use serde::{Deserialize, Serialize};
+use service_kit::kafka::redrive::Tally;
+use service_kit::kafka::{GroupProducer, Messages};
 
 use crate::SinkConfig;
 use crate::store::{ObjectStore, PutOutcome};
@@ -87,7 +87,7 @@ pub async fn redrive(
     options: &RedriveOptions,
 ) -> anyhow::Result<RedriveReport> {
     let stream = &options.stream;
-    let def = plumbing::redrive::definition(streams, stream, &config.streams_dir)?;
+    let def = service_kit::kafka::redrive::definition(streams, stream, &config.streams_dir)?;
     let folder = folder(options)?;
     let store = ObjectStore::from_config(&config.store).await?;
     let dead_prefix = format!("{}/_dead_letters/{stream}/{folder}", config.key_prefix);
@@ -136,7 +136,7 @@ pub async fn redrive(
                 None => producer.insert(make_producer(config)?),
             };
             let batches = by_topic.iter().map(|(t, m)| (t.as_str(), m));
-            plumbing::redrive::produce(producer, batches)
+            service_kit::kafka::redrive::produce(producer, batches)
                 .await
                 .with_context(|| format!("redriving {key}"))?;
             let note = Note {
@@ -261,8 +261,8 @@ fn check_object(
 
 /// An idempotent producer to the sink's brokers, with its TLS and SASL settings.
 fn make_producer(config: &SinkConfig) -> anyhow::Result<GroupProducer> {
-    plumbing::redrive::producer(&config.kafka.brokers, |client| {
-        plumbing::kafka_security::apply(
+    service_kit::kafka::redrive::producer(&config.kafka.brokers, |client| {
+        service_kit::kafka::security::apply(
             client,
             config.kafka.tls.as_ref(),
             config.kafka.sasl.as_ref(),

@@ -73,7 +73,7 @@ impl Reload {
     /// Checks `config` (its stream definitions loaded and selected, its store and Kafka
     /// security settings, as `sink --check` does) and, if it passes, hands it to the sink.
     pub fn apply(&self, config: SinkConfig) -> anyhow::Result<Reloaded> {
-        let streams = plumbing::load_streams_dir(&config.streams_dir)?;
+        let streams = service_kit::load_streams_dir(&config.streams_dir)?;
         crate::check(&config, streams)?;
         let running = self.sender.borrow().clone();
         let reloaded = Reloaded {

@@ -118,7 +118,7 @@ fn https_trusting(
     };
     let pem = std::fs::read(path)
         .map_err(|e| config_error(format!("cannot read ca_file {}: {e}", path.display())))?;
-    plumbing::pem::certificates_in(&pem, path)
+    service_kit::tls::certificates_in(&pem, path)
         .map_err(|e| config_error(format!("ca_file {e:#}")))?;
     let context = tls::TlsContext::builder()
         .with_trust_store(

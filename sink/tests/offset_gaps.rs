@@ -163,7 +163,8 @@ async fn a_committed_offset_out_of_retention_stops_the_partition_then_is_skipped
     cluster.create_topic(TOPIC, 1, 1).unwrap();
     let bootstrap = cluster.bootstrap_servers();
     let streams =
-        plumbing::load_streams_dir(&config(&bootstrap, Path::new("."), GROUP).streams_dir).unwrap();
+        service_kit::load_streams_dir(&config(&bootstrap, Path::new("."), GROUP).streams_dir)
+            .unwrap();
     let dir = tempfile::tempdir().unwrap();
     let landing = dir.path().join("a");
 

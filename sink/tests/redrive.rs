@@ -23,7 +23,7 @@ use tokio_util::sync::CancellationToken;
 /// `records` records and written `written` rows, then stops it; gives its dead-letter count and
 /// the records it read.
 async fn run_sink(config: &SinkConfig, records: u64, written: u64) -> (u64, u64) {
-    let streams = plumbing::load_streams_dir(&config.streams_dir).unwrap();
+    let streams = service_kit::load_streams_dir(&config.streams_dir).unwrap();
     let shutdown = CancellationToken::new();
     let sink = sink::start(config.clone(), streams, shutdown.clone())
         .await
@@ -61,7 +61,7 @@ async fn snapshot(store: &sink::store::ObjectStore) -> Vec<(String, bytes::Bytes
 }
 
 async fn redriven(config: &SinkConfig, dry_run: bool) -> RedriveReport {
-    let streams = plumbing::load_streams_dir(&config.streams_dir).unwrap();
+    let streams = service_kit::load_streams_dir(&config.streams_dir).unwrap();
     let options = RedriveOptions {
         stream: "sensor_readings".into(),
         dry_run,

@@ -14,10 +14,8 @@
 
 use std::sync::Arc;
 
-use schemas::StreamDef;
+use schemas::{FieldType, StreamDef};
 use serde_json::{Map, Value as Json};
-
-use super::file::typed_text;
 
 #[derive(Debug, Clone, PartialEq)]
 enum Level {
@@ -211,6 +209,25 @@ impl StaticFields {
         let record = record.strip_suffix(b"\r").unwrap_or(record);
         fill_record(record, &self.values, out);
     }
+}
+
+/// The JSON value of `text` for field `name` of the stream, typed by the field (a CSV cell, a
+/// level of an MQTT topic). Text that does not parse as its type, and text for a field the
+/// stream lacks, stays a string, so validation rejects it with its usual message.
+pub fn typed_text(def: &StreamDef, name: &str, text: &str) -> Json {
+    let ty = def.field_index(name).map(|i| &def.fields[i].ty);
+    let value = match ty {
+        Some(FieldType::Int64) => text.parse::<i64>().map(Json::from).ok(),
+        Some(FieldType::Float64) => text
+            .parse::<f64>()
+            .ok()
+            .and_then(|f| serde_json::Number::from_f64(f).map(Json::Number)),
+        Some(FieldType::Bool) => text.parse::<bool>().map(Json::from).ok(),
+        Some(FieldType::Timestamp) => text.parse::<i64>().map(Json::from).ok(),
+        Some(FieldType::List(_) | FieldType::Map(_)) => serde_json::from_str(text).ok(),
+        _ => None,
+    };
+    value.unwrap_or_else(|| Json::String(text.to_owned()))
 }
 
 #[cfg(test)]

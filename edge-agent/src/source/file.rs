@@ -19,12 +19,12 @@ use std::path::{Path, PathBuf};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, SystemTime};
 
-use schemas::{FieldType, StreamDef};
+use schemas::StreamDef;
 use serde::{Deserialize, Serialize};
 use serde_json::{Map, Value as Json};
 use tokio_util::sync::CancellationToken;
 
-use super::fields::StaticFields;
+use super::fields::{StaticFields, typed_text};
 use super::{Feed, UntilStopped, Verbatim, feed_lines_with};
 use crate::chunk::Done;
 use crate::config::FileFormat;
@@ -472,7 +472,7 @@ fn csv_header(file: &File) -> anyhow::Result<(Vec<String>, u64)> {
 }
 
 /// Turns one CSV line into a JSON record, typing cells by the stream's fields
-/// ([`typed_text`]). Empty cells are missing values.
+/// ([`typed_text`](super::fields::typed_text)). Empty cells are missing values.
 pub fn csv_to_json(def: &StreamDef, header: &[String], line: &[u8], out: &mut Vec<u8>) {
     let mut reader = csv::ReaderBuilder::new()
         .has_headers(false)
@@ -490,25 +490,6 @@ pub fn csv_to_json(def: &StreamDef, header: &[String], line: &[u8], out: &mut Ve
         object.insert(name.clone(), typed_text(def, name, cell));
     }
     let _ = serde_json::to_writer(&mut *out, &Json::Object(object));
-}
-
-/// The JSON value of `text` for field `name` of the stream, typed by the field (a CSV cell, a
-/// level of an MQTT topic). Text that does not parse as its type, and text for a field the
-/// stream lacks, stays a string, so validation rejects it with its usual message.
-pub fn typed_text(def: &StreamDef, name: &str, text: &str) -> Json {
-    let ty = def.field_index(name).map(|i| &def.fields[i].ty);
-    let value = match ty {
-        Some(FieldType::Int64) => text.parse::<i64>().map(Json::from).ok(),
-        Some(FieldType::Float64) => text
-            .parse::<f64>()
-            .ok()
-            .and_then(|f| serde_json::Number::from_f64(f).map(Json::Number)),
-        Some(FieldType::Bool) => text.parse::<bool>().map(Json::from).ok(),
-        Some(FieldType::Timestamp) => text.parse::<i64>().map(Json::from).ok(),
-        Some(FieldType::List(_) | FieldType::Map(_)) => serde_json::from_str(text).ok(),
-        _ => None,
-    };
-    value.unwrap_or_else(|| Json::String(text.to_owned()))
 }
 
 #[cfg(test)]

@@ -14,12 +14,12 @@ use axum::extract::{DefaultBodyLimit, Path, State};
 use axum::http::{HeaderMap, StatusCode, header};
 use axum::response::{IntoResponse, Response};
 use axum::routing::post;
-use plumbing::DefinitionFile;
-use plumbing::body::{DecompressError, Encoding, decompress_into};
-use plumbing::server::TlsConfig;
 use schemas::api::{ErrorBody, IngestResponse};
 use schemas::decode::{BodyFormat, split_body};
 use schemas::{DecodeError, StreamDef, Streams};
+use service_kit::DefinitionFile;
+use service_kit::http::body::{DecompressError, Encoding, decompress_into};
+use service_kit::http::server::TlsConfig;
 use tokio_util::sync::CancellationToken;
 
 use super::{Feed, Feeds};
@@ -85,7 +85,7 @@ impl Local {
         if !file.changed_since_seen() {
             return Ok(None);
         }
-        let def = match plumbing::load_stream(&self.streams_dir, stream) {
+        let def = match service_kit::load_stream(&self.streams_dir, stream) {
             Ok(def) => def,
             Err(e) => {
                 tracing::warn!(stream, error = %format!("{e:#}"), "a stream asked for at the local port is defined in streams_dir, but its definition does not load");
@@ -212,8 +212,8 @@ pub async fn serve(
         .and_then(|l| l.set_nonblocking(true).map(|()| l))
         .map_err(|e| anyhow::anyhow!("cannot listen on {listen}: {e}"))?;
     tracing::info!(%listen, tls = tls.is_some(), "local ingest port listening");
-    let options = plumbing::server::ServeOptions::default();
-    plumbing::server::serve(listener, router, tls, options, shutdown).await
+    let options = service_kit::http::server::ServeOptions::default();
+    service_kit::http::server::serve(listener, router, tls, options, shutdown).await
 }
 
 fn authorized(local: &Local, headers: &HeaderMap) -> bool {

@@ -30,7 +30,7 @@ pub struct MqttSpec {
     pub client_id: String,
     pub qos: u8,
     pub username: Option<String>,
-    pub password: Option<plumbing::secret::Secret>,
+    pub password: Option<service_kit::config::secret::Secret>,
     pub max_unacked: usize,
     /// Certificates for an `mqtts://` url.
     pub tls: TlsFiles,

@@ -698,7 +698,7 @@ fn spawn_tansu(port: u16, advertised: u16) -> Child {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn broker_outage_answers_503_with_retry_after_then_recovers() {
-    plumbing::init_tracing();
+    service_kit::init_tracing();
     let (port, front) = (free_port(), free_port());
     let mut broker = spawn_tansu(port, front);
     let outage = proxy(front, port).await;

@@ -77,7 +77,7 @@ async fn adoption_case(max_records: usize) {
     // The same counts on /metrics, where this test has the process to itself (nextest's
     // default; under `cargo test` the two adoption tests share the recorder).
     let own_process = std::env::var("NEXTEST_EXECUTION_MODE").as_deref() == Ok("process-per-test");
-    let metrics = plumbing::install_metrics().render();
+    let metrics = service_kit::install_metrics().render();
     for (series, value) in [
         (
             r#"sink_discarded_records_total{stream="sensor_readings",reason="duplicate",intentional="true"}"#,

@@ -24,7 +24,7 @@ async fn a_stream_defined_after_the_start_is_landed_without_a_restart() {
         .consumer
         .insert("topic.metadata.refresh.interval.ms".into(), "500".into());
     let shutdown = CancellationToken::new();
-    let defined = plumbing::load_streams_dir(streams.path()).unwrap();
+    let defined = service_kit::load_streams_dir(streams.path()).unwrap();
     let sink = sink::start(config, defined, shutdown.clone())
         .await
         .unwrap();
@@ -92,7 +92,7 @@ async fn a_compatible_definition_change_is_taken_without_a_restart() {
     let mut config = local_sink(&cluster, landing.path(), "redefined", rotation);
     config.streams_dir = streams.path().to_path_buf();
     let shutdown = CancellationToken::new();
-    let defined = plumbing::load_streams_dir(streams.path()).unwrap();
+    let defined = service_kit::load_streams_dir(streams.path()).unwrap();
     let sink = sink::start(config, defined, shutdown.clone())
         .await
         .unwrap();

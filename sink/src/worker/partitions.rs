@@ -87,7 +87,7 @@ impl Worker {
         // Files are read on the blocking pool, not on the reactor.
         let config = self.config.clone();
         let read = tokio::task::spawn_blocking(move || {
-            plumbing::load_streams_dir(&config.streams_dir)
+            service_kit::load_streams_dir(&config.streams_dir)
                 .and_then(|all| config.select_streams(all))
         })
         .await

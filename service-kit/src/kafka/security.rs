@@ -12,7 +12,7 @@ use rustls_pki_types::PrivateKeyDer;
 use rustls_pki_types::pem::PemObject;
 use serde::Deserialize;
 
-use crate::pem::{TlsFiles, pem_certificates};
+use crate::tls::{TlsFiles, pem_certificates};
 
 /// A `sasl` table: the mechanism, the user and where the password comes from.
 #[derive(Clone, PartialEq, Eq, Deserialize)]
@@ -110,7 +110,7 @@ pub fn apply(
         }
     }
     if let Some(sasl) = sasl {
-        let password = crate::secret::password(
+        let password = crate::config::secret::password(
             sasl.password.as_deref(),
             sasl.password_file.as_deref(),
             "kafka.sasl",

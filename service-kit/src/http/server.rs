@@ -34,7 +34,7 @@ use serde::Deserialize;
 use tokio::io::{AsyncRead, AsyncWrite, ReadBuf};
 use tokio_util::sync::CancellationToken;
 
-use crate::pem::pem_certificates;
+use crate::tls::pem_certificates;
 
 /// A server certificate: `[tls]` of the gateway, `tls` of the agent's HTTP source.
 #[derive(Debug, Clone, Deserialize)]

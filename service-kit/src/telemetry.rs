@@ -171,12 +171,27 @@ pub async fn serve_admin_with(
     listener.set_nonblocking(true)?;
     let local = listener.local_addr()?;
     tokio::spawn(async move {
-        let options = crate::server::ServeOptions::default();
+        let options = crate::http::server::ServeOptions::default();
         let router = admin_router(health).merge(extra);
-        let result = crate::server::serve(listener, router, None, options, shutdown).await;
+        let result = crate::http::server::serve(listener, router, None, options, shutdown).await;
         if let Err(e) = result {
             tracing::error!(error = %e, "admin server failed");
         }
     });
     Ok(local)
+}
+/// Creates the counters `names`, with `labels`, at zero: Prometheus sees no increase in a
+/// counter whose first sample is already 1, so the first event a dashboard or an alert watches
+/// for would go unnoticed. The components call this at start for the series they alert on.
+pub fn zero_counters(names: &[&'static str], labels: &[(&'static str, String)]) {
+    for &name in names {
+        metrics::counter!(name, labels).increment(0);
+    }
+}
+
+/// Sets the gauges `names`, with `labels`, to `value` (their state before anything happened).
+pub fn set_gauges(names: &[&'static str], value: f64, labels: &[(&'static str, String)]) {
+    for &name in names {
+        metrics::gauge!(name, labels).set(value);
+    }
 }

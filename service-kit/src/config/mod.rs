@@ -1,5 +1,7 @@
 //! Config files (TOML) with environment overrides, and the stream definition directory.
 
+pub mod secret;
+
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
 use std::time::{Duration, Instant, SystemTime};
@@ -133,7 +135,7 @@ mod tests {
     fn a_definition_file_is_read_again_only_when_it_changed() {
         let dir = tempfile::tempdir().unwrap();
         let path = dir.path().join("sensor_readings.toml");
-        let shipped = include_str!("../../streams/sensor_readings.toml");
+        let shipped = include_str!("../../../streams/sensor_readings.toml");
         std::fs::write(&path, shipped).unwrap();
         let running = StreamDef::from_toml(shipped).unwrap();
         let mut file = DefinitionFile::new(dir.path(), "sensor_readings");
@@ -187,7 +189,7 @@ mod tests {
     fn a_file_being_written_is_read_once_whole() {
         let dir = tempfile::tempdir().unwrap();
         let path = dir.path().join("sensor_readings.toml");
-        let shipped = include_str!("../../streams/sensor_readings.toml");
+        let shipped = include_str!("../../../streams/sensor_readings.toml");
         std::fs::write(&path, shipped).unwrap();
         let running = StreamDef::from_toml(shipped).unwrap();
         let humid = format!("{shipped}\n[[fields]]\nname = \"humidity\"\ntype = \"float64\"\n");
@@ -210,7 +212,7 @@ mod tests {
         }
         writer.join().unwrap();
 
-        let vehicles = include_str!("../../streams/vehicle_telemetry.toml");
+        let vehicles = include_str!("../../../streams/vehicle_telemetry.toml");
         let writer = write_in_two(dir.path().join("vehicle_telemetry.toml"), vehicles.into());
         let def = load_stream(dir.path(), "vehicle_telemetry").unwrap();
         assert_eq!(def.name, "vehicle_telemetry");

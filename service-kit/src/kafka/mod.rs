@@ -1,5 +1,10 @@
-//! The producer side of the Kafka wire format (the rest of it is `schemas::wire`), shared by the gateway and the agent's
-//! Kafka output.
+//! The Kafka clients' shared parts: the producer side of the wire format (the rest of it is
+//! `schemas::wire`), shared by the gateway and the agent's Kafka output; librdkafka's reports
+//! (`log`); TLS and SASL (`security`); and the redrive of dead letters (`redrive`).
+
+pub mod log;
+pub mod redrive;
+pub mod security;
 
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
@@ -17,7 +22,7 @@ use schemas::wire::{
 use schemas::{ContentHash, Forward, Str, StreamDef, ValidRecord};
 use tokio::sync::Notify;
 
-use crate::kafka_log::ClientLog;
+use crate::kafka::log::ClientLog;
 
 /// An idempotent producer: acks=all, zstd, a short linger, `message_timeout_ms` to give up.
 pub fn producer_config(brokers: &str, message_timeout_ms: u64) -> ClientConfig {
