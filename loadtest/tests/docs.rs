@@ -229,10 +229,27 @@ fn config_keys<T: serde::de::DeserializeOwned>(dir: &Path) -> BTreeSet<String> {
     keys
 }
 
-/// A key is documented when its name is set (or shown commented out) in the shipped config, or
-/// names a table there.
-fn undocumented(keys: &BTreeSet<String>, config: &Path) -> Vec<String> {
-    let text = std::fs::read_to_string(config).unwrap();
+/// The TOML examples of the docs book (its ```toml blocks), one after the other.
+fn toml_examples(root: &Path) -> String {
+    let mut out = String::new();
+    let mut pages = vec![root.join("docs/src")];
+    while let Some(path) = pages.pop() {
+        if path.is_dir() {
+            pages.extend(std::fs::read_dir(&path).unwrap().map(|e| e.unwrap().path()));
+        } else if path.extension().is_some_and(|e| e == "md") {
+            let page = std::fs::read_to_string(&path).unwrap();
+            for block in page.split("```toml\n").skip(1) {
+                out.push_str(block.split("```").next().unwrap_or(""));
+            }
+        }
+    }
+    out
+}
+
+/// A key is documented when its name is set (or shown commented out) in the shipped config or a
+/// TOML example of the docs book (`examples`), or names a table there.
+fn undocumented(keys: &BTreeSet<String>, config: &Path, examples: &str) -> Vec<String> {
+    let text = std::fs::read_to_string(config).unwrap() + "\n" + examples;
     // `name =` at the start of a line, commented out or not, or inside an inline table or a
     // comment after a space; or `[… name …]`, a table's header.
     let documented = |name: &str| {
@@ -268,16 +285,17 @@ fn every_config_key_is_documented() {
         ("sink", config_keys::<sink::config::SinkConfig>(dir.path())),
     ];
     let mut missing = Vec::new();
+    let examples = toml_examples(&root);
     for (binary, keys) in &checks {
         assert!(keys.len() > 20, "{binary}: only {keys:?} found");
         let config = root.join(format!("config/{binary}.toml"));
-        for key in undocumented(keys, &config) {
+        for key in undocumented(keys, &config, &examples) {
             missing.push(format!("{binary}: {key}"));
         }
     }
     assert!(
         missing.is_empty(),
-        "keys the shipped configs (and so docs/src/configuration) do not document:\n{}",
+        "keys neither the shipped configs (and so docs/src/configuration) nor the docs' TOML examples document:\n{}",
         missing.join("\n")
     );
 }
