@@ -1,13 +1,17 @@
 #!/usr/bin/env python3
 """Independent reader of landing files: reads every Parquet file under a local directory or an
 S3 prefix with pyarrow and prints one JSON document: the files, each file's schema and key-value
-metadata, and every row (timestamps as epoch microseconds)."""
+metadata, and every row (timestamps as epoch microseconds). DuckDB reads the same files as one
+hive-partitioned table too ("duckdb": its row count, non-null count of every column and sum of
+_offset)."""
 import argparse
 import io
 import json
 import os
 import sys
+import tempfile
 
+import duckdb
 import pyarrow as pa
 import pyarrow.parquet as pq
 
@@ -44,6 +48,17 @@ def to_json_value(v):
     return v
 
 
+def row_group_sorted(pf, g):
+    """Whether row group g's rows are in the order its sorting_columns state."""
+    columns = pf.metadata.row_group(g).sorting_columns or ()
+    if not columns:
+        return True
+    names = [pf.schema.column(c.column_index).path for c in columns]
+    table = pf.read_row_group(g, columns=names)
+    keys = [tuple((v is not None, v) for v in values) for values in zip(*(table.column(n).to_pylist() for n in names))]
+    return all(a <= b for a, b in zip(keys, keys[1:]))
+
+
 def main():
     ap = argparse.ArgumentParser(description=__doc__)
     ap.add_argument("--dir")
@@ -59,7 +74,12 @@ def main():
         return
     files = local_files(args.dir) if args.dir else s3_files(args.s3_endpoint, args.bucket, args.prefix)
     out = {"files": [], "rows": []}
+    copies = tempfile.TemporaryDirectory()
     for key, data in files:
+        copy = os.path.join(copies.name, key)
+        os.makedirs(os.path.dirname(copy), exist_ok=True)
+        with open(copy, "wb") as f:
+            f.write(data)
         pf = pq.ParquetFile(io.BytesIO(data))
         table = pf.read()
         meta = {k.decode(): v.decode() for k, v in (pf.metadata.metadata or {}).items() if not k.startswith(b"ARROW:")}
@@ -79,6 +99,13 @@ def main():
                 for c in (pf.metadata.row_group(0).column(i) for i in range(pf.metadata.num_columns))
             } if pf.metadata.num_row_groups else {},
             "metadata": meta,
+            # The columns each row group says it is sorted by (names), and whether its rows are
+            # in that order as read (nulls first).
+            "sorting_columns": [
+                [pf.schema.column(c.column_index).path for c in (pf.metadata.row_group(g).sorting_columns or ())]
+                for g in range(pf.metadata.num_row_groups)
+            ],
+            "sorted_as_stated": all(row_group_sorted(pf, g) for g in range(pf.metadata.num_row_groups)),
         })
         # Timestamps as epoch microseconds, independent of pyarrow's Python datetime handling.
         for i, field in enumerate(table.schema):
@@ -88,7 +115,20 @@ def main():
             if "tags" in row and isinstance(row["tags"], list):
                 row["tags"] = dict(row["tags"])
             out["rows"].append(to_json_value(row))
+    out["duckdb"] = read_with_duckdb(copies.name) if out["files"] else None
     json.dump(out, sys.stdout)
+
+
+def read_with_duckdb(root):
+    """DuckDB's view of the files under root: one table with union_by_name (files with and
+    without a column), hive partitions (date=, hour=) as columns."""
+    db = duckdb.connect()
+    source = f"read_parquet('{root}/**/*.parquet', hive_partitioning=true, union_by_name=true)"
+    columns = [r[0] for r in db.execute(f"DESCRIBE SELECT * FROM {source}").fetchall()]
+    counts = ", ".join(f'count("{c}")' for c in columns)
+    row = db.execute(f'SELECT count(*), sum("_offset"), {counts} FROM {source}').fetchone()
+    return {"rows": row[0], "offset_sum": int(row[1] or 0),
+            "non_null": dict(zip(columns, row[2:]))}
 
 
 if __name__ == "__main__":

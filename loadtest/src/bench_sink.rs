@@ -3,6 +3,7 @@
 //! local directory with every partition of a 64-partition topic assigned; and pyarrow converting
 //! the same records from NDJSON to Parquet with zstd.
 
+use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
 use std::process::Command;
 use std::sync::atomic::Ordering;
@@ -77,6 +78,32 @@ pub struct SinkBenchReport {
     /// pyarrow's CPU time per record over the read-only consumer's and the work without
     /// Kafka's together: what sink / pyarrow would be if putting the two together cost nothing.
     pub ratio_parts_pyarrow: f64,
+    /// The last round's landing files against pyarrow writing the same rows
+    /// (`scripts/landing_size.py`).
+    pub landing: LandingSize,
+}
+
+/// Landed bytes per record, the sink's against pyarrow's best settings on the same rows.
+#[derive(Debug, Serialize, Deserialize)]
+pub struct LandingSize {
+    pub records: u64,
+    pub sink_bytes_per_record: f64,
+    pub pyarrow_bytes_per_record: BTreeMap<String, f64>,
+    pub pyarrow_best: String,
+    pub sink_over_pyarrow_best: f64,
+}
+
+/// `scripts/landing_size.py` over the landing directory `dir`.
+pub fn landing_size(python: &Path, dir: &Path) -> anyhow::Result<LandingSize> {
+    let script = Path::new(env!("CARGO_MANIFEST_DIR")).join("../scripts/landing_size.py");
+    let out = Command::new(python).arg(script).arg(dir).output()?;
+    if !out.status.success() {
+        bail!(
+            "landing_size.py failed: {}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+    }
+    serde_json::from_slice(&out.stdout).context("landing_size.py output")
 }
 
 /// Peak resident set size of this process (`VmHWM`).
@@ -184,6 +211,7 @@ pub async fn run(opts: SinkBenchOptions) -> anyhow::Result<SinkBenchReport> {
     // fastest round is reported (the slower ones lost time to the machine).
     let (mut consumer, mut sink, mut pyarrow, mut path) = (None, None, None, None);
     let (mut round_ratios, mut round_user_ratios) = (Vec::new(), Vec::new());
+    let mut last_landing = None;
     for round in 0..opts.rounds.max(1) {
         // 1. A librdkafka consumer that only reads.
         let (brokers, t, n, parts) = (
@@ -194,7 +222,7 @@ pub async fn run(opts: SinkBenchOptions) -> anyhow::Result<SinkBenchReport> {
         );
         let c = tokio::task::spawn_blocking(move || read_all(&brokers, &t, parts, n)).await??;
         // 2. The sink in a child process, as a new consumer group.
-        let s = tokio::task::block_in_place(|| {
+        let (s, landing) = tokio::task::block_in_place(|| {
             run_sink_worker(
                 &opts.brokers,
                 &prefix,
@@ -203,6 +231,7 @@ pub async fn run(opts: SinkBenchOptions) -> anyhow::Result<SinkBenchReport> {
                 opts.ingest_time,
             )
         })?;
+        last_landing = Some(landing);
         // 3. pyarrow on the same records.
         let p = tokio::task::block_in_place(|| {
             run_pyarrow(&opts.python, &src, lines.len(), work.raw_bytes)
@@ -231,8 +260,11 @@ pub async fn run(opts: SinkBenchOptions) -> anyhow::Result<SinkBenchReport> {
         pyarrow.context("no rounds")?,
     );
     let path = path.context("no rounds")?;
+    let landing = last_landing.context("no rounds")?;
+    let landing = tokio::task::block_in_place(|| landing_size(&opts.python, landing.path()))?;
     let per_record = |t: &Throughput| 1.0 / t.records_per_cpu_s;
     let report = SinkBenchReport {
+        landing,
         ratio_parts_pyarrow: per_record(&pyarrow) / (per_record(&consumer) + per_record(&path)),
         records: lines.len(),
         raw_bytes: work.raw_bytes,
@@ -290,14 +322,15 @@ fn keep_fastest<T>(best: &mut Option<T>, run: T, cpu_seconds: impl Fn(&T) -> f64
 }
 
 /// Runs the sink in a child process (so that its peak RSS is its own) as consumer group
-/// `<prefix>sink<round>`, until it has written `records` rows.
+/// `<prefix>sink<round>`, until it has written `records` rows; returns its report and its
+/// landing directory.
 fn run_sink_worker(
     brokers: &str,
     prefix: &str,
     round: usize,
     (records, raw_bytes): (usize, usize),
     ingest_time: IngestTime,
-) -> anyhow::Result<SinkRun> {
+) -> anyhow::Result<(SinkRun, tempfile::TempDir)> {
     let landing = tempfile::tempdir()?;
     let out = Command::new(std::env::current_exe()?)
         .args([
@@ -320,7 +353,8 @@ fn run_sink_worker(
             String::from_utf8_lossy(&out.stderr)
         );
     }
-    serde_json::from_slice(&out.stdout).context("sink worker output")
+    let run = serde_json::from_slice(&out.stdout).context("sink worker output")?;
+    Ok((run, landing))
 }
 
 /// pyarrow converting the NDJSON file `src` to Parquet with zstd.
@@ -499,7 +533,7 @@ impl std::fmt::Display for SinkBenchReport {
             crate::bench_gateway::ratios_text(&self.round_user_ratios),
             self.median_round_user_ratio
         )?;
-        write!(
+        writeln!(
             f,
             "sink: peak RSS {:.0} MiB with {} partitions assigned, {} files; start-up {:.2} CPU-s \
              (not in the table)",
@@ -507,6 +541,19 @@ impl std::fmt::Display for SinkBenchReport {
             self.partitions,
             self.sink.files,
             self.sink.startup_cpu_seconds
+        )?;
+        let l = &self.landing;
+        write!(
+            f,
+            "landed bytes per record: sink {:.2}, pyarrow's best on the same rows {:.2} ({}): \
+             {:.3}x",
+            l.sink_bytes_per_record,
+            l.pyarrow_bytes_per_record
+                .get(&l.pyarrow_best)
+                .copied()
+                .unwrap_or_default(),
+            l.pyarrow_best,
+            l.sink_over_pyarrow_best
         )
     }
 }
@@ -609,7 +656,7 @@ fn finish(part: &mut sink::partition::PartitionState, next: i64) -> anyhow::Resu
             first,
             last: next - 1,
         };
-        file.finish(&part.def, &part.topic, part.partition, range)?;
+        file.finish(&part.topic, part.partition, range)?;
     }
     part.range_start = None;
     Ok(())

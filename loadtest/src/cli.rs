@@ -84,6 +84,18 @@ struct DemoArgs {
     /// landed) before it gives up.
     #[arg(long, default_value_t = 120)]
     timeout: u64,
+    /// Bytes of each record's content hash the landing files keep (the sink's
+    /// landing.content_hash_bytes): 0, 16 or 32.
+    #[arg(long, default_value_t = 0, value_parser = parse_hash_bytes)]
+    content_hash_bytes: usize,
+}
+
+/// `--content-hash-bytes`: 0, 16 or 32.
+fn parse_hash_bytes(text: &str) -> Result<usize, String> {
+    text.parse::<usize>()
+        .ok()
+        .filter(|&n| schemas::arrow::HashColumn::of_bytes(n).is_some())
+        .ok_or_else(|| format!("{text:?} is not 0, 16 or 32"))
 }
 
 #[derive(Debug, clap::Args)]
@@ -379,12 +391,14 @@ async fn demo(
         landing,
         fleet,
         timeout,
+        content_hash_bytes,
     }: DemoArgs,
 ) -> anyhow::Result<()> {
     let summary = run(DemoOptions {
         landing,
         fleet: fleet.into(),
         timeout: Duration::from_secs(timeout),
+        hash_column: schemas::arrow::HashColumn::of_bytes(content_hash_bytes).unwrap_or_default(),
     })
     .await?;
     println!("{summary}");

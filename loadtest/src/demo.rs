@@ -32,6 +32,8 @@ pub struct DemoOptions {
     pub fleet: FleetSpec,
     /// How long to wait for every record to land.
     pub timeout: Duration,
+    /// The landing files' `_content_hash` column.
+    pub hash_column: schemas::arrow::HashColumn,
 }
 
 /// What the demo did, printed at the end.
@@ -158,7 +160,7 @@ pub async fn run(options: DemoOptions) -> anyhow::Result<DemoSummary> {
     let gateway =
         ingest_gateway::start(gateway_config(&brokers), streams.clone(), shutdown.clone()).await?;
     let sink = sink::start(
-        sink_config(&brokers, &options.landing, &run_prefix),
+        sink_config(&brokers, &options.landing, &run_prefix, options.hash_column),
         streams.clone(),
         shutdown.clone(),
     )
@@ -210,7 +212,8 @@ pub async fn run(options: DemoOptions) -> anyhow::Result<DemoSummary> {
     let (agent, expected) = (agent?, landed?);
 
     let run_dir = options.landing.join(&run_prefix);
-    let landed = read_landing_dir(&run_dir)?;
+    let defs: Vec<_> = streams.iter().cloned().collect();
+    let landed = read_landing_dir(&run_dir, &defs)?;
     Ok(DemoSummary {
         generated: options.fleet.records,
         distinct: expected.len(),
@@ -497,8 +500,17 @@ fn gateway_config(brokers: &str) -> GatewayConfig {
     config
 }
 
-fn sink_config(brokers: &str, landing: &std::path::Path, prefix: &str) -> SinkConfig {
+fn sink_config(
+    brokers: &str,
+    landing: &std::path::Path,
+    prefix: &str,
+    hash: schemas::arrow::HashColumn,
+) -> SinkConfig {
     let mut config = SinkConfig {
+        landing: sink::config::LandingConfig {
+            content_hash_bytes: sink::config::HashBytes(hash),
+            ..Default::default()
+        },
         store: StoreConfig::Local {
             path: landing.to_path_buf(),
         },

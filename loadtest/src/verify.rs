@@ -8,11 +8,10 @@ use std::sync::Arc;
 use std::time::{Duration, Instant, SystemTime};
 
 use anyhow::Context;
-use arrow::array::{Array, FixedSizeBinaryArray};
 use parquet::arrow::ProjectionMask;
 use parquet::arrow::arrow_reader::ParquetRecordBatchReaderBuilder;
 use parquet::file::reader::ChunkReader;
-use schemas::arrow::COL_CONTENT_HASH;
+use schemas::arrow::META_STREAM;
 use schemas::{ContentHash, StreamDef};
 use serde::Serialize;
 use sink::config::StoreConfig;
@@ -76,8 +75,9 @@ pub struct Copies {
 }
 
 /// Reads every `.parquet` file under `dir`, leaving out hidden names (a sink's staged files are
-/// in `.staging/`).
-pub fn read_landing_dir(dir: &Path) -> anyhow::Result<Landed> {
+/// in `.staging/`). Each file's rows are hashed as their stream (the file's `stream` metadata)
+/// is defined in `defs`.
+pub fn read_landing_dir(dir: &Path, defs: &[Arc<StreamDef>]) -> anyhow::Result<Landed> {
     let mut landed = Landed::default();
     let mut stack = vec![dir.to_path_buf()];
     while let Some(d) = stack.pop() {
@@ -99,8 +99,9 @@ pub fn read_landing_dir(dir: &Path) -> anyhow::Result<Landed> {
                     .with_context(|| format!("cannot open {}", path.display()))?;
                 let meta = std::fs::metadata(&path)?;
                 let landed_at = sink::store::changed_at(&meta);
-                let row_groups =
-                    read_file(file, &path.display().to_string(), landed_at, &mut landed)?;
+                let name = path.display().to_string();
+                let row_groups = read_file(file, &name, landed_at, defs, &mut landed)
+                    .with_context(|| format!("cannot read {name}"))?;
                 let key = path
                     .strip_prefix(dir)
                     .unwrap_or(&path)
@@ -123,13 +124,14 @@ pub fn read_landing_dir(dir: &Path) -> anyhow::Result<Landed> {
     Ok(landed)
 }
 
-/// Reads every landing file of `stream` in `store` (a local directory or S3), under the sink's
-/// key prefix `prefix`: the keys `<prefix>/<stream>/…/<stream>-p<partition>-o<offset>.parquet`.
+/// Reads every landing file of stream `def` in `store` (a local directory or S3), under the
+/// sink's key prefix `prefix`: the keys `<prefix>/<stream>/…/<stream>-p<partition>-o<offset>.parquet`.
 pub async fn read_landing_store(
     store: &ObjectStore,
     prefix: &str,
-    stream: &str,
+    def: &Arc<StreamDef>,
 ) -> anyhow::Result<Landed> {
+    let stream = def.name.as_str();
     let under = format!("{}/{stream}/", prefix.trim_end_matches('/'));
     let mut keys: Vec<(String, Option<SystemTime>)> = store
         .list_with_times(&under)
@@ -151,8 +153,14 @@ pub async fn read_landing_store(
         };
         let rows_before = landed.rows;
         let size = data.len() as u64;
-        let row_groups = read_file(data, &key, landed_at, &mut landed)
-            .with_context(|| format!("cannot read {key}"))?;
+        let row_groups = read_file(
+            data,
+            &key,
+            landed_at,
+            std::slice::from_ref(def),
+            &mut landed,
+        )
+        .with_context(|| format!("cannot read {key}"))?;
         landed.files.push(LandedFile {
             path: PathBuf::from(&key),
             key,
@@ -165,31 +173,49 @@ pub async fn read_landing_store(
     Ok(landed)
 }
 
-/// Adds a file's content hashes to `landed`; returns its number of row groups.
+/// Adds a file's content hashes to `landed`, computed from its rows' fields as its stream in
+/// `defs` defines them (the file need not keep a `_content_hash` column); returns its number
+/// of row groups.
 fn read_file<R: ChunkReader + 'static>(
     file: R,
     name: &str,
     landed_at: Option<SystemTime>,
+    defs: &[Arc<StreamDef>],
     landed: &mut Landed,
 ) -> anyhow::Result<usize> {
     let landed_ms = landed_at.map(unix_ms);
     let builder = ParquetRecordBatchReaderBuilder::try_new(file)?;
     let row_groups = builder.metadata().num_row_groups();
-    // Only the hash column is decoded.
-    let only_hashes = ProjectionMask::columns(builder.parquet_schema(), [COL_CONTENT_HASH]);
-    let reader = builder.with_projection(only_hashes).build()?;
+    let stream = builder
+        .metadata()
+        .file_metadata()
+        .key_value_metadata()
+        .and_then(|kvs| kvs.iter().find(|kv| kv.key == META_STREAM))
+        .and_then(|kv| kv.value.clone())
+        .with_context(|| format!("{name} names no stream in its metadata"))?;
+    let def = defs
+        .iter()
+        .find(|def| def.name == stream)
+        .with_context(|| format!("{name} is of stream {stream:?}, which is not defined here"))?;
+    // Only the columns the hash covers are decoded.
+    let schema = builder.parquet_schema();
+    let hashed: Vec<&str> = def
+        .hash_fields
+        .iter()
+        .map(|&f| def.fields[f].name.as_str())
+        .filter(|name| {
+            schema
+                .columns()
+                .iter()
+                .any(|c| c.path().parts()[0] == *name)
+        })
+        .collect();
+    let projection = ProjectionMask::columns(schema, hashed);
+    let reader = builder.with_projection(projection).build()?;
     for batch in reader {
         let batch = batch?;
-        let col = batch
-            .column_by_name(COL_CONTENT_HASH)
-            .with_context(|| format!("{name} has no {COL_CONTENT_HASH} column"))?;
-        let hashes = col
-            .as_any()
-            .downcast_ref::<FixedSizeBinaryArray>()
-            .context("content hash column is not fixed-size binary")?;
-        for i in 0..hashes.len() {
-            let bytes: [u8; 32] = hashes.value(i).try_into()?;
-            let copies = landed.hashes.entry(ContentHash(bytes)).or_default();
+        for hash in schemas::arrow::row_hashes(def, &batch, 0..batch.num_rows())? {
+            let copies = landed.hashes.entry(hash).or_default();
             copies.count += 1;
             copies.landed_ms = match (copies.landed_ms, landed_ms) {
                 (Some(a), Some(b)) => Some(a.min(b)),
@@ -315,7 +341,7 @@ pub async fn verify(opts: &VerifyOptions) -> anyhow::Result<VerifyReport> {
     let store = ObjectStore::from_config(&opts.store).await?;
     let deadline = Instant::now() + opts.wait;
     loop {
-        let landed = read_landing_store(&store, &opts.prefix, &opts.def.name).await?;
+        let landed = read_landing_store(&store, &opts.prefix, &opts.def).await?;
         let verdict = verdict(expected.keys(), |h| expected.contains_key(h), &landed);
         let latency = (timed > 0)
             .then(|| send_to_landing(&expected, &landed))

@@ -7,6 +7,7 @@ use std::time::Duration;
 
 use loadtest::demo::{DemoOptions, run};
 use loadtest::fleet::{FleetSpec, sensor_readings};
+use schemas::arrow::HashColumn;
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn embedded_default_lands_every_record_exactly_once() {
@@ -20,6 +21,7 @@ async fn embedded_default_lands_every_record_exactly_once() {
         landing: landing.path().to_path_buf(),
         fleet: fleet.clone(),
         timeout: Duration::from_secs(90),
+        hash_column: HashColumn::None,
     })
     .await
     .unwrap();
@@ -36,6 +38,51 @@ async fn embedded_default_lands_every_record_exactly_once() {
 
     let landed = common::pyarrow(&["--dir", summary.run_dir.to_str().unwrap()]);
     common::assert_landed_exactly(&sensor_readings(&fleet), &landed);
+}
+
+/// With `landing.content_hash_bytes = 16` every row keeps the first 16 bytes of its record's
+/// content hash (read back by pyarrow), and the files are otherwise the default ones.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn landing_files_keep_16_bytes_of_the_content_hash_when_asked() {
+    let landing = tempfile::tempdir().unwrap();
+    let fleet = FleetSpec {
+        records: 2_000,
+        devices: 10,
+        ..FleetSpec::default()
+    };
+    let summary = run(DemoOptions {
+        landing: landing.path().to_path_buf(),
+        fleet: fleet.clone(),
+        timeout: Duration::from_secs(90),
+        hash_column: HashColumn::Short,
+    })
+    .await
+    .unwrap();
+    assert!(summary.verdict.exactly_once(), "{summary}");
+    let landed = common::pyarrow(&["--dir", summary.run_dir.to_str().unwrap()]);
+    for file in landed["files"].as_array().unwrap() {
+        assert_eq!(file["schema"]["_content_hash"], "fixed_size_binary[16]");
+        let hash = &file["columns"]["_content_hash"];
+        assert_eq!(hash["compression"], "UNCOMPRESSED", "{hash}");
+        assert_eq!(hash["statistics"], false, "{hash}");
+    }
+    let streams = schemas::example_streams();
+    let def = streams.get("sensor_readings").unwrap();
+    let mut expected: Vec<String> = sensor_readings(&fleet)
+        .into_iter()
+        .map(|r| schemas::check(def, r).unwrap().hash.to_hex()[..32].to_owned())
+        .collect();
+    expected.sort();
+    expected.dedup();
+    let mut got: Vec<String> = landed["rows"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|r| r["_content_hash"].as_str().unwrap().to_owned())
+        .collect();
+    got.sort();
+    assert_eq!(got, expected);
+    common::assert_duckdb_reads_the_same(&landed);
 }
 
 /// One device, so every reading goes to one partition: more of them than the mock cluster keeps
@@ -55,6 +102,7 @@ async fn a_partition_gets_more_readings_than_the_mock_cluster_keeps_of_it_and_al
         landing: landing.path().to_path_buf(),
         fleet,
         timeout: Duration::from_secs(120),
+        hash_column: HashColumn::None,
     })
     .await
     .unwrap();

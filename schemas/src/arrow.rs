@@ -2,7 +2,8 @@
 //!
 //! Schema fields map as: string → Utf8, bool → Boolean, int64 → Int64, float64 → Float64,
 //! timestamp → Timestamp(Microsecond, "UTC"), list<T> → List(T), map<T> → Map(Utf8, T).
-//! Required fields are non-nullable. Four metadata columns follow the stream's fields.
+//! Required fields are non-nullable. Three metadata columns follow the stream's fields, and a
+//! fourth, `_content_hash`, where the sink is set to keep it ([`HashColumn`]).
 
 use std::collections::HashMap;
 use std::sync::Arc;
@@ -29,8 +30,44 @@ pub const COL_INGEST_TS: &str = "_ingest_ts";
 pub const COL_PARTITION: &str = "_partition";
 /// Kafka offset of the record.
 pub const COL_OFFSET: &str = "_offset";
-/// BLAKE3 content hash, 32 bytes.
+/// BLAKE3 content hash: all 32 bytes, or the first 16 ([`HashColumn`]).
 pub const COL_CONTENT_HASH: &str = "_content_hash";
+
+/// How much of each row's content hash a landing file keeps in its `_content_hash` column.
+/// The hash is 32 random bytes a row that no encoding makes smaller, several times the size of
+/// a sensor reading's other columns together, and anyone can compute it again from the row's
+/// fields ([`row_hashes`]), so by default it is left out.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub enum HashColumn {
+    /// No `_content_hash` column.
+    #[default]
+    None,
+    /// The hash's first 16 bytes: enough to tell records apart in any table.
+    Short,
+    /// All 32 bytes.
+    Full,
+}
+
+impl HashColumn {
+    /// The column's width in bytes (0: no column).
+    pub fn bytes(self) -> usize {
+        match self {
+            HashColumn::None => 0,
+            HashColumn::Short => 16,
+            HashColumn::Full => 32,
+        }
+    }
+
+    /// The setting of `bytes` (0, 16 or 32).
+    pub fn of_bytes(bytes: usize) -> Option<HashColumn> {
+        match bytes {
+            0 => Some(HashColumn::None),
+            16 => Some(HashColumn::Short),
+            32 => Some(HashColumn::Full),
+            _ => None,
+        }
+    }
+}
 
 /// Schema-level metadata keys.
 pub const META_STREAM: &str = "stream";
@@ -80,7 +117,7 @@ pub fn arrow_type(ty: &FieldType) -> DataType {
 }
 
 /// The Arrow schema of a stream's landing files: its fields, then the metadata columns.
-pub fn arrow_schema(def: &StreamDef) -> SchemaRef {
+pub fn arrow_schema(def: &StreamDef, hash: HashColumn) -> SchemaRef {
     let mut fields: Vec<Field> = def
         .fields
         .iter()
@@ -89,11 +126,10 @@ pub fn arrow_schema(def: &StreamDef) -> SchemaRef {
     fields.push(Field::new(COL_INGEST_TS, utc_micros(), false));
     fields.push(Field::new(COL_PARTITION, DataType::Int32, false));
     fields.push(Field::new(COL_OFFSET, DataType::Int64, false));
-    fields.push(Field::new(
-        COL_CONTENT_HASH,
-        DataType::FixedSizeBinary(32),
-        false,
-    ));
+    if hash != HashColumn::None {
+        let width = DataType::FixedSizeBinary(hash.bytes() as i32);
+        fields.push(Field::new(COL_CONTENT_HASH, width, false));
+    }
     let metadata = HashMap::from([
         (META_STREAM.to_owned(), def.name.clone()),
         (META_SCHEMA_VERSION.to_owned(), def.version.to_string()),
@@ -110,12 +146,13 @@ pub struct RowMeta {
     pub hash: ContentHash,
 }
 
-/// Builds one `RecordBatch` from validated records of one stream.
+/// Builds one `RecordBatch` from validated records of one stream, rows in their order.
 pub fn record_batch(
     def: &StreamDef,
+    hash: HashColumn,
     rows: &[(Record, RowMeta)],
 ) -> Result<RecordBatch, ArrowError> {
-    let mut batch = BatchBuilder::new(def, rows.len());
+    let mut batch = BatchBuilder::new(def, hash, rows.len());
     for (record, meta) in rows {
         batch.push_record(record, *meta);
     }
@@ -130,21 +167,23 @@ pub struct BatchBuilder {
     ingest: TimestampMicrosecondBuilder,
     partition: Int32Builder,
     offset: Int64Builder,
-    /// The content hashes, 32 bytes each.
+    /// The bytes of the content hashes that the file keeps ([`HashColumn`]).
+    hash_bytes: usize,
     hashes: Vec<u8>,
     rows: usize,
 }
 
 impl BatchBuilder {
     /// A builder with room for `capacity` rows.
-    pub fn new(def: &StreamDef, capacity: usize) -> BatchBuilder {
+    pub fn new(def: &StreamDef, hash: HashColumn, capacity: usize) -> BatchBuilder {
         BatchBuilder {
-            schema: arrow_schema(def),
+            schema: arrow_schema(def, hash),
             columns: Column::for_fields(def, capacity),
             ingest: TimestampMicrosecondBuilder::with_capacity(capacity).with_timezone("UTC"),
             partition: Int32Builder::with_capacity(capacity),
             offset: Int64Builder::with_capacity(capacity),
-            hashes: Vec::with_capacity(capacity * 32),
+            hash_bytes: hash.bytes(),
+            hashes: Vec::with_capacity(capacity * hash.bytes()),
             rows: 0,
         }
     }
@@ -176,7 +215,8 @@ impl BatchBuilder {
         self.ingest.append_value(meta.ingest_ts);
         self.partition.append_value(meta.partition);
         self.offset.append_value(meta.offset);
-        self.hashes.extend_from_slice(meta.hash.as_bytes());
+        self.hashes
+            .extend_from_slice(&meta.hash.as_bytes()[..self.hash_bytes]);
         self.rows += 1;
     }
 
@@ -189,11 +229,87 @@ impl BatchBuilder {
         columns.push(Arc::new(self.ingest.finish()));
         columns.push(Arc::new(self.partition.finish()));
         columns.push(Arc::new(self.offset.finish()));
-        let hashes = Buffer::from_vec(std::mem::take(&mut self.hashes));
-        columns.push(Arc::new(FixedSizeBinaryArray::try_new(32, hashes, None)?));
+        if self.hash_bytes > 0 {
+            let hashes = Buffer::from_vec(std::mem::take(&mut self.hashes));
+            let width = self.hash_bytes as i32;
+            columns.push(Arc::new(FixedSizeBinaryArray::try_new(
+                width, hashes, None,
+            )?));
+        }
         self.rows = 0;
         RecordBatch::try_new(self.schema.clone(), columns)
     }
+
+    /// [`BatchBuilder::finish`], the rows in series order ([`crate::order`]): by the partition
+    /// key and the other string fields, then event time, arrival order among equals.
+    pub fn finish_sorted(&mut self, def: &StreamDef) -> Result<RecordBatch, ArrowError> {
+        let batch = self.finish()?;
+        sort_batch(def, &batch)
+    }
+}
+
+/// A batch of a stream's landing schema with its rows in series order ([`crate::order`]).
+pub fn sort_batch(def: &StreamDef, batch: &RecordBatch) -> Result<RecordBatch, ArrowError> {
+    let order = crate::order::sort_order(def, batch.columns());
+    let columns = batch
+        .columns()
+        .iter()
+        .map(|column| crate::order::take_rows(column, &order))
+        .collect::<Result<Vec<_>, _>>()?;
+    RecordBatch::try_new(batch.schema(), columns)
+}
+
+/// The content hashes of rows `rows` of a landing batch, computed again from their fields as
+/// the gateway and the agent compute them ([`crate::content_hash`]): the fields the hash covers
+/// must be columns of the batch (a nullable one may be missing: its values are null). The
+/// batch may hold only those columns.
+pub fn row_hashes(
+    def: &StreamDef,
+    batch: &RecordBatch,
+    rows: impl IntoIterator<Item = usize>,
+) -> Result<Vec<ContentHash>, ArrowError> {
+    let mut columns = Vec::with_capacity(def.hash_fields.len());
+    for &field in &def.hash_fields {
+        let f = &def.fields[field];
+        match batch.column_by_name(&f.name) {
+            Some(column) if column.data_type().equals_datatype(&arrow_type(&f.ty)) => {
+                columns.push((field, column.clone()));
+            }
+            Some(column) => {
+                return Err(ArrowError::SchemaError(format!(
+                    "column '{}' is {}, the stream's field is {}",
+                    f.name,
+                    column.data_type(),
+                    arrow_type(&f.ty)
+                )));
+            }
+            None if f.required => {
+                return Err(ArrowError::SchemaError(format!(
+                    "no column '{}', which the content hash covers",
+                    f.name
+                )));
+            }
+            None => {}
+        }
+    }
+    let mut record = Record {
+        values: vec![Value::Null; def.fields.len()],
+    };
+    rows.into_iter()
+        .map(|row| {
+            if row >= batch.num_rows() {
+                return Err(ArrowError::InvalidArgumentError(format!(
+                    "row {row} of a batch of {}",
+                    batch.num_rows()
+                )));
+            }
+            for (field, column) in &columns {
+                record.values[*field] =
+                    crate::order::value_at(column.as_ref(), &def.fields[*field].ty, row);
+            }
+            Ok(crate::content_hash(def, &record))
+        })
+        .collect()
 }
 
 /// One Arrow column of a stream's field, built a value at a time.

@@ -16,6 +16,7 @@ pub mod decode;
 pub mod dictionary;
 pub mod error;
 pub mod hash;
+mod order;
 mod scan;
 pub mod stream;
 pub mod typed;

@@ -8,6 +8,7 @@ use crate::wire::{decode_value, encode_value};
 use crate::*;
 
 mod definitions;
+mod landing;
 
 fn sensor() -> std::sync::Arc<StreamDef> {
     example_streams().get("sensor_readings").unwrap().clone()
@@ -405,10 +406,10 @@ fn arrow_batch_has_schema_types_and_metadata() {
         (r.record, RowMeta { ingest_ts: 10, partition: 0, offset: i as i64, hash: r.hash })
     })
     .collect();
-    let batch = record_batch(&v, &rows).unwrap();
+    let batch = record_batch(&v, crate::arrow::HashColumn::Full, &rows).unwrap();
     assert_eq!(batch.num_rows(), 2);
     assert_eq!(batch.num_columns(), v.fields.len() + 4);
-    let schema = arrow_schema(&v);
+    let schema = arrow_schema(&v, crate::arrow::HashColumn::Full);
     assert_eq!(
         schema.field_with_name("recorded_at").unwrap().data_type(),
         &DataType::Timestamp(TimeUnit::Microsecond, Some("UTC".into()))
@@ -426,7 +427,7 @@ fn arrow_batch_has_schema_types_and_metadata() {
         offset: 9,
         hash: r.hash,
     };
-    let batch = record_batch(&sensor, &[(r.record, meta)]).unwrap();
+    let batch = record_batch(&sensor, crate::arrow::HashColumn::Full, &[(r.record, meta)]).unwrap();
     assert!(matches!(
         batch.column_by_name("tags").unwrap().data_type(),
         DataType::Map(_, false)

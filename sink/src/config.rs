@@ -6,6 +6,7 @@ use std::path::PathBuf;
 use std::time::Duration;
 
 use schemas::Streams;
+use schemas::arrow::HashColumn;
 use serde::Deserialize;
 use service_kit::kafka::security::Sasl;
 use service_kit::tls::TlsFiles;
@@ -38,6 +39,8 @@ pub struct SinkConfig {
     pub key_prefix: String,
     #[serde(default)]
     pub rotation: RotationConfig,
+    #[serde(default)]
+    pub landing: LandingConfig,
     /// Content hashes remembered per partition to drop re-sent records (0: none).
     #[serde(default = "default_dedupe_window")]
     pub dedupe_window: usize,
@@ -132,6 +135,7 @@ impl Default for SinkConfig {
             store: StoreConfig::default(),
             key_prefix: default_key_prefix(),
             rotation: RotationConfig::default(),
+            landing: LandingConfig::default(),
             dedupe_window: default_dedupe_window(),
             dedupe_memory_bytes: default_dedupe_memory(),
             memory_budget_bytes: default_memory_budget(),
@@ -213,6 +217,71 @@ impl SinkConfig {
         }
         all.retain(|def| patterns.iter().any(|p| p.matches(&def.name)));
         Ok(all)
+    }
+}
+
+/// What landing files hold beyond the records' fields, for every stream and per stream.
+#[derive(Debug, Clone, Default, PartialEq, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct LandingConfig {
+    /// Bytes of each record's content hash kept in a `_content_hash` column: 0 (no column),
+    /// 16 or 32. The hash can always be computed again from the row's fields.
+    #[serde(default)]
+    pub content_hash_bytes: HashBytes,
+    /// Settings of single streams, by name, over the ones above.
+    #[serde(default)]
+    pub streams: BTreeMap<String, StreamLanding>,
+}
+
+/// [`LandingConfig`] for one stream.
+#[derive(Debug, Clone, Default, PartialEq, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct StreamLanding {
+    #[serde(default)]
+    pub content_hash_bytes: Option<HashBytes>,
+}
+
+/// `content_hash_bytes`: 0, 16 or 32.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct HashBytes(pub HashColumn);
+
+impl<'de> Deserialize<'de> for HashBytes {
+    fn deserialize<D: serde::Deserializer<'de>>(deserializer: D) -> Result<Self, D::Error> {
+        let bytes = u64::deserialize(deserializer)?;
+        usize::try_from(bytes)
+            .ok()
+            .and_then(HashColumn::of_bytes)
+            .map(HashBytes)
+            .ok_or_else(|| {
+                serde::de::Error::custom(format!("content_hash_bytes is 0, 16 or 32, not {bytes}"))
+            })
+    }
+}
+
+impl LandingConfig {
+    /// The `_content_hash` column of `stream`'s landing files.
+    pub fn hash_column(&self, stream: &str) -> HashColumn {
+        self.streams
+            .get(stream)
+            .and_then(|s| s.content_hash_bytes)
+            .unwrap_or(self.content_hash_bytes)
+            .0
+    }
+
+    /// Fails when a stream setting names a stream this sink does not land (`selected`).
+    pub fn check(&self, selected: &Streams) -> anyhow::Result<()> {
+        let unknown: Vec<&str> = self
+            .streams
+            .keys()
+            .filter(|name| selected.get(name).is_none())
+            .map(String::as_str)
+            .collect();
+        anyhow::ensure!(
+            unknown.is_empty(),
+            "landing.streams names {} that this sink does not land",
+            unknown.join(", ")
+        );
+        Ok(())
     }
 }
 

@@ -304,6 +304,7 @@ impl ConsumerContext for SinkContext {
 /// settings. Returns the names of the streams the sink would consume.
 pub fn check(config: &SinkConfig, streams: Streams) -> anyhow::Result<Vec<String>> {
     let streams = config.select_streams(streams)?;
+    config.landing.check(&streams)?;
     let mut client = ClientConfig::new();
     service_kit::kafka::security::apply(
         &mut client,
@@ -322,6 +323,7 @@ pub async fn start(
     shutdown: CancellationToken,
 ) -> anyhow::Result<Sink> {
     let streams = config.select_streams(streams)?;
+    config.landing.check(&streams)?;
     m::register(&streams);
     let store = ObjectStore::from_config(&config.store).await?;
     let staging_root = store.staging_dir(&config.upload.staging_dir);

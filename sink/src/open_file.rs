@@ -1,43 +1,46 @@
-//! The open landing file of a partition. Rows are encoded into Parquet as they arrive and row
-//! groups are written to a staged file, so memory holds only the row group in progress: many
-//! partitions with large target files fit a small memory budget, and a file closes at its
-//! target Parquet size (not at a guess from the JSON size).
+//! The open landing file of a partition. Rows are collected in Arrow builders until they make
+//! a row group (`rotation.row_group_bytes` of record data); the row group is then sorted into
+//! series order (`schemas::arrow::sort_batch`: partition key, the other string fields, event
+//! time), encoded and written to a staged file. So memory holds only the row group in progress,
+//! many partitions with large target files fit a small memory budget, a file closes at its
+//! target Parquet size, and each row group's rows lie in the order that compresses best.
 
 use std::path::Path;
-use std::sync::{Mutex, PoisonError};
+use std::sync::{Arc, Mutex, PoisonError};
 
 use arrow::array::{Array, Int64Array, RecordBatch, TimestampMicrosecondArray};
 use parquet::arrow::ArrowWriter;
 use parquet::arrow::arrow_reader::ParquetRecordBatchReaderBuilder;
 use parquet::errors::ParquetError;
-use schemas::arrow::{BatchBuilder, COL_INGEST_TS, COL_OFFSET, RowMeta};
+use schemas::arrow::{BatchBuilder, COL_INGEST_TS, COL_OFFSET, HashColumn, RowMeta};
 use schemas::{Row, StreamDef};
 
 use crate::parquet_file::{OffsetRange, RowId, file_metadata, row_ids_of, writer_properties};
 use crate::store::Staged;
 
-/// Rows collected before they are encoded as one Arrow batch: small enough that the size
-/// check after each batch stays close to the target.
-const BATCH_ROWS: usize = 1024;
+/// Most rows in one row group, whatever their size.
+pub const ROW_GROUP_ROWS: usize = 1024 * 1024;
 
 /// Size targets of a landing file.
 #[derive(Debug, Clone, Copy)]
 pub struct FileTargets {
     /// Close the file when its Parquet size reaches this.
     pub file_bytes: usize,
-    /// Write a row group out when its encoded size reaches this.
+    /// Sort and write a row group when its rows' record data (the Kafka values) reaches this.
     pub row_group_bytes: usize,
 }
 
-/// Final size / estimated size of the partition's previous file: the writer's estimate of a
-/// row group in progress counts pages not yet compressed, so it runs high; the next file's
-/// estimate is scaled by what the last one showed.
+/// Parquet bytes per byte of record data (Kafka values), as the partition's last file showed:
+/// what the rows of an open file not yet encoded are estimated at until its first row group is
+/// written.
 #[derive(Debug, Clone, Copy)]
 pub struct SizeRatio(pub f64);
 
 impl Default for SizeRatio {
+    /// A guess for a partition's first file: sensor readings come to about 5% of their JSON in
+    /// Parquet.
     fn default() -> Self {
-        SizeRatio(1.0)
+        SizeRatio(0.05)
     }
 }
 
@@ -45,30 +48,27 @@ pub struct OpenFile {
     /// In a mutex only to make the sink's state `Sync` (the writer is `Send` but not `Sync`);
     /// it is reached through `&mut self` and never contended.
     writer: Mutex<ArrowWriter<Staged>>,
-    event_time_column: String,
-    /// Rows not yet encoded, in Arrow builders.
+    def: Arc<StreamDef>,
+    /// Rows of the row group in progress, in Arrow builders.
     pending: BatchBuilder,
-    /// Kafka value bytes of the pending rows (their memory is of that order).
+    /// Record data (Kafka value bytes) of the pending rows (their memory is of that order).
     pending_bytes: usize,
+    /// Rows in the row groups written.
     rows: usize,
+    /// Record data of the rows in the row groups written.
+    written_data: usize,
     min_event_time: i64,
     max_event_time: i64,
     targets: FileTargets,
     ratio: SizeRatio,
-    /// The writer's size estimate (row groups written plus the one in progress) after the last
-    /// batch: it changes only when a batch is written, and reading it from the writer takes a
-    /// lock per column.
-    encoded_estimate: usize,
-    /// The writer's memory (the row group in progress) after the last batch, for the same
-    /// reason: the budget is checked every few records, summing over every open file.
-    writer_memory: usize,
-    /// Bytes written to the staged file (row groups and the header), for the staging budget.
+    /// Bytes written to the staged file (row groups and the header).
     staged: usize,
 }
 
 impl OpenFile {
     pub fn create(
-        def: &StreamDef,
+        def: Arc<StreamDef>,
+        hash: HashColumn,
         staging: &Path,
         targets: FileTargets,
         ratio: SizeRatio,
@@ -78,25 +78,24 @@ impl OpenFile {
             .suffix(".parquet")
             .tempfile_in(staging)
             .map_err(|e| ParquetError::External(Box::new(e)))?;
-        let schema = schemas::arrow::arrow_schema(def);
-        let writer = ArrowWriter::try_new(staged, schema, Some(writer_properties(def)?))?;
+        let schema = schemas::arrow::arrow_schema(&def, hash);
+        let writer = ArrowWriter::try_new(staged, schema, Some(writer_properties(&def, hash)?))?;
         Ok(OpenFile {
             writer: Mutex::new(writer),
-            event_time_column: def.event_time_field().name.clone(),
-            pending: BatchBuilder::new(def, BATCH_ROWS),
+            pending: BatchBuilder::new(&def, hash, 1024),
+            def,
             pending_bytes: 0,
             rows: 0,
+            written_data: 0,
             min_event_time: i64::MAX,
             max_event_time: i64::MIN,
             targets,
             ratio,
-            encoded_estimate: 0,
-            writer_memory: 0,
             staged: 0,
         })
     }
 
-    /// Adds a row; encodes the pending rows once there are enough for a batch.
+    /// Adds a row of `bytes` of record data; writes the row group once it is complete.
     pub fn push<H>(
         &mut self,
         row: &Row<'_, H>,
@@ -105,25 +104,28 @@ impl OpenFile {
     ) -> Result<(), ParquetError> {
         self.pending.push(row, meta);
         self.pending_bytes += bytes;
-        if self.pending.len() >= BATCH_ROWS {
-            self.encode_pending()?;
+        if self.pending_bytes >= self.targets.row_group_bytes
+            || self.pending.len() >= ROW_GROUP_ROWS
+        {
+            self.write_row_group()?;
         }
         Ok(())
     }
 
-    fn encode_pending(&mut self) -> Result<(), ParquetError> {
+    /// Sorts the pending rows and writes them as a row group.
+    fn write_row_group(&mut self) -> Result<(), ParquetError> {
         if self.pending.is_empty() {
             return Ok(());
         }
-        let batch = self.pending.finish()?;
-        self.pending_bytes = 0;
-        self.write_batch(&batch)
+        let batch = self.pending.finish_sorted(&self.def)?;
+        let data = std::mem::take(&mut self.pending_bytes);
+        self.write_sorted(&batch, data)
     }
 
-    /// Appends an Arrow batch of this stream's landing schema.
-    pub fn write_batch(&mut self, batch: &RecordBatch) -> Result<(), ParquetError> {
+    /// Writes a batch of this stream's landing schema, in series order, as a row group.
+    fn write_sorted(&mut self, batch: &RecordBatch, data: usize) -> Result<(), ParquetError> {
         if let Some(times) = batch
-            .column_by_name(&self.event_time_column)
+            .column_by_name(&self.def.event_time_field().name)
             .and_then(|c| c.as_any().downcast_ref::<TimestampMicrosecondArray>())
         {
             for t in times.iter().flatten() {
@@ -132,18 +134,25 @@ impl OpenFile {
             }
         }
         self.rows += batch.num_rows();
-        let row_group_bytes = self.targets.row_group_bytes;
+        self.written_data += data;
         let writer = self.writer_mut();
         writer.write(batch)?;
-        if writer.in_progress_size() >= row_group_bytes {
-            writer.flush()?;
-        }
-        (self.encoded_estimate, self.writer_memory, self.staged) = (
-            writer.bytes_written() + writer.in_progress_size(),
-            writer.memory_size(),
-            writer.bytes_written(),
-        );
+        writer.flush()?;
+        self.staged = writer.bytes_written();
         Ok(())
+    }
+
+    /// Writes rows of this stream's landing schema taken from another file (those past an
+    /// adopted object), sorted into series order as one row group. Their record data is
+    /// counted as their Arrow memory.
+    pub fn write_batches(&mut self, batches: &[RecordBatch]) -> Result<(), ParquetError> {
+        self.write_row_group()?;
+        let Some(first) = batches.first() else {
+            return Ok(());
+        };
+        let batch = arrow::compute::concat_batches(&first.schema(), batches)?;
+        let sorted = schemas::arrow::sort_batch(&self.def, &batch)?;
+        self.write_sorted(&sorted, batch.get_array_memory_size())
     }
 
     fn writer_mut(&mut self) -> &mut ArrowWriter<Staged> {
@@ -154,15 +163,7 @@ impl OpenFile {
 
     /// Writes the row group in progress to the staged file (to free memory).
     pub fn spill(&mut self) -> Result<(), ParquetError> {
-        self.encode_pending()?;
-        let writer = self.writer_mut();
-        writer.flush()?;
-        (self.encoded_estimate, self.writer_memory, self.staged) = (
-            writer.bytes_written(),
-            writer.memory_size(),
-            writer.bytes_written(),
-        );
-        Ok(())
+        self.write_row_group()
     }
 
     /// Rows in the file, pending ones included.
@@ -170,9 +171,9 @@ impl OpenFile {
         self.rows + self.pending.len()
     }
 
-    /// Memory the file holds: pending rows and the row group in progress.
+    /// Memory the file holds: the rows of the row group in progress.
     pub fn memory(&self) -> usize {
-        self.pending_bytes + self.writer_memory
+        self.pending_bytes
     }
 
     /// Bytes written to the staged file so far.
@@ -180,16 +181,18 @@ impl OpenFile {
         self.staged
     }
 
-    /// The writer's estimate of the file size: row groups written, the one in progress, and
-    /// the pending rows at the encoded size per row so far.
-    fn raw_estimate(&self) -> f64 {
-        let encoded = self.encoded_estimate as f64;
-        let per_row = if self.rows > 0 {
-            encoded / self.rows as f64
+    /// Parquet bytes per byte of record data: this file's so far, or the partition's last one's.
+    fn bytes_per_data_byte(&self) -> f64 {
+        if self.written_data > 0 {
+            self.staged as f64 / self.written_data as f64
         } else {
-            0.0
-        };
-        encoded + per_row * self.pending.len() as f64
+            self.ratio.0
+        }
+    }
+
+    /// The file size estimate: row groups written, and the pending rows at the rate so far.
+    fn estimate(&self) -> f64 {
+        self.staged as f64 + self.pending_bytes as f64 * self.bytes_per_data_byte()
     }
 
     /// New size targets (a reload): the next row group and the next size check follow them.
@@ -197,24 +200,21 @@ impl OpenFile {
         self.targets = targets;
     }
 
-    /// Whether the file reached its target size (the estimate, corrected by the ratio the
-    /// partition's previous file showed).
+    /// Whether the file reached its target size (by [`OpenFile::estimate`]).
     pub fn is_full(&self) -> bool {
-        self.raw_estimate() * self.ratio.0 >= self.targets.file_bytes as f64
+        self.estimate() >= self.targets.file_bytes as f64
     }
 
     /// Finishes the file with a landing file's key-value metadata ([`crate::parquet_file`]) and returns the staged file.
     pub fn finish(
         mut self,
-        def: &StreamDef,
         topic: &str,
         partition: i32,
         range: OffsetRange,
     ) -> Result<Finished, ParquetError> {
-        let estimate = self.raw_estimate();
-        self.encode_pending()?;
+        self.write_row_group()?;
         let metadata = file_metadata(
-            def,
+            &self.def,
             topic,
             partition,
             range,
@@ -224,7 +224,7 @@ impl OpenFile {
         for item in metadata {
             self.writer_mut().append_key_value_metadata(item);
         }
-        let rows = self.rows;
+        let (rows, data) = (self.rows, self.written_data);
         let staged = self
             .writer
             .into_inner()
@@ -237,8 +237,8 @@ impl OpenFile {
             .metadata()
             .map_err(|e| ParquetError::External(Box::new(e)))?
             .len();
-        let ratio = if estimate > 0.0 {
-            SizeRatio((size as f64 / estimate).clamp(0.1, 10.0))
+        let ratio = if data > 0 {
+            SizeRatio((size as f64 / data as f64).clamp(1e-4, 10.0))
         } else {
             self.ratio
         };
@@ -274,7 +274,7 @@ pub struct RowsAfter {
 
 /// The rows of a finished staged file with offsets after `last`: what is left to land after
 /// another sink's object was adopted.
-pub fn rows_after(staged: &Staged, last: i64) -> Result<RowsAfter, ParquetError> {
+pub fn rows_after(def: &StreamDef, staged: &Staged, last: i64) -> Result<RowsAfter, ParquetError> {
     let file = staged
         .reopen()
         .map_err(|e| ParquetError::External(Box::new(e)))?;
@@ -285,29 +285,37 @@ pub fn rows_after(staged: &Staged, last: i64) -> Result<RowsAfter, ParquetError>
         covered: 0,
         covered_ids: Vec::new(),
     };
+    // The kept row with the lowest offset: (offset, ingest time).
+    let mut first: Option<(i64, i64)> = None;
     for batch in reader {
         let batch = batch?;
-        let ids = row_ids_of(&batch)?;
-        out.covered_ids
-            .extend(ids.into_iter().take_while(|id| id.offset <= last));
         let offsets = batch
             .column_by_name(COL_OFFSET)
             .and_then(|c| c.as_any().downcast_ref::<Int64Array>())
             .ok_or_else(|| ParquetError::General("no offset column".into()))?;
+        let covered: Vec<usize> = (0..batch.num_rows())
+            .filter(|&row| offsets.value(row) <= last)
+            .collect();
+        out.covered_ids.extend(row_ids_of(def, &batch, covered)?);
+        let ingest = batch
+            .column_by_name(COL_INGEST_TS)
+            .and_then(|c| c.as_any().downcast_ref::<TimestampMicrosecondArray>())
+            .ok_or_else(|| ParquetError::General("no ingest time column".into()))?;
+        for row in (0..batch.num_rows()).filter(|&row| offsets.value(row) > last) {
+            let offset = offsets.value(row);
+            if first.is_none_or(|(lowest, _)| offset < lowest) {
+                first = Some((offset, ingest.value(row)));
+            }
+        }
         let keep: arrow::array::BooleanArray =
             offsets.iter().map(|o| o.map(|o| o > last)).collect();
         let kept = arrow::compute::filter_record_batch(&batch, &keep)?;
         out.covered += (batch.num_rows() - kept.num_rows()) as u64;
-        if kept.num_rows() == 0 {
-            continue;
+        if kept.num_rows() > 0 {
+            out.batches.push(kept);
         }
-        if out.first_ingest_ts.is_none() {
-            out.first_ingest_ts = kept
-                .column_by_name(COL_INGEST_TS)
-                .and_then(|c| c.as_any().downcast_ref::<TimestampMicrosecondArray>())
-                .and_then(|c| c.iter().flatten().next());
-        }
-        out.batches.push(kept);
     }
+    out.first_ingest_ts = first.map(|(_, ingest_ts)| ingest_ts);
+    out.covered_ids.sort_unstable_by_key(|id| id.offset);
     Ok(out)
 }

@@ -1,9 +1,7 @@
 //! Encoding landing files: Arrow record batch → Parquet bytes with the metadata readers need,
 //! and reading that metadata back from an existing object.
 
-use arrow::array::{
-    Array, FixedSizeBinaryArray, Int64Array, RecordBatch, TimestampMicrosecondArray,
-};
+use arrow::array::{Array, Int64Array, RecordBatch, TimestampMicrosecondArray};
 use bytes::Bytes;
 use chrono::{DateTime, Datelike, Timelike, Utc};
 use parquet::arrow::arrow_reader::{
@@ -14,14 +12,14 @@ use parquet::arrow::{ArrowWriter, ProjectionMask};
 use parquet::basic::{Compression, Encoding, ZstdLevel};
 use parquet::errors::ParquetError;
 use parquet::file::metadata::{
-    FileMetaData, FooterTail, KeyValue, PageIndexPolicy, RowGroupMetaData,
+    FileMetaData, FooterTail, KeyValue, PageIndexPolicy, RowGroupMetaData, SortingColumn,
 };
 use parquet::file::properties::{EnabledStatistics, WriterProperties};
 use parquet::file::reader::{ChunkReader, Length};
 use parquet::schema::types::ColumnPath;
 use schemas::ContentHash;
 use schemas::arrow::{
-    COL_CONTENT_HASH, COL_INGEST_TS, COL_OFFSET, COL_PARTITION, RowMeta, record_batch,
+    COL_CONTENT_HASH, COL_INGEST_TS, COL_OFFSET, COL_PARTITION, HashColumn, RowMeta, record_batch,
 };
 use schemas::value::{Record, format_timestamp};
 use schemas::{FieldType, StreamDef};
@@ -34,10 +32,6 @@ pub const META_LAST_OFFSET: &str = "last_offset";
 pub const META_ROW_COUNT: &str = "row_count";
 pub const META_MIN_EVENT_TIME: &str = "min_event_time";
 pub const META_MAX_EVENT_TIME: &str = "max_event_time";
-
-/// Most rows in one Parquet row group (row groups also close at a byte size, see
-/// [`crate::open_file::FileTargets`]).
-const ROW_GROUP_ROWS: usize = 1024 * 1024;
 
 /// The object key of a landing file:
 /// `<prefix>/<stream>/date=YYYY-MM-DD/hour=HH/<stream>-p<partition>-o<start offset, 20 digits>.parquet`,
@@ -85,22 +79,26 @@ pub fn dead_letter_key(
     format!("{prefix}/_dead_letters/{file}.ndjson")
 }
 
-/// Encodes rows (in offset order, all within `range`) into a Parquet file.
+/// Encodes rows (all within `range`) into a Parquet file of one row group, in series order.
 pub fn encode(
     def: &StreamDef,
+    hash: HashColumn,
     topic: &str,
     partition: i32,
     range: OffsetRange,
     rows: &[(Record, RowMeta)],
 ) -> Result<Bytes, ParquetError> {
-    let batch = record_batch(def, rows)?;
+    let batch = schemas::arrow::sort_batch(def, &record_batch(def, hash, rows)?)?;
     let (min_t, max_t) = rows
         .iter()
         .map(|(r, _)| r.event_time(def))
         .fold((i64::MAX, i64::MIN), |(lo, hi), t| (lo.min(t), hi.max(t)));
     let metadata = file_metadata(def, topic, partition, range, rows.len(), (min_t, max_t));
-    let mut writer =
-        ArrowWriter::try_new(Vec::new(), batch.schema(), Some(writer_properties(def)?))?;
+    let mut writer = ArrowWriter::try_new(
+        Vec::new(),
+        batch.schema(),
+        Some(writer_properties(def, hash)?),
+    )?;
     writer.write(&batch)?;
     for kv in metadata {
         writer.append_key_value_metadata(kv);
@@ -131,43 +129,87 @@ pub fn file_metadata(
     ]
 }
 
-/// How landing files are encoded: zstd, page statistics, dictionary strings (not for the
-/// content hash and offset columns, which never repeat). Offsets, consecutive within a file
-/// but for duplicates and dead letters, are delta-encoded: smaller than plain values under
-/// zstd, and cheaper to write. So are timestamps (the stream's timestamp fields and
-/// `_ingest_ts`): close together and rising within a partition, they took dictionaries as large
-/// as the column with a dictionary index per row; delta-encoded, bench-sink's `ts` column came
-/// to 17 KB instead of 1.2 MB and its files to 11.1 MB instead of 12.4 MB, and the sink process
-/// took 4.2% fewer instructions. Content hashes are random bytes: zstd cannot make them smaller (it
-/// only spends time trying) and their minimum and maximum select nothing, so that column is
-/// stored uncompressed and without statistics. `_partition` holds one value a file, a few bytes
-/// of dictionary and run length that zstd's frame makes larger (3,648 bytes against 2,496 over
-/// bench-sink's 64 files), so it is stored uncompressed too, and no zstd context is made for it.
-pub fn writer_properties(def: &StreamDef) -> Result<WriterProperties, ParquetError> {
-    let hash = || ColumnPath::from(COL_CONTENT_HASH);
-    let delta_encoded = def
-        .fields
-        .iter()
-        .filter(|f| f.ty == FieldType::Timestamp)
-        .map(|f| f.name.as_str())
-        .chain([COL_INGEST_TS, COL_OFFSET]);
+/// How landing files are encoded: zstd, page statistics, and per column type the encoding that
+/// makes sensor data smallest (docs/src/formats.md has the measured figures):
+/// - timestamps (the stream's and `_ingest_ts`) and `_offset`: `DELTA_BINARY_PACKED`. Rising
+///   within a series, they take a few bits a row; dictionaries of them are as large as the
+///   column.
+/// - float64: `BYTE_STREAM_SPLIT`, which puts each byte of the values in a stream of its own,
+///   so that zstd finds the exponent and high mantissa bytes that consecutive readings of a
+///   series share.
+/// - strings, int64 and bool: dictionaries (device and sensor names, units, quality codes take
+///   a few values each), run-length encoded.
+/// - `_partition`, one value a file: dictionary and run length, without zstd (whose frame
+///   would make those few bytes larger).
+/// - `_content_hash`, where kept: random bytes that no encoding or compression makes smaller
+///   and whose minimum and maximum select nothing: plain, uncompressed, without statistics.
+///
+/// Each row group is sorted by the stream's series and event time, and says so in its
+/// `sorting_columns` ([`sorting_columns`]).
+pub fn writer_properties(
+    def: &StreamDef,
+    hash: HashColumn,
+) -> Result<WriterProperties, ParquetError> {
     let mut builder = WriterProperties::builder();
-    for column in delta_encoded {
-        let path = ColumnPath::from(column);
+    let fields = def.fields.iter().map(|f| (f.name.as_str(), &f.ty));
+    let meta = [
+        (COL_INGEST_TS, &FieldType::Timestamp),
+        (COL_OFFSET, &FieldType::Int64),
+    ];
+    for (name, ty) in fields.chain(meta) {
+        let encoding = match ty {
+            FieldType::Timestamp => Encoding::DELTA_BINARY_PACKED,
+            FieldType::Int64 if name == COL_OFFSET => Encoding::DELTA_BINARY_PACKED,
+            FieldType::Float64 => Encoding::BYTE_STREAM_SPLIT,
+            _ => continue,
+        };
+        let path = ColumnPath::from(name);
         builder = builder
             .set_column_dictionary_enabled(path.clone(), false)
-            .set_column_encoding(path, Encoding::DELTA_BINARY_PACKED);
+            .set_column_encoding(path, encoding);
+    }
+    if hash != HashColumn::None {
+        let path = || ColumnPath::from(COL_CONTENT_HASH);
+        builder = builder
+            .set_column_dictionary_enabled(path(), false)
+            .set_column_compression(path(), Compression::UNCOMPRESSED)
+            .set_column_statistics_enabled(path(), EnabledStatistics::None);
     }
     Ok(builder
         .set_compression(Compression::ZSTD(ZstdLevel::try_new(3)?))
         .set_statistics_enabled(EnabledStatistics::Page)
         .set_dictionary_enabled(true)
-        .set_column_dictionary_enabled(hash(), false)
-        .set_column_compression(hash(), Compression::UNCOMPRESSED)
-        .set_column_statistics_enabled(hash(), EnabledStatistics::None)
         .set_column_compression(ColumnPath::from(COL_PARTITION), Compression::UNCOMPRESSED)
-        .set_max_row_group_row_count(Some(ROW_GROUP_ROWS))
+        .set_max_row_group_row_count(Some(crate::open_file::ROW_GROUP_ROWS))
+        .set_sorting_columns(Some(sorting_columns(def)))
         .build())
+}
+
+/// The columns a landing file's row groups are sorted by, as `schemas::arrow::sort_batch`
+/// sorts them: the partition key and the other string fields (those that order: strings and
+/// integers, nulls first), then the event time. Indexes are of leaf columns: a list takes one,
+/// a map two.
+pub fn sorting_columns(def: &StreamDef) -> Vec<SortingColumn> {
+    let leaves = |ty: &FieldType| match ty {
+        FieldType::Map(_) => 2,
+        _ => 1,
+    };
+    let leaf_of = |field: usize| -> i32 { def.fields[..field].iter().map(|f| leaves(&f.ty)).sum() };
+    let orders =
+        |field: usize| matches!(def.fields[field].ty, FieldType::String | FieldType::Int64);
+    let series = std::iter::once(def.partition_key).chain(
+        (0..def.fields.len())
+            .filter(|&i| i != def.partition_key && def.fields[i].ty == FieldType::String),
+    );
+    series
+        .filter(|&field| orders(field))
+        .chain([def.event_time])
+        .map(|field| SortingColumn {
+            column_idx: leaf_of(field),
+            descending: false,
+            nulls_first: true,
+        })
+        .collect()
 }
 
 /// The hour folders of the last `hours` hours before `now_micros`, newest first:
@@ -220,22 +262,27 @@ pub fn footer_bytes(tail: &[u8]) -> Result<u64, ParquetError> {
     Ok(FooterTail::try_from(last)?.metadata_length() as u64 + 8)
 }
 
-/// Which rows of a landing file a [`PagePlan`] reads.
+/// Which rows of a landing file a [`PagePlan`] reads. Rows lie in series order within each
+/// row group, and row groups in offset order: the newest records are somewhere in the last row
+/// groups.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Rows {
+    /// The first rows of the file (a sample of its first row group's records).
     First(usize),
-    Last(usize),
+    /// The last row groups, whole, that hold at least this many rows together.
+    LastGroups(usize),
 }
 
 /// What to read of a landing file for some of its rows and columns, found from its footer and
 /// offset index: the pages of those columns that hold those rows (whole column chunks in a file
-/// without an offset index). Warming a dedupe window needs the last rows' content hashes, and
-/// adopting an object its offsets and a sample of its first rows: reading the whole object for
-/// either took up to 128 MiB (the default file target) per partition.
+/// without an offset index). Warming a dedupe window needs the newest rows' hashes (computed
+/// from the hashed fields), and adopting an object its offsets and a sample of its rows:
+/// reading the whole object for either would take up to 128 MiB (the default file target) per
+/// partition.
 #[derive(Debug, Clone)]
 pub struct PagePlan {
     metadata: ArrowReaderMetadata,
-    columns: Vec<&'static str>,
+    columns: Vec<String>,
     /// Indexes of the row groups read, in file order.
     pub row_groups: Vec<usize>,
     /// The rows read of those row groups (their rows one after the other).
@@ -251,7 +298,7 @@ impl PagePlan {
     pub fn new(
         tail: Bytes,
         size: u64,
-        columns: &[&'static str],
+        columns: &[String],
         rows: Rows,
     ) -> Result<PagePlan, ParquetError> {
         let at = size
@@ -271,7 +318,7 @@ impl PagePlan {
             .map(|name| {
                 leaves
                     .iter()
-                    .position(|c| c.path().parts() == [*name])
+                    .position(|c| c.path().parts() == [name.as_str()])
                     .ok_or_else(|| ParquetError::General(format!("no column {name}")))
             })
             .collect::<Result<Vec<_>, _>>()?;
@@ -279,7 +326,17 @@ impl PagePlan {
         let total: usize = file.row_groups().iter().map(group_rows).sum();
         let (from, to) = match rows {
             Rows::First(n) => (0, n.min(total)),
-            Rows::Last(n) => (total.saturating_sub(n), total),
+            Rows::LastGroups(n) => {
+                // From the start of the last row group that, with those after it, holds n rows.
+                let mut from = total;
+                for group in file.row_groups().iter().rev() {
+                    if total - from >= n {
+                        break;
+                    }
+                    from -= group_rows(group);
+                }
+                (from, total)
+            }
         };
         let (mut row_groups, mut selection, mut ranges) = (Vec::new(), Vec::new(), Vec::new());
         let mut start = 0;
@@ -356,7 +413,8 @@ impl PagePlan {
             Pieces { size, pieces },
             self.metadata.clone(),
         );
-        let mask = ProjectionMask::columns(builder.parquet_schema(), self.columns.clone());
+        let columns = self.columns.iter().map(String::as_str);
+        let mask = ProjectionMask::columns(builder.parquet_schema(), columns);
         builder
             .with_projection(mask)
             .with_row_groups(self.row_groups.clone())
@@ -368,16 +426,46 @@ impl PagePlan {
     }
 }
 
-/// The content hashes of batches of a landing file, in row order.
-pub fn hashes_of(batches: &[RecordBatch]) -> Result<Vec<ContentHash>, ParquetError> {
-    let mut out = Vec::new();
-    for batch in batches {
-        let hashes = hash_column(batch)?;
-        for i in 0..hashes.len() {
-            out.push(hash_at(hashes, i)?);
-        }
+/// The columns that warming a dedupe window reads ([`newest_hashes`]): the offsets and the
+/// fields the content hash covers.
+pub fn hash_columns(def: &StreamDef) -> Vec<String> {
+    std::iter::once(COL_OFFSET.to_owned())
+        .chain(def.hash_fields.iter().map(|&f| def.fields[f].name.clone()))
+        .collect()
+}
+
+/// The content hashes of the `want` rows with the highest offsets among `batches` (read with
+/// [`hash_columns`]), oldest first, computed from their fields (`schemas::arrow::row_hashes`).
+pub fn newest_hashes(
+    def: &StreamDef,
+    batches: &[RecordBatch],
+    want: usize,
+) -> Result<Vec<ContentHash>, ParquetError> {
+    // (offset, batch, row)
+    let mut rows: Vec<(i64, usize, usize)> = Vec::new();
+    for (b, batch) in batches.iter().enumerate() {
+        let offsets = offset_column(batch)?;
+        rows.extend(offsets.values().iter().enumerate().map(|(r, &o)| (o, b, r)));
     }
-    Ok(out)
+    rows.sort_unstable();
+    let mut newest = rows.split_off(rows.len().saturating_sub(want));
+    // By batch and row, so that each batch's rows are computed in one call.
+    newest.sort_unstable_by_key(|&(_, b, r)| (b, r));
+    let mut hashes = Vec::with_capacity(newest.len());
+    for of_batch in newest.chunk_by(|x, y| x.1 == y.1) {
+        let batch = &batches[of_batch[0].1];
+        let computed = schemas::arrow::row_hashes(def, batch, of_batch.iter().map(|x| x.2))?;
+        hashes.extend(of_batch.iter().map(|x| x.0).zip(computed));
+    }
+    hashes.sort_unstable_by_key(|&(offset, _)| offset);
+    Ok(hashes.into_iter().map(|(_, hash)| hash).collect())
+}
+
+fn offset_column(batch: &RecordBatch) -> Result<&Int64Array, ParquetError> {
+    batch
+        .column_by_name(COL_OFFSET)
+        .and_then(|c| c.as_any().downcast_ref::<Int64Array>())
+        .ok_or_else(|| ParquetError::General("no offset column".into()))
 }
 
 /// Pieces of a file read by range (its footer, some column chunks), read as the file: a read
@@ -432,29 +520,37 @@ pub struct RowId {
     pub ingest_ts: i64,
 }
 
-/// The columns of a landing file that identify its rows ([`row_ids_of`]).
-pub const ROW_ID_COLUMNS: [&str; 3] = [COL_OFFSET, COL_CONTENT_HASH, COL_INGEST_TS];
+/// The columns of a landing file that identify its rows ([`row_ids_of`]): the offsets, the
+/// ingest times and the fields the content hash covers.
+pub fn row_id_columns(def: &StreamDef) -> Vec<String> {
+    let mut columns = hash_columns(def);
+    columns.push(COL_INGEST_TS.to_owned());
+    columns
+}
 
-/// The offset, content hash and ingest time of a batch's rows, in row order.
-pub fn row_ids_of(batch: &RecordBatch) -> Result<Vec<RowId>, ParquetError> {
-    let hashes = hash_column(batch)?;
-    let offsets = batch
-        .column_by_name(COL_OFFSET)
-        .and_then(|c| c.as_any().downcast_ref::<Int64Array>())
-        .ok_or_else(|| ParquetError::General("no offset column".into()))?;
+/// The offset, content hash (computed from the row's fields) and ingest time of rows `rows` of
+/// a batch read with [`row_id_columns`] (or all columns).
+pub fn row_ids_of(
+    def: &StreamDef,
+    batch: &RecordBatch,
+    rows: impl IntoIterator<Item = usize>,
+) -> Result<Vec<RowId>, ParquetError> {
+    let rows: Vec<usize> = rows.into_iter().collect();
+    let hashes = schemas::arrow::row_hashes(def, batch, rows.iter().copied())?;
+    let offsets = offset_column(batch)?;
     let ingest = batch
         .column_by_name(COL_INGEST_TS)
         .and_then(|c| c.as_any().downcast_ref::<TimestampMicrosecondArray>())
         .ok_or_else(|| ParquetError::General("no ingest time column".into()))?;
-    (0..batch.num_rows())
-        .map(|i| {
-            Ok(RowId {
-                offset: offsets.value(i),
-                hash: hash_at(hashes, i)?,
-                ingest_ts: ingest.value(i),
-            })
+    Ok(rows
+        .into_iter()
+        .zip(hashes)
+        .map(|(row, hash)| RowId {
+            offset: offsets.value(row),
+            hash,
+            ingest_ts: ingest.value(row),
         })
-        .collect()
+        .collect())
 }
 
 /// Offsets whose rows in `ours` and `theirs` (both in offset order; rows of landing files or
@@ -480,23 +576,6 @@ pub fn other_messages(ours: &[RowId], theirs: &[RowId]) -> Vec<i64> {
         }
     }
     differ
-}
-
-fn hash_column(
-    batch: &arrow::record_batch::RecordBatch,
-) -> Result<&FixedSizeBinaryArray, ParquetError> {
-    batch
-        .column_by_name(COL_CONTENT_HASH)
-        .and_then(|c| c.as_any().downcast_ref::<FixedSizeBinaryArray>())
-        .ok_or_else(|| ParquetError::General("no content hash column".into()))
-}
-
-fn hash_at(hashes: &FixedSizeBinaryArray, i: usize) -> Result<ContentHash, ParquetError> {
-    let bytes: [u8; 32] = hashes
-        .value(i)
-        .try_into()
-        .map_err(|_| ParquetError::General("content hash is not 32 bytes".into()))?;
-    Ok(ContentHash(bytes))
 }
 
 /// The offset range of a landing file, from its footer metadata.
@@ -596,7 +675,7 @@ mod tests {
     /// [`PagePlan`] over `file`, given only its last 64 KiB and the ranges it names.
     fn read_planned(
         file: &Bytes,
-        columns: &[&'static str],
+        columns: &[String],
         rows: Rows,
     ) -> Result<Vec<RecordBatch>, ParquetError> {
         let plan = planned(file, columns, rows)?;
@@ -608,29 +687,37 @@ mod tests {
         plan.read(file.len() as u64, pieces)
     }
 
-    fn planned(
-        file: &Bytes,
-        columns: &[&'static str],
-        rows: Rows,
-    ) -> Result<PagePlan, ParquetError> {
+    fn planned(file: &Bytes, columns: &[String], rows: Rows) -> Result<PagePlan, ParquetError> {
         let tail = file.slice(file.len().saturating_sub(TAIL_BYTES as usize)..);
         PagePlan::new(tail, file.len() as u64, columns, rows)
     }
 
-    fn last_hashes(file: &Bytes, want: usize) -> Result<Vec<ContentHash>, ParquetError> {
-        hashes_of(&read_planned(file, &[COL_CONTENT_HASH], Rows::Last(want))?)
+    fn sensor() -> std::sync::Arc<StreamDef> {
+        schemas::example_streams()
+            .get("sensor_readings")
+            .unwrap()
+            .clone()
+    }
+
+    /// The hashes of the `want` newest records of `file`, as warming reads them.
+    fn newest(file: &Bytes, want: usize) -> Result<Vec<ContentHash>, ParquetError> {
+        let def = sensor();
+        let batches = read_planned(file, &hash_columns(&def), Rows::LastGroups(want))?;
+        newest_hashes(&def, &batches, want)
     }
 
     fn chosen(file: &Bytes, want: usize) -> Result<PagePlan, ParquetError> {
-        planned(file, &[COL_CONTENT_HASH], Rows::Last(want))
+        planned(file, &hash_columns(&sensor()), Rows::LastGroups(want))
     }
 
-    /// Readings as landing rows, offsets from 0.
+    /// Readings of 7 devices' 3 sensors as landing rows, offsets from 0.
     fn landing_rows(def: &StreamDef, n: i64) -> Vec<(Record, RowMeta)> {
         (0..n)
             .map(|i| {
-                let json =
-                    serde_json::json!({"device_id": "d", "sensor": "s", "ts": i, "value": i});
+                let json = serde_json::json!({
+                    "device_id": format!("d{}", i % 7), "sensor": format!("s{}", i % 3),
+                    "ts": i, "value": i,
+                });
                 let v = schemas::check(def, json).unwrap();
                 let meta = RowMeta {
                     ingest_ts: 0,
@@ -643,40 +730,43 @@ mod tests {
             .collect()
     }
 
-    /// A landing file of `rows` with row groups and data pages of at most the given rows.
+    /// A landing file of `rows` as the sink writes one: row groups of at most `group_rows`
+    /// rows, each in series order, and data pages of at most `page_rows` rows.
     fn file_of(
         def: &StreamDef,
         rows: &[(Record, RowMeta)],
         group_rows: usize,
         page_rows: usize,
     ) -> Bytes {
-        let props = writer_properties(def)
+        let props = writer_properties(def, HashColumn::None)
             .unwrap()
             .into_builder()
-            .set_max_row_group_row_count(Some(group_rows))
             .set_data_page_row_count_limit(page_rows)
             .set_write_batch_size(page_rows)
             .build();
-        let batch = record_batch(def, rows).unwrap();
-        let mut writer = ArrowWriter::try_new(Vec::new(), batch.schema(), Some(props)).unwrap();
-        writer.write(&batch).unwrap();
+        let schema = schemas::arrow::arrow_schema(def, HashColumn::None);
+        let mut writer = ArrowWriter::try_new(Vec::new(), schema, Some(props)).unwrap();
+        for group in rows.chunks(group_rows) {
+            let batch = record_batch(def, HashColumn::None, group).unwrap();
+            writer
+                .write(&schemas::arrow::sort_batch(def, &batch).unwrap())
+                .unwrap();
+            writer.flush().unwrap();
+        }
         Bytes::from(writer.into_inner().unwrap())
     }
 
     /// A landing file of 1,000 readings (offsets 0 to 999) in row groups of 300, 300, 300 and
     /// 100 rows, in pages of 50, and the readings' content hashes.
     fn paged_file() -> (Bytes, Vec<ContentHash>) {
-        let def = schemas::example_streams()
-            .get("sensor_readings")
-            .unwrap()
-            .clone();
+        let def = sensor();
         let rows = landing_rows(&def, 1_000);
         let hashes = rows.iter().map(|(_, m)| m.hash).collect();
         (file_of(&def, &rows, 300, 50), hashes)
     }
 
     #[test]
-    fn the_last_hashes_are_read_from_the_last_pages_only() {
+    fn the_newest_hashes_are_read_from_the_last_row_groups_only() {
         let (file, hashes) = paged_file();
         let groups = |want| chosen(&file, want).unwrap().row_groups;
         assert_eq!(groups(0), Vec::<usize>::new());
@@ -686,28 +776,23 @@ mod tests {
         assert_eq!(groups(5_000), [0, 1, 2, 3]);
         for want in [1, 50, 51, 120, 400] {
             assert_eq!(
-                last_hashes(&file, want).unwrap(),
+                newest(&file, want).unwrap(),
                 hashes[1_000 - want..],
                 "{want} wanted"
             );
         }
-        // Pages of 50 rows: 51 rows take two, one of them partly.
-        assert_eq!(chosen(&file, 51).unwrap().ranges.len(), 1, "adjacent pages");
-        assert_eq!(last_hashes(&file, 5_000).unwrap(), hashes);
-        // Only those pages are read: a fifth of the hash column for 200 rows.
-        let column: u64 = chosen(&file, 1_000)
-            .unwrap()
-            .ranges
-            .iter()
-            .map(|(s, e)| e - s)
-            .sum();
-        let some: u64 = chosen(&file, 200)
-            .unwrap()
-            .ranges
-            .iter()
-            .map(|(s, e)| e - s)
-            .sum();
-        assert!(some * 4 < column, "{some} of {column} bytes");
+        assert_eq!(newest(&file, 5_000).unwrap(), hashes);
+        // Only the last row group is read for 100 rows: a tenth of the columns.
+        let bytes = |want| -> u64 {
+            let plan = chosen(&file, want).unwrap();
+            plan.ranges.iter().map(|(s, e)| e - s).sum()
+        };
+        assert!(
+            bytes(100) * 4 < bytes(1_000),
+            "{} of {}",
+            bytes(100),
+            bytes(1_000)
+        );
         // A piece not read is an error, not a wrong answer.
         let chunks = chosen(&file, 120).unwrap();
         let short = chunks.ranges.iter().map(|_| file.slice(0..1)).collect();
@@ -715,16 +800,21 @@ mod tests {
         assert!(footer_bytes(b"PAR1").is_err());
         assert!(footer_bytes(b"\x10\0\0\0NOPE").is_err());
 
-        // The first rows of three columns, across a row group's end: offsets 0 to 349.
-        let ids: Vec<RowId> = read_planned(&file, &ROW_ID_COLUMNS, Rows::First(350))
+        // A sample of the first rows, across a row group's end: every row of the first group
+        // and 50 of the second, each with its own offset, hash and ingest time.
+        let def = sensor();
+        let ids: Vec<RowId> = read_planned(&file, &row_id_columns(&def), Rows::First(350))
             .unwrap()
             .iter()
-            .flat_map(|b| row_ids_of(b).unwrap())
+            .flat_map(|b| row_ids_of(&def, b, 0..b.num_rows()).unwrap())
             .collect();
         assert_eq!(ids.len(), 350);
-        assert!(ids.iter().enumerate().all(|(i, id)| id.offset == i as i64));
-        assert_eq!(ids[349].hash, hashes[349]);
-        let plan = planned(&file, &ROW_ID_COLUMNS, Rows::First(350)).unwrap();
+        for id in &ids {
+            assert_eq!(id.hash, hashes[id.offset as usize], "offset {}", id.offset);
+        }
+        let first_group = ids.iter().filter(|id| id.offset < 300).count();
+        assert_eq!(first_group, 300);
+        let plan = planned(&file, &row_id_columns(&def), Rows::First(350)).unwrap();
         assert_eq!(plan.row_groups, [0, 1]);
         let read: u64 = plan.ranges.iter().map(|(s, e)| e - s).sum();
         assert!(
@@ -740,13 +830,9 @@ mod tests {
         // The footer only, the offset index left out of the tail.
         let footer = footer_bytes(&file).unwrap() as usize;
         let tail = file.slice(file.len() - footer..);
-        let plan = PagePlan::new(
-            tail,
-            file.len() as u64,
-            &[COL_CONTENT_HASH],
-            Rows::Last(120),
-        )
-        .unwrap();
+        let def = sensor();
+        let columns = hash_columns(&def);
+        let plan = PagePlan::new(tail, file.len() as u64, &columns, Rows::LastGroups(120)).unwrap();
         assert_eq!(plan.row_groups, [2, 3]);
         let pieces = plan
             .ranges
@@ -754,29 +840,21 @@ mod tests {
             .map(|&(start, end)| file.slice(start as usize..end as usize))
             .collect();
         let batches = plan.read(file.len() as u64, pieces).unwrap();
-        assert_eq!(hashes_of(&batches).unwrap(), hashes[880..]);
+        assert_eq!(newest_hashes(&def, &batches, 120).unwrap(), hashes[880..]);
     }
 
     #[test]
     fn encode_then_read_offsets() {
-        let def = schemas::example_streams()
-            .get("sensor_readings")
-            .unwrap()
-            .clone();
-        let rows: Vec<_> = (0..10)
-            .map(|i| {
-                let json =
-                    serde_json::json!({"device_id": "d", "sensor": "s", "ts": i, "value": i});
-                let v = schemas::check(&def, json).unwrap();
-                (
-                    v.record,
-                    RowMeta {
-                        ingest_ts: 0,
-                        partition: 1,
-                        offset: 100 + i,
-                        hash: v.hash,
-                    },
-                )
+        let def = sensor();
+        let rows: Vec<_> = landing_rows(&def, 10)
+            .into_iter()
+            .map(|(record, meta)| {
+                let meta = RowMeta {
+                    partition: 1,
+                    offset: 100 + meta.offset,
+                    ..meta
+                };
+                (record, meta)
             })
             .collect();
         // Offsets 98 and 99 were skipped (duplicates) before the first row.
@@ -784,13 +862,15 @@ mod tests {
             first: 98,
             last: 109,
         };
-        let data = encode(&def, "ingest.sensor_readings", 1, range, &rows).unwrap();
-        let plan = planned(&data, &ROW_ID_COLUMNS, Rows::First(4)).unwrap();
+        let topic = "ingest.sensor_readings";
+        let data = encode(&def, HashColumn::Full, topic, 1, range, &rows).unwrap();
+        let plan = planned(&data, &row_id_columns(&def), Rows::First(4)).unwrap();
         assert_eq!(plan.offsets().unwrap(), range);
         let hashes: Vec<_> = rows.iter().map(|(_, m)| m.hash).collect();
-        assert_eq!(last_hashes(&data, usize::MAX).unwrap(), hashes);
+        assert_eq!(newest(&data, usize::MAX).unwrap(), hashes);
 
-        // Timestamps and offsets are delta-encoded without a dictionary, strings use one.
+        // Timestamps and offsets are delta-encoded without a dictionary, floats split into
+        // byte streams, strings and integers use dictionaries.
         let reader = SerializedFileReader::new(data).unwrap();
         let group = reader.metadata().row_group(0);
         let column = |name: &str| {
@@ -807,24 +887,28 @@ mod tests {
                 column.dictionary_page_offset(),
             )
         };
-        for name in ["ts", COL_INGEST_TS, COL_OFFSET] {
+        for (name, encoding) in [
+            ("ts", Encoding::DELTA_BINARY_PACKED),
+            (COL_INGEST_TS, Encoding::DELTA_BINARY_PACKED),
+            (COL_OFFSET, Encoding::DELTA_BINARY_PACKED),
+            ("value", Encoding::BYTE_STREAM_SPLIT),
+        ] {
             let (found, dictionary) = encodings(name);
-            assert!(
-                found.contains(&Encoding::DELTA_BINARY_PACKED),
-                "{name}: {found:?}"
-            );
+            assert!(found.contains(&encoding), "{name}: {found:?}");
             assert!(
                 !found.contains(&Encoding::RLE_DICTIONARY),
                 "{name}: {found:?}"
             );
             assert_eq!(dictionary, None, "{name}");
         }
-        let (found, dictionary) = encodings("device_id");
-        assert!(
-            found.contains(&Encoding::RLE_DICTIONARY),
-            "device_id: {found:?}"
-        );
-        assert!(dictionary.is_some());
+        for name in ["device_id", "sensor"] {
+            let (found, dictionary) = encodings(name);
+            assert!(
+                found.contains(&Encoding::RLE_DICTIONARY),
+                "{name}: {found:?}"
+            );
+            assert!(dictionary.is_some());
+        }
 
         // zstd for the data, not for the random content hashes nor the one-value partition.
         let compression = |name: &str| column(name).compression();
@@ -833,6 +917,42 @@ mod tests {
         }
         for name in [COL_CONTENT_HASH, COL_PARTITION] {
             assert_eq!(compression(name), Compression::UNCOMPRESSED, "{name}");
+        }
+
+        // The row group says how it is sorted: series (device, sensor, unit), then time.
+        let sorted: Vec<String> = group
+            .sorting_columns()
+            .unwrap()
+            .iter()
+            .map(|c| {
+                assert!(!c.descending && c.nulls_first);
+                group.column(c.column_idx as usize).column_path().string()
+            })
+            .collect();
+        assert_eq!(sorted, ["device_id", "sensor", "unit", "ts"]);
+    }
+
+    #[test]
+    fn the_hash_column_is_kept_only_where_asked() {
+        let def = sensor();
+        let rows = landing_rows(&def, 50);
+        let range = OffsetRange { first: 0, last: 49 };
+        for (hash, width) in [
+            (HashColumn::None, None),
+            (HashColumn::Short, Some(16)),
+            (HashColumn::Full, Some(32)),
+        ] {
+            let data = encode(&def, hash, "t", 0, range, &rows).unwrap();
+            let reader = SerializedFileReader::new(data.clone()).unwrap();
+            let group = reader.metadata().row_group(0);
+            let column = group
+                .columns()
+                .iter()
+                .find(|c| c.column_path().string() == COL_CONTENT_HASH);
+            assert_eq!(column.is_some(), width.is_some(), "{hash:?}");
+            // The hashes come from the fields either way.
+            let hashes: Vec<_> = rows.iter().map(|(_, m)| m.hash).collect();
+            assert_eq!(newest(&data, 50).unwrap(), hashes, "{hash:?}");
         }
     }
 }

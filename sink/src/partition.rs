@@ -6,7 +6,7 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use anyhow::Context as _;
-use schemas::arrow::RowMeta;
+use schemas::arrow::{HashColumn, RowMeta};
 use schemas::window::{DigestWindow, digest};
 use schemas::{AtOnce, ContentHash, Hashing, RecordError, Row, StreamDef};
 
@@ -23,6 +23,8 @@ pub struct PartitionState {
     pub file: Option<OpenFile>,
     /// How the previous file's final size compared with its estimate.
     pub size_ratio: SizeRatio,
+    /// The `_content_hash` column of the partition's files (`landing.content_hash_bytes`).
+    pub hash_column: HashColumn,
     /// `sink_records_received_total` of the stream, registered once (not per message).
     pub received: metrics::Counter,
     /// `sink_adopted_records_total` of the stream, registered once: records read again below
@@ -292,8 +294,14 @@ impl PartitionState {
         let file = match &mut self.file {
             Some(file) => file,
             None => self.file.insert(
-                OpenFile::create(def, staging, targets, self.size_ratio)
-                    .context("cannot create a staged file")?,
+                OpenFile::create(
+                    def.clone(),
+                    self.hash_column,
+                    staging,
+                    targets,
+                    self.size_ratio,
+                )
+                .context("cannot create a staged file")?,
             ),
         };
         file.push(row, meta, payload.len())
@@ -321,6 +329,7 @@ impl PartitionState {
             partition,
             file: None,
             size_ratio: SizeRatio::default(),
+            hash_column: HashColumn::default(),
             received,
             adopted,
             duplicates,

@@ -123,6 +123,7 @@ fn changed(old: &SinkConfig, new: &SinkConfig, live: bool) -> Vec<&'static str> 
         ("kafka", old.kafka != new.kafka),
         ("store", old.store != new.store),
         ("key_prefix", old.key_prefix != new.key_prefix),
+        ("landing", old.landing != new.landing),
         ("dedupe_window", old.dedupe_window != new.dedupe_window),
         (
             "dedupe_memory_bytes",

@@ -97,7 +97,7 @@ async fn adoption_case(max_records: usize) {
         .iter()
         .map(|r| schemas::check(&def, r.clone()).unwrap().hash)
         .collect();
-    let landed = read_landing_dir(landing.path()).unwrap();
+    let landed = read_landing_dir(landing.path(), &example_defs()).unwrap();
     let verdict = compare(&expected, &landed);
     assert!(verdict.exactly_once(), "{verdict:?}");
     assert_eq!(landed.rows, 150);
@@ -308,7 +308,15 @@ fn file_of_offsets_0_to_39(
             (v.record, meta)
         })
         .collect();
-    encode(def, TOPIC, 0, OffsetRange { first: 0, last: 39 }, &rows).unwrap()
+    encode(
+        def,
+        schemas::arrow::HashColumn::None,
+        TOPIC,
+        0,
+        OffsetRange { first: 0, last: 39 },
+        &rows,
+    )
+    .unwrap()
 }
 
 fn hex_of(bytes: &[u8]) -> String {

@@ -64,7 +64,11 @@ async fn a_stream_defined_after_the_start_is_landed_without_a_restart() {
     sink.task.await.unwrap().unwrap();
     assert_eq!(sink.stats.records_written.load(Ordering::Relaxed), 230);
     assert_eq!(sink.stats.dead_letters.load(Ordering::Relaxed), 0);
-    let vehicles = read_landing_dir(&landing.path().join("landing/vehicle_telemetry")).unwrap();
+    let vehicles = read_landing_dir(
+        &landing.path().join("landing/vehicle_telemetry"),
+        &example_defs(),
+    )
+    .unwrap();
     assert_eq!(vehicles.rows, 30);
     assert_exactly_once(&readings, &landing.path().join("landing/sensor_readings"));
     drop(cluster);
@@ -178,7 +182,10 @@ async fn a_compatible_definition_change_is_taken_without_a_restart() {
         .map(|r| schemas::check(&def, r.clone()).unwrap().hash)
         .collect();
     let dir = landing.path().join("landing/sensor_readings");
-    let verdict = compare(&expected, &read_landing_dir(&dir).unwrap());
+    let verdict = compare(
+        &expected,
+        &read_landing_dir(&dir, &[std::sync::Arc::new(def)]).unwrap(),
+    );
     assert!(verdict.exactly_once(), "{verdict:?}");
     // pyarrow: files of version 1 without the column, files of version 2 with it, and every
     // reading that set it has its value there.

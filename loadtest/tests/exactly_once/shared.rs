@@ -73,3 +73,8 @@ pub(crate) fn walk(dir: &std::path::Path) -> Vec<std::path::PathBuf> {
     }
     out
 }
+
+/// Every stream of the repository's examples.
+pub(crate) fn example_defs() -> Vec<std::sync::Arc<schemas::StreamDef>> {
+    schemas::example_streams().iter().cloned().collect()
+}

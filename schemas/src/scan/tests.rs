@@ -174,9 +174,14 @@ fn rows_agree(def: &StreamDef, text: &[u8]) -> Result<bool, TestCaseError> {
                 for row in grouped {
                     prop_assert_eq!(group.get(row.hash), valid.hash);
                 }
-                let mut built = BatchBuilder::new(def, 1);
+                let mut built = BatchBuilder::new(def, crate::arrow::HashColumn::Full, 1);
                 built.push(&row, meta(valid.hash));
-                let expected = record_batch(def, &[(valid.record, meta(valid.hash))]).unwrap();
+                let expected = record_batch(
+                    def,
+                    crate::arrow::HashColumn::Full,
+                    &[(valid.record, meta(valid.hash))],
+                )
+                .unwrap();
                 built.finish().unwrap() == expected
             }
             (Err(a), Err(b)) => {
@@ -705,7 +710,7 @@ fn rows_land_as_their_records() {
 #[test]
 fn a_builder_makes_one_batch_per_finish() {
     let def = sensor();
-    let mut builder = BatchBuilder::new(&def, 2);
+    let mut builder = BatchBuilder::new(&def, crate::arrow::HashColumn::Full, 2);
     let lines = [
         r#"{"device_id":"a","sensor":"s","ts":1,"value":1,"tags":{"x":"1"}}"#,
         r#"{"device_id":"b\n","sensor":"s","ts":2,"value":2}"#,
@@ -728,7 +733,7 @@ fn a_builder_makes_one_batch_per_finish() {
         if i == 0 {
             assert_eq!(
                 builder.finish().unwrap(),
-                record_batch(&def, &records).unwrap()
+                record_batch(&def, crate::arrow::HashColumn::Full, &records).unwrap()
             );
             records.clear();
         }
@@ -736,7 +741,7 @@ fn a_builder_makes_one_batch_per_finish() {
     assert_eq!(builder.len(), 2);
     assert_eq!(
         builder.finish().unwrap(),
-        record_batch(&def, &records).unwrap()
+        record_batch(&def, crate::arrow::HashColumn::Full, &records).unwrap()
     );
     assert!(builder.is_empty());
 }
@@ -836,7 +841,7 @@ fn nested_columns_hold_each_rows_items() {
 
 /// One batch of `lines`, each pushed as a checked row.
 fn batch_of(def: &StreamDef, lines: &[String]) -> arrow::record_batch::RecordBatch {
-    let mut builder = BatchBuilder::new(def, lines.len());
+    let mut builder = BatchBuilder::new(def, crate::arrow::HashColumn::Full, lines.len());
     for (i, line) in lines.iter().enumerate() {
         let row = crate::check_bytes_row(def, line.as_bytes()).unwrap();
         assert!(matches!(row.fields, crate::RowFields::Scanned(_)), "{line}");

@@ -58,7 +58,7 @@ impl Worker {
                 start.offset,
             );
             let finished =
-                tokio::task::spawn_blocking(move || file.finish(&def, &topic, partition, range))
+                tokio::task::spawn_blocking(move || file.finish(&topic, partition, range))
                     .await?
                     .map_err(|e| {
                         let e = anyhow::Error::new(e).context("cannot finish a Parquet file");
@@ -206,7 +206,12 @@ impl Worker {
     ) -> anyhow::Result<()> {
         // Its offsets, and its first rows to compare with ours: a conflict (a topic created
         // again) differs from the first row on.
-        let read = || self.read_pages(object, &parquet_file::ROW_ID_COLUMNS, ADOPT_SAMPLE);
+        let def = match self.parts.get(key) {
+            Some(part) => part.def.clone(),
+            None => anyhow::bail!("partition state vanished"),
+        };
+        let columns = parquet_file::row_id_columns(&def);
+        let read = || self.read_pages(object, &columns, ADOPT_SAMPLE);
         let Some(existing) = self.with_retry(object, read).await else {
             // Shutting down while the store fails: the staged file is given up, and nothing of
             // the partition is committed after it (as when its upload is given up).
@@ -230,10 +235,10 @@ impl Worker {
             .context("partition state vanished")?;
         // The staged file is read once, off the reactor: the rows the object accounts for are
         // compared with its rows, and those past it go into a new open file.
-        let (def, staging, ratio) = (
-            part.def.clone(),
+        let (staging, ratio, hash) = (
             self.staging.path().to_path_buf(),
             part.size_ratio,
+            part.hash_column,
         );
         let (part_key, resume) = (part.key(), part.unwritten_from());
         let failed = move |e: parquet::errors::ParquetError, what: &str| StagingFailed {
@@ -245,20 +250,20 @@ impl Worker {
             let adopted = plan.offsets()?;
             let mut theirs = Vec::new();
             for batch in plan.read(size, pieces)? {
-                theirs.extend(parquet_file::row_ids_of(&batch)?);
+                theirs.extend(parquet_file::row_ids_of(&def, &batch, 0..batch.num_rows())?);
             }
-            let after = open_file::rows_after(&staged, adopted.last)
+            theirs.sort_unstable_by_key(|id| id.offset);
+            let after = open_file::rows_after(&def, &staged, adopted.last)
                 .map_err(|e| failed(e, "cannot read the staged file"))?;
             let differ = parquet_file::other_messages(&after.covered_ids, &theirs);
             if !differ.is_empty() || after.batches.is_empty() {
                 return Ok::<_, anyhow::Error>((adopted, differ, None, after));
             }
-            let rest = OpenFile::create(&def, &staging, targets, ratio).and_then(|mut file| {
-                for batch in &after.batches {
-                    file.write_batch(batch)?;
-                }
-                Ok(file)
-            });
+            let rest =
+                OpenFile::create(def, hash, &staging, targets, ratio).and_then(|mut file| {
+                    file.write_batches(&after.batches)?;
+                    Ok(file)
+                });
             let rest =
                 rest.map_err(|e| failed(e, "cannot stage the rows after an adopted file"))?;
             Ok((adopted, differ, Some(rest), after))

@@ -2,6 +2,7 @@
 //! files) and handling its records.
 
 use super::*;
+use schemas::StreamDef;
 
 impl Worker {
     /// Sets up the state of a partition the first time one of its messages arrives, with the
@@ -29,13 +30,14 @@ impl Worker {
         }
         tracing::debug!(topic = %key.0, partition = key.1, offset = msg.offset(), "opening partition");
         let mut state = PartitionState::new(def.clone(), key.0.clone(), key.1, capacity);
+        state.hash_column = self.config.landing.hash_column(&def.name);
         state.expect_from = expected;
         // The store failing, the window is warmed once it answers, before the partition is
         // read: read with a cold window, records re-sent since the files were written would
         // land again once the store is back. Nothing lands meanwhile anyway.
         let mut attempt = 0;
         loop {
-            match self.warm(&def.name, key.1, &mut state.window).await {
+            match self.warm(&def, key.1, &mut state.window).await {
                 Ok(n) => {
                     if n > 0 {
                         tracing::info!(topic = %key.0, partition = key.1, hashes = n, "warmed dedupe window");
@@ -116,14 +118,15 @@ impl Worker {
         def
     }
 
-    /// Loads the content hashes of the newest landing files of a partition (from the last
-    /// [`WARM_HOURS`] hour folders) into `window`, oldest first.
+    /// Loads the content hashes of the newest records of a partition's landing files (from the
+    /// last [`WARM_HOURS`] hour folders) into `window`, oldest first.
     pub(super) async fn warm(
         &mut self,
-        stream: &str,
+        def: &Arc<StreamDef>,
         partition: i32,
         window: &mut DigestWindow,
     ) -> anyhow::Result<usize> {
+        let stream = def.name.as_str();
         let mut newest_first: Vec<Vec<ContentHash>> = Vec::new();
         let mut total = 0;
         tracing::debug!(stream, partition, "warming dedupe window");
@@ -152,7 +155,8 @@ impl Worker {
                     break 'hours;
                 }
                 tracing::debug!(key, "reading content hashes");
-                let hashes = match self.last_hashes(&key, window.capacity() - total).await? {
+                let want = window.capacity() - total;
+                let hashes = match self.newest_hashes(def, &key, want).await? {
                     Ranged::Read(hashes) => hashes,
                     Ranged::Gone => continue,
                     Ranged::Unreadable(e) => {
@@ -173,34 +177,38 @@ impl Worker {
         Ok(total.min(window.capacity()))
     }
 
-    /// The content hashes of the last `want` rows of the landing file at `key` (all of them
-    /// when it has fewer), read by range ([`Worker::read_pages`]). Fails when the store does
-    /// (the caller retries).
-    pub(super) async fn last_hashes(
+    /// The content hashes of the `want` newest records of the landing file at `key` (all of
+    /// them when it has fewer), computed from their fields, oldest first: the last row groups
+    /// that hold them are read by range ([`Worker::read_pages`]), their offsets and hashed
+    /// fields. Fails when the store does (the caller retries).
+    pub(super) async fn newest_hashes(
         &self,
+        def: &Arc<StreamDef>,
         key: &str,
         want: usize,
     ) -> anyhow::Result<Ranged<Vec<ContentHash>>> {
-        let columns = [schemas::arrow::COL_CONTENT_HASH];
-        let (plan, pieces, size) = match self.read_pages(key, &columns, Rows::Last(want)).await? {
+        let columns = parquet_file::hash_columns(def);
+        let rows = Rows::LastGroups(want);
+        let (plan, pieces, size) = match self.read_pages(key, &columns, rows).await? {
             Ranged::Read(pages) => pages,
             Ranged::Gone => return Ok(Ranged::Gone),
             Ranged::Unreadable(e) => return Ok(Ranged::Unreadable(e)),
         };
-        let read =
-            tokio::task::spawn_blocking(move || parquet_file::hashes_of(&plan.read(size, pieces)?))
-                .await?;
+        let def = def.clone();
+        let read = tokio::task::spawn_blocking(move || {
+            parquet_file::newest_hashes(&def, &plan.read(size, pieces)?, want)
+        })
+        .await?;
         Ok(read.map_or_else(Ranged::Unreadable, Ranged::Read))
     }
 
     /// Reads `rows` of `columns` of the landing file at `key` by range: its footer and offset
     /// index (the last 64 KiB, more for a longer footer), then only the pages that hold them
-    /// ([`PagePlan`]). The whole object was read before: 128 MiB at the default file target,
-    /// for each partition a sink opened and for each object it adopted.
+    /// ([`PagePlan`]), never the whole object (up to 128 MiB at the default file target).
     pub(super) async fn read_pages(
         &self,
         key: &str,
-        columns: &[&'static str],
+        columns: &[String],
         rows: Rows,
     ) -> Result<Ranged<Pages>, StoreError> {
         let tail = self
