@@ -40,6 +40,8 @@ def settings(table):
         base, use_dictionary=True, use_byte_stream_split=floats)
     yield "dictionary strings and integers, byte_stream_split floats, delta times and offsets", dict(
         base, use_dictionary=strings + ints, column_encoding=dict(split, **delta))
+    yield "dictionary strings, integers and floats, delta times and offsets", dict(
+        base, use_dictionary=strings + ints + floats, column_encoding=delta)
     yield "dictionary strings, byte_stream_split floats, delta integers and times", dict(
         base, use_dictionary=strings,
         column_encoding=dict(split, **delta, **{f: "DELTA_BINARY_PACKED" for f in ints

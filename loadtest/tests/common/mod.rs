@@ -196,7 +196,7 @@ pub fn assert_landed_exactly(sent: &[Value], landed: &Value) {
         assert_eq!(f["nullable"]["device_id"], false);
         assert_eq!(f["nullable"]["unit"], true);
         // Every column zstd with statistics but the partition, one value a file that zstd's
-        // frame would only make larger; offsets and times as deltas, floats split in bytes.
+        // frame would only make larger; offsets and times as deltas, values in dictionaries.
         for (column, chunk) in f["columns"].as_object().unwrap() {
             let codec = if column == "_partition" {
                 "UNCOMPRESSED"
@@ -209,7 +209,7 @@ pub fn assert_landed_exactly(sent: &[Value], landed: &Value) {
         for (column, encoding) in [
             ("_offset", "DELTA_BINARY_PACKED"),
             ("ts", "DELTA_BINARY_PACKED"),
-            ("value", "BYTE_STREAM_SPLIT"),
+            ("value", "RLE_DICTIONARY"),
         ] {
             let encodings = &f["columns"][column]["encodings"];
             assert!(

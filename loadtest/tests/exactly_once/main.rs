@@ -180,7 +180,7 @@ async fn sinks_split_the_streams_by_selection() {
         .iter()
         .map(|r| schemas::check(def, r.clone()).unwrap().hash)
         .collect();
-    let vehicles = read_landing_dir(landings[1].path(), &[def.clone()]).unwrap();
+    let vehicles = read_landing_dir(landings[1].path(), std::slice::from_ref(def)).unwrap();
     assert!(compare(&expected, &vehicles).exactly_once());
     assert!(
         vehicles
@@ -684,7 +684,7 @@ fn assert_exactly_once(readings: &[serde_json::Value], landing: &std::path::Path
         .iter()
         .map(|r| schemas::check(def, r.clone()).unwrap().hash)
         .collect();
-    let landed = read_landing_dir(landing, &[def.clone()]).unwrap();
+    let landed = read_landing_dir(landing, std::slice::from_ref(def)).unwrap();
     let verdict = compare(&expected, &landed);
     assert!(verdict.exactly_once(), "{verdict:?}");
     landed
