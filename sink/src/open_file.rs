@@ -15,11 +15,10 @@ use parquet::errors::ParquetError;
 use schemas::arrow::{BatchBuilder, COL_INGEST_TS, COL_OFFSET, HashColumn, RowMeta};
 use schemas::{Row, StreamDef};
 
-use crate::parquet_file::{OffsetRange, RowId, file_metadata, row_ids_of, writer_properties};
+use crate::parquet_file::{
+    OffsetRange, ROW_GROUP_ROWS, RowId, file_metadata, row_ids_of, writer_properties,
+};
 use crate::store::Staged;
-
-/// Most rows in one row group, whatever their size.
-pub const ROW_GROUP_ROWS: usize = 1024 * 1024;
 
 /// Size targets of a landing file.
 #[derive(Debug, Clone, Copy)]

@@ -180,7 +180,7 @@ pub fn writer_properties(
         .set_statistics_enabled(EnabledStatistics::Page)
         .set_dictionary_enabled(true)
         .set_column_compression(ColumnPath::from(COL_PARTITION), Compression::UNCOMPRESSED)
-        .set_max_row_group_row_count(Some(crate::open_file::ROW_GROUP_ROWS))
+        .set_max_row_group_row_count(Some(ROW_GROUP_ROWS))
         .set_sorting_columns(Some(sorting_columns(def)))
         .build())
 }
@@ -247,6 +247,9 @@ pub fn partition_and_offset_of(key: &str, stream: &str) -> Option<(i32, i64)> {
     (partition >= 0 && partition.to_string() == digits).then_some(())?;
     Some((partition, offset.parse().ok()?))
 }
+
+/// Most rows in one row group, whatever their size.
+pub const ROW_GROUP_ROWS: usize = 1024 * 1024;
 
 /// Bytes read from the end of a landing file first: its footer (the metadata and the last 8
 /// bytes) fits in them unless the file has thousands of row groups.
