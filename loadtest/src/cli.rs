@@ -86,15 +86,15 @@ struct DemoArgs {
     timeout: u64,
     /// Bytes of each record's content hash the landing files keep (the sink's
     /// landing.content_hash_bytes): 0, 16 or 32.
-    #[arg(long, default_value_t = 0, value_parser = parse_hash_bytes)]
-    content_hash_bytes: usize,
+    #[arg(long, default_value = "0", value_parser = parse_hash_bytes)]
+    content_hash_bytes: schemas::arrow::HashColumn,
 }
 
 /// `--content-hash-bytes`: 0, 16 or 32.
-fn parse_hash_bytes(text: &str) -> Result<usize, String> {
+fn parse_hash_bytes(text: &str) -> Result<schemas::arrow::HashColumn, String> {
     text.parse::<usize>()
         .ok()
-        .filter(|&n| schemas::arrow::HashColumn::of_bytes(n).is_some())
+        .and_then(schemas::arrow::HashColumn::of_bytes)
         .ok_or_else(|| format!("{text:?} is not 0, 16 or 32"))
 }
 
@@ -398,7 +398,7 @@ async fn demo(
         landing,
         fleet: fleet.into(),
         timeout: Duration::from_secs(timeout),
-        hash_column: schemas::arrow::HashColumn::of_bytes(content_hash_bytes).unwrap_or_default(),
+        hash_column: content_hash_bytes,
     })
     .await?;
     println!("{summary}");

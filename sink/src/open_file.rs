@@ -5,18 +5,19 @@
 //! many partitions with large target files fit a small memory budget, a file closes at its
 //! target Parquet size, and each row group's rows lie in the order that compresses best.
 
+use std::collections::HashSet;
 use std::path::Path;
 use std::sync::{Arc, Mutex, PoisonError};
 
-use arrow::array::{Array, Int64Array, RecordBatch, TimestampMicrosecondArray};
+use arrow::array::{Array, RecordBatch, TimestampMicrosecondArray};
 use parquet::arrow::ArrowWriter;
 use parquet::arrow::arrow_reader::ParquetRecordBatchReaderBuilder;
 use parquet::errors::ParquetError;
-use schemas::arrow::{BatchBuilder, COL_INGEST_TS, COL_OFFSET, HashColumn, RowMeta};
+use schemas::arrow::{BatchBuilder, COL_INGEST_TS, HashColumn, RowMeta};
 use schemas::{Row, StreamDef};
 
 use crate::parquet_file::{
-    OffsetRange, ROW_GROUP_ROWS, RowId, file_metadata, row_ids_of, writer_properties,
+    OffsetRange, ROW_GROUP_ROWS, RowId, file_metadata, offset_column, row_ids_of, writer_properties,
 };
 use crate::store::Staged;
 
@@ -267,13 +268,21 @@ pub struct RowsAfter {
     pub first_ingest_ts: Option<i64>,
     /// Rows the adopted object accounts for (offsets up to its last).
     pub covered: u64,
-    /// What identifies those rows, to compare with the adopted object's.
+    /// What identifies those of them whose offsets were asked for, in offset order, to compare
+    /// with the adopted object's rows at the same offsets.
     pub covered_ids: Vec<RowId>,
 }
 
 /// The rows of a finished staged file with offsets after `last`: what is left to land after
-/// another sink's object was adopted.
-pub fn rows_after(def: &StreamDef, staged: &Staged, last: i64) -> Result<RowsAfter, ParquetError> {
+/// another sink's object was adopted. Of the rows up to `last`, only those at `compared`
+/// offsets (the rows read of the adopted object) are identified: a row's hash is computed from
+/// its fields, and the others would be computed for nothing.
+pub fn rows_after(
+    def: &StreamDef,
+    staged: &Staged,
+    last: i64,
+    compared: &HashSet<i64>,
+) -> Result<RowsAfter, ParquetError> {
     let file = staged
         .reopen()
         .map_err(|e| ParquetError::External(Box::new(e)))?;
@@ -288,14 +297,11 @@ pub fn rows_after(def: &StreamDef, staged: &Staged, last: i64) -> Result<RowsAft
     let mut first: Option<(i64, i64)> = None;
     for batch in reader {
         let batch = batch?;
-        let offsets = batch
-            .column_by_name(COL_OFFSET)
-            .and_then(|c| c.as_any().downcast_ref::<Int64Array>())
-            .ok_or_else(|| ParquetError::General("no offset column".into()))?;
-        let covered: Vec<usize> = (0..batch.num_rows())
-            .filter(|&row| offsets.value(row) <= last)
+        let offsets = offset_column(&batch)?;
+        let compare: Vec<usize> = (0..batch.num_rows())
+            .filter(|&row| offsets.value(row) <= last && compared.contains(&offsets.value(row)))
             .collect();
-        out.covered_ids.extend(row_ids_of(def, &batch, covered)?);
+        out.covered_ids.extend(row_ids_of(def, &batch, compare)?);
         let ingest = batch
             .column_by_name(COL_INGEST_TS)
             .and_then(|c| c.as_any().downcast_ref::<TimestampMicrosecondArray>())

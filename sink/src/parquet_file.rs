@@ -464,7 +464,8 @@ pub fn newest_hashes(
     Ok(hashes.into_iter().map(|(_, hash)| hash).collect())
 }
 
-fn offset_column(batch: &RecordBatch) -> Result<&Int64Array, ParquetError> {
+/// A landing batch's `_offset` column.
+pub(crate) fn offset_column(batch: &RecordBatch) -> Result<&Int64Array, ParquetError> {
     batch
         .column_by_name(COL_OFFSET)
         .and_then(|c| c.as_any().downcast_ref::<Int64Array>())

@@ -253,7 +253,8 @@ impl Worker {
                 theirs.extend(parquet_file::row_ids_of(&def, &batch, 0..batch.num_rows())?);
             }
             theirs.sort_unstable_by_key(|id| id.offset);
-            let after = open_file::rows_after(&def, &staged, adopted.last)
+            let compared = theirs.iter().map(|id| id.offset).collect();
+            let after = open_file::rows_after(&def, &staged, adopted.last, &compared)
                 .map_err(|e| failed(e, "cannot read the staged file"))?;
             let differ = parquet_file::other_messages(&after.covered_ids, &theirs);
             if !differ.is_empty() || after.batches.is_empty() {
