@@ -172,6 +172,10 @@ pub async fn put_stream_in_force(
 /// Builds the router: the ingest API, plus `/metrics`, `/healthz` and `/readyz` when `admin` is
 /// given (they are served on the API's listener).
 pub fn router(state: Arc<AppState>, admin: Option<Health>) -> Router {
+    let drain = service_kit::http::drain::Drain {
+        max_bytes: state.limits.max_body_bytes,
+        max_time: std::time::Duration::from_millis(state.limits.request_timeout_ms),
+    };
     let api = Router::new()
         .route("/v1/streams/{stream}/records", post(api::ingest))
         .with_state(state)
@@ -182,6 +186,11 @@ pub fn router(state: Arc<AppState>, admin: Option<Health>) -> Router {
     }
     .fallback(api::not_found)
     .method_not_allowed_fallback(api::method_not_allowed)
+    // A refused body is read to its end (to a bound) so that the client sees the answer.
+    .layer(middleware::from_fn_with_state(
+        drain,
+        service_kit::http::drain::drain_unread,
+    ))
     .layer(middleware::from_fn(track_requests))
     // Outermost: every request gets an `x-request-id` (the client's own, or a new UUID), and
     // every answer carries it back, for a client to quote and the logs to find.

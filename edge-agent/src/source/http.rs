@@ -195,6 +195,14 @@ pub fn router(
         .route("/v1/streams/{stream}/records", post(ingest))
         .layer(DefaultBodyLimit::max(max_body_bytes))
         .with_state(local)
+        // A refused body is read to its end (to a bound) so that the client sees the answer.
+        .layer(axum::middleware::from_fn_with_state(
+            service_kit::http::drain::Drain {
+                max_bytes: max_body_bytes,
+                max_time: std::time::Duration::from_secs(10),
+            },
+            service_kit::http::drain::drain_unread,
+        ))
 }
 
 /// Serves the local ingest port until `shutdown`, over TLS when `tls` is given.
