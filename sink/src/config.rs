@@ -63,6 +63,9 @@ pub struct SinkConfig {
     /// did not deliver them): `stop` there, or `skip` them with a note.
     #[serde(default)]
     pub on_offset_gap: OffsetGapPolicy,
+    /// Commit the landing files to an Iceberg table per stream (absent: plain files only).
+    #[serde(default)]
+    pub table: Option<crate::table::TableConfig>,
 }
 
 /// What a partition does at an offset gap: the records from the offset it needs next up to the
@@ -141,6 +144,7 @@ impl Default for SinkConfig {
             memory_budget_bytes: default_memory_budget(),
             upload: UploadConfig::default(),
             on_offset_gap: OffsetGapPolicy::default(),
+            table: None,
         }
     }
 }

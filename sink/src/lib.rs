@@ -16,6 +16,7 @@ pub mod redrive;
 pub mod reload;
 pub mod staging;
 pub mod store;
+pub mod table;
 mod worker;
 
 pub use worker::{READY_GROUP, window_capacity};
@@ -305,6 +306,9 @@ impl ConsumerContext for SinkContext {
 pub fn check(config: &SinkConfig, streams: Streams) -> anyhow::Result<Vec<String>> {
     let streams = config.select_streams(streams)?;
     config.landing.check(&streams)?;
+    if let Some(table) = &config.table {
+        table.check()?;
+    }
     let mut client = ClientConfig::new();
     service_kit::kafka::security::apply(
         &mut client,
@@ -326,6 +330,13 @@ pub async fn start(
     config.landing.check(&streams)?;
     m::register(&streams);
     let store = ObjectStore::from_config(&config.store).await?;
+    let tables = match &config.table {
+        Some(table) => {
+            table.check()?;
+            Some(table::Tables::open(table, store.clone(), &config.key_prefix).await?)
+        }
+        None => None,
+    };
     let staging_root = store.staging_dir(&config.upload.staging_dir);
     let staging = staging::Staging::create(&staging_root).with_context(|| {
         format!(
@@ -417,6 +428,7 @@ pub async fn start(
         stats.clone(),
         shutdown,
         (staging, staging_budget),
+        tables,
     );
     Ok(Sink {
         task: tokio::spawn(worker.run()),

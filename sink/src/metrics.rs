@@ -27,6 +27,16 @@ pub const OFFSETS_SKIPPED: &str = "sink_offsets_skipped_total";
 /// Partitions of a stream that this sink holds stopped at an offset gap
 /// (`on_offset_gap = "stop"`): they land nothing until an operator decides.
 pub const GAP_STOPPED: &str = "sink_partitions_stopped_at_gap";
+/// Appends to a stream's Iceberg table (`[table]`), by result: `committed`, `conflict` (another
+/// writer committed first; built again on its version) or `failed` (retried at the next tick).
+pub const TABLE_COMMITS: &str = "sink_table_commits_total";
+/// Landed files and their records registered in a stream's table.
+pub const TABLE_FILES: &str = "sink_table_files_committed_total";
+pub const TABLE_RECORDS: &str = "sink_table_records_committed_total";
+/// Seconds since the oldest file this sink landed and has not yet committed to its table was
+/// landed (0 when none waits): the table's staleness on top of the files'.
+pub const TABLE_COMMIT_LAG: &str = "sink_table_commit_lag_seconds";
+pub const TABLE_COMMIT_DURATION: &str = "sink_table_commit_duration_seconds";
 pub const CONSUMER_LAG: &str = "sink_consumer_lag_records";
 pub const BUFFERED_BYTES: &str = "sink_buffered_bytes";
 /// Bytes of open files written to their staged files so far, over all partitions (at most about
@@ -99,7 +109,16 @@ pub fn register_stream(def: &schemas::StreamDef) {
         OFFSETS_SKIPPED,
     ];
     zero_counters(&counters, &labels);
-    set_gauges(&[GAP_STOPPED, DEFINITION_REFUSED], 0.0, &labels);
+    set_gauges(
+        &[GAP_STOPPED, DEFINITION_REFUSED, TABLE_COMMIT_LAG],
+        0.0,
+        &labels,
+    );
+    zero_counters(&[TABLE_FILES, TABLE_RECORDS], &labels);
+    for result in ["committed", "conflict", "failed"] {
+        let labels = [("stream", def.name.clone()), ("result", result.to_owned())];
+        zero_counters(&[TABLE_COMMITS], &labels);
+    }
     for result in ["taken", "refused"] {
         let labels = [("stream", def.name.clone()), ("result", result.to_owned())];
         zero_counters(&[DEFINITION_CHANGES], &labels);

@@ -400,6 +400,11 @@ impl PagePlan {
         })
     }
 
+    /// The file's rows.
+    pub fn rows(&self) -> u64 {
+        self.metadata.metadata().file_metadata().num_rows().max(0) as u64
+    }
+
     /// The offset range the file's metadata gives.
     pub fn offsets(&self) -> Result<OffsetRange, ParquetError> {
         offsets_of(self.metadata.metadata().file_metadata())

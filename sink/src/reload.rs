@@ -130,6 +130,7 @@ fn changed(old: &SinkConfig, new: &SinkConfig, live: bool) -> Vec<&'static str> 
             old.dedupe_memory_bytes != new.dedupe_memory_bytes,
         ),
         ("on_offset_gap", old.on_offset_gap != new.on_offset_gap),
+        ("table", old.table != new.table),
     ];
     settings
         .into_iter()

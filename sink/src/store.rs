@@ -236,6 +236,27 @@ impl ObjectStore {
         }
     }
 
+    /// The URI of the object at `key`, as a table lists it: `s3://bucket/key`, or
+    /// `file:///key` under the directory's absolute path.
+    pub fn uri(&self, key: &str) -> String {
+        match self {
+            ObjectStore::Local(root) => {
+                let root = std::path::absolute(root).unwrap_or_else(|_| root.clone());
+                format!(
+                    "file://{}/{key}",
+                    root.display().to_string().trim_end_matches('/')
+                )
+            }
+            ObjectStore::S3 { bucket, .. } => format!("s3://{bucket}/{key}"),
+        }
+    }
+
+    /// The key of an object by its URI ([`ObjectStore::uri`]); `None` for a URI elsewhere.
+    pub fn key_of(&self, uri: &str) -> Option<String> {
+        let base = self.uri("");
+        uri.strip_prefix(&base).map(str::to_owned)
+    }
+
     /// Creates `key` with `data` unless an object with that key exists.
     pub async fn put_if_absent(&self, key: &str, data: Bytes) -> Result<PutOutcome, StoreError> {
         match self {
@@ -575,6 +596,28 @@ impl ObjectStore {
                     }));
                 }
                 Ok(out)
+            }
+        }
+    }
+
+    /// Removes the object at `key` (nothing when there is none).
+    pub async fn delete(&self, key: &str) -> Result<(), StoreError> {
+        match self {
+            ObjectStore::Local(root) => match tokio::fs::remove_file(root.join(key)).await {
+                Err(e) if e.kind() != std::io::ErrorKind::NotFound => Err(StoreError::retryable(
+                    format!("remove {}: {e}", root.join(key).display()),
+                )),
+                _ => Ok(()),
+            },
+            ObjectStore::S3 { client, bucket, .. } => {
+                client
+                    .delete_object()
+                    .bucket(bucket)
+                    .key(key)
+                    .send()
+                    .await
+                    .map_err(|e| s3_error("delete", key, e))?;
+                Ok(())
             }
         }
     }

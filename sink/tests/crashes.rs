@@ -13,10 +13,9 @@ use std::time::{Duration, Instant};
 
 use rand::rngs::SmallRng;
 use rand::{Rng, SeedableRng};
-use rdkafka::consumer::{BaseConsumer, Consumer};
+use rdkafka::ClientConfig;
 use rdkafka::mocking::MockCluster;
 use rdkafka::producer::FutureProducer;
-use rdkafka::{ClientConfig, Offset, TopicPartitionList};
 
 const TOPIC: &str = "ingest.sensor_readings";
 const PARTITIONS: i32 = 4;
@@ -72,42 +71,13 @@ async fn land_exactly_once(
     sent: &[serde_json::Value],
 ) {
     wait_caught_up(bootstrap, &mut sinks, dir).await;
-    stop_gracefully(sinks);
+    support::stop_gracefully(sinks);
     let landed = common::pyarrow_s3(s3, bucket, "landing/");
     common::assert_landed_exactly(sent, &landed);
 }
 
-/// Whether the group committed every partition of the topic up to its high watermark.
 fn caught_up(bootstrap: &str) -> bool {
-    let consumer: BaseConsumer = ClientConfig::new()
-        .set("bootstrap.servers", bootstrap)
-        .set("group.id", GROUP)
-        .create()
-        .unwrap();
-    let Ok(metadata) = consumer.fetch_metadata(Some(TOPIC), Duration::from_secs(5)) else {
-        return false;
-    };
-    let partitions = metadata
-        .topics()
-        .first()
-        .map_or(0, |t| t.partitions().len()) as i32;
-    let mut list = TopicPartitionList::new();
-    for p in 0..partitions {
-        list.add_partition(TOPIC, p);
-    }
-    let Ok(committed) = consumer.committed_offsets(list, Duration::from_secs(5)) else {
-        return false;
-    };
-    partitions > 0
-        && (0..partitions).all(|p| {
-            let high = consumer
-                .fetch_watermarks(TOPIC, p, Duration::from_secs(5))
-                .map_or(i64::MAX, |(_, high)| high);
-            matches!(
-                committed.find_partition(TOPIC, p).map(|e| e.offset()),
-                Some(Offset::Offset(o)) if o >= high
-            )
-        })
+    support::caught_up(bootstrap, GROUP, TOPIC)
 }
 
 /// A sink config on `dir` (staging under it) for the mock cluster at `bootstrap` and the bucket.
@@ -165,38 +135,7 @@ staging_dir = "{staging}"
 /// Waits until the group committed every partition to its end (two minutes at most), checking
 /// that no sink exited meanwhile.
 async fn wait_caught_up(bootstrap: &str, sinks: &mut [Child], dir: &Path) {
-    let deadline = Instant::now() + Duration::from_secs(120);
-    loop {
-        let done = {
-            let bootstrap = bootstrap.to_owned();
-            tokio::task::spawn_blocking(move || caught_up(&bootstrap))
-                .await
-                .unwrap()
-        };
-        if done {
-            return;
-        }
-        for (i, s) in sinks.iter_mut().enumerate() {
-            assert!(s.try_wait().unwrap().is_none(), "sink {i} exited");
-        }
-        assert!(
-            Instant::now() < deadline,
-            "the sinks did not commit everything; logs in {}",
-            dir.display()
-        );
-        tokio::time::sleep(Duration::from_millis(500)).await;
-    }
-}
-
-/// SIGTERM, a graceful stop, and each sink must exit successfully.
-fn stop_gracefully(sinks: Vec<Child>) {
-    for mut s in sinks {
-        Command::new("kill")
-            .arg(s.id().to_string())
-            .status()
-            .unwrap();
-        assert!(s.wait().unwrap().success());
-    }
+    support::wait_caught_up(bootstrap, (GROUP, TOPIC), sinks, dir).await;
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -244,7 +183,7 @@ async fn sinks_killed_at_random_points_land_every_record_exactly_once() {
     assert!(kills >= 3, "only {kills} kills");
 
     wait_caught_up(&bootstrap, &mut sinks, dir.path()).await;
-    stop_gracefully(sinks);
+    support::stop_gracefully(sinks);
     // The killed sinks' staged files were removed by the sinks started after them (their
     // folders' locks were free), the others' by their graceful stops.
     let left: Vec<_> = std::fs::read_dir(dir.path().join("staging"))
@@ -318,7 +257,7 @@ async fn stopped_during_an_s3_outage(signal: &str) {
         // Once one write is given up, the other partitions' are not tried: the stop took
         // every partition's retries before (26 s here, against 2 s).
         let asked = Instant::now();
-        stop_gracefully(vec![sink]);
+        support::stop_gracefully(vec![sink]);
         let took = asked.elapsed();
         assert!(took < Duration::from_secs(12), "the stop took {took:?}");
     }
@@ -479,7 +418,7 @@ async fn a_joining_sink_takes_only_the_partitions_that_move() {
 
     // The first sink stops: the second takes its partitions and keeps its own.
     support::produce(&producer, TOPIC, &sent[1_000..]).await;
-    stop_gracefully(vec![sinks.remove(0)]);
+    support::stop_gracefully(vec![sinks.remove(0)]);
     tokio::task::block_in_place(|| wait_for(&log_b, "partition assigned", 4));
     assert!(
         logged_partitions(&log_b, "partition revoked").is_empty(),

@@ -93,6 +93,10 @@ impl Worker {
                         .fetch_add(rows as u64, Ordering::Relaxed);
                     self.stats.files_written.fetch_add(1, Ordering::Relaxed);
                     part.range_start = None;
+                    let landed = self.landed_file(key, &object, range, rows as u64, size);
+                    if let (Some(tables), Some(landed)) = (&mut self.tables, landed) {
+                        tables.landed(landed);
+                    }
                     self.staging_recovered(key);
                     tracing::debug!(
                         object,
@@ -247,14 +251,14 @@ impl Worker {
             error: anyhow::Error::new(e).context(what.to_owned()),
         };
         let read = tokio::task::spawn_blocking(move || {
-            let adopted = plan.offsets()?;
+            let adopted = (plan.offsets()?, plan.rows());
             let mut theirs = Vec::new();
             for batch in plan.read(size, pieces)? {
                 theirs.extend(parquet_file::row_ids_of(&def, &batch, 0..batch.num_rows())?);
             }
             theirs.sort_unstable_by_key(|id| id.offset);
             let compared = theirs.iter().map(|id| id.offset).collect();
-            let after = open_file::rows_after(&def, &staged, adopted.last, &compared)
+            let after = open_file::rows_after(&def, &staged, adopted.0.last, &compared)
                 .map_err(|e| failed(e, "cannot read the staged file"))?;
             let differ = parquet_file::other_messages(&after.covered_ids, &theirs);
             if !differ.is_empty() || after.batches.is_empty() {
@@ -270,7 +274,7 @@ impl Worker {
             Ok((adopted, differ, Some(rest), after))
         })
         .await?;
-        let (adopted, differ, rest, after) = match read {
+        let ((adopted, adopted_rows), differ, rest, after) = match read {
             Ok(read) => read,
             Err(e) => match e.downcast::<StagingFailed>() {
                 Ok(failed) => return Err(failed.into()),
@@ -298,6 +302,10 @@ impl Worker {
         self.stats.count_adopted(part, after.covered);
         part.adopt_through(adopted.last, after.first_ingest_ts);
         part.file = rest;
+        let landed = self.landed_file(key, object, adopted, adopted_rows, size);
+        if let (Some(tables), Some(landed)) = (&mut self.tables, landed) {
+            tables.landed(landed);
+        }
         Ok(())
     }
 
@@ -361,9 +369,48 @@ impl Worker {
         }
     }
 
-    /// Commits the partition's next offset. A failed commit is logged and retried once the
-    /// partition is idle: the records are durable, and whoever reads them meanwhile adopts the
-    /// existing object.
+    /// A file of the partition landed at `object` (written or adopted), as its table lists it.
+    fn landed_file(
+        &self,
+        key: &PartKey,
+        object: &str,
+        range: parquet_file::OffsetRange,
+        rows: u64,
+        size: u64,
+    ) -> Option<table::Landed> {
+        self.tables.as_ref()?;
+        let part = self.parts.get(key)?;
+        Some(table::Landed {
+            def: part.def.clone(),
+            hash: part.hash_column,
+            topic: part.topic.clone(),
+            partition: part.partition,
+            first: range.first,
+            last: range.last,
+            key: object.to_owned(),
+            rows,
+            size,
+            landed_at: Instant::now(),
+        })
+    }
+
+    /// Appends the landed files to their tables, then commits the offsets of the partitions
+    /// whose files went in.
+    pub(super) async fn commit_tables(&mut self) {
+        let Some(tables) = &mut self.tables else {
+            return;
+        };
+        for (topic, partition) in tables.commit().await {
+            let key = (topic, partition);
+            if self.parts.contains_key(&key) {
+                self.commit(&key).await;
+            }
+        }
+    }
+
+    /// Commits the partition's next offset, with `[table]` no further than its oldest file not
+    /// yet in its table. A failed commit is logged and retried once the partition is idle: the
+    /// records are durable, and whoever reads them meanwhile adopts the existing object.
     pub(super) async fn commit(&mut self, key: &PartKey) {
         if self.commits_given_up {
             return;
@@ -371,9 +418,19 @@ impl Worker {
         let Some(part) = self.parts.get_mut(key) else {
             return;
         };
-        let Some(next) = part.next_offset else {
+        let Some(mut next) = part.next_offset else {
             return;
         };
+        if let Some(held) = self
+            .tables
+            .as_ref()
+            .and_then(|t| t.held_from(&part.topic, part.partition))
+        {
+            next = next.min(held);
+            if part.committed == Some(next) {
+                return;
+            }
+        }
         let mut list = TopicPartitionList::new();
         if let Err(e) = list.add_partition_offset(&part.topic, part.partition, Offset::Offset(next))
         {

@@ -79,6 +79,8 @@ pub(crate) struct Worker {
     /// Partitions stopped at an offset gap (`on_offset_gap = "stop"`), paused until the policy
     /// becomes `skip` or they are revoked.
     gap_stopped: HashMap<PartKey, Gap>,
+    /// The streams' Iceberg tables (`[table]`): files landed and not yet committed to them.
+    tables: Option<table::Tables>,
 }
 
 /// An offset gap: the partition of `stream` needed offset `next` and got `got`.
@@ -232,6 +234,7 @@ impl Worker {
         stats: Arc<SinkStats>,
         shutdown: CancellationToken,
         (staging, staging_budget): (staging::Staging, u64),
+        tables: Option<table::Tables>,
     ) -> Worker {
         Worker {
             consumer,
@@ -261,6 +264,7 @@ impl Worker {
             resume_at: HashMap::new(),
             committed_read: None,
             gap_stopped: HashMap::new(),
+            tables,
         }
     }
 
@@ -294,6 +298,11 @@ impl Worker {
                     for (key, reason) in due {
                         let flushed = self.flush(&key, reason).await;
                         self.recover(flushed).await?;
+                    }
+                    if self.tables.as_ref().is_some_and(table::Tables::due) {
+                        self.commit_tables().await;
+                    } else if let Some(tables) = &self.tables {
+                        tables.report_lag();
                     }
                 }
                 msg = messages.next() => {
@@ -329,6 +338,9 @@ impl Worker {
         for key in keys {
             let flushed = self.flush(&key, FlushReason::Shutdown).await;
             self.recover(flushed).await?;
+        }
+        if self.tables.is_some() {
+            self.commit_tables().await;
         }
         tracing::info!("sink stopped");
         Ok(())

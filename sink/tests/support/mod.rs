@@ -114,3 +114,81 @@ pub async fn check_ranges(store: &sink::store::ObjectStore) {
         .unwrap();
     assert!(none.is_none());
 }
+
+/// Whether `group` committed every partition of `topic` up to its high watermark.
+pub fn caught_up(bootstrap: &str, group: &str, topic: &str) -> bool {
+    use rdkafka::consumer::{BaseConsumer, Consumer};
+    use rdkafka::{ClientConfig, Offset, TopicPartitionList};
+    let consumer: BaseConsumer = ClientConfig::new()
+        .set("bootstrap.servers", bootstrap)
+        .set("group.id", group)
+        .create()
+        .unwrap();
+    let Ok(metadata) = consumer.fetch_metadata(Some(topic), Duration::from_secs(5)) else {
+        return false;
+    };
+    let partitions = metadata
+        .topics()
+        .first()
+        .map_or(0, |t| t.partitions().len()) as i32;
+    let mut list = TopicPartitionList::new();
+    for p in 0..partitions {
+        list.add_partition(topic, p);
+    }
+    let Ok(committed) = consumer.committed_offsets(list, Duration::from_secs(5)) else {
+        return false;
+    };
+    partitions > 0
+        && (0..partitions).all(|p| {
+            let high = consumer
+                .fetch_watermarks(topic, p, Duration::from_secs(5))
+                .map_or(i64::MAX, |(_, high)| high);
+            matches!(
+                committed.find_partition(topic, p).map(|e| e.offset()),
+                Some(Offset::Offset(o)) if o >= high
+            )
+        })
+}
+
+/// SIGTERM, a graceful stop, and each sink must exit successfully.
+pub fn stop_gracefully(sinks: Vec<std::process::Child>) {
+    for mut s in sinks {
+        std::process::Command::new("kill")
+            .arg(s.id().to_string())
+            .status()
+            .unwrap();
+        assert!(s.wait().unwrap().success());
+    }
+}
+
+/// Waits until the group committed every partition to its end (two minutes at most), checking
+/// that no sink exited meanwhile.
+pub async fn wait_caught_up(
+    bootstrap: &str,
+    (group, topic): (&str, &str),
+    sinks: &mut [std::process::Child],
+    dir: &std::path::Path,
+) {
+    let deadline = std::time::Instant::now() + Duration::from_secs(120);
+    loop {
+        let done = {
+            let (bootstrap, group, topic) =
+                (bootstrap.to_owned(), group.to_owned(), topic.to_owned());
+            tokio::task::spawn_blocking(move || caught_up(&bootstrap, &group, &topic))
+                .await
+                .unwrap()
+        };
+        if done {
+            return;
+        }
+        for (i, s) in sinks.iter_mut().enumerate() {
+            assert!(s.try_wait().unwrap().is_none(), "sink {i} exited");
+        }
+        assert!(
+            std::time::Instant::now() < deadline,
+            "the sinks did not commit everything; logs in {}",
+            dir.display()
+        );
+        tokio::time::sleep(Duration::from_millis(500)).await;
+    }
+}

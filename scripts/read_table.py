@@ -1,0 +1,91 @@
+#!/usr/bin/env python3
+"""Independent reader of a stream's Iceberg table: opens the sink's SQL catalog with pyiceberg's
+SqlCatalog, scans the table's current snapshot (no listing of folders) and prints one JSON
+document: every row (timestamps as epoch microseconds), the table's schema (field ids, names,
+types), its snapshots and the summary of the current one. DuckDB's iceberg extension reads the
+same snapshot ("duckdb": its row count, non-null count of every column and sum of _offset)."""
+import argparse
+import glob
+import json
+import os
+import sys
+
+import pyarrow as pa
+from pyiceberg.catalog.sql import SqlCatalog
+
+
+def to_json_value(v):
+    if isinstance(v, bytes):
+        return v.hex()
+    if isinstance(v, list):
+        return [to_json_value(x) for x in v]
+    if isinstance(v, dict):
+        return {k: to_json_value(x) for k, x in v.items()}
+    return v
+
+
+def main():
+    p = argparse.ArgumentParser(description=__doc__)
+    p.add_argument("--catalog", required=True, help="the SQLite file of the catalog, or a SQLAlchemy URL")
+    p.add_argument("--catalog-name", default="edge_ingest")
+    p.add_argument("--namespace", default="landing")
+    p.add_argument("--table", required=True)
+    p.add_argument("--s3-endpoint", help="S3 endpoint of the table's files (moto in the tests)")
+    p.add_argument("--files-only", action="store_true", help="list the files, do not read them")
+    args = p.parse_args()
+    uri = args.catalog if "://" in args.catalog else f"sqlite:///{args.catalog}"
+    props = {"uri": uri}
+    if args.s3_endpoint:
+        props.update({"s3.endpoint": args.s3_endpoint, "s3.region": "us-east-1",
+                      "s3.access-key-id": "test", "s3.secret-access-key": "test"})
+    catalog = SqlCatalog(args.catalog_name, **props)
+    table = catalog.load_table(f"{args.namespace}.{args.table}")
+    data = table.scan().to_arrow() if not args.files_only else pa.table({})
+    for i, field in enumerate(data.schema):
+        if pa.types.is_timestamp(field.type):
+            data = data.set_column(i, field.name, data.column(i).cast(pa.int64()))
+    rows = []
+    for row in data.to_pylist():
+        if "tags" in row and isinstance(row["tags"], list):
+            row["tags"] = dict(row["tags"])
+        rows.append(to_json_value(row))
+    current = table.current_snapshot()
+    files = [task.file.file_path for task in table.scan().plan_files()]
+    out = {
+        "rows": rows,
+        "files": files,
+        "schema": [{"id": f.field_id, "name": f.name, "type": str(f.field_type), "required": f.required}
+                   for f in table.schema().fields],
+        "sort_order": [table.schema().find_column_name(f.source_id) for f in table.sort_order().fields],
+        "snapshots": len(table.metadata.snapshots),
+        "summary": dict(current.summary.additional_properties) if current else {},
+        "manifests": len(current.manifests(table.io)) if current else 0,
+        "metadata_log": len(table.metadata.metadata_log),
+        "metadata_location": table.metadata_location,
+    }
+    if not args.files_only:
+        out["duckdb"] = read_with_duckdb(table.metadata_location)
+    json.dump(out, sys.stdout)
+
+
+def read_with_duckdb(metadata_location):
+    """DuckDB's view of the table's current snapshot, with the avro and iceberg extensions of the
+    PyPI packages (no download)."""
+    import duckdb
+    import duckdb_extension_avro
+    import duckdb_extension_iceberg
+
+    db = duckdb.connect()
+    for package in (duckdb_extension_avro, duckdb_extension_iceberg):
+        root = os.path.join(os.path.dirname(package.__file__), "extensions")
+        db.execute(f"LOAD '{glob.glob(os.path.join(root, '*', '*.duckdb_extension'))[0]}'")
+    source = f"iceberg_scan('{metadata_location}')"
+    columns = [r[0] for r in db.execute(f"DESCRIBE SELECT * FROM {source}").fetchall()]
+    counts = ", ".join(f'count("{c}")' for c in columns)
+    row = db.execute(f'SELECT count(*), sum("_offset"), {counts} FROM {source}').fetchone()
+    return {"rows": row[0], "offset_sum": int(row[1] or 0),
+            "non_null": dict(zip(columns, row[2:]))}
+
+
+if __name__ == "__main__":
+    main()

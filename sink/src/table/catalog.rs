@@ -1,0 +1,219 @@
+//! The SQL catalog: which metadata file is each table's current one, in a SQLite file or a
+//! PostgreSQL database.
+//!
+//! The tables are those of the JDBC catalog that Spark, Trino, Flink and pyiceberg's
+//! `SqlCatalog` read (`iceberg_tables`, `iceberg_namespace_properties`), so any of them opens the
+//! same catalog by its URL and `catalog_name`. A commit is one conditional `UPDATE`: it moves a
+//! table's metadata location only from the one the commit was built on, so of two writers
+//! building on the same version one wins and the other builds again.
+
+use sqlx::AnyPool;
+use sqlx::any::AnyPoolOptions;
+
+/// A SQL catalog: a pool of connections and the catalog's name in its tables.
+#[derive(Debug, Clone)]
+pub struct Catalog {
+    pool: AnyPool,
+    name: String,
+}
+
+/// The URL sqlx opens for `catalog`: a `postgres://` or `sqlite:` URL as given, anything else
+/// a SQLite file (created when missing).
+pub fn url_of(catalog: &str) -> String {
+    if catalog.starts_with("postgres://")
+        || catalog.starts_with("postgresql://")
+        || catalog.starts_with("sqlite:")
+    {
+        catalog.to_owned()
+    } else {
+        format!("sqlite://{catalog}?mode=rwc")
+    }
+}
+
+const CREATE_TABLES: &str = "CREATE TABLE IF NOT EXISTS iceberg_tables (
+    catalog_name VARCHAR(255) NOT NULL,
+    table_namespace VARCHAR(255) NOT NULL,
+    table_name VARCHAR(255) NOT NULL,
+    metadata_location VARCHAR(1000),
+    previous_metadata_location VARCHAR(1000),
+    PRIMARY KEY (catalog_name, table_namespace, table_name))";
+
+const CREATE_NAMESPACES: &str = "CREATE TABLE IF NOT EXISTS iceberg_namespace_properties (
+    catalog_name VARCHAR(255) NOT NULL,
+    namespace VARCHAR(255) NOT NULL,
+    property_key VARCHAR(255) NOT NULL,
+    property_value VARCHAR(1000) NOT NULL,
+    PRIMARY KEY (catalog_name, namespace, property_key))";
+
+impl Catalog {
+    /// Connects and creates the catalog's tables where they are missing.
+    pub async fn connect(catalog: &str, name: &str) -> anyhow::Result<Catalog> {
+        sqlx::any::install_default_drivers();
+        let url = url_of(catalog);
+        let pool = AnyPoolOptions::new()
+            .max_connections(2)
+            .connect(&url)
+            .await
+            .map_err(|e| anyhow::anyhow!("cannot open the table catalog {}: {e}", redact(&url)))?;
+        for statement in [CREATE_TABLES, CREATE_NAMESPACES] {
+            sqlx::query(statement).execute(&pool).await?;
+        }
+        Ok(Catalog {
+            pool,
+            name: name.to_owned(),
+        })
+    }
+
+    /// Makes `namespace` exist (a property row, as other catalog clients write it).
+    pub async fn create_namespace(&self, namespace: &str) -> anyhow::Result<()> {
+        let exists = sqlx::query(
+            "SELECT 1 FROM iceberg_namespace_properties WHERE catalog_name = $1 AND namespace = $2",
+        )
+        .bind(&self.name)
+        .bind(namespace)
+        .fetch_optional(&self.pool)
+        .await?;
+        if exists.is_none() {
+            // Two sinks starting at once both insert: the loser's row is the winner's.
+            let _ = sqlx::query(
+                "INSERT INTO iceberg_namespace_properties \
+                 (catalog_name, namespace, property_key, property_value) VALUES ($1, $2, 'exists', 'true')",
+            )
+            .bind(&self.name)
+            .bind(namespace)
+            .execute(&self.pool)
+            .await;
+        }
+        Ok(())
+    }
+
+    /// The current metadata location of a table, `None` when the catalog has no such table.
+    pub async fn location(&self, namespace: &str, table: &str) -> anyhow::Result<Option<String>> {
+        let row: Option<(Option<String>,)> = sqlx::query_as(
+            "SELECT metadata_location FROM iceberg_tables \
+             WHERE catalog_name = $1 AND table_namespace = $2 AND table_name = $3",
+        )
+        .bind(&self.name)
+        .bind(namespace)
+        .bind(table)
+        .fetch_optional(&self.pool)
+        .await?;
+        Ok(row.and_then(|(location,)| location))
+    }
+
+    /// Registers a new table at `location`; `false` when the catalog has one of that name
+    /// already (another sink created it first).
+    pub async fn create(
+        &self,
+        namespace: &str,
+        table: &str,
+        location: &str,
+    ) -> anyhow::Result<bool> {
+        let inserted = sqlx::query(
+            "INSERT INTO iceberg_tables \
+             (catalog_name, table_namespace, table_name, metadata_location, previous_metadata_location) \
+             VALUES ($1, $2, $3, $4, NULL)",
+        )
+        .bind(&self.name)
+        .bind(namespace)
+        .bind(table)
+        .bind(location)
+        .execute(&self.pool)
+        .await;
+        match inserted {
+            Ok(_) => Ok(true),
+            Err(e) if self.location(namespace, table).await?.is_some() => {
+                tracing::debug!(error = %e, table, "table created by another writer first");
+                Ok(false)
+            }
+            Err(e) => Err(e.into()),
+        }
+    }
+
+    /// Moves a table's metadata location from `from` to `to`; `false` when it is no longer at
+    /// `from` (another writer committed first).
+    pub async fn swap(
+        &self,
+        namespace: &str,
+        table: &str,
+        from: &str,
+        to: &str,
+    ) -> anyhow::Result<bool> {
+        let done = sqlx::query(
+            "UPDATE iceberg_tables SET metadata_location = $1, previous_metadata_location = $2 \
+             WHERE catalog_name = $3 AND table_namespace = $4 AND table_name = $5 \
+             AND metadata_location = $6",
+        )
+        .bind(to)
+        .bind(from)
+        .bind(&self.name)
+        .bind(namespace)
+        .bind(table)
+        .bind(from)
+        .execute(&self.pool)
+        .await?;
+        Ok(done.rows_affected() == 1)
+    }
+}
+
+/// `url` without the password it may hold, for errors and logs.
+pub fn redact(url: &str) -> String {
+    match (url.find("://"), url.rfind('@')) {
+        (Some(scheme), Some(at)) if at > scheme => {
+            let credentials = &url[scheme + 3..at];
+            match credentials.find(':') {
+                Some(colon) => format!(
+                    "{}{}:***{}",
+                    &url[..scheme + 3],
+                    &credentials[..colon],
+                    &url[at..]
+                ),
+                None => url.to_owned(),
+            }
+        }
+        _ => url.to_owned(),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn passwords_are_left_out_of_urls_shown() {
+        assert_eq!(
+            redact("postgres://sink:secret@db:5432/catalog"),
+            "postgres://sink:***@db:5432/catalog"
+        );
+        assert_eq!(redact("postgres://db/catalog"), "postgres://db/catalog");
+        assert_eq!(
+            url_of("/var/lib/sink/catalog.db"),
+            "sqlite:///var/lib/sink/catalog.db?mode=rwc"
+        );
+        assert_eq!(url_of("postgres://db/c"), "postgres://db/c");
+    }
+
+    #[tokio::test]
+    async fn a_commit_moves_the_location_only_from_the_version_it_was_built_on() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("catalog.db");
+        let catalog = Catalog::connect(path.to_str().unwrap(), "edge")
+            .await
+            .unwrap();
+        catalog.create_namespace("landing").await.unwrap();
+        assert_eq!(catalog.location("landing", "t").await.unwrap(), None);
+        assert!(catalog.create("landing", "t", "m1").await.unwrap());
+        assert!(!catalog.create("landing", "t", "other").await.unwrap());
+        assert!(catalog.swap("landing", "t", "m1", "m2").await.unwrap());
+        assert!(!catalog.swap("landing", "t", "m1", "m3").await.unwrap());
+        assert_eq!(
+            catalog.location("landing", "t").await.unwrap().as_deref(),
+            Some("m2")
+        );
+        // Another catalog name in the same database is another catalog.
+        let other = Catalog::connect(path.to_str().unwrap(), "other")
+            .await
+            .unwrap();
+        assert_eq!(other.location("landing", "t").await.unwrap(), None);
+    }
+}

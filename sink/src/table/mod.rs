@@ -1,0 +1,373 @@
+//! The landing zone as Apache Iceberg tables: every file a sink lands is appended to its
+//! stream's table, exactly once, in commits of many files.
+//!
+//! A table's current snapshot carries each Kafka partition's next offset
+//! ([`metadata::OFFSETS_PROPERTY`]): the offset after the last one its files account for. A
+//! partition's files form a chain of consecutive offset ranges, each at a key named after its
+//! first offset, and whoever reads the partition again arrives at the same files (it adopts
+//! them). So a file is in the table exactly when its range ends before that next offset: an
+//! append takes, of the files landed since the last, those whose range starts at or past it,
+//! in chain order, and moves it past them. The append is built on one version of the table's
+//! metadata and swapped in by the catalog only from that version ([`catalog::Catalog::swap`]);
+//! a writer that loses the race reads the new version and filters again. Kafka offsets are
+//! committed only up to the first file not yet in the table, so a sink that dies between
+//! landing and appending leaves its files to the partition's next owner, who adopts and
+//! appends them, and a sink that dies between appending and committing the offset leaves the
+//! next owner files that the table already has.
+
+pub mod catalog;
+pub mod metadata;
+
+use std::collections::BTreeMap;
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use anyhow::Context;
+use schemas::StreamDef;
+use schemas::arrow::HashColumn;
+use serde::Deserialize;
+
+use crate::metrics as m;
+use crate::store::ObjectStore;
+
+/// `[table]`: commit the landing files to Iceberg tables, one per stream, in a SQL catalog.
+#[derive(Debug, Clone, PartialEq, Eq, Deserialize, serde::Serialize)]
+#[serde(deny_unknown_fields)]
+pub struct TableConfig {
+    /// The catalog: a SQLite file (created when missing) or a `postgres://` URL.
+    pub catalog: String,
+    /// The catalog's name in the catalog tables: what Spark, Trino or pyiceberg call it.
+    #[serde(default = "default_catalog_name")]
+    pub catalog_name: String,
+    /// The namespace of the streams' tables; each table is named after its stream.
+    #[serde(default = "default_namespace")]
+    pub namespace: String,
+    /// Landed files are committed at most this often (and at shutdown): one snapshot for all
+    /// the files of an interval, not one per file.
+    #[serde(default = "default_commit_interval")]
+    pub commit_interval_ms: u64,
+}
+
+fn default_catalog_name() -> String {
+    "edge_ingest".into()
+}
+
+fn default_namespace() -> String {
+    "landing".into()
+}
+
+fn default_commit_interval() -> u64 {
+    60_000
+}
+
+impl TableConfig {
+    /// Checks what can be checked without connecting.
+    pub fn check(&self) -> anyhow::Result<()> {
+        anyhow::ensure!(!self.catalog.is_empty(), "table.catalog is empty");
+        for (key, value) in [
+            ("catalog_name", &self.catalog_name),
+            ("namespace", &self.namespace),
+        ] {
+            anyhow::ensure!(
+                !value.is_empty() && value.len() <= 255 && !value.contains(char::is_control),
+                "table.{key} must be 1 to 255 characters without control characters"
+            );
+        }
+        anyhow::ensure!(
+            self.commit_interval_ms >= 100,
+            "table.commit_interval_ms must be at least 100"
+        );
+        Ok(())
+    }
+}
+
+/// A file landed (written, or adopted from an earlier writer) and not yet known to be in its
+/// stream's table.
+#[derive(Debug, Clone)]
+pub struct Landed {
+    pub def: Arc<StreamDef>,
+    pub hash: HashColumn,
+    pub topic: String,
+    pub partition: i32,
+    /// The offsets the file accounts for.
+    pub first: i64,
+    pub last: i64,
+    pub key: String,
+    pub rows: u64,
+    pub size: u64,
+    pub landed_at: Instant,
+}
+
+/// The sink's side of its tables: the files landed since the last commit, and the commit.
+pub struct Tables {
+    catalog: catalog::Catalog,
+    store: ObjectStore,
+    config: TableConfig,
+    key_prefix: String,
+    pending: Vec<Landed>,
+    last_commit: Instant,
+}
+
+/// What a commit of one stream's files found.
+#[derive(Debug, Default)]
+struct Outcome {
+    /// Pending files now known to be in the table (appended, or found there).
+    done: Vec<usize>,
+    /// Files whose range straddles the table's next offset of their partition.
+    straddling: Vec<usize>,
+}
+
+impl Tables {
+    pub async fn open(
+        config: &TableConfig,
+        store: ObjectStore,
+        key_prefix: &str,
+    ) -> anyhow::Result<Tables> {
+        let catalog = catalog::Catalog::connect(&config.catalog, &config.catalog_name).await?;
+        catalog.create_namespace(&config.namespace).await?;
+        Ok(Tables {
+            catalog,
+            store,
+            config: config.clone(),
+            key_prefix: key_prefix.to_owned(),
+            pending: Vec::new(),
+            last_commit: Instant::now(),
+        })
+    }
+
+    /// A file landed: it goes into the next commit.
+    pub fn landed(&mut self, file: Landed) {
+        self.pending.push(file);
+    }
+
+    /// The first offset of the partition's oldest file not yet in its table: Kafka offsets of
+    /// the partition are committed no further.
+    pub fn held_from(&self, topic: &str, partition: i32) -> Option<i64> {
+        self.pending
+            .iter()
+            .filter(|f| f.partition == partition && f.topic == topic)
+            .map(|f| f.first)
+            .min()
+    }
+
+    /// Whether a commit is due: files wait and the interval has passed.
+    pub fn due(&self) -> bool {
+        !self.pending.is_empty()
+            && self.last_commit.elapsed() >= Duration::from_millis(self.config.commit_interval_ms)
+    }
+
+    /// Reports the age of the oldest file waiting, per stream.
+    pub fn report_lag(&self) {
+        let mut oldest: BTreeMap<&str, Instant> = BTreeMap::new();
+        for f in &self.pending {
+            let at = oldest.entry(&f.def.name).or_insert(f.landed_at);
+            *at = (*at).min(f.landed_at);
+        }
+        for (stream, at) in oldest {
+            ::metrics::gauge!(m::TABLE_COMMIT_LAG, "stream" => stream.to_owned())
+                .set(at.elapsed().as_secs_f64());
+        }
+    }
+
+    /// Appends every waiting file to its stream's table. The partitions `(topic, partition)`
+    /// whose waiting files changed (their Kafka offsets may move on) are returned, also when
+    /// some stream's commit failed (it is retried at the next one).
+    pub async fn commit(&mut self) -> Vec<(String, i32)> {
+        self.last_commit = Instant::now();
+        let mut streams: Vec<String> = self.pending.iter().map(|f| f.def.name.clone()).collect();
+        streams.sort_unstable();
+        streams.dedup();
+        let mut finished = Vec::new();
+        for stream in streams {
+            let started = Instant::now();
+            let result = self.commit_stream(&stream).await;
+            ::metrics::histogram!(m::TABLE_COMMIT_DURATION).record(started.elapsed().as_secs_f64());
+            match result {
+                Ok(outcome) => {
+                    for &i in &outcome.straddling {
+                        let f = &self.pending[i];
+                        tracing::error!(
+                            stream,
+                            partition = f.partition,
+                            first_offset = f.first,
+                            last_offset = f.last,
+                            object = f.key,
+                            "a landed file starts before the table's next offset of its partition and ends past it: it is not appended (its rows before that offset are in the table already), and the partition's offsets are not committed past it; move the file away and restart the sink"
+                        );
+                    }
+                    let mut index = 0;
+                    self.pending.retain(|f| {
+                        let done = outcome.done.contains(&index);
+                        index += 1;
+                        if done {
+                            finished.push((f.topic.clone(), f.partition));
+                        }
+                        !done
+                    });
+                    ::metrics::gauge!(m::TABLE_COMMIT_LAG, "stream" => stream.clone()).set(0.0);
+                }
+                Err(e) => {
+                    ::metrics::counter!(m::TABLE_COMMITS, "stream" => stream.clone(), "result" => "failed").increment(1);
+                    tracing::warn!(stream, error = %format!("{e:#}"), "table commit failed; retried at the next commit");
+                }
+            }
+        }
+        self.report_lag();
+        finished.sort_unstable();
+        finished.dedup();
+        finished
+    }
+
+    fn table_location(&self, stream: &str) -> String {
+        self.store.uri(&format!("{}/{stream}", self.key_prefix))
+    }
+
+    /// The table's current metadata and its location, the table created first when the
+    /// catalog has none of that name.
+    async fn load_or_create(
+        &self,
+        def: &StreamDef,
+        hash: HashColumn,
+    ) -> anyhow::Result<(String, iceberg::spec::TableMetadata)> {
+        let ns = &self.config.namespace;
+        loop {
+            if let Some(location) = self.catalog.location(ns, &def.name).await? {
+                let key = self.store.key_of(&location).with_context(|| {
+                    format!("table metadata {location} is not in this sink's store")
+                })?;
+                let bytes = self
+                    .store
+                    .get(&key)
+                    .await?
+                    .with_context(|| format!("table metadata {location} does not exist"))?;
+                let metadata = serde_json::from_slice(&bytes)
+                    .with_context(|| format!("cannot read table metadata {location}"))?;
+                return Ok((location, metadata));
+            }
+            let location = self.table_location(&def.name);
+            let metadata = metadata::create(def, hash, &location)?;
+            let path = format!(
+                "{location}/metadata/00000-{}.metadata.json",
+                uuid::Uuid::new_v4()
+            );
+            let key = self.store.key_of(&path).context("table location")?;
+            self.store
+                .put_if_absent(&key, bytes::Bytes::from(serde_json::to_vec(&metadata)?))
+                .await?;
+            if self.catalog.create(ns, &def.name, &path).await? {
+                tracing::info!(table = %format!("{ns}.{}", def.name), location, "created table");
+            }
+        }
+    }
+
+    async fn commit_stream(&self, stream: &str) -> anyhow::Result<Outcome> {
+        let mine: Vec<usize> = (0..self.pending.len())
+            .filter(|&i| self.pending[i].def.name == stream)
+            .collect();
+        let Some(&first) = mine.first() else {
+            return Ok(Outcome::default());
+        };
+        let (def, hash) = (self.pending[first].def.clone(), self.pending[first].hash);
+        loop {
+            let (location, table) = self.load_or_create(&def, hash).await?;
+            let mut offsets = metadata::offsets(&table);
+            let mut outcome = Outcome::default();
+            let mut added = Vec::new();
+            let mut blocked: Vec<String> = Vec::new();
+            for &i in &mine {
+                let f = &self.pending[i];
+                let pk = metadata::partition_key(&f.topic, f.partition);
+                if blocked.contains(&pk) {
+                    continue;
+                }
+                match offsets.get(&pk).copied() {
+                    Some(next) if f.last < next => outcome.done.push(i),
+                    Some(next) if f.first < next => {
+                        outcome.straddling.push(i);
+                        blocked.push(pk);
+                    }
+                    _ => {
+                        added.push(metadata::data_file(
+                            self.store.uri(&f.key),
+                            f.rows,
+                            f.size,
+                            table.default_partition_spec_id(),
+                        )?);
+                        offsets.insert(pk, f.last + 1);
+                        outcome.done.push(i);
+                    }
+                }
+            }
+            if added.is_empty() {
+                return Ok(outcome);
+            }
+            let (files, records) = (
+                added.len(),
+                added.iter().map(|f| f.record_count()).sum::<u64>(),
+            );
+            let manifests = match table.current_snapshot() {
+                Some(snapshot) => {
+                    let key = self
+                        .store
+                        .key_of(snapshot.manifest_list())
+                        .context("manifest list location")?;
+                    let list = self
+                        .store
+                        .get(&key)
+                        .await?
+                        .context("manifest list missing")?;
+                    metadata::manifests_of(&list)?
+                }
+                None => Vec::new(),
+            };
+            let merged = if manifests.len() >= metadata::MAX_MANIFESTS {
+                let mut all = Vec::new();
+                for manifest in &manifests {
+                    let key = self
+                        .store
+                        .key_of(&manifest.manifest_path)
+                        .context("manifest location")?;
+                    all.push(self.store.get(&key).await?.context("manifest missing")?);
+                }
+                Some(all)
+            } else {
+                None
+            };
+            let append =
+                metadata::append(&table, &location, manifests, added, &offsets, merged).await?;
+            for (path, bytes) in append.files {
+                let key = self.store.key_of(&path).context("metadata location")?;
+                self.store.put_if_absent(&key, bytes).await?;
+            }
+            let ns = &self.config.namespace;
+            if self
+                .catalog
+                .swap(ns, stream, &location, &append.metadata_location)
+                .await?
+            {
+                ::metrics::counter!(m::TABLE_COMMITS, "stream" => stream.to_owned(), "result" => "committed").increment(1);
+                ::metrics::counter!(m::TABLE_FILES, "stream" => stream.to_owned())
+                    .increment(files as u64);
+                ::metrics::counter!(m::TABLE_RECORDS, "stream" => stream.to_owned())
+                    .increment(records);
+                tracing::debug!(
+                    stream,
+                    files,
+                    records,
+                    metadata = append.metadata_location,
+                    "committed to table"
+                );
+                for path in append.unreferenced {
+                    if let Some(key) = self.store.key_of(&path)
+                        && let Err(e) = self.store.delete(&key).await
+                    {
+                        tracing::debug!(path, error = %e, "cannot remove a file the table no longer refers to");
+                    }
+                }
+                return Ok(outcome);
+            }
+            ::metrics::counter!(m::TABLE_COMMITS, "stream" => stream.to_owned(), "result" => "conflict").increment(1);
+            tracing::debug!(stream, "table changed meanwhile; building the commit again");
+        }
+    }
+}

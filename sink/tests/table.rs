@@ -1,0 +1,271 @@
+//! The landing zone as Iceberg tables in a SQLite catalog: sinks killed at random points while
+//! two share the partitions, and pyiceberg reads each record from the table's current snapshot
+//! exactly once; a thousand commits keep the table's metadata bounded. The broker is
+//! librdkafka's mock cluster in this process, as in `crashes.rs`.
+
+#[path = "../../loadtest/tests/common/mod.rs"]
+mod common;
+mod support;
+
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Stdio};
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use rand::rngs::SmallRng;
+use rand::{Rng, SeedableRng};
+use rdkafka::ClientConfig;
+use rdkafka::mocking::MockCluster;
+use rdkafka::producer::FutureProducer;
+use serde_json::Value;
+
+const TOPIC: &str = "ingest.sensor_readings";
+const GROUP: &str = "table-sinks";
+
+fn start_sink(config: &Path, log: &Path) -> Child {
+    Command::new(env!("CARGO_BIN_EXE_sink"))
+        .arg("--config")
+        .arg(config)
+        .env("RUST_LOG", "sink=info")
+        .stdout(Stdio::null())
+        .stderr(std::fs::File::create(log).unwrap())
+        .spawn()
+        .expect("cannot start the sink binary")
+}
+
+/// A sink config landing into `dir/landing` with a table per stream in `dir/catalog.db`.
+fn write_config(dir: &Path, bootstrap: &str) -> PathBuf {
+    let config = dir.join("sink.toml");
+    std::fs::write(
+        &config,
+        format!(
+            r#"
+streams_dir = "{streams}"
+admin_listen = "127.0.0.1:0"
+key_prefix = "landing"
+[kafka]
+brokers = "{bootstrap}"
+group_id = "{GROUP}"
+session_timeout_ms = 3000
+consumer = {{ "fetch.wait.max.ms" = "50" }}
+[store]
+type = "local"
+path = "{root}"
+[rotation]
+max_records = 150
+idle_ms = 400
+[upload]
+staging_dir = "{staging}"
+[table]
+catalog = "{catalog}"
+commit_interval_ms = 700
+"#,
+            streams = common::repo_root().join("streams").display(),
+            root = dir.join("zone").display(),
+            staging = dir.join("staging").display(),
+            catalog = dir.join("catalog.db").display(),
+        ),
+    )
+    .unwrap();
+    config
+}
+
+/// pyiceberg's view of the stream's table (`scripts/read_table.py`).
+fn read_table(catalog: &Path, extra: &[&str]) -> Value {
+    let python = common::service_env("EDGE_INGEST_PYTHON");
+    let out = Command::new(python)
+        .arg(common::repo_root().join("scripts/read_table.py"))
+        .arg("--catalog")
+        .arg(catalog)
+        .args(["--table", "sensor_readings"])
+        .args(extra)
+        .output()
+        .expect("cannot run the pyiceberg reader");
+    assert!(
+        out.status.success(),
+        "pyiceberg reader failed: {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    serde_json::from_slice(&out.stdout).expect("pyiceberg reader printed invalid JSON")
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn sinks_killed_at_random_points_commit_every_record_to_the_table_once() {
+    let cluster = MockCluster::new(1).unwrap();
+    cluster.create_topic(TOPIC, 4, 1).unwrap();
+    let bootstrap = cluster.bootstrap_servers();
+    let dir = tempfile::tempdir().unwrap();
+    let config = write_config(dir.path(), &bootstrap);
+    let sent = support::readings(4_000, 23);
+    let producer: FutureProducer = ClientConfig::new()
+        .set("bootstrap.servers", &bootstrap)
+        .create()
+        .unwrap();
+    let mut rng = SmallRng::seed_from_u64(9);
+    let log = |i: usize| dir.path().join(format!("sink-{i}.log"));
+    let mut sinks: Vec<Child> = (0..2).map(|i| start_sink(&config, &log(i))).collect();
+    let (mut kills, mut started) = (0, 2);
+    for chunk in sent.chunks(400) {
+        support::produce(&producer, TOPIC, chunk).await;
+        // Past the commit interval now and then, so that kills fall before, between and after
+        // table commits.
+        tokio::time::sleep(Duration::from_millis(rng.random_range(200..1_600))).await;
+        if rng.random_bool(0.5) {
+            let mut child = sinks.swap_remove(rng.random_range(0..sinks.len()));
+            child.kill().unwrap(); // SIGKILL
+            child.wait().unwrap();
+            kills += 1;
+            sinks.push(start_sink(&config, &log(started)));
+            started += 1;
+        }
+    }
+    assert!(kills >= 3, "only {kills} kills");
+    // Kafka offsets are committed only past files in the table: caught up means in the table.
+    support::wait_caught_up(&bootstrap, (GROUP, TOPIC), &mut sinks, dir.path()).await;
+    support::stop_gracefully(sinks);
+    let table = read_table(&dir.path().join("catalog.db"), &[]);
+    common::assert_same_records(&sent, &table);
+    common::assert_duckdb_reads_the_same(&table);
+    let mut offsets: Vec<(i64, i64)> = table["rows"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|r| {
+            (
+                r["_partition"].as_i64().unwrap(),
+                r["_offset"].as_i64().unwrap(),
+            )
+        })
+        .collect();
+    let rows = offsets.len();
+    offsets.sort_unstable();
+    offsets.dedup();
+    assert_eq!(offsets.len(), rows, "a Kafka message twice in the table");
+    let names: Vec<&str> = table["schema"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|f| f["name"].as_str().unwrap())
+        .collect();
+    assert_eq!(
+        names,
+        [
+            "device_id",
+            "sensor",
+            "ts",
+            "value",
+            "unit",
+            "quality",
+            "tags",
+            "_ingest_ts",
+            "_partition",
+            "_offset"
+        ]
+    );
+    let ts = &table["schema"][2];
+    assert_eq!(
+        (ts["id"].as_i64(), ts["type"].as_str()),
+        (Some(3), Some("timestamptz"))
+    );
+    assert_eq!(
+        table["sort_order"],
+        serde_json::json!(["device_id", "sensor", "unit", "ts"])
+    );
+    // Every file the table lists is one the sinks landed, each once.
+    let files = table["files"].as_array().unwrap();
+    let mut distinct: Vec<&str> = files.iter().map(|f| f.as_str().unwrap()).collect();
+    distinct.sort_unstable();
+    distinct.dedup();
+    assert_eq!(distinct.len(), files.len(), "a file registered twice");
+    drop(cluster);
+}
+
+/// A thousand commits of one file each: the current snapshot's manifests are merged past 32,
+/// snapshots past 64 expire and the metadata log keeps 100 entries, so the table's metadata
+/// stays bounded while every file stays listed.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_thousand_commits_keep_the_metadata_bounded() {
+    let dir = tempfile::tempdir().unwrap();
+    let root = dir.path().join("zone");
+    std::fs::create_dir_all(&root).unwrap();
+    let store = sink::store::ObjectStore::Local(root.clone());
+    let catalog = dir.path().join("catalog.db");
+    let config: sink::table::TableConfig =
+        serde_json::from_value(serde_json::json!({ "catalog": catalog })).unwrap();
+    let mut tables = sink::table::Tables::open(&config, store, "landing")
+        .await
+        .unwrap();
+    let def: Arc<schemas::StreamDef> =
+        service_kit::load_stream(&common::repo_root().join("streams"), "sensor_readings").unwrap();
+    let started = Instant::now();
+    for i in 0..1_000i64 {
+        tables.landed(sink::table::Landed {
+            def: def.clone(),
+            hash: schemas::arrow::HashColumn::None,
+            topic: TOPIC.into(),
+            partition: (i % 4) as i32,
+            first: i * 10,
+            last: i * 10 + 9,
+            key: format!("landing/sensor_readings/f{i}.parquet"),
+            rows: 10,
+            size: 1_000,
+            landed_at: Instant::now(),
+        });
+        let done = tables.commit().await;
+        assert_eq!(done, [(TOPIC.to_owned(), (i % 4) as i32)], "commit {i}");
+    }
+    // Files committed again (a sink that adopted them) are found in the table, not added.
+    tables.landed(sink::table::Landed {
+        def: def.clone(),
+        hash: schemas::arrow::HashColumn::None,
+        topic: TOPIC.into(),
+        partition: 3,
+        first: 9_990,
+        last: 9_999,
+        key: "landing/sensor_readings/f999.parquet".into(),
+        rows: 10,
+        size: 1_000,
+        landed_at: Instant::now(),
+    });
+    assert_eq!(tables.commit().await, [(TOPIC.to_owned(), 3)]);
+    eprintln!("1,001 commits in {:?}", started.elapsed());
+    let table = read_table(&catalog, &["--files-only"]);
+    assert_eq!(table["files"].as_array().unwrap().len(), 1_000);
+    assert_eq!(table["summary"]["total-data-files"], "1000");
+    assert!(
+        table["manifests"].as_u64().unwrap() <= 33,
+        "{}",
+        table["manifests"]
+    );
+    assert!(
+        table["snapshots"].as_u64().unwrap() <= 64,
+        "{}",
+        table["snapshots"]
+    );
+    assert!(
+        table["metadata_log"].as_u64().unwrap() <= 100,
+        "{}",
+        table["metadata_log"]
+    );
+    // What stays in the store: the metadata files of the log, the manifest lists of the kept
+    // snapshots and the manifests (those only expired snapshots listed too).
+    let sizes = |suffix: &str| -> (usize, u64) {
+        std::fs::read_dir(root.join("landing/sensor_readings/metadata"))
+            .unwrap()
+            .map(|e| e.unwrap())
+            .filter(|e| e.file_name().to_string_lossy().ends_with(suffix))
+            .fold((0, 0), |(n, b), e| (n + 1, b + e.metadata().unwrap().len()))
+    };
+    let (metadata_files, metadata_bytes) = sizes(".metadata.json");
+    assert!(metadata_files <= 101, "{metadata_files} metadata files");
+    let (lists, _) = sizes(".avro");
+    eprintln!("metadata: {metadata_files} files, {metadata_bytes} bytes; {lists} Avro files");
+    let current = table["metadata_location"].as_str().unwrap();
+    let current = std::fs::metadata(current.strip_prefix("file://").unwrap())
+        .unwrap()
+        .len();
+    assert!(
+        current < 256 << 10,
+        "the current metadata file is {current} bytes"
+    );
+}
