@@ -88,13 +88,16 @@ fn scalar_type(ty: &FieldType) -> DataType {
     }
 }
 
+/// Lists and maps take the names the Parquet format gives their parts (`element`,
+/// `key_value`), not Arrow's (`item`, `entries`): readers that find columns by name through an
+/// Iceberg name mapping (DuckDB) look for those.
 fn list_item_field(inner: &FieldType) -> FieldRef {
-    Arc::new(Field::new("item", scalar_type(inner), true))
+    Arc::new(Field::new("element", scalar_type(inner), true))
 }
 
 fn map_entries_field(inner: &FieldType) -> FieldRef {
     Arc::new(Field::new(
-        "entries",
+        "key_value",
         DataType::Struct(map_entry_fields(inner)),
         false,
     ))

@@ -422,13 +422,12 @@ pub async fn start(
     let (reload, reloads) = Reload::new(&config);
     let worker = Worker::new(
         consumer,
-        store,
+        (store, tables),
         streams,
         (config, reloads),
         stats.clone(),
         shutdown,
         (staging, staging_budget),
-        tables,
     );
     Ok(Sink {
         task: tokio::spawn(worker.run()),

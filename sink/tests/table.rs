@@ -33,8 +33,9 @@ fn start_sink(config: &Path, log: &Path) -> Child {
         .expect("cannot start the sink binary")
 }
 
-/// A sink config landing into `dir/landing` with a table per stream in `dir/catalog.db`.
-fn write_config(dir: &Path, bootstrap: &str) -> PathBuf {
+/// A sink config landing into `dir/zone` with a table per stream in `dir/catalog.db`, the
+/// definitions read from `streams`.
+fn write_config(dir: &Path, bootstrap: &str, streams: &Path) -> PathBuf {
     let config = dir.join("sink.toml");
     std::fs::write(
         &config,
@@ -60,7 +61,7 @@ staging_dir = "{staging}"
 catalog = "{catalog}"
 commit_interval_ms = 700
 "#,
-            streams = common::repo_root().join("streams").display(),
+            streams = streams.display(),
             root = dir.join("zone").display(),
             staging = dir.join("staging").display(),
             catalog = dir.join("catalog.db").display(),
@@ -95,7 +96,7 @@ async fn sinks_killed_at_random_points_commit_every_record_to_the_table_once() {
     cluster.create_topic(TOPIC, 4, 1).unwrap();
     let bootstrap = cluster.bootstrap_servers();
     let dir = tempfile::tempdir().unwrap();
-    let config = write_config(dir.path(), &bootstrap);
+    let config = write_config(dir.path(), &bootstrap, &common::repo_root().join("streams"));
     let sent = support::readings(4_000, 23);
     let producer: FutureProducer = ClientConfig::new()
         .set("bootstrap.servers", &bootstrap)
@@ -178,6 +179,91 @@ async fn sinks_killed_at_random_points_commit_every_record_to_the_table_once() {
     distinct.dedup();
     assert_eq!(distinct.len(), files.len(), "a file registered twice");
     drop(cluster);
+}
+
+/// A definition that gains a field: the table gains a column with a new id, without rewriting
+/// a file; rows landed before read it as null, in pyiceberg and DuckDB alike.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_field_added_to_the_definition_becomes_a_column_of_the_table() {
+    let cluster = MockCluster::new(1).unwrap();
+    cluster.create_topic(TOPIC, 2, 1).unwrap();
+    let bootstrap = cluster.bootstrap_servers();
+    let dir = tempfile::tempdir().unwrap();
+    let streams = dir.path().join("streams");
+    std::fs::create_dir(&streams).unwrap();
+    let file = streams.join("sensor_readings.toml");
+    let shipped = include_str!("../../streams/sensor_readings.toml");
+    std::fs::write(&file, shipped).unwrap();
+    let config = write_config(dir.path(), &bootstrap, &streams);
+    let producer: FutureProducer = ClientConfig::new()
+        .set("bootstrap.servers", &bootstrap)
+        .create()
+        .unwrap();
+    let mut sinks = vec![start_sink(&config, &dir.path().join("sink.log"))];
+    let plain = support::readings(300, 3);
+    support::produce(&producer, TOPIC, &plain).await;
+    support::wait_caught_up(&bootstrap, (GROUP, TOPIC), &mut sinks, dir.path()).await;
+    let before = read_table(&dir.path().join("catalog.db"), &[]);
+    assert!(
+        before["schema"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .all(|f| f["name"] != "humidity")
+    );
+
+    std::fs::write(
+        &file,
+        format!(
+            "{}\n[[fields]]\nname = \"humidity\"\ntype = \"float64\"\n",
+            shipped.replace("version = 1", "version = 2")
+        ),
+    )
+    .unwrap();
+    let humid: Vec<Value> = (0..30)
+        .map(|i| {
+            serde_json::json!({
+                "device_id": format!("dev-{:03}", i % 7),
+                "sensor": "humidity",
+                "ts": 1_767_230_000_000i64 + i,
+                "value": 1.0,
+                "humidity": 50.0 + i as f64,
+            })
+        })
+        .collect();
+    support::produce(&producer, TOPIC, &humid).await;
+    support::wait_caught_up(&bootstrap, (GROUP, TOPIC), &mut sinks, dir.path()).await;
+    support::stop_gracefully(sinks);
+    let after = read_table(&dir.path().join("catalog.db"), &[]);
+    let humidity = after["schema"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|f| f["name"] == "humidity")
+        .expect("a humidity column");
+    // After the 10 columns and the map's key and value of the first schema.
+    assert_eq!(humidity["id"], 13, "{humidity}");
+    assert_eq!(humidity["required"], false);
+    let rows = after["rows"].as_array().unwrap();
+    assert_eq!(rows.len(), plain.len() - duplicates(&plain) + humid.len());
+    let mut values: Vec<f64> = rows.iter().filter_map(|r| r["humidity"].as_f64()).collect();
+    values.sort_by(f64::total_cmp);
+    let expected: Vec<f64> = (0..30).map(|i| 50.0 + i as f64).collect();
+    assert_eq!(
+        values, expected,
+        "old rows read as null, new ones with their value"
+    );
+    common::assert_duckdb_reads_the_same(&after);
+    drop(cluster);
+}
+
+/// How many of `records` repeat an earlier one.
+fn duplicates(records: &[Value]) -> usize {
+    let mut seen: Vec<String> = records.iter().map(Value::to_string).collect();
+    seen.sort();
+    let all = seen.len();
+    seen.dedup();
+    all - seen.len()
 }
 
 /// A thousand commits of one file each: the current snapshot's manifests are merged past 32,

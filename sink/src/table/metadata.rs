@@ -101,7 +101,7 @@ pub fn schema_of(def: &StreamDef, hash: HashColumn) -> iceberg::Result<Schema> {
 }
 
 /// The name mapping of `schema` (JSON): how a reader finds each column of a Parquet file
-/// written without field ids. The sink's files name list elements `item`, readers' `element`.
+/// written without field ids. List elements are also found by the name Arrow gives them.
 pub fn name_mapping(schema: &Schema) -> String {
     fn field(f: &NestedField) -> serde_json::Value {
         let mut names = vec![f.name.clone()];
@@ -169,6 +169,86 @@ pub fn create(def: &StreamDef, hash: HashColumn, location: &str) -> iceberg::Res
     )?
     .build()?
     .metadata)
+}
+
+/// `ty` with fresh ids for the fields it nests (list elements, map keys and values), taken
+/// from `next` on.
+fn renumbered(ty: &Type, next: &mut i32) -> Type {
+    let mut fresh = |f: &NestedField| {
+        *next += 1;
+        let mut f = f.clone();
+        f.id = *next;
+        f.field_type = Box::new(renumbered(&f.field_type, next));
+        Arc::new(f)
+    };
+    match ty {
+        Type::List(list) => Type::List(ListType::new(fresh(&list.element_field))),
+        Type::Map(map) => {
+            let key = fresh(&map.key_field);
+            Type::Map(MapType::new(key, fresh(&map.value_field)))
+        }
+        other => other.clone(),
+    }
+}
+
+/// The table's metadata with the schema `def` needs, when it needs another than the current
+/// one: a definition's compatible change adds nullable fields (each a new column with new
+/// ids, null in the files written before) and makes required ones optional. Columns the
+/// definition no longer has stay (their files keep them). The name mapping follows.
+pub fn evolved(
+    metadata: &TableMetadata,
+    def: &StreamDef,
+    hash: HashColumn,
+) -> iceberg::Result<Option<TableMetadata>> {
+    let current = metadata.current_schema();
+    let mut fields: Vec<NestedFieldRef> = current.as_struct().fields().to_vec();
+    let mut next = metadata.last_column_id();
+    let mut changed = false;
+    for wanted in schema_of(def, hash)?.as_struct().fields() {
+        match fields.iter().position(|f| f.name == wanted.name) {
+            Some(i) if fields[i].required && !wanted.required => {
+                let mut relaxed = fields[i].as_ref().clone();
+                relaxed.required = false;
+                fields[i] = Arc::new(relaxed);
+                changed = true;
+            }
+            Some(i) => {
+                if let (Type::Primitive(had), Type::Primitive(needs)) =
+                    (fields[i].field_type.as_ref(), wanted.field_type.as_ref())
+                    && had != needs
+                {
+                    return Err(iceberg::Error::new(
+                        iceberg::ErrorKind::DataInvalid,
+                        format!(
+                            "the table's column {} is {had}, the files' is {needs}: a table cannot change a column's type (landing.content_hash_bytes changed?)",
+                            wanted.name
+                        ),
+                    ));
+                }
+            }
+            None => {
+                next += 1;
+                let id = next;
+                let ty = renumbered(&wanted.field_type, &mut next);
+                fields.push(Arc::new(NestedField::optional(id, &wanted.name, ty)));
+                changed = true;
+            }
+        }
+    }
+    if !changed {
+        return Ok(None);
+    }
+    let schema = Schema::builder()
+        .with_schema_id(current.schema_id() + 1)
+        .with_fields(fields)
+        .build()?;
+    let mapping = HashMap::from([(NAME_MAPPING.to_owned(), name_mapping(&schema))]);
+    let built = TableMetadataBuilder::new_from_metadata(metadata.clone(), None)
+        .add_schema(schema)?
+        .set_current_schema(-1)?
+        .set_properties(mapping)?
+        .build()?;
+    Ok(Some(built.metadata))
 }
 
 /// Each partition's next offset per the table: from the newest snapshot that carries them

@@ -268,8 +268,22 @@ impl Tables {
             return Ok(Outcome::default());
         };
         let (def, hash) = (self.pending[first].def.clone(), self.pending[first].hash);
+        // The newest definition among the files: the table takes its columns.
+        let newest = mine
+            .iter()
+            .map(|&i| &self.pending[i])
+            .max_by_key(|f| f.def.version)
+            .map_or((def.clone(), hash), |f| (f.def.clone(), f.hash));
         loop {
-            let (location, table) = self.load_or_create(&def, hash).await?;
+            let (location, mut table) = self.load_or_create(&def, hash).await?;
+            if let Some(evolved) = metadata::evolved(&table, &newest.0, newest.1)? {
+                tracing::info!(
+                    stream,
+                    version = newest.0.version,
+                    "the table takes the columns of a newer definition"
+                );
+                table = evolved;
+            }
             let mut offsets = metadata::offsets(&table);
             let mut outcome = Outcome::default();
             let mut added = Vec::new();

@@ -228,13 +228,12 @@ impl Worker {
     /// The worker of a consumer that subscribed to its topics, nothing assigned yet.
     pub(crate) fn new(
         consumer: Arc<StreamConsumer<SinkContext>>,
-        store: ObjectStore,
+        (store, tables): (ObjectStore, Option<table::Tables>),
         streams: Streams,
         (config, reloads): (SinkConfig, tokio::sync::watch::Receiver<Arc<SinkConfig>>),
         stats: Arc<SinkStats>,
         shutdown: CancellationToken,
         (staging, staging_budget): (staging::Staging, u64),
-        tables: Option<table::Tables>,
     ) -> Worker {
         Worker {
             consumer,
