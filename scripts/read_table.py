@@ -26,14 +26,17 @@ def to_json_value(v):
 
 def main():
     p = argparse.ArgumentParser(description=__doc__)
-    p.add_argument("--catalog", required=True, help="the SQLite file of the catalog, or a SQLAlchemy URL")
+    p.add_argument("--catalog", required=True, help="the catalog: a SQLite file or a postgres:// URL, as the sink's table.catalog")
     p.add_argument("--catalog-name", default="edge_ingest")
     p.add_argument("--namespace", default="landing")
     p.add_argument("--table", required=True)
     p.add_argument("--s3-endpoint", help="S3 endpoint of the table's files (moto in the tests)")
     p.add_argument("--files-only", action="store_true", help="list the files, do not read them")
     args = p.parse_args()
-    uri = args.catalog if "://" in args.catalog else f"sqlite:///{args.catalog}"
+    if args.catalog.startswith(("postgres://", "postgresql://")):
+        uri = "postgresql+psycopg2://" + args.catalog.split("://", 1)[1]
+    else:
+        uri = args.catalog if "://" in args.catalog else f"sqlite:///{args.catalog}"
     props = {"uri": uri}
     if args.s3_endpoint:
         props.update({"s3.endpoint": args.s3_endpoint, "s3.region": "us-east-1",

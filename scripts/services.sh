@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # Test services on loopback: a Kafka-protocol broker (tansu), an S3 server (moto), an MQTT broker
-# (mosquitto, from Debian), Prometheus and docker-compose (from Debian, for the monitoring test)
+# (mosquitto, from Debian), a PostgreSQL server (Debian; table catalogs), Prometheus and
+# docker-compose (from Debian, for the monitoring test)
 # and the Python tools of the test suite (pyarrow, boto3, confluent-kafka). Installs once into a
 # cache and reuses it; every start picks free ports, so parallel runs do not collide.
 #
@@ -39,8 +40,8 @@ install_python() {
 
 # Debian packages: mosquitto (MQTT broker), prometheus (server and promtool, for the
 # monitoring test), docker-compose (only to validate docker-compose.yml), systemd (only
-# systemd-analyze, to check the agent's unit file) and tinyproxy (a forward proxy, started by
-# the agent's proxy tests themselves).
+# systemd-analyze, to check the agent's unit file), tinyproxy (a forward proxy, started by
+# the agent's proxy tests themselves) and postgresql (a table catalog database).
 install_debian() {
   local missing=()
   command -v mosquitto >/dev/null 2>&1 || [ -x /usr/sbin/mosquitto ] || missing+=(mosquitto)
@@ -48,12 +49,36 @@ install_debian() {
   command -v docker-compose >/dev/null 2>&1 || missing+=(docker-compose)
   command -v systemd-analyze >/dev/null 2>&1 || missing+=(systemd)
   command -v tinyproxy >/dev/null 2>&1 || [ -x /usr/bin/tinyproxy ] || missing+=(tinyproxy)
+  [ -n "$(pg_bin)" ] || missing+=(postgresql)
   if [ ${#missing[@]} -eq 0 ]; then return; fi
   log "installing ${missing[*]} (Debian packages)"
   local sudo=""
   if [ "$(id -u)" != 0 ]; then sudo=sudo; fi
   $sudo apt-get install -y --no-install-recommends "${missing[@]}" >&2 \
     || { $sudo apt-get update >&2 && $sudo apt-get install -y --no-install-recommends "${missing[@]}" >&2; }
+}
+
+# The newest PostgreSQL server's bin directory (Debian keeps it off the PATH).
+pg_bin() {
+  ls -d /usr/lib/postgresql/*/bin 2>/dev/null | sort -V | tail -n 1
+}
+
+# Runs a PostgreSQL command as the `postgres` user when this is root (the server refuses
+# root), else as this user.
+as_pg() {
+  if [ "$(id -u)" = 0 ]; then runuser -u postgres -- "$@"; else "$@"; fi
+}
+
+# A PostgreSQL server of its own in $1/postgres on port $2, trusting local connections.
+start_postgres() {
+  local dir=$1/postgres port=$2 bin
+  bin=$(pg_bin)
+  mkdir -p "$dir"
+  if [ "$(id -u)" = 0 ]; then chown postgres "$dir"; fi
+  as_pg "$bin/initdb" -D "$dir/data" -U postgres --auth=trust >"$1/postgres-init.log" 2>&1 \
+    || { cat "$1/postgres-init.log" >&2; return 1; }
+  as_pg "$bin/pg_ctl" -D "$dir/data" -l "$dir/server.log" -w -t 60 \
+    -o "-h 127.0.0.1 -p $port -k $dir" start >&2 || { cat "$dir/server.log" >&2; return 1; }
 }
 
 mosquitto_bin() {
@@ -79,10 +104,11 @@ wait_for_port() { # port name seconds
 start() {
   local state=$1
   mkdir -p "$state"
-  local kport sport mport
+  local kport sport mport pport
   kport=$(free_port)
   sport=$(free_port)
   mport=$(free_port)
+  pport=$(free_port)
   # In-memory sessions; the broker's default in-flight limit (20 per client) is kept on purpose.
   cat >"$state/mosquitto.conf" <<CONF
 listener $mport 127.0.0.1
@@ -101,10 +127,12 @@ CONF
   wait_for_port "$kport" tansu 60 || { cat "$state/tansu.log" >&2; return 1; }
   wait_for_port "$sport" moto_server 60 || { cat "$state/moto.log" >&2; return 1; }
   wait_for_port "$mport" mosquitto 30 || { cat "$state/mosquitto.log" >&2; return 1; }
+  start_postgres "$state" "$pport"
   cat >"$state/env" <<ENV
 export EDGE_INGEST_KAFKA=127.0.0.1:$kport
 export EDGE_INGEST_S3=http://127.0.0.1:$sport
 export EDGE_INGEST_MQTT=127.0.0.1:$mport
+export EDGE_INGEST_POSTGRES=postgres://postgres@127.0.0.1:$pport/postgres
 export EDGE_INGEST_MOSQUITTO=$(mosquitto_bin)
 export EDGE_INGEST_PYTHON=$PY
 export EDGE_INGEST_TANSU=$TANSU
@@ -118,7 +146,7 @@ export AWS_SECRET_ACCESS_KEY=test
 export AWS_REGION=us-east-1
 export AWS_EC2_METADATA_DISABLED=true
 ENV
-  log "tansu on 127.0.0.1:$kport, moto_server on 127.0.0.1:$sport, mosquitto on 127.0.0.1:$mport (logs in $state)"
+  log "tansu on 127.0.0.1:$kport, moto_server on 127.0.0.1:$sport, mosquitto on 127.0.0.1:$mport, postgres on 127.0.0.1:$pport (logs in $state)"
 }
 
 stop() {
@@ -129,6 +157,9 @@ stop() {
       rm -f "$state/$name.pid"
     fi
   done
+  if [ -d "$state/postgres/data" ]; then
+    as_pg "$(pg_bin)/pg_ctl" -D "$state/postgres/data" -m fast stop >/dev/null 2>&1 || true
+  fi
 }
 
 case "${1:-}" in

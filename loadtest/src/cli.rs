@@ -88,6 +88,10 @@ struct DemoArgs {
     /// landing.content_hash_bytes): 0, 16 or 32.
     #[arg(long, default_value = "0", value_parser = parse_hash_bytes)]
     content_hash_bytes: schemas::arrow::HashColumn,
+    /// Land plain files only: no Iceberg table (by default the files are committed to a table
+    /// per stream in `<landing>/catalog.db`, a namespace per run, and checked from it).
+    #[arg(long)]
+    no_table: bool,
 }
 
 /// `--content-hash-bytes`: 0, 16 or 32.
@@ -295,6 +299,16 @@ struct VerifyArgs {
     /// Landed records that were not sent (another producer's) do not fail the check.
     #[arg(long)]
     allow_unexpected: bool,
+    /// Check the stream's Iceberg table in this catalog (the sink's `table.catalog`: a SQLite
+    /// file or a postgres:// URL) from its current snapshot, without listing folders.
+    #[arg(long)]
+    table: Option<String>,
+    /// The catalog's name (the sink's `table.catalog_name`).
+    #[arg(long, default_value = "edge_ingest", requires = "table")]
+    catalog_name: String,
+    /// The tables' namespace (the sink's `table.namespace`).
+    #[arg(long, default_value = "landing", requires = "table")]
+    namespace: String,
 }
 
 #[derive(Debug, clap::Args)]
@@ -392,6 +406,7 @@ async fn demo(
         fleet,
         timeout,
         content_hash_bytes,
+        no_table,
     }: DemoArgs,
 ) -> anyhow::Result<()> {
     let summary = run(DemoOptions {
@@ -399,6 +414,7 @@ async fn demo(
         fleet: fleet.into(),
         timeout: Duration::from_secs(timeout),
         hash_column: content_hash_bytes,
+        table: !no_table,
     })
     .await?;
     println!("{summary}");
@@ -619,6 +635,9 @@ async fn verify_command(
         prefix,
         wait,
         allow_unexpected,
+        table,
+        catalog_name,
+        namespace,
     }: VerifyArgs,
 ) -> anyhow::Result<()> {
     let streams = match streams_dir {
@@ -650,6 +669,12 @@ async fn verify_command(
         prefix,
         wait: Duration::from_secs(wait),
         allow_unexpected,
+        table: table.map(|catalog| sink::table::TableConfig {
+            catalog,
+            catalog_name,
+            namespace,
+            commit_interval_ms: 0,
+        }),
     })
     .await?;
     println!("{}", serde_json::to_string_pretty(&report)?);

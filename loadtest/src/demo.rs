@@ -24,6 +24,8 @@ use crate::verify::{Verdict, compare, read_landing_dir};
 
 const STREAM: &str = "sensor_readings";
 const DEMO_TOKEN: &str = "demo-token";
+/// The demo's table catalog name.
+const DEMO_CATALOG: &str = "edge_ingest";
 
 #[derive(Debug, Clone)]
 pub struct DemoOptions {
@@ -34,6 +36,9 @@ pub struct DemoOptions {
     pub timeout: Duration,
     /// The landing files' `_content_hash` column.
     pub hash_column: schemas::arrow::HashColumn,
+    /// Commit the files to an Iceberg table per stream (a SQLite catalog in the landing
+    /// directory, a namespace per run) and verify from the table; else plain files only.
+    pub table: bool,
 }
 
 /// What the demo did, printed at the end.
@@ -46,6 +51,8 @@ pub struct DemoSummary {
     pub landed_rows: usize,
     pub files: Vec<crate::verify::LandedFile>,
     pub run_dir: PathBuf,
+    /// The run's table of the stream: the catalog's SQLite file and the table's name.
+    pub table: Option<(PathBuf, String)>,
     pub verdict: Verdict,
     pub elapsed: Duration,
 }
@@ -87,9 +94,13 @@ impl fmt::Display for DemoSummary {
         )?;
         let v = &self.verdict;
         if v.exactly_once() {
+            let from = match &self.table {
+                Some((_, table)) => format!(" (read from table {table}'s snapshot)"),
+                None => String::new(),
+            };
             writeln!(
                 f,
-                "  verified             every distinct record landed exactly once"
+                "  verified             every distinct record landed exactly once{from}"
             )?;
         } else {
             writeln!(
@@ -99,6 +110,13 @@ impl fmt::Display for DemoSummary {
             )?;
         }
         writeln!(f, "  files under          {}", self.run_dir.display())?;
+        if let Some((catalog, table)) = &self.table {
+            writeln!(
+                f,
+                "  query it (pyiceberg) python3 -c \"from pyiceberg.catalog.sql import SqlCatalog; print(SqlCatalog('{DEMO_CATALOG}', uri='sqlite:///{}').load_table('{table}').scan().to_arrow())\"",
+                catalog.display()
+            )?;
+        }
         write!(
             f,
             "  took                 {:.1} s",
@@ -155,12 +173,27 @@ pub async fn run(options: DemoOptions) -> anyhow::Result<DemoSummary> {
         )?;
     }
     let run_prefix = format!("demo-{}", chrono::Utc::now().format("%Y%m%dT%H%M%S%.3fZ"));
+    // Each run's tables in a namespace of their own: a new mock cluster starts its offsets
+    // again, which a table holding an earlier run's would take for files it has.
+    let table = options.table.then(|| {
+        let catalog = std::path::absolute(options.landing.join("catalog.db"))
+            .unwrap_or_else(|_| options.landing.join("catalog.db"));
+        sink::table::TableConfig {
+            catalog: catalog.display().to_string(),
+            catalog_name: DEMO_CATALOG.into(),
+            namespace: run_prefix.replace(['-', '.'], "_"),
+            commit_interval_ms: 1_000,
+        }
+    });
     let shutdown = CancellationToken::new();
 
     let gateway =
         ingest_gateway::start(gateway_config(&brokers), streams.clone(), shutdown.clone()).await?;
     let sink = sink::start(
-        sink_config(&brokers, &options.landing, &run_prefix, options.hash_column),
+        SinkConfig {
+            table: table.clone(),
+            ..sink_config(&brokers, &options.landing, &run_prefix, options.hash_column)
+        },
         streams.clone(),
         shutdown.clone(),
     )
@@ -212,8 +245,14 @@ pub async fn run(options: DemoOptions) -> anyhow::Result<DemoSummary> {
     let (agent, expected) = (agent?, landed?);
 
     let run_dir = options.landing.join(&run_prefix);
-    let defs: Vec<_> = streams.iter().cloned().collect();
-    let landed = read_landing_dir(&run_dir, &defs)?;
+    let landed = match &table {
+        Some(table) => {
+            let store = sink::store::ObjectStore::Local(options.landing.clone());
+            let def = streams.get(STREAM).context("no sensor_readings stream")?;
+            crate::verify::read_table(&store, table, def).await?
+        }
+        None => read_landing_dir(&run_dir, &streams.iter().cloned().collect::<Vec<_>>())?,
+    };
     Ok(DemoSummary {
         generated: options.fleet.records,
         distinct: expected.len(),
@@ -223,6 +262,12 @@ pub async fn run(options: DemoOptions) -> anyhow::Result<DemoSummary> {
         verdict: compare(&expected, &landed),
         files: landed.files,
         run_dir,
+        table: table.map(|t| {
+            (
+                PathBuf::from(t.catalog),
+                format!("{}.{STREAM}", t.namespace),
+            )
+        }),
         elapsed: started.elapsed(),
     })
 }

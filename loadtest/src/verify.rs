@@ -141,6 +141,47 @@ pub async fn read_landing_store(
         .filter(|(k, _)| sink::parquet_file::partition_and_offset_of(k, stream).is_some())
         .collect();
     keys.sort();
+    read_keys(store, keys, def).await
+}
+
+/// Reads the data files of the current snapshot of stream `def`'s table: the files its
+/// metadata lists, without listing a folder. Fails when the catalog has no such table.
+pub async fn read_table(
+    store: &ObjectStore,
+    table: &sink::table::TableConfig,
+    def: &Arc<StreamDef>,
+) -> anyhow::Result<Landed> {
+    let files = sink::table::current_files(table, store, &def.name)
+        .await?
+        .with_context(|| {
+            format!(
+                "the catalog {} has no table {}.{}",
+                sink::table::catalog::redact(&table.catalog),
+                table.namespace,
+                def.name
+            )
+        })?;
+    // A table lists a file once per registration: a file registered twice counts its rows
+    // twice, as a reader of the table would. A file's rows are visible from the commit that
+    // added it: the latency is taken to then.
+    let keys = files
+        .into_iter()
+        .map(|f| {
+            let visible = f
+                .committed_ms
+                .map(|ms| SystemTime::UNIX_EPOCH + Duration::from_millis(ms.max(0) as u64));
+            (f.key, visible)
+        })
+        .collect();
+    read_keys(store, keys, def).await
+}
+
+/// Reads the landing files at `keys` (with the times they landed, where known).
+async fn read_keys(
+    store: &ObjectStore,
+    keys: Vec<(String, Option<SystemTime>)>,
+    def: &Arc<StreamDef>,
+) -> anyhow::Result<Landed> {
     let mut landed = Landed::default();
     for (key, landed_at) in keys {
         let Some(data) = store
@@ -295,6 +336,9 @@ pub struct VerifyOptions {
     /// Records in the landing zone that were not sent (another producer's) do not fail the
     /// check; they are still counted.
     pub allow_unexpected: bool,
+    /// Check the stream's table in this catalog (its current snapshot) instead of the files
+    /// under the prefix.
+    pub table: Option<sink::table::TableConfig>,
 }
 
 /// The outcome of `loadtest verify`.
@@ -341,7 +385,10 @@ pub async fn verify(opts: &VerifyOptions) -> anyhow::Result<VerifyReport> {
     let store = ObjectStore::from_config(&opts.store).await?;
     let deadline = Instant::now() + opts.wait;
     loop {
-        let landed = read_landing_store(&store, &opts.prefix, &opts.def).await?;
+        let landed = match &opts.table {
+            Some(table) => read_table(&store, table, &opts.def).await?,
+            None => read_landing_store(&store, &opts.prefix, &opts.def).await?,
+        };
         let verdict = verdict(expected.keys(), |h| expected.contains_key(h), &landed);
         let latency = (timed > 0)
             .then(|| send_to_landing(&expected, &landed))

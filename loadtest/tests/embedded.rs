@@ -22,6 +22,7 @@ async fn embedded_default_lands_every_record_exactly_once() {
         fleet: fleet.clone(),
         timeout: Duration::from_secs(90),
         hash_column: HashColumn::None,
+        table: true,
     })
     .await
     .unwrap();
@@ -38,6 +39,55 @@ async fn embedded_default_lands_every_record_exactly_once() {
 
     let landed = common::pyarrow(&["--dir", summary.run_dir.to_str().unwrap()]);
     common::assert_landed_exactly(&sensor_readings(&fleet), &landed);
+    // The demo's table holds the same records, as pyiceberg and DuckDB read it.
+    let (catalog, table) = summary.table.clone().expect("the demo lands in a table");
+    let (namespace, name) = table.split_once('.').unwrap();
+    let python = common::service_env("EDGE_INGEST_PYTHON");
+    let out = std::process::Command::new(python)
+        .arg(common::repo_root().join("scripts/read_table.py"))
+        .arg("--catalog")
+        .arg(&catalog)
+        .args(["--namespace", namespace, "--table", name])
+        .output()
+        .unwrap();
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let table: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
+    common::assert_same_records(&sensor_readings(&fleet), &table);
+    common::assert_duckdb_reads_the_same(&table);
+    assert!(
+        summary.to_string().contains("query it (pyiceberg)"),
+        "{summary}"
+    );
+    // `loadtest verify --table` finds the same from the agent's input file, without listing.
+    let run = summary
+        .run_dir
+        .file_name()
+        .unwrap()
+        .to_string_lossy()
+        .into_owned();
+    let readings = landing.path().join(format!("{run}-agent/readings.ndjson"));
+    let out = std::process::Command::new(env!("CARGO_BIN_EXE_loadtest"))
+        .args(["verify", "--sent"])
+        .arg(&readings)
+        .arg("--landing")
+        .arg(landing.path())
+        .arg("--table")
+        .arg(&catalog)
+        .args(["--namespace", namespace])
+        .output()
+        .unwrap();
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let report: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
+    assert_eq!(report["rows"], summary.distinct, "{report}");
+    assert_eq!(report["passed"], true, "{report}");
 }
 
 /// With `landing.content_hash_bytes = 16` every row keeps the first 16 bytes of its record's
@@ -55,6 +105,7 @@ async fn landing_files_keep_16_bytes_of_the_content_hash_when_asked() {
         fleet: fleet.clone(),
         timeout: Duration::from_secs(90),
         hash_column: HashColumn::Short,
+        table: false,
     })
     .await
     .unwrap();
@@ -103,6 +154,7 @@ async fn a_partition_gets_more_readings_than_the_mock_cluster_keeps_of_it_and_al
         fleet,
         timeout: Duration::from_secs(120),
         hash_column: HashColumn::None,
+        table: true,
     })
     .await
     .unwrap();

@@ -569,6 +569,7 @@ async fn verify_checks_a_local_landing_directory() {
         prefix: "landing".into(),
         wait: Duration::ZERO,
         allow_unexpected: false,
+        table: None,
     };
     let report = verify(&options).await.unwrap();
     assert!(report.passed, "{report:?}");

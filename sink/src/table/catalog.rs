@@ -15,6 +15,9 @@ use sqlx::any::AnyPoolOptions;
 pub struct Catalog {
     pool: AnyPool,
     name: String,
+    /// The tables have the `iceberg_type` column (the JDBC catalog's second schema, which
+    /// also holds views): new rows are marked `TABLE`.
+    typed: bool,
 }
 
 /// The URL sqlx opens for `catalog`: a `postgres://` or `sqlite:` URL as given, anything else
@@ -36,6 +39,7 @@ const CREATE_TABLES: &str = "CREATE TABLE IF NOT EXISTS iceberg_tables (
     table_name VARCHAR(255) NOT NULL,
     metadata_location VARCHAR(1000),
     previous_metadata_location VARCHAR(1000),
+    iceberg_type VARCHAR(5),
     PRIMARY KEY (catalog_name, table_namespace, table_name))";
 
 const CREATE_NAMESPACES: &str = "CREATE TABLE IF NOT EXISTS iceberg_namespace_properties (
@@ -58,9 +62,15 @@ impl Catalog {
         for statement in [CREATE_TABLES, CREATE_NAMESPACES] {
             sqlx::query(statement).execute(&pool).await?;
         }
+        // A catalog another client created with the first schema has no such column.
+        let typed = sqlx::query("SELECT iceberg_type FROM iceberg_tables WHERE 1 = 0")
+            .fetch_optional(&pool)
+            .await
+            .is_ok();
         Ok(Catalog {
             pool,
             name: name.to_owned(),
+            typed,
         })
     }
 
@@ -109,17 +119,22 @@ impl Catalog {
         table: &str,
         location: &str,
     ) -> anyhow::Result<bool> {
-        let inserted = sqlx::query(
+        let insert = if self.typed {
+            "INSERT INTO iceberg_tables \
+             (catalog_name, table_namespace, table_name, metadata_location, previous_metadata_location, iceberg_type) \
+             VALUES ($1, $2, $3, $4, NULL, 'TABLE')"
+        } else {
             "INSERT INTO iceberg_tables \
              (catalog_name, table_namespace, table_name, metadata_location, previous_metadata_location) \
-             VALUES ($1, $2, $3, $4, NULL)",
-        )
-        .bind(&self.name)
-        .bind(namespace)
-        .bind(table)
-        .bind(location)
-        .execute(&self.pool)
-        .await;
+             VALUES ($1, $2, $3, $4, NULL)"
+        };
+        let inserted = sqlx::query(insert)
+            .bind(&self.name)
+            .bind(namespace)
+            .bind(table)
+            .bind(location)
+            .execute(&self.pool)
+            .await;
         match inserted {
             Ok(_) => Ok(true),
             Err(e) if self.location(namespace, table).await?.is_some() => {
@@ -193,6 +208,31 @@ mod tests {
         assert_eq!(url_of("postgres://db/c"), "postgres://db/c");
     }
 
+    /// A catalog created by a client of the JDBC catalog's first schema (no `iceberg_type`).
+    #[tokio::test]
+    async fn tables_are_registered_in_a_catalog_of_the_first_schema() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("catalog.db");
+        sqlx::any::install_default_drivers();
+        let pool = AnyPoolOptions::new()
+            .connect(&url_of(path.to_str().unwrap()))
+            .await
+            .unwrap();
+        sqlx::query(&CREATE_TABLES.replace("    iceberg_type VARCHAR(5),\n", ""))
+            .execute(&pool)
+            .await
+            .unwrap();
+        let catalog = Catalog::connect(path.to_str().unwrap(), "edge")
+            .await
+            .unwrap();
+        assert!(!catalog.typed);
+        assert!(catalog.create("landing", "t", "m1").await.unwrap());
+        assert_eq!(
+            catalog.location("landing", "t").await.unwrap().as_deref(),
+            Some("m1")
+        );
+    }
+
     #[tokio::test]
     async fn a_commit_moves_the_location_only_from_the_version_it_was_built_on() {
         let dir = tempfile::tempdir().unwrap();
@@ -210,6 +250,12 @@ mod tests {
             catalog.location("landing", "t").await.unwrap().as_deref(),
             Some("m2")
         );
+        let v1: (Option<String>,) =
+            sqlx::query_as("SELECT iceberg_type FROM iceberg_tables WHERE table_name = 't'")
+                .fetch_one(&catalog.pool)
+                .await
+                .unwrap();
+        assert_eq!(v1.0.as_deref(), Some("TABLE"));
         // Another catalog name in the same database is another catalog.
         let other = Catalog::connect(path.to_str().unwrap(), "other")
             .await

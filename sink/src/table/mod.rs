@@ -115,6 +115,8 @@ struct Outcome {
     done: Vec<usize>,
     /// Files whose range straddles the table's next offset of their partition.
     straddling: Vec<usize>,
+    /// Files whose range ends before it, which the table does not list.
+    unlisted: Vec<usize>,
 }
 
 impl Tables {
@@ -184,6 +186,17 @@ impl Tables {
             ::metrics::histogram!(m::TABLE_COMMIT_DURATION).record(started.elapsed().as_secs_f64());
             match result {
                 Ok(outcome) => {
+                    for &i in &outcome.unlisted {
+                        let f = &self.pending[i];
+                        tracing::error!(
+                            stream,
+                            partition = f.partition,
+                            first_offset = f.first,
+                            last_offset = f.last,
+                            object = f.key,
+                            "the table's offsets say it holds this file's range, but it does not list the file (was the topic deleted and created again while the table kept the old one?): the file is not appended and the partition's offsets are not committed past it; give the stream a new table or namespace and restart the sink"
+                        );
+                    }
                     for &i in &outcome.straddling {
                         let f = &self.pending[i];
                         tracing::error!(
@@ -232,15 +245,7 @@ impl Tables {
         let ns = &self.config.namespace;
         loop {
             if let Some(location) = self.catalog.location(ns, &def.name).await? {
-                let key = self.store.key_of(&location).with_context(|| {
-                    format!("table metadata {location} is not in this sink's store")
-                })?;
-                let bytes = self
-                    .store
-                    .get(&key)
-                    .await?
-                    .with_context(|| format!("table metadata {location} does not exist"))?;
-                let metadata = serde_json::from_slice(&bytes)
+                let metadata = serde_json::from_slice(&read_uri(&self.store, &location).await?)
                     .with_context(|| format!("cannot read table metadata {location}"))?;
                 return Ok((location, metadata));
             }
@@ -288,6 +293,10 @@ impl Tables {
             let mut outcome = Outcome::default();
             let mut added = Vec::new();
             let mut blocked: Vec<String> = Vec::new();
+            // Files the offsets say the table has are looked up in it (rare: after a crash or a
+            // rebalance): one it does not list means the table's offsets are not this topic's
+            // (a topic created again) or the files of the partition do not line up.
+            let mut listed: Option<std::collections::HashSet<String>> = None;
             for &i in &mine {
                 let f = &self.pending[i];
                 let pk = metadata::partition_key(&f.topic, f.partition);
@@ -295,7 +304,21 @@ impl Tables {
                     continue;
                 }
                 match offsets.get(&pk).copied() {
-                    Some(next) if f.last < next => outcome.done.push(i),
+                    Some(next) if f.last < next => {
+                        if listed.is_none() {
+                            let files = data_files(&self.store, &table).await?;
+                            listed = Some(files.into_iter().map(|(path, ..)| path).collect());
+                        }
+                        if listed
+                            .as_ref()
+                            .is_some_and(|l| l.contains(&self.store.uri(&f.key)))
+                        {
+                            outcome.done.push(i);
+                        } else {
+                            outcome.unlisted.push(i);
+                            blocked.push(pk);
+                        }
+                    }
                     Some(next) if f.first < next => {
                         outcome.straddling.push(i);
                         blocked.push(pk);
@@ -321,27 +344,14 @@ impl Tables {
             );
             let manifests = match table.current_snapshot() {
                 Some(snapshot) => {
-                    let key = self
-                        .store
-                        .key_of(snapshot.manifest_list())
-                        .context("manifest list location")?;
-                    let list = self
-                        .store
-                        .get(&key)
-                        .await?
-                        .context("manifest list missing")?;
-                    metadata::manifests_of(&list)?
+                    metadata::manifests_of(&read_uri(&self.store, snapshot.manifest_list()).await?)?
                 }
                 None => Vec::new(),
             };
             let merged = if manifests.len() >= metadata::MAX_MANIFESTS {
                 let mut all = Vec::new();
                 for manifest in &manifests {
-                    let key = self
-                        .store
-                        .key_of(&manifest.manifest_path)
-                        .context("manifest location")?;
-                    all.push(self.store.get(&key).await?.context("manifest missing")?);
+                    all.push(read_uri(&self.store, &manifest.manifest_path).await?);
                 }
                 Some(all)
             } else {
@@ -384,4 +394,82 @@ impl Tables {
             tracing::debug!(stream, "table changed meanwhile; building the commit again");
         }
     }
+}
+
+/// A data file of a table's current snapshot.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct TableFile {
+    /// Its key in the store.
+    pub key: String,
+    pub rows: u64,
+    /// When the snapshot that added it was committed (Unix milliseconds), while the table
+    /// keeps that snapshot: when its rows became visible to readers.
+    pub committed_ms: Option<i64>,
+}
+
+/// The data files of the current snapshot of `namespace.table` in `catalog`, read from its
+/// metadata, manifest list and manifests in `store` (nothing is listed); empty when the table
+/// has no snapshot, `None` when the catalog has no such table.
+pub async fn current_files(
+    config: &TableConfig,
+    store: &ObjectStore,
+    table: &str,
+) -> anyhow::Result<Option<Vec<TableFile>>> {
+    let catalog = catalog::Catalog::connect(&config.catalog, &config.catalog_name).await?;
+    let Some(location) = catalog.location(&config.namespace, table).await? else {
+        return Ok(None);
+    };
+    let metadata: iceberg::spec::TableMetadata =
+        serde_json::from_slice(&read_uri(store, &location).await?)
+            .with_context(|| format!("cannot read table metadata {location}"))?;
+    let mut files = Vec::new();
+    for (path, rows, added_by) in data_files(store, &metadata).await? {
+        let key = store
+            .key_of(&path)
+            .with_context(|| format!("data file {path} is not in the store"))?;
+        let committed_ms = metadata.snapshot_by_id(added_by).map(|s| s.timestamp_ms());
+        files.push(TableFile {
+            key,
+            rows,
+            committed_ms,
+        });
+    }
+    Ok(Some(files))
+}
+
+/// The object at `uri` in `store`.
+async fn read_uri(store: &ObjectStore, uri: &str) -> anyhow::Result<bytes::Bytes> {
+    let key = store
+        .key_of(uri)
+        .with_context(|| format!("{uri} is not in this sink's store"))?;
+    store
+        .get(&key)
+        .await?
+        .with_context(|| format!("{uri} does not exist"))
+}
+
+/// The data files of the current snapshot of the table `metadata` describes: URI, rows and
+/// the id of the snapshot that added each.
+async fn data_files(
+    store: &ObjectStore,
+    metadata: &iceberg::spec::TableMetadata,
+) -> anyhow::Result<Vec<(String, u64, i64)>> {
+    let Some(snapshot) = metadata.current_snapshot() else {
+        return Ok(Vec::new());
+    };
+    let mut files = Vec::new();
+    for manifest in metadata::manifests_of(&read_uri(store, snapshot.manifest_list()).await?)? {
+        let bytes = read_uri(store, &manifest.manifest_path).await?;
+        for entry in iceberg::spec::Manifest::parse_avro(&bytes)?
+            .entries()
+            .iter()
+            .filter(|e| e.is_alive())
+        {
+            let file = entry.data_file();
+            // An entry added by the manifest's own snapshot inherits its id.
+            let added_by = entry.snapshot_id().unwrap_or(manifest.added_snapshot_id);
+            files.push((file.file_path().to_owned(), file.record_count(), added_by));
+        }
+    }
+    Ok(files)
 }
