@@ -66,7 +66,8 @@ def main():
         "metadata_log": len(table.metadata.metadata_log),
         "metadata_location": table.metadata_location,
     }
-    if not args.files_only:
+    # DuckDB reads S3 through its httpfs extension, which is not on PyPI: local tables only.
+    if not args.files_only and not args.s3_endpoint:
         out["duckdb"] = read_with_duckdb(table.metadata_location)
     json.dump(out, sys.stdout)
 

@@ -193,6 +193,51 @@ async fn sinks_killed_at_random_points_commit_every_record_to_the_table_once() {
     drop(cluster);
 }
 
+/// The table's files and metadata in S3 (moto), written through the sink's store: pyiceberg
+/// reads every record once from the table there.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_table_in_s3_holds_every_record_once() {
+    let s3 = common::service_env("EDGE_INGEST_S3");
+    let bucket = format!("table-{}", common::unique_id());
+    common::pyarrow(&["--s3-endpoint", &s3, "--bucket", &bucket, "--create-bucket"]);
+    let cluster = MockCluster::new(1).unwrap();
+    cluster.create_topic(TOPIC, 2, 1).unwrap();
+    let bootstrap = cluster.bootstrap_servers();
+    let dir = tempfile::tempdir().unwrap();
+    let catalog = dir.path().join("catalog.db").display().to_string();
+    let config = write_config(
+        dir.path(),
+        &bootstrap,
+        &common::repo_root().join("streams"),
+        (&catalog, "edge_ingest"),
+    );
+    let text = std::fs::read_to_string(&config).unwrap().replace(
+        &format!("type = \"local\"\npath = \"{}\"", dir.path().join("zone").display()),
+        &format!(
+            "type = \"s3\"\nbucket = \"{bucket}\"\nendpoint = \"{s3}\"\nregion = \"us-east-1\"\nforce_path_style = true"
+        ),
+    );
+    assert!(text.contains("type = \"s3\""));
+    std::fs::write(&config, text).unwrap();
+    let sent = support::readings(800, 31);
+    let producer: FutureProducer = ClientConfig::new()
+        .set("bootstrap.servers", &bootstrap)
+        .create()
+        .unwrap();
+    let mut sinks = vec![start_sink(&config, &dir.path().join("sink.log"))];
+    support::produce(&producer, TOPIC, &sent).await;
+    support::wait_caught_up(&bootstrap, (GROUP, TOPIC), &mut sinks, dir.path()).await;
+    support::stop_gracefully(sinks);
+    let table = read_table(&catalog, &["--s3-endpoint", &s3]);
+    common::assert_same_records(&sent, &table);
+    let location = table["metadata_location"].as_str().unwrap();
+    assert!(
+        location.starts_with(&format!("s3://{bucket}/landing/sensor_readings/metadata/")),
+        "{location}"
+    );
+    drop(cluster);
+}
+
 /// A definition that gains a field: the table gains a column with a new id, without rewriting
 /// a file; rows landed before read it as null, in pyiceberg and DuckDB alike. The catalog is
 /// PostgreSQL's.
