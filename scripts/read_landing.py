@@ -122,8 +122,12 @@ def main():
 def read_with_duckdb(root):
     """DuckDB's view of the files under root: one table with union_by_name (files with and
     without a column), hive partitions (date=, hour=) as columns."""
-    db = duckdb.connect()
     source = f"read_parquet('{root}/**/*.parquet', hive_partitioning=true, union_by_name=true)"
+    return duckdb_counts(duckdb.connect(), source)
+
+
+def duckdb_counts(db, source):
+    """The row count, sum of _offset and non-null count of every column of DuckDB's `source`."""
     columns = [r[0] for r in db.execute(f"DESCRIBE SELECT * FROM {source}").fetchall()]
     counts = ", ".join(f'count("{c}")' for c in columns)
     row = db.execute(f'SELECT count(*), sum("_offset"), {counts} FROM {source}').fetchone()

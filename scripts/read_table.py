@@ -13,15 +13,7 @@ import sys
 import pyarrow as pa
 from pyiceberg.catalog.sql import SqlCatalog
 
-
-def to_json_value(v):
-    if isinstance(v, bytes):
-        return v.hex()
-    if isinstance(v, list):
-        return [to_json_value(x) for x in v]
-    if isinstance(v, dict):
-        return {k: to_json_value(x) for k, x in v.items()}
-    return v
+from read_landing import duckdb_counts, to_json_value
 
 
 def main():
@@ -83,12 +75,7 @@ def read_with_duckdb(metadata_location):
     for package in (duckdb_extension_avro, duckdb_extension_iceberg):
         root = os.path.join(os.path.dirname(package.__file__), "extensions")
         db.execute(f"LOAD '{glob.glob(os.path.join(root, '*', '*.duckdb_extension'))[0]}'")
-    source = f"iceberg_scan('{metadata_location}')"
-    columns = [r[0] for r in db.execute(f"DESCRIBE SELECT * FROM {source}").fetchall()]
-    counts = ", ".join(f'count("{c}")' for c in columns)
-    row = db.execute(f'SELECT count(*), sum("_offset"), {counts} FROM {source}').fetchone()
-    return {"rows": row[0], "offset_sum": int(row[1] or 0),
-            "non_null": dict(zip(columns, row[2:]))}
+    return duckdb_counts(db, f"iceberg_scan('{metadata_location}')")
 
 
 if __name__ == "__main__":

@@ -76,6 +76,26 @@ commit_interval_ms = 700
     config
 }
 
+/// A mock cluster whose topic has `partitions`, its bootstrap address, a directory for the
+/// test and a producer.
+fn rig(
+    partitions: i32,
+) -> (
+    MockCluster<'static, rdkafka::producer::DefaultProducerContext>,
+    String,
+    tempfile::TempDir,
+    FutureProducer,
+) {
+    let cluster = MockCluster::new(1).unwrap();
+    cluster.create_topic(TOPIC, partitions, 1).unwrap();
+    let bootstrap = cluster.bootstrap_servers();
+    let producer: FutureProducer = ClientConfig::new()
+        .set("bootstrap.servers", &bootstrap)
+        .create()
+        .unwrap();
+    (cluster, bootstrap, tempfile::tempdir().unwrap(), producer)
+}
+
 /// pyiceberg's view of the stream's table (`scripts/read_table.py`) in `catalog` (a SQLite
 /// file or a PostgreSQL URL).
 fn read_table(catalog: impl AsRef<std::ffi::OsStr>, extra: &[&str]) -> Value {
@@ -98,10 +118,7 @@ fn read_table(catalog: impl AsRef<std::ffi::OsStr>, extra: &[&str]) -> Value {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn sinks_killed_at_random_points_commit_every_record_to_the_table_once() {
-    let cluster = MockCluster::new(1).unwrap();
-    cluster.create_topic(TOPIC, 4, 1).unwrap();
-    let bootstrap = cluster.bootstrap_servers();
-    let dir = tempfile::tempdir().unwrap();
+    let (cluster, bootstrap, dir, producer) = rig(4);
     let catalog = dir.path().join("catalog.db").display().to_string();
     let config = write_config(
         dir.path(),
@@ -110,10 +127,6 @@ async fn sinks_killed_at_random_points_commit_every_record_to_the_table_once() {
         (&catalog, "edge_ingest"),
     );
     let sent = support::readings(4_000, 23);
-    let producer: FutureProducer = ClientConfig::new()
-        .set("bootstrap.servers", &bootstrap)
-        .create()
-        .unwrap();
     let mut rng = SmallRng::seed_from_u64(9);
     let log = |i: usize| dir.path().join(format!("sink-{i}.log"));
     let mut sinks: Vec<Child> = (0..2).map(|i| start_sink(&config, &log(i))).collect();
@@ -200,10 +213,7 @@ async fn a_table_in_s3_holds_every_record_once() {
     let s3 = common::service_env("EDGE_INGEST_S3");
     let bucket = format!("table-{}", common::unique_id());
     common::pyarrow(&["--s3-endpoint", &s3, "--bucket", &bucket, "--create-bucket"]);
-    let cluster = MockCluster::new(1).unwrap();
-    cluster.create_topic(TOPIC, 2, 1).unwrap();
-    let bootstrap = cluster.bootstrap_servers();
-    let dir = tempfile::tempdir().unwrap();
+    let (cluster, bootstrap, dir, producer) = rig(2);
     let catalog = dir.path().join("catalog.db").display().to_string();
     let config = write_config(
         dir.path(),
@@ -220,10 +230,6 @@ async fn a_table_in_s3_holds_every_record_once() {
     assert!(text.contains("type = \"s3\""));
     std::fs::write(&config, text).unwrap();
     let sent = support::readings(800, 31);
-    let producer: FutureProducer = ClientConfig::new()
-        .set("bootstrap.servers", &bootstrap)
-        .create()
-        .unwrap();
     let mut sinks = vec![start_sink(&config, &dir.path().join("sink.log"))];
     support::produce(&producer, TOPIC, &sent).await;
     support::wait_caught_up(&bootstrap, (GROUP, TOPIC), &mut sinks, dir.path()).await;
@@ -243,10 +249,7 @@ async fn a_table_in_s3_holds_every_record_once() {
 /// PostgreSQL's.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_field_added_to_the_definition_becomes_a_column_of_the_table() {
-    let cluster = MockCluster::new(1).unwrap();
-    cluster.create_topic(TOPIC, 2, 1).unwrap();
-    let bootstrap = cluster.bootstrap_servers();
-    let dir = tempfile::tempdir().unwrap();
+    let (cluster, bootstrap, dir, producer) = rig(2);
     let streams = dir.path().join("streams");
     std::fs::create_dir(&streams).unwrap();
     let file = streams.join("sensor_readings.toml");
@@ -256,10 +259,6 @@ async fn a_field_added_to_the_definition_becomes_a_column_of_the_table() {
     let catalog_name = format!("evolve-{}", common::unique_id());
     let config = write_config(dir.path(), &bootstrap, &streams, (&postgres, &catalog_name));
     let table = || read_table(&postgres, &["--catalog-name", &catalog_name]);
-    let producer: FutureProducer = ClientConfig::new()
-        .set("bootstrap.servers", &bootstrap)
-        .create()
-        .unwrap();
     let mut sinks = vec![start_sink(&config, &dir.path().join("sink.log"))];
     let plain = support::readings(300, 3);
     support::produce(&producer, TOPIC, &plain).await;

@@ -186,27 +186,28 @@ impl Tables {
             ::metrics::histogram!(m::TABLE_COMMIT_DURATION).record(started.elapsed().as_secs_f64());
             match result {
                 Ok(outcome) => {
-                    for &i in &outcome.unlisted {
-                        let f = &self.pending[i];
-                        tracing::error!(
-                            stream,
-                            partition = f.partition,
-                            first_offset = f.first,
-                            last_offset = f.last,
-                            object = f.key,
-                            "the table's offsets say it holds this file's range, but it does not list the file (was the topic deleted and created again while the table kept the old one?): the file is not appended and the partition's offsets are not committed past it; give the stream a new table or namespace and restart the sink"
-                        );
-                    }
-                    for &i in &outcome.straddling {
-                        let f = &self.pending[i];
-                        tracing::error!(
-                            stream,
-                            partition = f.partition,
-                            first_offset = f.first,
-                            last_offset = f.last,
-                            object = f.key,
-                            "a landed file starts before the table's next offset of its partition and ends past it: it is not appended (its rows before that offset are in the table already), and the partition's offsets are not committed past it; move the file away and restart the sink"
-                        );
+                    let held = [
+                        (
+                            &outcome.unlisted,
+                            "the table's offsets say it holds this file's range, but it does not list the file (was the topic deleted and created again while the table kept the old one?): the file is not appended and the partition's offsets are not committed past it; give the stream a new table or namespace and restart the sink",
+                        ),
+                        (
+                            &outcome.straddling,
+                            "a landed file starts before the table's next offset of its partition and ends past it: it is not appended (its rows before that offset are in the table already), and the partition's offsets are not committed past it; move the file away and restart the sink",
+                        ),
+                    ];
+                    for (files, why) in held {
+                        for &i in files {
+                            let f = &self.pending[i];
+                            tracing::error!(
+                                stream,
+                                partition = f.partition,
+                                first_offset = f.first,
+                                last_offset = f.last,
+                                object = f.key,
+                                "{why}"
+                            );
+                        }
                     }
                     let mut index = 0;
                     self.pending.retain(|f| {
