@@ -74,7 +74,11 @@ start_postgres() {
   local dir=$1/postgres port=$2 bin
   bin=$(pg_bin)
   mkdir -p "$dir"
-  if [ "$(id -u)" = 0 ]; then chown postgres "$dir"; fi
+  if [ "$(id -u)" = 0 ]; then
+    # The server's user must get through the state directory (mktemp makes it 0700).
+    chmod a+x "$1"
+    chown postgres "$dir"
+  fi
   as_pg "$bin/initdb" -D "$dir/data" -U postgres --auth=trust >"$1/postgres-init.log" 2>&1 \
     || { cat "$1/postgres-init.log" >&2; return 1; }
   as_pg "$bin/pg_ctl" -D "$dir/data" -l "$dir/server.log" -w -t 60 \
