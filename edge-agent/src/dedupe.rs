@@ -96,7 +96,7 @@ impl LogSync {
         };
         // A compaction meanwhile made them durable in a new file; syncing the old one is
         // harmless.
-        file.sync_data()?;
+        again_if_interrupted(|| file.sync_data())?;
         let mut state = self.lock();
         state.durable = state.durable.max(written);
         Ok(())
@@ -119,6 +119,18 @@ impl LogSync {
     pub(crate) fn behind(&self) -> bool {
         let state = self.lock();
         state.durable < state.written
+    }
+}
+
+/// Runs `op` again while a signal interrupts it (`EINTR`): the standard library retries
+/// reads, writes and opens, not `fsync`, `rename` or a kernel copy, and any signal the process
+/// takes (a reload, a profiler's timer) can interrupt those. Each use is safe to repeat.
+fn again_if_interrupted<T>(mut op: impl FnMut() -> std::io::Result<T>) -> std::io::Result<T> {
+    loop {
+        match op() {
+            Err(e) if e.kind() == std::io::ErrorKind::Interrupted => continue,
+            done => return done,
+        }
     }
 }
 
@@ -203,13 +215,19 @@ impl DigestLog {
         let start = whole.saturating_sub((self.keep * ENTRY) as u64);
         let tmp = self.path.with_extension("digests.tmp");
         let mut out = File::create(&tmp)?;
-        let mut from = File::open(&self.path)?;
-        from.seek(SeekFrom::Start(start))?;
-        std::io::copy(&mut from.take(whole - start), &mut out)?;
-        out.sync_data()?;
-        fs::rename(&tmp, &self.path)?;
+        let from = File::open(&self.path)?;
+        again_if_interrupted(|| {
+            // From the start again: an interrupted copy may have written part of it.
+            out.set_len(0)?;
+            out.seek(SeekFrom::Start(0))?;
+            (&from).seek(SeekFrom::Start(start))?;
+            std::io::copy(&mut (&from).take(whole - start), &mut out)
+        })?;
+        again_if_interrupted(|| out.sync_data())?;
+        again_if_interrupted(|| fs::rename(&tmp, &self.path))?;
         if let Some(dir) = self.path.parent() {
-            File::open(dir)?.sync_all()?;
+            let dir = File::open(dir)?;
+            again_if_interrupted(|| dir.sync_all())?;
         }
         let file = OpenOptions::new()
             .read(true)
