@@ -291,7 +291,6 @@ pub struct Append {
     pub files: Vec<(String, bytes::Bytes)>,
     /// The new metadata's location (the last of `files`).
     pub metadata_location: String,
-    pub metadata: TableMetadata,
     /// Files the new metadata no longer refers to: metadata files that left its log and the
     /// manifest lists of the snapshots it expired. (Manifests that only expired snapshots
     /// listed are not tracked, and stay.)
@@ -463,7 +462,6 @@ pub async fn append(
     Ok(Append {
         files,
         metadata_location: metadata_path,
-        metadata: new,
         unreferenced,
     })
 }
