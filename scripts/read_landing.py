@@ -127,10 +127,12 @@ def read_with_duckdb(root):
 
 
 def duckdb_counts(db, source):
-    """The row count, sum of _offset and non-null count of every column of DuckDB's `source`."""
+    """The row count, sum of _offset (of offset where there is none) and non-null count of every
+    column of DuckDB's `source`."""
     columns = [r[0] for r in db.execute(f"DESCRIBE SELECT * FROM {source}").fetchall()]
     counts = ", ".join(f'count("{c}")' for c in columns)
-    row = db.execute(f'SELECT count(*), sum("_offset"), {counts} FROM {source}').fetchone()
+    offset = "_offset" if "_offset" in columns else "offset"
+    row = db.execute(f'SELECT count(*), sum("{offset}"), {counts} FROM {source}').fetchone()
     return {"rows": row[0], "offset_sum": int(row[1] or 0),
             "non_null": dict(zip(columns, row[2:]))}
 

@@ -2,8 +2,12 @@
 """Independent reader of a stream's Iceberg table: opens the sink's SQL catalog with pyiceberg's
 SqlCatalog, scans the table's current snapshot (no listing of folders) and prints one JSON
 document: every row (timestamps as epoch microseconds), the table's schema (field ids, names,
-types), its snapshots and the summary of the current one. DuckDB's iceberg extension reads the
-same snapshot ("duckdb": its row count, non-null count of every column and sum of _offset)."""
+types), its partition spec, its snapshots and the summary of the current one. For a table in a
+local directory it also gives each data file's partition value and column bounds as the manifests
+state them next to the true minimum and maximum of each column in the file ("file_stats"), and
+with --row-filter, the files a scan with that filter plans and the rows it returns ("filtered").
+DuckDB's iceberg extension reads the same snapshot ("duckdb": its row count, non-null count of
+every column and sum of _offset)."""
 import argparse
 import glob
 import json
@@ -11,7 +15,11 @@ import os
 import sys
 
 import pyarrow as pa
+import pyarrow.compute as pc
+import pyarrow.parquet as pq
 from pyiceberg.catalog.sql import SqlCatalog
+from pyiceberg.conversions import from_bytes
+from pyiceberg.types import PrimitiveType
 
 from read_landing import duckdb_counts, to_json_value
 
@@ -24,6 +32,7 @@ def main():
     p.add_argument("--table", required=True)
     p.add_argument("--s3-endpoint", help="S3 endpoint of the table's files (moto in the tests)")
     p.add_argument("--files-only", action="store_true", help="list the files, do not read them")
+    p.add_argument("--row-filter", help="a pyiceberg row filter, for example \"ts >= '2026-01-01T00:00:00+00:00'\"")
     args = p.parse_args()
     if args.catalog.startswith(("postgres://", "postgresql://")):
         uri = "postgresql+psycopg2://" + args.catalog.split("://", 1)[1]
@@ -57,11 +66,53 @@ def main():
         "manifests": len(current.manifests(table.io)) if current else 0,
         "metadata_log": len(table.metadata.metadata_log),
         "metadata_location": table.metadata_location,
+        "partition_spec": [{"name": f.name, "source": table.schema().find_column_name(f.source_id),
+                            "transform": str(f.transform)} for f in table.spec().fields],
     }
+    if not args.files_only and not args.s3_endpoint:
+        out["file_stats"] = file_stats(table)
+    if args.row_filter:
+        scan = table.scan(row_filter=args.row_filter)
+        out["filtered"] = {"files": len(list(scan.plan_files())), "rows": scan.to_arrow().num_rows}
     # DuckDB reads S3 through its httpfs extension, which is not on PyPI: local tables only.
     if not args.files_only and not args.s3_endpoint:
         out["duckdb"] = read_with_duckdb(table.metadata_location)
     json.dump(out, sys.stdout)
+
+
+def bound(field_type, raw):
+    value = from_bytes(field_type, raw)
+    return value if not isinstance(value, bytes) else value.hex()
+
+
+def file_stats(table):
+    """Per data file: its partition, the bounds its manifest entry gives by column name, and the
+    true minimum and maximum of each column with bounds, read from the file by pyarrow."""
+    schema = table.schema()
+    out = []
+    for task in table.scan().plan_files():
+        f = task.file
+        columns = {}
+        for field_id in set(f.lower_bounds or {}) | set(f.upper_bounds or {}):
+            field = schema.find_field(field_id)
+            columns[field.name] = {"id": field_id}
+            for side, bounds in (("lower", f.lower_bounds or {}), ("upper", f.upper_bounds or {})):
+                if field_id in bounds:
+                    columns[field.name][side] = bound(field.field_type, bounds[field_id])
+        data = pq.read_table(f.file_path.removeprefix("file://"), columns=sorted(columns))
+        for name in columns:
+            column = data.column(name)
+            if pa.types.is_timestamp(column.type):
+                column = column.cast(pa.int64())
+            if isinstance(schema.find_field(name).field_type, PrimitiveType):
+                extremes = pc.min_max(column)
+                columns[name]["min"] = to_json_value(extremes["min"].as_py())
+                columns[name]["max"] = to_json_value(extremes["max"].as_py())
+        partition = {field.name: to_json_value(f.partition[i]) for i, field in enumerate(table.spec().fields)}
+        out.append({"path": f.file_path, "partition": partition, "columns": columns,
+                    "value_counts": {schema.find_column_name(k): v for k, v in (f.value_counts or {}).items()},
+                    "null_counts": {schema.find_column_name(k): v for k, v in (f.null_value_counts or {}).items()}})
+    return out
 
 
 def read_with_duckdb(metadata_location):

@@ -13,6 +13,7 @@ use arrow::array::{Array, RecordBatch, TimestampMicrosecondArray};
 use parquet::arrow::ArrowWriter;
 use parquet::arrow::arrow_reader::ParquetRecordBatchReaderBuilder;
 use parquet::errors::ParquetError;
+use parquet::file::metadata::ParquetMetaDataReader;
 use schemas::arrow::{BatchBuilder, COL_INGEST_TS, HashColumn, RowMeta};
 use schemas::{Row, StreamDef};
 
@@ -20,6 +21,7 @@ use crate::parquet_file::{
     OffsetRange, ROW_GROUP_ROWS, RowId, file_metadata, offset_column, row_ids_of, writer_properties,
 };
 use crate::store::Staged;
+use crate::table::stats::FileStats;
 
 /// Size targets of a landing file.
 #[derive(Debug, Clone, Copy)]
@@ -242,11 +244,17 @@ impl OpenFile {
         } else {
             self.ratio
         };
+        let footer = ParquetMetaDataReader::new().parse_and_finish(
+            &file
+                .try_clone()
+                .map_err(|e| ParquetError::External(Box::new(e)))?,
+        )?;
         Ok(Finished {
             staged,
             rows,
             size,
             ratio,
+            stats: FileStats::of(&footer),
         })
     }
 }
@@ -258,6 +266,8 @@ pub struct Finished {
     pub size: u64,
     /// Final size / estimate, for the partition's next file.
     pub ratio: SizeRatio,
+    /// Its columns' statistics, for a table's manifest.
+    pub stats: FileStats,
 }
 
 /// What is left of a finished staged file after another sink's object was adopted.

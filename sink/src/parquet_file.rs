@@ -12,7 +12,8 @@ use parquet::arrow::{ArrowWriter, ProjectionMask};
 use parquet::basic::{Compression, Encoding, ZstdLevel};
 use parquet::errors::ParquetError;
 use parquet::file::metadata::{
-    FileMetaData, FooterTail, KeyValue, PageIndexPolicy, RowGroupMetaData, SortingColumn,
+    FileMetaData, FooterTail, KeyValue, PageIndexPolicy, ParquetMetaData, RowGroupMetaData,
+    SortingColumn,
 };
 use parquet::file::properties::{EnabledStatistics, WriterProperties};
 use parquet::file::reader::{ChunkReader, Length};
@@ -403,6 +404,11 @@ impl PagePlan {
     /// The file's rows.
     pub fn rows(&self) -> u64 {
         self.metadata.metadata().file_metadata().num_rows().max(0) as u64
+    }
+
+    /// The file's footer.
+    pub fn footer(&self) -> &ParquetMetaData {
+        self.metadata.metadata()
     }
 
     /// The offset range the file's metadata gives.

@@ -131,8 +131,14 @@ async fn sinks_killed_at_random_points_commit_every_record_to_the_table_once() {
     let log = |i: usize| dir.path().join(format!("sink-{i}.log"));
     let mut sinks: Vec<Child> = (0..2).map(|i| start_sink(&config, &log(i))).collect();
     let (mut kills, mut started) = (0, 2);
+    let mut garbage = Vec::new();
     for chunk in sent.chunks(400) {
         support::produce(&producer, TOPIC, chunk).await;
+        for _ in 0..3 {
+            let value = format!("not a reading {}", garbage.len());
+            support::produce_raw(&producer, TOPIC, &format!("bad-{}", garbage.len()), &value).await;
+            garbage.push(value);
+        }
         // Past the commit interval now and then, so that kills fall before, between and after
         // table commits.
         tokio::time::sleep(Duration::from_millis(rng.random_range(200..1_600))).await;
@@ -149,9 +155,24 @@ async fn sinks_killed_at_random_points_commit_every_record_to_the_table_once() {
     // Kafka offsets are committed only past files in the table: caught up means in the table.
     support::wait_caught_up(&bootstrap, (GROUP, TOPIC), &mut sinks, dir.path()).await;
     support::stop_gracefully(sinks);
-    let table = read_table(&catalog, &[]);
+    // The last quarter by event time, for a filtered scan.
+    let mut times: Vec<i64> = sent.iter().map(|r| r["ts"].as_i64().unwrap()).collect();
+    times.sort_unstable();
+    let since = times[times.len() * 3 / 4];
+    let since_text = chrono::DateTime::from_timestamp_millis(since)
+        .unwrap()
+        .to_rfc3339();
+    let table = read_table(
+        &catalog,
+        &["--row-filter", &format!("ts >= '{since_text}'")],
+    );
     common::assert_same_records(&sent, &table);
     common::assert_duckdb_reads_the_same(&table);
+    assert_partitions_and_bounds(&table, since * 1_000);
+    assert_dead_letters_once(
+        &read_table(&catalog, &["--table", "_dead_letters"]),
+        &garbage,
+    );
     let mut offsets: Vec<(i64, i64)> = table["rows"]
         .as_array()
         .unwrap()
@@ -203,6 +224,68 @@ async fn sinks_killed_at_random_points_commit_every_record_to_the_table_once() {
     distinct.sort_unstable();
     distinct.dedup();
     assert_eq!(distinct.len(), files.len(), "a file registered twice");
+    drop(cluster);
+}
+
+/// A table commit moves the Kafka offset of a partition whose file went in, and no further
+/// than the records it has read since into its open file: a sink killed then reads those again
+/// (here the open file waits for `max_records`, and its records would otherwise be lost).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_table_commit_does_not_commit_past_the_open_file() {
+    let (cluster, bootstrap, dir, producer) = rig(1);
+    let catalog = dir.path().join("catalog.db").display().to_string();
+    let config = write_config(
+        dir.path(),
+        &bootstrap,
+        &common::repo_root().join("streams"),
+        (&catalog, "edge_ingest"),
+    );
+    let text = std::fs::read_to_string(&config)
+        .unwrap()
+        .replace("idle_ms = 400", "idle_ms = 600000");
+    std::fs::write(&config, text).unwrap();
+    let sent = support::readings(400, 5);
+    let mut sinks = vec![start_sink(&config, &dir.path().join("sink-0.log"))];
+    support::produce(&producer, TOPIC, &sent).await;
+    // The first files (150 records each) go into the table; the rest wait in the open file.
+    let deadline = Instant::now() + Duration::from_secs(60);
+    let committed = loop {
+        let offsets = {
+            let bootstrap = bootstrap.clone();
+            tokio::task::spawn_blocking(move || {
+                support::committed_offsets(&bootstrap, GROUP, TOPIC)
+            })
+            .await
+            .unwrap()
+        };
+        if let Some(&(Some(committed), high)) = offsets.first() {
+            assert_eq!(high, 400);
+            break committed;
+        }
+        assert!(Instant::now() < deadline, "no offset committed");
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    };
+    // A commit lands at the end of a file: past one of the landed files, short of the end.
+    let files = read_table(&catalog, &["--files-only"])["files"]
+        .as_array()
+        .unwrap()
+        .len();
+    assert!(
+        files >= 1,
+        "an offset committed before any file was in the table"
+    );
+    assert!(committed < 400, "committed {committed}, past the open file");
+    let mut killed = sinks.remove(0);
+    killed.kill().unwrap(); // SIGKILL
+    killed.wait().unwrap();
+    let text = std::fs::read_to_string(&config)
+        .unwrap()
+        .replace("idle_ms = 600000", "idle_ms = 400");
+    std::fs::write(&config, text).unwrap();
+    let mut sinks = vec![start_sink(&config, &dir.path().join("sink-1.log"))];
+    support::wait_caught_up(&bootstrap, (GROUP, TOPIC), &mut sinks, dir.path()).await;
+    support::stop_gracefully(sinks);
+    common::assert_same_records(&sent, &read_table(&catalog, &[]));
     drop(cluster);
 }
 
@@ -317,6 +400,98 @@ async fn a_field_added_to_the_definition_becomes_a_column_of_the_table() {
     drop(cluster);
 }
 
+/// The table is partitioned by day of ingest time, each file in the partition of the date its
+/// key names; every file's manifest entry bounds its event time, ingest time, offsets, device
+/// and value, and the bounds hold every value in the file (read by pyarrow); a scan filtered on
+/// event time from `since` (µs) skips files by those bounds and returns exactly the rows from
+/// `since` on.
+fn assert_partitions_and_bounds(table: &Value, since: i64) {
+    assert_eq!(
+        table["partition_spec"],
+        serde_json::json!([{"name": "_ingest_ts_day", "source": "_ingest_ts", "transform": "day"}])
+    );
+    let files = table["file_stats"].as_array().unwrap();
+    assert_eq!(files.len(), table["files"].as_array().unwrap().len());
+    for file in files {
+        let path = file["path"].as_str().unwrap();
+        let date = path.split("/date=").nth(1).unwrap().get(..10).unwrap();
+        let days = chrono::NaiveDate::parse_from_str(date, "%Y-%m-%d")
+            .unwrap()
+            .signed_duration_since(chrono::NaiveDate::default())
+            .num_days();
+        assert_eq!(file["partition"]["_ingest_ts_day"], days, "{path}");
+        let columns = file["columns"].as_object().unwrap();
+        for name in [
+            "ts",
+            "_ingest_ts",
+            "_offset",
+            "_partition",
+            "device_id",
+            "value",
+        ] {
+            let c = &columns
+                .get(name)
+                .unwrap_or_else(|| panic!("{path}: no bounds of {name}"));
+            let (lower, upper, min, max) = (&c["lower"], &c["upper"], &c["min"], &c["max"]);
+            let holds = match (lower.as_str(), upper.as_str()) {
+                (Some(l), Some(u)) => l <= min.as_str().unwrap() && u >= max.as_str().unwrap(),
+                _ => {
+                    lower.as_f64().unwrap() <= min.as_f64().unwrap()
+                        && upper.as_f64().unwrap() >= max.as_f64().unwrap()
+                }
+            };
+            assert!(holds, "{path}: bounds of {name} {c} do not hold its values");
+        }
+        let rows = file["value_counts"]["ts"].as_u64().unwrap();
+        assert!(
+            rows > 0 && file["null_counts"]["unit"] == 0,
+            "{path}: {file}"
+        );
+    }
+    let expected = table["rows"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .filter(|r| r["ts"].as_i64().unwrap() >= since)
+        .count();
+    let filtered = &table["filtered"];
+    assert_eq!(filtered["rows"], expected as u64);
+    assert!(
+        filtered["files"].as_u64().unwrap() < files.len() as u64,
+        "a filter on the last quarter of event times skipped no file: {filtered}"
+    );
+}
+
+/// The dead-letter table holds each of `garbage` once, at an offset of its own, with the
+/// stream it was sent to and a reason; DuckDB reads as many rows.
+fn assert_dead_letters_once(table: &Value, garbage: &[String]) {
+    let rows = table["rows"].as_array().unwrap();
+    let mut payloads: Vec<String> = rows
+        .iter()
+        .map(|r| String::from_utf8(hex::decode(r["payload"].as_str().unwrap()).unwrap()).unwrap())
+        .collect();
+    payloads.sort();
+    let mut expected = garbage.to_vec();
+    expected.sort();
+    assert_eq!(payloads, expected, "the dead-letter table: {rows:?}");
+    let mut at: Vec<(i64, i64)> = rows
+        .iter()
+        .map(|r| {
+            (
+                r["partition"].as_i64().unwrap(),
+                r["offset"].as_i64().unwrap(),
+            )
+        })
+        .collect();
+    at.sort_unstable();
+    at.dedup();
+    assert_eq!(at.len(), garbage.len(), "two dead letters at one offset");
+    assert!(rows.iter().all(|r| r["stream"] == "sensor_readings"
+        && r["topic"] == TOPIC
+        && !r["reason"].as_str().unwrap().is_empty()));
+    assert_eq!(table["duckdb"]["rows"], garbage.len() as u64);
+}
+
 /// How many of `records` repeat an earlier one.
 fn duplicates(records: &[Value]) -> usize {
     let mut seen: Vec<String> = records.iter().map(Value::to_string).collect();
@@ -346,15 +521,17 @@ async fn a_thousand_commits_keep_the_metadata_bounded() {
     let started = Instant::now();
     for i in 0..1_000i64 {
         tables.landed(sink::table::Landed {
+            kind: sink::table::TableKind::Stream,
             def: def.clone(),
             hash: schemas::arrow::HashColumn::None,
             topic: TOPIC.into(),
             partition: (i % 4) as i32,
             first: i * 10,
             last: i * 10 + 9,
-            key: format!("landing/sensor_readings/f{i}.parquet"),
+            key: format!("landing/sensor_readings/date=2026-11-28/hour=05/f{i}.parquet"),
             rows: 10,
             size: 1_000,
+            stats: Default::default(),
             landed_at: Instant::now(),
         });
         let done = tables.commit().await;
@@ -362,30 +539,34 @@ async fn a_thousand_commits_keep_the_metadata_bounded() {
     }
     // Files committed again (a sink that adopted them) are found in the table, not added.
     tables.landed(sink::table::Landed {
+        kind: sink::table::TableKind::Stream,
         def: def.clone(),
         hash: schemas::arrow::HashColumn::None,
         topic: TOPIC.into(),
         partition: 3,
         first: 9_990,
         last: 9_999,
-        key: "landing/sensor_readings/f999.parquet".into(),
+        key: "landing/sensor_readings/date=2026-11-28/hour=05/f999.parquet".into(),
         rows: 10,
         size: 1_000,
+        stats: Default::default(),
         landed_at: Instant::now(),
     });
     assert_eq!(tables.commit().await, [(TOPIC.to_owned(), 3)]);
     // A file the offsets place in the table but that it does not list (a topic created again
     // while the table kept the old one's): not appended, and held back with its partition.
     let stray = |first: i64| sink::table::Landed {
+        kind: sink::table::TableKind::Stream,
         def: def.clone(),
         hash: schemas::arrow::HashColumn::None,
         topic: TOPIC.into(),
         partition: 2,
         first,
         last: first + 9,
-        key: format!("landing/sensor_readings/again-{first}.parquet"),
+        key: format!("landing/sensor_readings/date=2026-11-28/hour=06/again-{first}.parquet"),
         rows: 10,
         size: 1_000,
+        stats: Default::default(),
         landed_at: Instant::now(),
     };
     tables.landed(stray(0));

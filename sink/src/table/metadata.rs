@@ -10,11 +10,13 @@ use iceberg::spec::{
     DataContentType, DataFile, DataFileBuilder, DataFileFormat, FormatVersion, ListType,
     ManifestFile, ManifestList, ManifestListWriter, ManifestWriterBuilder, MapType, NestedField,
     NestedFieldRef, NullOrder, Operation, PrimitiveType, Schema, Snapshot, SortDirection,
-    SortField, SortOrder, Summary, TableMetadata, TableMetadataBuilder, Transform, Type,
+    SortField, SortOrder, Struct, Summary, TableMetadata, TableMetadataBuilder, Transform, Type,
     UnboundPartitionSpec,
 };
 use schemas::arrow::{COL_CONTENT_HASH, COL_INGEST_TS, COL_OFFSET, COL_PARTITION, HashColumn};
 use schemas::{FieldType, StreamDef};
+
+use super::{Landed, Partitioning, stats};
 
 /// The snapshot summary property holding, as JSON, each Kafka partition's next offset: the
 /// offset after the last one accounted for by the table's files (`"<topic>:<partition>"` →
@@ -131,10 +133,27 @@ pub fn name_mapping(schema: &Schema) -> String {
     .to_string()
 }
 
-/// The first metadata of a stream's table at `location`: its schema, unpartitioned, sorted
-/// the way the sink sorts each file's rows (series, then event time).
-pub fn create(def: &StreamDef, hash: HashColumn, location: &str) -> iceberg::Result<TableMetadata> {
+/// The first metadata of a stream's table at `location`: its schema, partitioned by
+/// `partitioning` of the ingest time, sorted the way the sink sorts each file's rows (series,
+/// then event time).
+pub fn create(
+    def: &StreamDef,
+    hash: HashColumn,
+    location: &str,
+    partitioning: Partitioning,
+) -> iceberg::Result<TableMetadata> {
     let schema = schema_of(def, hash)?;
+    let ingest_ts = def.fields.len() as i32 + 1;
+    let mut spec = UnboundPartitionSpec::builder();
+    let transform = match partitioning {
+        Partitioning::Day => Some((Transform::Day, "day")),
+        Partitioning::Hour => Some((Transform::Hour, "hour")),
+        Partitioning::None => None,
+    };
+    if let Some((transform, suffix)) = transform {
+        spec =
+            spec.add_partition_field(ingest_ts, format!("{COL_INGEST_TS}_{suffix}"), transform)?;
+    }
     let series = std::iter::once(def.partition_key).chain(
         (0..def.fields.len())
             .filter(|&i| i != def.partition_key && def.fields[i].ty == FieldType::String),
@@ -161,7 +180,7 @@ pub fn create(def: &StreamDef, hash: HashColumn, location: &str) -> iceberg::Res
     let order = order.with_order_id(1).build(&schema)?;
     Ok(TableMetadataBuilder::new(
         schema,
-        UnboundPartitionSpec::builder().build(),
+        spec.build(),
         order,
         location.to_owned(),
         FormatVersion::V2,
@@ -271,19 +290,35 @@ pub fn partition_key(topic: &str, partition: i32) -> String {
     format!("{topic}:{partition}")
 }
 
-/// A landed file as the table lists it.
-pub fn data_file(uri: String, rows: u64, size: u64, spec_id: i32) -> iceberg::Result<DataFile> {
-    DataFileBuilder::default()
+/// A landed file as `table` lists it at `uri`: in its partition of the default spec, with its
+/// columns' statistics by the current schema's field ids.
+pub fn data_file(table: &TableMetadata, uri: String, file: &Landed) -> iceberg::Result<DataFile> {
+    let spec = table.default_partition_spec();
+    let partition = match spec.fields() {
+        [] => Struct::empty(),
+        _ => {
+            let hour = stats::ingest_hour_of_key(&file.key).ok_or_else(|| {
+                iceberg::Error::new(
+                    iceberg::ErrorKind::DataInvalid,
+                    format!("{} names no hour of ingest time", file.key),
+                )
+            })?;
+            stats::partition_of(spec, table.current_schema(), hour)?
+        }
+    };
+    let mut builder = DataFileBuilder::default();
+    builder
         .content(DataContentType::Data)
         .file_path(uri)
         .file_format(DataFileFormat::Parquet)
-        .record_count(rows)
-        .file_size_in_bytes(size)
-        .partition_spec_id(spec_id)
-        .build()
-        .map_err(|e| {
-            iceberg::Error::new(iceberg::ErrorKind::DataInvalid, format!("data file: {e}"))
-        })
+        .record_count(file.rows)
+        .file_size_in_bytes(file.size)
+        .partition_spec_id(table.default_partition_spec_id())
+        .partition(partition);
+    file.stats.describe(table.current_schema(), &mut builder);
+    builder.build().map_err(|e| {
+        iceberg::Error::new(iceberg::ErrorKind::DataInvalid, format!("data file: {e}"))
+    })
 }
 
 /// The files an append writes, by location: the manifest, the manifest list and the metadata.

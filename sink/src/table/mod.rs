@@ -16,7 +16,9 @@
 //! next owner files that the table already has.
 
 pub mod catalog;
+pub mod dead_letters;
 pub mod metadata;
+pub mod stats;
 
 use std::collections::BTreeMap;
 use std::sync::Arc;
@@ -46,6 +48,23 @@ pub struct TableConfig {
     /// the files of an interval, not one per file.
     #[serde(default = "default_commit_interval")]
     pub commit_interval_ms: u64,
+    /// How a table is partitioned when the sink creates it: by the `day` or `hour` of the
+    /// ingest time (`_ingest_ts`), or not at all (`none`). An existing table keeps its spec.
+    #[serde(default)]
+    pub partition: Partitioning,
+}
+
+/// The partition spec of a new table: a transform of the ingest time. Each landing file holds
+/// the records of one hour of ingest time, so each is in one partition of either; event time
+/// is not a partition (a file holds many event days when data arrives late), but every file's
+/// event-time bounds are in the manifests, which prunes as well for data that arrives in order.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Deserialize, serde::Serialize)]
+#[serde(rename_all = "lowercase")]
+pub enum Partitioning {
+    #[default]
+    Day,
+    Hour,
+    None,
 }
 
 fn default_catalog_name() -> String {
@@ -81,10 +100,20 @@ impl TableConfig {
     }
 }
 
+/// Which table a landed file goes to.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum TableKind {
+    /// Its stream's: a landing file.
+    Stream,
+    /// [`dead_letters::TABLE`]: the Parquet twin of a dead-letter object.
+    DeadLetters,
+}
+
 /// A file landed (written, or adopted from an earlier writer) and not yet known to be in its
-/// stream's table.
+/// table.
 #[derive(Debug, Clone)]
 pub struct Landed {
+    pub kind: TableKind,
     pub def: Arc<StreamDef>,
     pub hash: HashColumn,
     pub topic: String,
@@ -95,7 +124,19 @@ pub struct Landed {
     pub key: String,
     pub rows: u64,
     pub size: u64,
+    /// Its columns' statistics, from its footer.
+    pub stats: stats::FileStats,
     pub landed_at: Instant,
+}
+
+impl Landed {
+    /// The name of its table in the namespace.
+    pub fn table(&self) -> &str {
+        match self.kind {
+            TableKind::Stream => &self.def.name,
+            TableKind::DeadLetters => dead_letters::TABLE,
+        }
+    }
 }
 
 /// The sink's side of its tables: the files landed since the last commit, and the commit.
@@ -162,7 +203,7 @@ impl Tables {
     pub fn report_lag(&self) {
         let mut oldest: BTreeMap<&str, Instant> = BTreeMap::new();
         for f in &self.pending {
-            let at = oldest.entry(&f.def.name).or_insert(f.landed_at);
+            let at = oldest.entry(f.table()).or_insert(f.landed_at);
             *at = (*at).min(f.landed_at);
         }
         for (stream, at) in oldest {
@@ -176,7 +217,7 @@ impl Tables {
     /// some stream's commit failed (it is retried at the next one).
     pub async fn commit(&mut self) -> Vec<(String, i32)> {
         self.last_commit = Instant::now();
-        let mut streams: Vec<String> = self.pending.iter().map(|f| f.def.name.clone()).collect();
+        let mut streams: Vec<String> = self.pending.iter().map(|f| f.table().to_owned()).collect();
         streams.sort_unstable();
         streams.dedup();
         let mut finished = Vec::new();
@@ -232,26 +273,35 @@ impl Tables {
         finished
     }
 
-    fn table_location(&self, stream: &str) -> String {
-        self.store.uri(&format!("{}/{stream}", self.key_prefix))
-    }
-
     /// The table's current metadata and its location, the table created first when the
     /// catalog has none of that name.
     async fn load_or_create(
         &self,
-        def: &StreamDef,
-        hash: HashColumn,
+        file: &Landed,
     ) -> anyhow::Result<(String, iceberg::spec::TableMetadata)> {
         let ns = &self.config.namespace;
+        let name = file.table();
         loop {
-            if let Some(location) = self.catalog.location(ns, &def.name).await? {
+            if let Some(location) = self.catalog.location(ns, name).await? {
                 let metadata = serde_json::from_slice(&read_uri(&self.store, &location).await?)
                     .with_context(|| format!("cannot read table metadata {location}"))?;
                 return Ok((location, metadata));
             }
-            let location = self.table_location(&def.name);
-            let metadata = metadata::create(def, hash, &location)?;
+            let (location, metadata) = match file.kind {
+                TableKind::Stream => {
+                    let location = self.store.uri(&format!("{}/{name}", self.key_prefix));
+                    let metadata =
+                        metadata::create(&file.def, file.hash, &location, self.config.partition)?;
+                    (location, metadata)
+                }
+                TableKind::DeadLetters => {
+                    let location =
+                        self.store
+                            .uri(&format!("{}/{}", self.key_prefix, dead_letters::LOCATION));
+                    let metadata = dead_letters::create(&location)?;
+                    (location, metadata)
+                }
+            };
             let path = format!(
                 "{location}/metadata/00000-{}.metadata.json",
                 uuid::Uuid::new_v4()
@@ -260,29 +310,32 @@ impl Tables {
             self.store
                 .put_if_absent(&key, bytes::Bytes::from(serde_json::to_vec(&metadata)?))
                 .await?;
-            if self.catalog.create(ns, &def.name, &path).await? {
-                tracing::info!(table = %format!("{ns}.{}", def.name), location, "created table");
+            if self.catalog.create(ns, name, &path).await? {
+                tracing::info!(table = %format!("{ns}.{name}"), location, "created table");
             }
         }
     }
 
     async fn commit_stream(&self, stream: &str) -> anyhow::Result<Outcome> {
         let mine: Vec<usize> = (0..self.pending.len())
-            .filter(|&i| self.pending[i].def.name == stream)
+            .filter(|&i| self.pending[i].table() == stream)
             .collect();
         let Some(&first) = mine.first() else {
             return Ok(Outcome::default());
         };
-        let (def, hash) = (self.pending[first].def.clone(), self.pending[first].hash);
-        // The newest definition among the files: the table takes its columns.
+        let first = &self.pending[first];
+        // The newest definition among a stream's files: the table takes its columns.
         let newest = mine
             .iter()
             .map(|&i| &self.pending[i])
+            .filter(|f| f.kind == TableKind::Stream)
             .max_by_key(|f| f.def.version)
-            .map_or((def.clone(), hash), |f| (f.def.clone(), f.hash));
+            .map(|f| (f.def.clone(), f.hash));
         loop {
-            let (location, mut table) = self.load_or_create(&def, hash).await?;
-            if let Some(evolved) = metadata::evolved(&table, &newest.0, newest.1)? {
+            let (location, mut table) = self.load_or_create(first).await?;
+            if let Some(newest) = &newest
+                && let Some(evolved) = metadata::evolved(&table, &newest.0, newest.1)?
+            {
                 tracing::info!(
                     stream,
                     version = newest.0.version,
@@ -325,12 +378,7 @@ impl Tables {
                         blocked.push(pk);
                     }
                     _ => {
-                        added.push(metadata::data_file(
-                            self.store.uri(&f.key),
-                            f.rows,
-                            f.size,
-                            table.default_partition_spec_id(),
-                        )?);
+                        added.push(metadata::data_file(&table, self.store.uri(&f.key), f)?);
                         offsets.insert(pk, f.last + 1);
                         outcome.done.push(i);
                     }

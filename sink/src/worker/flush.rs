@@ -2,6 +2,7 @@
 //! letters, and committing its offsets.
 
 use super::*;
+use crate::table::stats::FileStats;
 
 impl Worker {
     /// Closes the partition's open file, makes it an object and commits past it. On a
@@ -66,6 +67,7 @@ impl Worker {
                     })?;
             part.size_ratio = finished.ratio;
             let (staged, rows, size) = (finished.staged, finished.rows, finished.size);
+            let mut stats = Some(finished.stats);
             let started = Instant::now();
             let part_bytes = self.config.upload.part_bytes;
             let outcome = self
@@ -93,7 +95,13 @@ impl Worker {
                         .fetch_add(rows as u64, Ordering::Relaxed);
                     self.stats.files_written.fetch_add(1, Ordering::Relaxed);
                     part.range_start = None;
-                    let landed = self.landed_file(key, &object, range, rows as u64, size);
+                    let landed = self.landed_file(
+                        key,
+                        &object,
+                        range,
+                        (rows as u64, size),
+                        stats.take().unwrap_or_default(),
+                    );
                     if let (Some(tables), Some(landed)) = (&mut self.tables, landed) {
                         tables.landed(landed);
                     }
@@ -156,7 +164,7 @@ impl Worker {
             None => return Ok(false),
             Some(PutOutcome::Created) => {
                 tracing::info!(object, "wrote dead letters");
-                None
+                (None, data)
             }
             Some(PutOutcome::AlreadyExists) => {
                 let Some(existing) = self.with_retry(&object, || self.store.get(&object)).await
@@ -185,15 +193,85 @@ impl Worker {
                 self.stats
                     .adopted_dead_letter_objects
                     .fetch_add(1, Ordering::Relaxed);
-                Some(last)
+                (Some(last), existing)
             }
         };
+        let (adopted, content) = adopted;
+        if self.tables.is_some() && !self.land_dead_letter_twin(key, &object, &content).await? {
+            return Ok(false);
+        }
         if let Some(part) = self.parts.get_mut(key) {
             match adopted {
                 // All of them are in the new object.
                 None => part.dead = partition::DeadLetters::default(),
                 Some(last) => part.adopt_dead_letters_through(last),
             }
+        }
+        Ok(true)
+    }
+
+    /// With `[table]`: writes the Parquet twin of the dead-letter object at `object` (holding
+    /// `content`) for the dead-letter table, unless it exists, and has it appended with the
+    /// next commit. `false` as [`Worker::write_dead_letters`].
+    async fn land_dead_letter_twin(
+        &mut self,
+        key: &PartKey,
+        object: &str,
+        content: &bytes::Bytes,
+    ) -> anyhow::Result<bool> {
+        let Some(part) = self.parts.get(key) else {
+            return Ok(false);
+        };
+        let prefix = &self.config.key_prefix;
+        let twin = table::dead_letters::twin_key(prefix, object)
+            .with_context(|| format!("{object} is not a dead-letter key"))?;
+        let encoded =
+            table::dead_letters::encode(&part.def.name, &part.topic, part.partition, content)
+                .with_context(|| format!("cannot encode {object} for the dead-letter table"));
+        let encoded = match encoded {
+            Ok(encoded) => encoded,
+            Err(e) => {
+                self.landing_conflict(key, object, Conflict::Unreadable(e));
+                return Ok(false);
+            }
+        };
+        let put = self
+            .with_retry(&twin, || {
+                self.store.put_if_absent(&twin, encoded.bytes.clone())
+            })
+            .await;
+        let (size, stats) = match put {
+            None => return Ok(false),
+            Some(PutOutcome::Created) => (encoded.bytes.len() as u64, encoded.stats),
+            // Written before a crash or by another sink, from the same object: its size is
+            // what the table records, and its statistics are not known here.
+            Some(PutOutcome::AlreadyExists) => {
+                match self.with_retry(&twin, || self.store.get(&twin)).await {
+                    None => return Ok(false),
+                    Some(existing) => (
+                        existing
+                            .with_context(|| format!("{twin} vanished after a conflicting create"))?
+                            .len() as u64,
+                        FileStats::default(),
+                    ),
+                }
+            }
+        };
+        if let (Some(tables), Some(part)) = (&mut self.tables, self.parts.get(key)) {
+            tables.landed(table::Landed {
+                kind: table::TableKind::DeadLetters,
+                def: part.def.clone(),
+                hash: part.hash_column,
+                topic: part.topic.clone(),
+                partition: part.partition,
+                first: encoded.first,
+                last: encoded.last,
+                key: twin,
+                rows: encoded.rows,
+                size,
+                stats,
+                landed_at: Instant::now(),
+            });
         }
         Ok(true)
     }
@@ -251,7 +329,7 @@ impl Worker {
             error: anyhow::Error::new(e).context(what.to_owned()),
         };
         let read = tokio::task::spawn_blocking(move || {
-            let adopted = (plan.offsets()?, plan.rows());
+            let adopted = (plan.offsets()?, plan.rows(), FileStats::of(plan.footer()));
             let mut theirs = Vec::new();
             for batch in plan.read(size, pieces)? {
                 theirs.extend(parquet_file::row_ids_of(&def, &batch, 0..batch.num_rows())?);
@@ -274,7 +352,7 @@ impl Worker {
             Ok((adopted, differ, Some(rest), after))
         })
         .await?;
-        let ((adopted, adopted_rows), differ, rest, after) = match read {
+        let ((adopted, adopted_rows, stats), differ, rest, after) = match read {
             Ok(read) => read,
             Err(e) => match e.downcast::<StagingFailed>() {
                 Ok(failed) => return Err(failed.into()),
@@ -302,7 +380,7 @@ impl Worker {
         self.stats.count_adopted(part, after.covered);
         part.adopt_through(adopted.last, after.first_ingest_ts);
         part.file = rest;
-        let landed = self.landed_file(key, object, adopted, adopted_rows, size);
+        let landed = self.landed_file(key, object, adopted, (adopted_rows, size), stats);
         if let (Some(tables), Some(landed)) = (&mut self.tables, landed) {
             tables.landed(landed);
         }
@@ -375,12 +453,13 @@ impl Worker {
         key: &PartKey,
         object: &str,
         range: parquet_file::OffsetRange,
-        rows: u64,
-        size: u64,
+        (rows, size): (u64, u64),
+        stats: FileStats,
     ) -> Option<table::Landed> {
         self.tables.as_ref()?;
         let part = self.parts.get(key)?;
         Some(table::Landed {
+            kind: table::TableKind::Stream,
             def: part.def.clone(),
             hash: part.hash_column,
             topic: part.topic.clone(),
@@ -390,6 +469,7 @@ impl Worker {
             key: object.to_owned(),
             rows,
             size,
+            stats,
             landed_at: Instant::now(),
         })
     }
@@ -408,9 +488,11 @@ impl Worker {
         }
     }
 
-    /// Commits the partition's next offset, with `[table]` no further than its oldest file not
-    /// yet in its table. A failed commit is logged and retried once the partition is idle: the
-    /// records are durable, and whoever reads them meanwhile adopts the existing object.
+    /// Commits the partition's next offset, no further than the range it has open (records
+    /// read but not yet in an object: a table commit calls this between flushes) and, with
+    /// `[table]`, no further than its oldest file not yet in its table. A failed commit is
+    /// logged and retried once the partition is idle: the records are durable, and whoever
+    /// reads them meanwhile adopts the existing object.
     pub(super) async fn commit(&mut self, key: &PartKey) {
         if self.commits_given_up {
             return;
@@ -421,6 +503,9 @@ impl Worker {
         let Some(mut next) = part.next_offset else {
             return;
         };
+        if let Some(open) = &part.range_start {
+            next = next.min(open.offset);
+        }
         if let Some(held) = self
             .tables
             .as_ref()

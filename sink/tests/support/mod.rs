@@ -117,6 +117,16 @@ pub async fn check_ranges(store: &sink::store::ObjectStore) {
 
 /// Whether `group` committed every partition of `topic` up to its high watermark.
 pub fn caught_up(bootstrap: &str, group: &str, topic: &str) -> bool {
+    let partitions = committed_offsets(bootstrap, group, topic);
+    !partitions.is_empty()
+        && partitions
+            .iter()
+            .all(|&(committed, high)| committed.is_some_and(|c| c >= high))
+}
+
+/// Per partition of `topic`: the group's committed offset (`None` when it has none) and the
+/// high watermark; empty when the broker does not answer.
+pub fn committed_offsets(bootstrap: &str, group: &str, topic: &str) -> Vec<(Option<i64>, i64)> {
     use rdkafka::consumer::{BaseConsumer, Consumer};
     use rdkafka::{ClientConfig, Offset, TopicPartitionList};
     let consumer: BaseConsumer = ClientConfig::new()
@@ -125,7 +135,7 @@ pub fn caught_up(bootstrap: &str, group: &str, topic: &str) -> bool {
         .create()
         .unwrap();
     let Ok(metadata) = consumer.fetch_metadata(Some(topic), Duration::from_secs(5)) else {
-        return false;
+        return Vec::new();
     };
     let partitions = metadata
         .topics()
@@ -136,18 +146,20 @@ pub fn caught_up(bootstrap: &str, group: &str, topic: &str) -> bool {
         list.add_partition(topic, p);
     }
     let Ok(committed) = consumer.committed_offsets(list, Duration::from_secs(5)) else {
-        return false;
+        return Vec::new();
     };
-    partitions > 0
-        && (0..partitions).all(|p| {
+    (0..partitions)
+        .map(|p| {
             let high = consumer
                 .fetch_watermarks(topic, p, Duration::from_secs(5))
                 .map_or(i64::MAX, |(_, high)| high);
-            matches!(
-                committed.find_partition(topic, p).map(|e| e.offset()),
-                Some(Offset::Offset(o)) if o >= high
-            )
+            let committed = match committed.find_partition(topic, p).map(|e| e.offset()) {
+                Some(Offset::Offset(o)) => Some(o),
+                _ => None,
+            };
+            (committed, high)
         })
+        .collect()
 }
 
 /// SIGTERM, a graceful stop, and each sink must exit successfully.
