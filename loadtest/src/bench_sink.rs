@@ -41,7 +41,8 @@ pub struct SinkBenchOptions {
 pub struct SinkRun {
     /// CPU time from start until the first record was taken (not in `throughput`).
     pub startup_cpu_seconds: f64,
-    /// From the first record taken until every record is in a written file.
+    /// From the first record taken until every record is in a written file and the sink has
+    /// stopped (with a table: its last commit made).
     pub throughput: Throughput,
     pub peak_rss_bytes: u64,
     pub files: u64,
@@ -73,6 +74,13 @@ pub struct SinkBenchReport {
     /// spread over `partitions` files as the topic spreads them.
     pub sink_path: Throughput,
     pub sink: SinkRun,
+    /// The same sink committing its files to an Iceberg table every [`TABLE_COMMIT_MS`].
+    pub sink_table: SinkRun,
+    /// Sink with a table / plain sink in records per CPU-second, round by round (the two run
+    /// one after the other), their median, and the ratio of the fastest rounds.
+    pub round_table_ratios: Vec<f64>,
+    pub median_round_table_ratio: f64,
+    pub ratio_table_plain: f64,
     pub pyarrow: Throughput,
     pub ratio_sink_pyarrow: f64,
     /// pyarrow's CPU time per record over the read-only consumer's and the work without
@@ -138,6 +146,10 @@ print(json.dumps({"rows": table.num_rows, "seconds": time.perf_counter() - wall,
                   "system_seconds": after.ru_stime - usage.ru_stime,
                   "minor_faults": after.ru_minflt - usage.ru_minflt}))
 "#;
+
+/// How often the sink with a table commits in the benchmark: sixty times as often as the
+/// default, so that commits show in a run of seconds.
+pub const TABLE_COMMIT_MS: u64 = 1_000;
 
 pub async fn run(opts: SinkBenchOptions) -> anyhow::Result<SinkBenchReport> {
     let work = Workload::generate(opts.records, 1 << 20)?;
@@ -211,6 +223,7 @@ pub async fn run(opts: SinkBenchOptions) -> anyhow::Result<SinkBenchReport> {
     // fastest round is reported (the slower ones lost time to the machine).
     let (mut consumer, mut sink, mut pyarrow, mut path) = (None, None, None, None);
     let (mut round_ratios, mut round_user_ratios) = (Vec::new(), Vec::new());
+    let (mut sink_table, mut round_table_ratios) = (None, Vec::new());
     let mut last_landing = None;
     for round in 0..opts.rounds.max(1) {
         // 1. A librdkafka consumer that only reads.
@@ -222,16 +235,29 @@ pub async fn run(opts: SinkBenchOptions) -> anyhow::Result<SinkBenchReport> {
         );
         let c = tokio::task::spawn_blocking(move || read_all(&brokers, &t, parts, n)).await??;
         // 2. The sink in a child process, as a new consumer group.
-        let (s, landing) = tokio::task::block_in_place(|| {
-            run_sink_worker(
-                &opts.brokers,
-                &prefix,
-                round,
-                (lines.len(), work.raw_bytes),
-                opts.ingest_time,
-            )
-        })?;
+        let sink_run = |table| {
+            tokio::task::block_in_place(|| {
+                run_sink_worker(
+                    &opts.brokers,
+                    (&prefix, round),
+                    (lines.len(), work.raw_bytes),
+                    opts.ingest_time,
+                    table,
+                )
+            })
+        };
+        let (s, landing) = sink_run(None)?;
         last_landing = Some(landing);
+        // 2b. The same with an Iceberg table.
+        let (st, _) = sink_run(Some(TABLE_COMMIT_MS))?;
+        let table_ratio = st.throughput.records_per_cpu_s / s.throughput.records_per_cpu_s;
+        eprintln!(
+            "bench: round {}: sink with a table {:.0} records/cpu-s, {table_ratio:.2} of the plain sink",
+            round + 1,
+            st.throughput.records_per_cpu_s
+        );
+        round_table_ratios.push(table_ratio);
+        keep_fastest(&mut sink_table, st, |r| r.throughput.cpu_seconds);
         // 3. pyarrow on the same records.
         let p = tokio::task::block_in_place(|| {
             run_pyarrow(&opts.python, &src, lines.len(), work.raw_bytes)
@@ -260,6 +286,7 @@ pub async fn run(opts: SinkBenchOptions) -> anyhow::Result<SinkBenchReport> {
         pyarrow.context("no rounds")?,
     );
     let path = path.context("no rounds")?;
+    let sink_table = sink_table.context("no rounds")?;
     let landing = last_landing.context("no rounds")?;
     let landing = tokio::task::block_in_place(|| landing_size(&opts.python, landing.path()))?;
     let per_record = |t: &Throughput| 1.0 / t.records_per_cpu_s;
@@ -277,6 +304,11 @@ pub async fn run(opts: SinkBenchOptions) -> anyhow::Result<SinkBenchReport> {
         median_round_user_ratio: crate::bench_gateway::median_ratio(&round_user_ratios),
         round_user_ratios,
         ratio_sink_pyarrow: sink.throughput.records_per_cpu_s / pyarrow.records_per_cpu_s,
+        ratio_table_plain: sink_table.throughput.records_per_cpu_s
+            / sink.throughput.records_per_cpu_s,
+        median_round_table_ratio: crate::bench_gateway::median_ratio(&round_table_ratios),
+        round_table_ratios,
+        sink_table,
         librdkafka_consumer: consumer,
         sink_path: path,
         sink,
@@ -326,13 +358,18 @@ fn keep_fastest<T>(best: &mut Option<T>, run: T, cpu_seconds: impl Fn(&T) -> f64
 /// landing directory.
 fn run_sink_worker(
     brokers: &str,
-    prefix: &str,
-    round: usize,
+    (prefix, round): (&str, usize),
     (records, raw_bytes): (usize, usize),
     ingest_time: IngestTime,
+    table_commit_ms: Option<u64>,
 ) -> anyhow::Result<(SinkRun, tempfile::TempDir)> {
     let landing = tempfile::tempdir()?;
-    let out = Command::new(std::env::current_exe()?)
+    let group = match table_commit_ms {
+        Some(_) => format!("{prefix}sink{round}table"),
+        None => format!("{prefix}sink{round}"),
+    };
+    let mut command = Command::new(std::env::current_exe()?);
+    command
         .args([
             "sink-worker",
             "--brokers",
@@ -340,13 +377,16 @@ fn run_sink_worker(
             "--topic-prefix",
             prefix,
         ])
-        .args(["--group-id", &format!("{prefix}sink{round}")])
+        .args(["--group-id", &group])
         .args(["--records", &records.to_string()])
         .args(["--raw-bytes", &raw_bytes.to_string()])
         .args(["--ingest-time", ingest_time_name(ingest_time)])
         .arg("--landing")
-        .arg(landing.path())
-        .output()?;
+        .arg(landing.path());
+    if let Some(ms) = table_commit_ms {
+        command.args(["--table-commit-ms", &ms.to_string()]);
+    }
+    let out = command.output()?;
     if !out.status.success() {
         bail!(
             "sink worker failed: {}",
@@ -431,11 +471,20 @@ pub async fn sink_worker(
     landing: &Path,
     ingest_time: IngestTime,
     consumer: std::collections::BTreeMap<String, String>,
+    table_commit_ms: Option<u64>,
 ) -> anyhow::Result<SinkRun> {
+    let table = match table_commit_ms {
+        Some(ms) => Some(serde_json::from_value(serde_json::json!({
+            "catalog": landing.join("catalog.db"),
+            "commit_interval_ms": ms,
+        }))?),
+        None => None,
+    };
     let mut config = sink::SinkConfig {
         store: sink::config::StoreConfig::Local {
             path: landing.to_path_buf(),
         },
+        table,
         ..sink::SinkConfig::default()
     };
     config.rotation.idle_ms = 1_000;
@@ -467,10 +516,11 @@ pub async fn sink_worker(
         }
         tokio::time::sleep(Duration::from_millis(50)).await;
     }
+    shutdown.cancel();
+    let task = sink.task.await?;
+    task?;
     let counted = records - taken.min(records);
     let throughput = m.done(counted, raw_bytes * counted / records.max(1));
-    shutdown.cancel();
-    sink.task.await??;
     Ok(SinkRun {
         startup_cpu_seconds: startup.cpu_seconds,
         throughput,
@@ -503,6 +553,10 @@ impl std::fmt::Display for SinkBenchReport {
             &[
                 ("librdkafka consumer (read only)", &self.librdkafka_consumer),
                 ("sink (Kafka → Parquet files)", &self.sink.throughput),
+                (
+                    "sink with an Iceberg table (a commit a second)",
+                    &self.sink_table.throughput,
+                ),
                 ("pyarrow (NDJSON → Parquet)", &self.pyarrow),
                 (&path, &self.sink_path),
             ],
@@ -514,6 +568,14 @@ impl std::fmt::Display for SinkBenchReport {
             self.ratio_sink_pyarrow,
             crate::bench_gateway::ratios_text(&self.round_ratios),
             self.median_round_ratio
+        )?;
+        writeln!(
+            f,
+            "sink with a table / plain sink (records per CPU-second, fastest rounds): {:.2} (by \
+             round: {}; median {:.2})",
+            self.ratio_table_plain,
+            crate::bench_gateway::ratios_text(&self.round_table_ratios),
+            self.median_round_table_ratio
         )?;
         writeln!(
             f,

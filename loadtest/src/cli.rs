@@ -191,6 +191,10 @@ struct SinkWorkerArgs {
     /// `kafka.consumer` sets it: for trying a setting without a rebuild.
     #[arg(long = "consumer", value_parser = key_value)]
     consumer: Vec<(String, String)>,
+    /// Commit the landed files to an Iceberg table (a SQLite catalog in the landing
+    /// directory) this often, in milliseconds.
+    #[arg(long)]
+    table_commit_ms: Option<u64>,
 }
 
 #[derive(Debug, clap::Args)]
@@ -537,6 +541,7 @@ async fn sink_worker(
         group_id,
         ingest_time,
         consumer,
+        table_commit_ms,
     }: SinkWorkerArgs,
 ) -> anyhow::Result<()> {
     let group_id = group_id.unwrap_or_else(|| format!("{topic_prefix}sink"));
@@ -548,6 +553,7 @@ async fn sink_worker(
         &landing,
         ingest_time.into(),
         consumer.into_iter().collect(),
+        table_commit_ms,
     )
     .await?;
     println!("{}", serde_json::to_string(&run)?);
@@ -674,6 +680,7 @@ async fn verify_command(
             catalog_name,
             namespace,
             commit_interval_ms: 0,
+            partition: Default::default(),
         }),
     })
     .await?;

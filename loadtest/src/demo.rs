@@ -183,6 +183,7 @@ pub async fn run(options: DemoOptions) -> anyhow::Result<DemoSummary> {
             catalog_name: DEMO_CATALOG.into(),
             namespace: run_prefix.replace(['-', '.'], "_"),
             commit_interval_ms: 1_000,
+            partition: Default::default(),
         }
     });
     let shutdown = CancellationToken::new();
