@@ -27,6 +27,8 @@ else
 fi
 scripts/services.sh install
 DIR="$(mktemp -d "${TMPDIR:-/tmp}/edge-ingest-freshness.XXXXXX")"
+# The services run as their own users where this runs as root: they must get through it.
+chmod 755 "$DIR"
 echo "freshness: logs in $DIR" >&2
 PIDS=()
 cleanup() {

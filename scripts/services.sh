@@ -78,6 +78,10 @@ start_postgres() {
     # The server's user must get through the state directory (mktemp makes it 0700).
     chmod a+x "$1"
     chown postgres "$dir"
+    if ! as_pg test -x "$dir"; then
+      echo "services: the postgres user cannot reach $dir: give the directories above it a+x" >&2
+      return 1
+    fi
   fi
   as_pg "$bin/initdb" -D "$dir/data" -U postgres --auth=trust >"$1/postgres-init.log" 2>&1 \
     || { cat "$1/postgres-init.log" >&2; return 1; }

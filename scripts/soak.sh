@@ -46,6 +46,8 @@ cargo build --release -p ingest-gateway -p sink -p loadtest -p edge-agent
 BIN="$PWD/target/release"
 scripts/services.sh install
 DIR="$(mktemp -d "${TMPDIR:-/tmp}/edge-ingest-soak.XXXXXX")"
+# The services run as their own users where this runs as root: they must get through it.
+chmod 755 "$DIR"
 echo "soak: logs in $DIR" >&2
 PIDS=()
 cleanup() {

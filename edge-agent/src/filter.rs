@@ -87,6 +87,30 @@ pub enum FilterConfig {
         #[serde(default = "default_max_series")]
         max_series: usize,
     },
+    /// Swinging-door compression (the "compression" of process historians): a reading of a
+    /// series is kept only where drawing a straight line between kept readings would leave the
+    /// band (`absolute`, or `percent` of `range`) at a reading dropped between them. Linear
+    /// interpolation between the kept readings is then within the band at every reading
+    /// dropped; the first reading of a series is kept, and its last when the agent stops.
+    /// `max_silence_secs` bounds the time between kept readings (0: unbounded).
+    SwingingDoor {
+        field: String,
+        #[serde(default)]
+        key_fields: Option<Vec<String>>,
+        #[serde(default)]
+        absolute: Option<f64>,
+        #[serde(default)]
+        percent: Option<f64>,
+        /// `[low, high]` of the instrument, for `percent`.
+        #[serde(default)]
+        range: Option<[f64; 2]>,
+        #[serde(default)]
+        max_silence_secs: u64,
+        /// Series whose state is kept at most; past it, those seen longest ago are forgotten
+        /// (their held reading is sent).
+        #[serde(default = "default_max_series")]
+        max_series: usize,
+    },
     /// Keeps every `every`-th record of a series, or sends one record per `window_secs` window
     /// with `field` replaced by the `aggregate` (min, max or mean) of the window.
     Downsample {
@@ -122,6 +146,7 @@ impl FilterConfig {
         match self {
             FilterConfig::Predicate { .. } => "predicate",
             FilterConfig::Deadband { .. } => "deadband",
+            FilterConfig::SwingingDoor { .. } => "swinging_door",
             FilterConfig::Downsample { .. } => "downsample",
         }
     }
@@ -196,22 +221,7 @@ impl FilterConfig {
                 send_previous,
                 max_series,
             } => {
-                let band = match (absolute, percent, range) {
-                    (Some(a), None, _) if *a >= 0.0 => *a,
-                    (None, Some(p), Some([lo, hi])) if *p >= 0.0 && hi > lo => {
-                        p / 100.0 * (hi - lo)
-                    }
-                    (None, Some(_), _) => {
-                        return Err(
-                            "deadband percent needs range = [low, high] with low < high".into()
-                        );
-                    }
-                    _ => {
-                        return Err(
-                            "deadband needs exactly one of absolute or percent (≥ 0)".into()
-                        );
-                    }
-                };
+                let band = band(self.kind(), *absolute, *percent, *range)?;
                 Filter::Deadband {
                     field: numeric(f)?,
                     series: series(key_fields)?,
@@ -219,8 +229,26 @@ impl FilterConfig {
                     max_silence_micros: (*max_silence_secs as i64).saturating_mul(1_000_000),
                     send_previous: *send_previous,
                     state: Series::new(*max_series)?,
+                    accuracy: Accuracy::default(),
                 }
             }
+            FilterConfig::SwingingDoor {
+                field: f,
+                key_fields,
+                absolute,
+                percent,
+                range,
+                max_silence_secs,
+                max_series,
+            } => Filter::SwingingDoor {
+                field: numeric(f)?,
+                series: series(key_fields)?,
+                band: band(self.kind(), *absolute, *percent, *range)?,
+                max_silence_micros: (*max_silence_secs as i64).saturating_mul(1_000_000),
+                state: Series::new(*max_series)?,
+                latest: i64::MIN,
+                accuracy: Accuracy::default(),
+            },
             FilterConfig::Downsample {
                 key_fields,
                 every,
@@ -253,11 +281,122 @@ impl FilterConfig {
     }
 }
 
+/// The band of a deadband or swinging-door filter: `absolute`, or `percent` of `range`.
+fn band(
+    kind: &str,
+    absolute: Option<f64>,
+    percent: Option<f64>,
+    range: Option<[f64; 2]>,
+) -> Result<f64, String> {
+    match (absolute, percent, range) {
+        (Some(a), None, _) if a >= 0.0 && a.is_finite() => Ok(a),
+        (None, Some(p), Some([lo, hi])) if p >= 0.0 && hi > lo && (hi - lo).is_finite() => {
+            Ok(p / 100.0 * (hi - lo))
+        }
+        (None, Some(_), _) => Err(format!(
+            "{kind} percent needs range = [low, high] with low < high"
+        )),
+        _ => Err(format!(
+            "{kind} needs exactly one of absolute or percent (≥ 0)"
+        )),
+    }
+}
+
 #[derive(Debug)]
 struct Band {
     sent: f64,
     sent_at: i64,
     held: Option<Record>,
+}
+
+/// The largest hull a swinging door keeps per series: a segment whose dropped readings need
+/// more vertices (a long, smoothly curving one) is closed there.
+const MAX_HULL: usize = 256;
+
+/// What a swinging door knows of one series: the last kept reading, the reading held as the
+/// candidate end of the segment from it, and what the readings dropped in between allow.
+#[derive(Debug)]
+struct Door {
+    /// The last kept reading: event time (µs) and value.
+    at: i64,
+    value: f64,
+    /// The latest event time of the series seen, to tell readings that come out of order.
+    last: i64,
+    /// The slopes (value per µs) of a line from the kept reading that is within the band at
+    /// every reading dropped since.
+    low: f64,
+    high: f64,
+    /// The latest reading: the segment's end if the next reading does not fit the door.
+    held: Option<(i64, f64, Record)>,
+    /// The dropped readings relative to the kept one, `(t - at, v - value)`, as the vertices of
+    /// their upper and lower convex hulls: the dropped reading farthest from a line through
+    /// the kept reading is one of them.
+    upper: Vec<(f64, f64)>,
+    lower: Vec<(f64, f64)>,
+}
+
+impl Door {
+    fn new(at: i64, value: f64) -> Door {
+        Door {
+            at,
+            value,
+            last: at,
+            low: f64::NEG_INFINITY,
+            high: f64::INFINITY,
+            held: None,
+            upper: Vec::new(),
+            lower: Vec::new(),
+        }
+    }
+
+    /// Takes the held reading at `(x, y)` (relative to the kept one) as dropped.
+    fn drop_held(&mut self, (x, y): (f64, f64), (low, high): (f64, f64)) {
+        self.low = low;
+        self.high = high;
+        let cross = |o: (f64, f64), a: (f64, f64), b: (f64, f64)| {
+            (a.0 - o.0) * (b.1 - o.1) - (a.1 - o.1) * (b.0 - o.0)
+        };
+        for (hull, upper) in [(&mut self.upper, true), (&mut self.lower, false)] {
+            while let [.., o, a] = hull[..] {
+                let turn = cross(o, a, (x, y));
+                if (upper && turn >= 0.0) || (!upper && turn <= 0.0) {
+                    hull.pop();
+                } else {
+                    break;
+                }
+            }
+            hull.push((x, y));
+        }
+    }
+
+    /// Keeps the reading at `(at, value)` as the segment's end and starts the next segment
+    /// from it; returns the largest distance of a reading dropped in the segment from the line
+    /// between its ends.
+    fn keep(&mut self, at: i64, value: f64) -> f64 {
+        let slope = (value - self.value) / (at - self.at) as f64;
+        let above = self.upper.iter().map(|&(x, y)| y - slope * x);
+        let below = self.lower.iter().map(|&(x, y)| slope * x - y);
+        let deviation = above.chain(below).fold(0.0, f64::max);
+        let last = self.last;
+        *self = Door::new(at, value);
+        self.last = last;
+        deviation
+    }
+}
+
+/// How far a filter's output strays from its input: the largest distance of a dropped reading
+/// from its reconstruction (sample-and-hold for deadband, linear interpolation for swinging
+/// door), and the readings that came out of order and were passed on as they are.
+#[derive(Debug, Default, Clone, Copy)]
+struct Accuracy {
+    max_deviation: f64,
+    out_of_order: u64,
+}
+
+impl Accuracy {
+    fn deviation(&mut self, d: f64) {
+        self.max_deviation = self.max_deviation.max(d);
+    }
 }
 
 #[derive(Debug)]
@@ -285,6 +424,18 @@ enum Filter {
         max_silence_micros: i64,
         send_previous: bool,
         state: Series<Band>,
+        accuracy: Accuracy,
+    },
+    SwingingDoor {
+        field: usize,
+        series: Vec<usize>,
+        band: f64,
+        max_silence_micros: i64,
+        state: Series<Door>,
+        /// The latest event time seen of any series: a series silent for `max_silence` before
+        /// it has its held reading kept ([`Filter::flush`]).
+        latest: i64,
+        accuracy: Accuracy,
     },
     Every {
         series: Vec<usize>,
@@ -472,6 +623,7 @@ impl Filter {
                 max_silence_micros,
                 send_previous,
                 state,
+                accuracy,
             } => {
                 let Some(v) = number(&record.values[*field]) else {
                     out.push(record);
@@ -496,12 +648,17 @@ impl Filter {
                 let breaks = (v - s.sent).abs() > *band || v.is_nan() != s.sent.is_nan();
                 let silent_too_long =
                     *max_silence_micros > 0 && t.saturating_sub(s.sent_at) >= *max_silence_micros;
+                // A dropped reading is reconstructed as the last one sent before it.
+                let deviation = |r: &Record, sent: f64| {
+                    number(&r.values[*field]).map_or(0.0, |held| (held - sent).abs())
+                };
                 if breaks || silent_too_long {
                     let mut dropped = 0;
                     if let Some(held) = s.held.take() {
                         if breaks && *send_previous {
                             out.push(held);
                         } else {
+                            accuracy.deviation(deviation(&held, s.sent));
                             dropped = 1;
                         }
                     }
@@ -510,8 +667,89 @@ impl Filter {
                     out.push(record);
                     dropped
                 } else {
-                    u64::from(s.held.replace(record).is_some())
+                    match s.held.replace(record) {
+                        Some(held) => {
+                            accuracy.deviation(deviation(&held, s.sent));
+                            1
+                        }
+                        None => 0,
+                    }
                 }
+            }
+            Filter::SwingingDoor {
+                field,
+                series,
+                band,
+                max_silence_micros,
+                state,
+                latest,
+                accuracy,
+            } => {
+                let Some(v) = number(&record.values[*field]) else {
+                    out.push(record);
+                    return 0;
+                };
+                let t = record.event_time(def);
+                *latest = (*latest).max(t);
+                let key = series_key(&record, series);
+                let Some(door) = state.get_mut(key) else {
+                    state.insert(key, Door::new(t, v));
+                    out.push(record);
+                    // A forgotten series' held reading is kept: the bound holds to its end.
+                    for mut door in state.evict() {
+                        if let Some((at, value, held)) = door.held.take() {
+                            accuracy.deviation(door.keep(at, value));
+                            out.push(held);
+                        }
+                    }
+                    return 0;
+                };
+                if t <= door.last {
+                    // Out of order (or a second reading at one time): passed on, and the door
+                    // is left as it was.
+                    accuracy.out_of_order += 1;
+                    out.push(record);
+                    return 0;
+                }
+                door.last = t;
+                if v.is_nan() || door.value.is_nan() {
+                    // No line passes through NaN: the held reading and this one are kept, and
+                    // the series starts again from this one.
+                    if let Some((at, value, held)) = door.held.take() {
+                        accuracy.deviation(door.keep(at, value));
+                        out.push(held);
+                    }
+                    accuracy.deviation(door.keep(t, v));
+                    out.push(record);
+                    return 0;
+                }
+                let silence_ok =
+                    |from: i64| *max_silence_micros == 0 || t - from <= *max_silence_micros;
+                if let Some((at, value, _)) = &door.held {
+                    let held = ((at - door.at) as f64, value - door.value);
+                    let low = door.low.max((held.1 - *band) / held.0);
+                    let high = door.high.min((held.1 + *band) / held.0);
+                    let slope = (v - door.value) / (t - door.at) as f64;
+                    let room = door.upper.len() < MAX_HULL && door.lower.len() < MAX_HULL;
+                    if low <= slope && slope <= high && silence_ok(door.at) && room {
+                        // The line to this reading passes within the band of every reading
+                        // since the kept one, the held one included: that one is dropped.
+                        door.drop_held(held, (low, high));
+                        door.held = Some((t, v, record));
+                        return 1;
+                    }
+                    let (at, value, held) = door.held.take().expect("held");
+                    accuracy.deviation(door.keep(at, value));
+                    out.push(held);
+                }
+                if silence_ok(door.at) {
+                    door.held = Some((t, v, record));
+                } else {
+                    // No reading came between: the gap is the input's.
+                    door.keep(t, v);
+                    out.push(record);
+                }
+                0
             }
             Filter::Every { series, n, seen } => {
                 let count = seen.entry(series_key(&record, series), || 0);
@@ -589,8 +827,31 @@ impl Filter {
                 dropped
             }
             Filter::Deadband { state, .. } if all => {
-                // Suppressed readings still held were within the band of a sent one: dropped.
-                state.values_mut().filter_map(|s| s.held.take()).count() as u64
+                // The last reading of each series is sent: the series ends where it ended.
+                out.extend(state.values_mut().filter_map(|s| s.held.take()));
+                0
+            }
+            Filter::SwingingDoor {
+                state,
+                max_silence_micros,
+                latest,
+                accuracy,
+                ..
+            } => {
+                // The held reading ends its segment when the agent stops, and when its series
+                // has been silent for `max_silence` of the others' time.
+                let horizon = match *max_silence_micros {
+                    0 => i64::MIN,
+                    silence => latest.saturating_sub(silence),
+                };
+                for door in state.values_mut() {
+                    let due = door.held.as_ref().is_some_and(|h| all || h.0 <= horizon);
+                    if due && let Some((at, value, held)) = door.held.take() {
+                        accuracy.deviation(door.keep(at, value));
+                        out.push(held);
+                    }
+                }
+                0
             }
             _ => 0,
         }
@@ -619,11 +880,39 @@ fn close_window(
     w.count - 1
 }
 
-/// The filters of one stream, in order, with their drop counts.
+/// What one filter of a stream did since the agent started: the reduction report.
+#[derive(Debug, Clone, Default, PartialEq, serde::Serialize, serde::Deserialize)]
+pub struct Reduction {
+    /// The filter's type, as configured.
+    pub filter: String,
+    /// Readings that reached the filter, and those it passed on (for a windowed downsample,
+    /// the windows' aggregates).
+    pub readings_in: u64,
+    pub kept: u64,
+    /// For deadband and swinging door: the band, and the largest distance of a dropped reading
+    /// from its reconstruction (the last kept reading before it for deadband, the line between
+    /// the kept readings around it for swinging door), which is at most the band.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub band: Option<f64>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub max_deviation: Option<f64>,
+    /// Swinging door: readings that came out of order (or at a time already seen) and were
+    /// passed on as they are.
+    #[serde(default, skip_serializing_if = "is_zero")]
+    pub out_of_order: u64,
+}
+
+fn is_zero(n: &u64) -> bool {
+    *n == 0
+}
+
+/// The filters of one stream, in order, with their drop counts and reduction reports.
 #[derive(Debug)]
 pub struct FilterChain {
     filters: Vec<(&'static str, Filter)>,
     dropped: Vec<u64>,
+    /// Readings into and out of each filter.
+    through: Vec<(u64, u64)>,
 }
 
 impl FilterChain {
@@ -634,6 +923,7 @@ impl FilterChain {
             .collect::<Result<Vec<_>, String>>()?;
         Ok(FilterChain {
             dropped: vec![0; filters.len()],
+            through: vec![(0, 0); filters.len()],
             filters,
         })
     }
@@ -652,6 +942,7 @@ impl FilterChain {
         for start in 0..self.filters.len() {
             let mut emitted = Vec::new();
             self.dropped[start] += self.filters[start].1.flush(def, all, &mut emitted);
+            self.through[start].1 += emitted.len() as u64;
             self.run(def, emitted, Some(start + 1), out);
         }
     }
@@ -668,9 +959,11 @@ impl FilterChain {
                 return;
             }
             let mut next = Vec::with_capacity(current.len());
+            self.through[i].0 += current.len() as u64;
             for record in current {
                 self.dropped[i] += self.filters[i].1.apply(def, record, &mut next);
             }
+            self.through[i].1 += next.len() as u64;
             current = next;
         }
         out.extend(current);
@@ -683,6 +976,7 @@ impl FilterChain {
             .map(|(kind, filter)| {
                 let evicted = match filter {
                     Filter::Deadband { state, .. } => &mut state.evicted,
+                    Filter::SwingingDoor { state, .. } => &mut state.evicted,
                     Filter::Every { seen, .. } => &mut seen.evicted,
                     Filter::Window { open, .. } => &mut open.evicted,
                     Filter::Predicate { .. } => return (*kind, 0),
@@ -690,6 +984,29 @@ impl FilterChain {
                 (*kind, std::mem::take(evicted))
             })
             .filter(|(_, n)| *n > 0)
+            .collect()
+    }
+
+    /// Each filter's reduction report, in order.
+    pub fn reductions(&self) -> Vec<Reduction> {
+        self.filters
+            .iter()
+            .zip(&self.through)
+            .map(|((kind, filter), &(readings_in, kept))| {
+                let (band, accuracy) = match filter {
+                    Filter::Deadband { band, accuracy, .. }
+                    | Filter::SwingingDoor { band, accuracy, .. } => (Some(*band), Some(*accuracy)),
+                    _ => (None, None),
+                };
+                Reduction {
+                    filter: (*kind).to_owned(),
+                    readings_in,
+                    kept,
+                    band,
+                    max_deviation: accuracy.map(|a| a.max_deviation),
+                    out_of_order: accuracy.map_or(0, |a| a.out_of_order),
+                }
+            })
             .collect()
     }
 

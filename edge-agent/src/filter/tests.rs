@@ -78,9 +78,13 @@ fn deadband_absolute_sends_only_changes_beyond_the_band() {
         ("t", 4, 9.9),
         ("t", 5, 9.95),
     ];
-    // 10.5 is exactly on the band: not a change. 10.6 breaks it; 9.9 breaks 10.6's band.
-    assert_eq!(run(&mut c, &input, true), [(0, 10.0), (3, 10.6), (4, 9.9)]);
-    assert_eq!(dropped(&mut c), 3);
+    // 10.5 is exactly on the band: not a change. 10.6 breaks it; 9.9 breaks 10.6's band. The
+    // last reading is sent when the agent stops.
+    assert_eq!(
+        run(&mut c, &input, true),
+        [(0, 10.0), (3, 10.6), (4, 9.9), (5, 9.95)]
+    );
+    assert_eq!(dropped(&mut c), 2);
 }
 
 #[test]
@@ -93,10 +97,14 @@ fn deadband_sends_the_previous_value_when_the_band_breaks() {
         ("t", 3, 25.0),
         ("t", 4, 25.1),
     ];
-    // The step from 20.6 (held) to 25.0 keeps its corner: 20.6 is sent just before 25.0.
-    assert_eq!(run(&mut c, &input, true), [(0, 20.0), (2, 20.6), (3, 25.0)]);
-    // 20.3 replaced by 20.6, and 25.1 held at the end.
-    assert_eq!(dropped(&mut c), 2);
+    // The step from 20.6 (held) to 25.0 keeps its corner: 20.6 is sent just before 25.0, and
+    // 25.1, held at the end, when the agent stops.
+    assert_eq!(
+        run(&mut c, &input, true),
+        [(0, 20.0), (2, 20.6), (3, 25.0), (4, 25.1)]
+    );
+    // 20.3 replaced by 20.6.
+    assert_eq!(dropped(&mut c), 1);
 }
 
 #[test]
@@ -170,9 +178,12 @@ fn deadband_heartbeat_after_max_silence() {
     );
     let input: Vec<(&str, i64, f64)> = (0..=130).step_by(10).map(|s| ("t", s, 1.0)).collect();
     // A constant signal: one reading at 0, then one every 60 s of silence. Heartbeats do not
-    // send the held reading (nothing changed).
-    assert_eq!(run(&mut c, &input, true), [(0, 1.0), (60, 1.0), (120, 1.0)]);
-    assert_eq!(dropped(&mut c), 11);
+    // send the held reading (nothing changed); the last one is sent when the agent stops.
+    assert_eq!(
+        run(&mut c, &input, true),
+        [(0, 1.0), (60, 1.0), (120, 1.0), (130, 1.0)]
+    );
+    assert_eq!(dropped(&mut c), 10);
 }
 
 #[test]
@@ -441,6 +452,7 @@ fn series_by_an_int_key_field() {
 fn series_held(c: &FilterChain) -> usize {
     match &c.filters[0].1 {
         Filter::Deadband { state, .. } => state.map.len(),
+        Filter::SwingingDoor { state, .. } => state.map.len(),
         Filter::Every { seen, .. } => seen.map.len(),
         Filter::Window { open, .. } => open.map.len(),
         Filter::Predicate { .. } => 0,
@@ -533,4 +545,244 @@ fn downsampling_past_max_series_restarts_counts_and_closes_windows_early() {
     assert_eq!(dropped(&mut c), 1, "two readings of a became one");
     assert_eq!(run(&mut c, &[], true), [(0, 2.0)]);
     assert_eq!(evicted(&mut c), 1);
+}
+
+/// The largest distance of an input reading from the line between the kept readings around
+/// it (0 for a kept one), checking that the first and last readings are kept and that no two
+/// consecutive kept readings are more than `silence` seconds apart (0: unbounded) unless no
+/// reading came between them.
+fn linear_error(input: &[(i64, f64)], kept: &[(i64, f64)], silence: i64) -> f64 {
+    assert_eq!(kept.first(), input.first(), "the first reading is kept");
+    assert_eq!(kept.last(), input.last(), "the last reading is kept");
+    for pair in kept.windows(2) {
+        let gap = pair[1].0 - pair[0].0;
+        let between = input
+            .iter()
+            .filter(|r| r.0 > pair[0].0 && r.0 < pair[1].0)
+            .count();
+        assert!(
+            silence == 0 || gap <= silence || between == 0,
+            "{gap} s between kept readings {pair:?}"
+        );
+    }
+    let mut worst: f64 = 0.0;
+    for &(t, v) in input {
+        let after = kept.partition_point(|k| k.0 < t);
+        if kept.get(after).is_some_and(|k| k.0 == t) {
+            assert_eq!(kept[after].1, v);
+            continue;
+        }
+        let (a, b) = (kept[after - 1], kept[after]);
+        let line = a.1 + (b.1 - a.1) * (t - a.0) as f64 / (b.0 - a.0) as f64;
+        worst = worst.max((v - line).abs());
+    }
+    worst
+}
+
+/// The largest distance of an input reading from the last kept reading at or before it.
+fn hold_error(input: &[(i64, f64)], kept: &[(i64, f64)]) -> f64 {
+    assert_eq!(kept.first(), input.first(), "the first reading is kept");
+    assert_eq!(kept.last(), input.last(), "the last reading is kept");
+    input
+        .iter()
+        .map(|&(t, v)| {
+            let at = kept.partition_point(|k| k.0 <= t) - 1;
+            (v - kept[at].1).abs()
+        })
+        .fold(0.0, f64::max)
+}
+
+#[test]
+fn swinging_door_keeps_the_corners_of_a_ramp_and_a_step() {
+    let mut c = chain(json!({"type": "swinging_door", "field": "value", "absolute": 0.1}));
+    // Flat, a ramp of 1 a second (to 15 at second 20), flat again, then a step.
+    let input: Vec<(&str, i64, f64)> = (0..40)
+        .map(|s| {
+            let v = match s {
+                0..10 => 5.0,
+                10..20 => 5.0 + (s - 10) as f64,
+                20..30 => 15.0,
+                _ => 30.0,
+            };
+            ("t", s, v)
+        })
+        .collect();
+    let out = run(&mut c, &input, true);
+    assert_eq!(
+        out,
+        [
+            (0, 5.0),
+            (10, 5.0),
+            (20, 15.0),
+            (29, 15.0),
+            (30, 30.0),
+            (39, 30.0)
+        ]
+    );
+    let r = &c.reductions()[0];
+    assert_eq!((r.readings_in, r.kept), (40, 6));
+    assert_eq!(r.max_deviation, Some(0.0));
+}
+
+#[test]
+fn swinging_door_drops_noise_within_the_band_of_a_drift() {
+    let mut c = chain(json!({"type": "swinging_door", "field": "value", "absolute": 0.5}));
+    // A drift of 0.05 a second with ±0.2 of alternating noise: one line covers it all.
+    let input: Vec<(&str, i64, f64)> = (0..200)
+        .map(|s| {
+            (
+                "t",
+                s,
+                0.05 * s as f64 + if s % 2 == 0 { 0.2 } else { -0.2 },
+            )
+        })
+        .collect();
+    let out = run(&mut c, &input, true);
+    assert!(out.len() <= 4, "{out:?}");
+    let points: Vec<(i64, f64)> = input.iter().map(|&(_, s, v)| (s, v)).collect();
+    let error = linear_error(&points, &out, 0);
+    assert!(error <= 0.5, "{error}");
+    let reported = c.reductions()[0].max_deviation.unwrap();
+    assert!(
+        (reported - error).abs() < 1e-9,
+        "{reported} against {error}"
+    );
+}
+
+#[test]
+fn swinging_door_keeps_a_reading_every_max_silence() {
+    let mut c = chain(
+        json!({"type": "swinging_door", "field": "value", "absolute": 1.0, "max_silence_secs": 60}),
+    );
+    let input: Vec<(&str, i64, f64)> = (0..=300).step_by(10).map(|s| ("t", s, 1.0)).collect();
+    let out = run(&mut c, &input, true);
+    assert_eq!(seconds_of(&out), [0, 60, 120, 180, 240, 300]);
+    // A gap in the input longer than max_silence: both readings around it are kept.
+    let out = run(&mut c, &[("t", 1000, 1.0), ("t", 1010, 1.0)], true);
+    assert_eq!(seconds_of(&out), [1000, 1010]);
+}
+
+fn seconds_of(out: &[(i64, f64)]) -> Vec<i64> {
+    out.iter().map(|(s, _)| *s).collect()
+}
+
+#[test]
+fn swinging_door_passes_out_of_order_readings_and_counts_them() {
+    let mut c = chain(json!({"type": "swinging_door", "field": "value", "absolute": 1.0}));
+    let out = run(
+        &mut c,
+        &[
+            ("t", 0, 1.0),
+            ("t", 10, 1.0),
+            ("t", 5, 50.0),
+            ("t", 20, 1.0),
+        ],
+        true,
+    );
+    // The late reading goes through as it is; the door from 0 to 20 is not bent by it.
+    assert_eq!(out, [(0, 1.0), (5, 50.0), (20, 1.0)]);
+    assert_eq!(c.reductions()[0].out_of_order, 1);
+}
+
+#[test]
+fn swinging_door_keeps_a_silent_series_held_reading_once_others_move_on() {
+    let d = def();
+    let mut c = chain(
+        json!({"type": "swinging_door", "field": "value", "absolute": 1.0, "max_silence_secs": 60}),
+    );
+    let mut out = Vec::new();
+    c.apply(&d, reading("a", 0, 1.0), &mut out);
+    c.apply(&d, reading("a", 10, 1.0), &mut out);
+    c.apply(&d, reading("b", 30, 1.0), &mut out);
+    c.flush(&d, false, &mut out);
+    assert_eq!(seconds(&out), [0, 30], "a's held reading is 20 s old");
+    c.apply(&d, reading("b", 75, 1.0), &mut out);
+    c.flush(&d, false, &mut out);
+    assert_eq!(seconds(&out), [0, 30, 10], "a silent for 65 s of b's time");
+}
+
+#[test]
+fn swinging_door_config_errors() {
+    assert!(
+        bad(json!({"type": "swinging_door", "field": "value"})).contains("exactly one of"),
+        "no band"
+    );
+    assert!(
+        bad(json!({"type": "swinging_door", "field": "value", "percent": 1.0}))
+            .contains("needs range")
+    );
+    assert!(
+        bad(json!({"type": "swinging_door", "field": "sensor", "absolute": 1.0}))
+            .contains("not int64 or float64")
+    );
+}
+
+#[test]
+fn deadband_sends_each_series_last_reading_when_the_agent_stops() {
+    let mut c = chain(json!({"type": "deadband", "field": "value", "absolute": 1.0}));
+    let out = run(&mut c, &[("t", 0, 1.0), ("t", 1, 1.2), ("t", 2, 1.4)], true);
+    assert_eq!(out, [(0, 1.0), (2, 1.4)]);
+    let r = &c.reductions()[0];
+    assert_eq!((r.readings_in, r.kept, r.band), (3, 2, Some(1.0)));
+    assert!((r.max_deviation.unwrap() - 0.2).abs() < 1e-9);
+}
+
+/// A series of the shapes process signals take: drift, noise, steps, spikes, stuck values and
+/// gaps, at increasing whole seconds.
+fn process_series() -> impl Strategy<Value = Vec<(i64, f64)>> {
+    proptest::collection::vec((1i64..30, 0u8..10, -5.0f64..5.0), 2..300).prop_map(|steps| {
+        let (mut t, mut v, mut drift) = (0i64, 50.0f64, 0.0f64);
+        let mut out = Vec::with_capacity(steps.len());
+        for (dt, shape, x) in steps {
+            t += if shape == 9 { dt * 20 } else { dt };
+            match shape {
+                0 => v += x * 5.0,     // a step
+                1 => drift = x / 10.0, // a new slope
+                2 => {}                // stuck
+                3 => {
+                    out.push((t, v + x * 20.0)); // a spike
+                    t += 1;
+                }
+                _ => v += drift * dt as f64 + x / 20.0, // drift with noise
+            }
+            out.push((t, v));
+        }
+        out
+    })
+}
+
+use proptest::prelude::*;
+
+proptest! {
+    #[test]
+    fn swinging_door_interpolation_is_within_the_band_at_every_reading(
+        series in process_series(),
+        band in 0.01f64..3.0,
+        silence in prop_oneof![Just(0u64), 20u64..200],
+    ) {
+        let mut c = chain(json!({"type": "swinging_door", "field": "value", "absolute": band, "max_silence_secs": silence}));
+        let input: Vec<(&str, i64, f64)> = series.iter().map(|&(t, v)| ("t", t, v)).collect();
+        let out = run(&mut c, &input, true);
+        let error = linear_error(&series, &out, silence as i64);
+        prop_assert!(error <= band * (1.0 + 1e-9), "error {error} > band {band}");
+        let r = &c.reductions()[0];
+        prop_assert_eq!((r.readings_in, r.kept), (series.len() as u64, out.len() as u64));
+        let reported = r.max_deviation.unwrap();
+        prop_assert!((reported - error).abs() <= 1e-9 * (1.0 + error), "reported {reported}, measured {error}");
+    }
+
+    #[test]
+    fn deadband_hold_is_within_the_band_at_every_reading(
+        series in process_series(),
+        band in 0.01f64..3.0,
+        send_previous in any::<bool>(),
+    ) {
+        let mut c = chain(json!({"type": "deadband", "field": "value", "absolute": band, "send_previous": send_previous}));
+        let input: Vec<(&str, i64, f64)> = series.iter().map(|&(t, v)| ("t", t, v)).collect();
+        let out = run(&mut c, &input, true);
+        let error = hold_error(&series, &out);
+        prop_assert!(error <= band, "error {error} > band {band}");
+        let reported = c.reductions()[0].max_deviation.unwrap();
+        prop_assert!((reported - error).abs() <= 1e-9, "reported {reported}, measured {error}");
+    }
 }
