@@ -63,7 +63,7 @@ use crate::spool::{Recovery, Spool, Usage};
 pub const QUEUED_CHUNKS: usize = 4;
 
 /// What happened to one stream during a run.
-#[derive(Debug, Default, Clone, PartialEq, Eq)]
+#[derive(Debug, Default, Clone, PartialEq)]
 pub struct StreamStats {
     pub recovery: Recovery,
     pub pipeline: PipelineStats,
@@ -71,7 +71,7 @@ pub struct StreamStats {
 }
 
 /// What a run did, per stream.
-#[derive(Debug, Default, Clone, PartialEq, Eq)]
+#[derive(Debug, Default, Clone, PartialEq)]
 pub struct AgentStats {
     pub streams: BTreeMap<String, StreamStats>,
 }
@@ -265,7 +265,8 @@ impl Starter {
             spool.clone(),
             &self.dedupe_dir,
         )?
-        .follow_definition(service_kit::DefinitionFile::new(&config.streams_dir, &name));
+        .follow_definition(service_kit::DefinitionFile::new(&config.streams_dir, &name))
+        .report_reductions_in(&config.state_dir);
         // `invalid_max_mb = 0` keeps none: invalid records are only counted, as before keeping.
         let max = config.spool.invalid_max_bytes();
         if max > 0 {

@@ -41,6 +41,16 @@ pub const DEAD_LETTERS_LOST: &str = "edge_agent_dead_letters_lost_total";
 /// Series whose state a deadband or downsample filter forgot, by `filter` (kind): the filter
 /// held `max_series` series, and these were seen longest ago.
 pub const FILTER_EVICTED_SERIES: &str = "edge_agent_filter_evicted_series_total";
+/// Per stream and filter (`filter`: its type): readings that reached the filter and those it
+/// passed on.
+pub const FILTER_READINGS_IN: &str = "edge_agent_filter_readings_in_total";
+pub const FILTER_READINGS_KEPT: &str = "edge_agent_filter_readings_kept_total";
+/// Deadband and swinging door: the band, and the largest distance of a dropped reading from
+/// its reconstruction since the agent started (at most the band).
+pub const FILTER_BAND: &str = "edge_agent_filter_band";
+pub const FILTER_MAX_DEVIATION: &str = "edge_agent_filter_max_deviation";
+/// Swinging door: readings that came out of order and were passed on as they are.
+pub const FILTER_OUT_OF_ORDER: &str = "edge_agent_filter_out_of_order_total";
 /// 1 while a stream's definition file holds an incompatible change that the agent refused (it
 /// runs with the definition it had; records that need the new one are skipped as invalid).
 pub const DEFINITION_REFUSED: &str = "edge_agent_definition_refused";

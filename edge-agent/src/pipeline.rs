@@ -20,7 +20,7 @@ use service_kit::{DefinitionFile, Reread};
 use crate::batch::{Batch, BatchId, BodyEncoding, now_ms};
 use crate::config::{BatchConfig, DedupeConfig, StreamSettings};
 use crate::dedupe::{Digest, DigestLog, DigestWindow, digest};
-use crate::filter::{FilterChain, FilterConfig};
+use crate::filter::{FilterChain, FilterConfig, Reduction};
 use crate::invalid::KeptInvalid;
 use crate::metrics as m;
 use crate::spool::{Appended, Overflow, Spool, SpoolError};
@@ -54,7 +54,7 @@ pub const STOP_GRACE: Duration = Duration::from_secs(2);
 pub use crate::chunk::{Chunk, ChunkOutcome, Done};
 
 /// Counters of one stream's pipeline.
-#[derive(Debug, Default, Clone, PartialEq, Eq)]
+#[derive(Debug, Default, Clone, PartialEq)]
 pub struct PipelineStats {
     pub read: u64,
     pub invalid: u64,
@@ -67,6 +67,53 @@ pub struct PipelineStats {
     pub encoded_bytes: u64,
     /// Invalid records kept earlier that passed when tried again (also counted in `read` again).
     pub retried: u64,
+    /// What each filter did since the pipeline started, in order.
+    pub reductions: Vec<Reduction>,
+}
+
+/// The reduction report of a stream's filters since the agent started, as `edge-agent status`
+/// reads it from `<state_dir>/reduction/<stream>.json`.
+#[derive(Debug, Clone, Default, PartialEq, serde::Serialize, serde::Deserialize)]
+pub struct ReductionReport {
+    /// When the agent started (ms since the epoch).
+    pub since_ms: u64,
+    pub filters: Vec<Reduction>,
+}
+
+/// The file of a stream's reduction report.
+pub fn reduction_path(state_dir: &Path, stream: &str) -> std::path::PathBuf {
+    state_dir.join("reduction").join(format!("{stream}.json"))
+}
+
+/// The pipeline's side of the reduction report: what the filters replaced on a definition
+/// change had done, what was last exported as metrics, and when it was last written.
+struct Reporter {
+    /// Where the report is written ([`Pipeline::report_reductions_in`]); nowhere without.
+    path: Option<std::path::PathBuf>,
+    since_ms: u64,
+    base: Vec<Reduction>,
+    exported: Vec<Reduction>,
+    written: Option<Instant>,
+}
+
+/// `a` and `b` added, filter by filter (`b` alone where the filters differ).
+fn add_reductions(a: &[Reduction], b: Vec<Reduction>) -> Vec<Reduction> {
+    if a.len() != b.len() || a.iter().zip(&b).any(|(a, b)| a.filter != b.filter) {
+        return b;
+    }
+    a.iter()
+        .zip(b)
+        .map(|(a, b)| Reduction {
+            readings_in: a.readings_in + b.readings_in,
+            kept: a.kept + b.kept,
+            max_deviation: match (a.max_deviation, b.max_deviation) {
+                (Some(x), Some(y)) => Some(x.max(y)),
+                (x, y) => x.or(y),
+            },
+            out_of_order: a.out_of_order + b.out_of_order,
+            ..b
+        })
+        .collect()
 }
 
 #[derive(Default)]
@@ -173,6 +220,7 @@ pub struct Pipeline {
     invalid_logged: u64,
     /// Series the filters forgot so far (logged at the first and once per million).
     evicted_logged: u64,
+    reporter: Reporter,
     log_errors: u64,
     /// Compresses NDJSON batches, with the stream's dictionary when it has one.
     zstd: zstd::bulk::Compressor<'static>,
@@ -252,6 +300,13 @@ impl Pipeline {
             dropped_in_chunk: false,
             invalid_logged: 0,
             evicted_logged: 0,
+            reporter: Reporter {
+                path: None,
+                since_ms: now_ms(),
+                base: Vec::new(),
+                exported: Vec::new(),
+                written: None,
+            },
             log_errors: 0,
             zstd,
             last_batch_records: 0,
@@ -270,6 +325,16 @@ impl Pipeline {
     /// were skipped as invalid until the agent restarted.
     pub fn follow_definition(mut self, file: DefinitionFile) -> Pipeline {
         self.definition = Some(file);
+        self
+    }
+
+    /// Writes the filters' reduction report to `<state_dir>/reduction/<stream>.json` (at most
+    /// once a second, and when the pipeline stops), for `edge-agent status` and `/status`. A
+    /// report of an earlier run is removed first: it is not this run's.
+    pub fn report_reductions_in(mut self, state_dir: &Path) -> Pipeline {
+        let path = reduction_path(state_dir, &self.def.name);
+        let _ = std::fs::remove_file(&path);
+        self.reporter.path = Some(path);
         self
     }
 
@@ -398,6 +463,7 @@ impl Pipeline {
         if let Some(filters) = filters {
             // What the old filters hold back goes out under the old definition.
             self.flush_filters(true, cancel)?;
+            self.reporter.base = add_reductions(&self.reporter.base, self.filters.reductions());
             self.filters = filters;
             tracing::warn!(stream = %self.def.name, "fields moved in the new definition: the filters start over");
         }
@@ -464,7 +530,69 @@ impl Pipeline {
         self.flush_filters(true, cancel)?;
         self.close_batch(cancel)?;
         self.sync(true)?;
+        self.report_reductions(true);
+        for r in &self.stats.reductions {
+            tracing::info!(
+                stream = %self.def.name,
+                filter = r.filter,
+                readings_in = r.readings_in,
+                kept = r.kept,
+                band = r.band,
+                max_deviation = r.max_deviation,
+                out_of_order = r.out_of_order,
+                "filter reduction"
+            );
+        }
         Ok(self.stats)
+    }
+
+    /// Brings the reduction report up to date: in the stats, as metrics, and (at most once a
+    /// second, and with `now`) in the state directory for `edge-agent status`.
+    fn report_reductions(&mut self, now: bool) {
+        if self.filters.is_empty() && self.reporter.base.is_empty() {
+            return;
+        }
+        let current = add_reductions(&self.reporter.base, self.filters.reductions());
+        let before = std::mem::take(&mut self.reporter.exported);
+        for (i, r) in current.iter().enumerate() {
+            let was = before.get(i).filter(|b| b.filter == r.filter);
+            let (was_in, was_kept, was_late) =
+                was.map_or((0, 0, 0), |b| (b.readings_in, b.kept, b.out_of_order));
+            let labels = [
+                ("stream", self.def.name.clone()),
+                ("filter", r.filter.clone()),
+            ];
+            metrics::counter!(m::FILTER_READINGS_IN, &labels)
+                .increment(r.readings_in.saturating_sub(was_in));
+            metrics::counter!(m::FILTER_READINGS_KEPT, &labels)
+                .increment(r.kept.saturating_sub(was_kept));
+            if let (Some(band), Some(deviation)) = (r.band, r.max_deviation) {
+                metrics::gauge!(m::FILTER_BAND, &labels).set(band);
+                metrics::gauge!(m::FILTER_MAX_DEVIATION, &labels).set(deviation);
+                metrics::counter!(m::FILTER_OUT_OF_ORDER, &labels)
+                    .increment(r.out_of_order.saturating_sub(was_late));
+            }
+        }
+        self.reporter.exported = current.clone();
+        self.stats.reductions = current;
+        if !now
+            && self
+                .reporter
+                .written
+                .is_some_and(|at| at.elapsed() < Duration::from_secs(1))
+        {
+            return;
+        }
+        self.reporter.written = Some(Instant::now());
+        let report = ReductionReport {
+            since_ms: self.reporter.since_ms,
+            filters: self.stats.reductions.clone(),
+        };
+        if let Some(path) = &self.reporter.path
+            && let Err(e) = write_atomically(path, &report)
+        {
+            tracing::debug!(path = %path.display(), error = %e, "cannot write the reduction report");
+        }
     }
 
     /// Parses, dedupes, filters and batches the records of one chunk.
@@ -724,6 +852,7 @@ impl Pipeline {
             self.stats.filtered += n;
             self.discarded(kind, true, n);
         }
+        self.report_reductions(false);
         for (kind, n) in self.filters.take_evicted() {
             metrics::counter!(m::FILTER_EVICTED_SERIES, "stream" => self.def.name.clone(), "filter" => kind).increment(n);
             self.evicted_logged += n;
@@ -870,6 +999,17 @@ impl Pipeline {
             }
         }
     }
+}
+
+/// Writes `value` as JSON to `path` through a temporary file and a rename, so that a reader
+/// never sees half of it.
+fn write_atomically(path: &Path, value: &impl serde::Serialize) -> std::io::Result<()> {
+    if let Some(dir) = path.parent() {
+        std::fs::create_dir_all(dir)?;
+    }
+    let tmp = path.with_extension("json.tmp");
+    std::fs::write(&tmp, serde_json::to_vec(value)?)?;
+    std::fs::rename(&tmp, path)
 }
 
 #[cfg(test)]

@@ -11,6 +11,7 @@ use axum::response::IntoResponse as _;
 use serde::Serialize;
 
 use crate::config::AgentConfig;
+use crate::pipeline::{ReductionReport, reduction_path};
 use crate::rejected::RejectedDir;
 use crate::source::file::{Positions, file_id};
 use crate::spool::{self, Peek};
@@ -39,6 +40,10 @@ pub struct StreamStatus {
     /// Bytes of records skipped as invalid, kept under `invalid/` to be tried again when the
     /// stream's definition changes.
     pub invalid_kept_bytes: u64,
+    /// What the stream's filters did since the agent started (while it runs, as of the last
+    /// second; after it stopped, its whole run).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub reduction: Option<ReductionReport>,
 }
 
 #[derive(Debug, Serialize)]
@@ -85,6 +90,9 @@ pub fn status(config: &AgentConfig) -> anyhow::Result<Status> {
                 .map(|m| m.len())
                 .sum(),
             rejected_records: of_stream.map(|k| u64::from(k.batch.records)).sum(),
+            reduction: std::fs::read(reduction_path(state, &stream))
+                .ok()
+                .and_then(|json| serde_json::from_slice(&json).ok()),
             stream,
         });
     }
@@ -212,6 +220,24 @@ impl fmt::Display for Status {
                      the definition changes)",
                     size(s.invalid_kept_bytes)
                 )?;
+            }
+            for r in s.reduction.iter().flat_map(|r| &r.filters) {
+                let share = match r.readings_in {
+                    0 => String::new(),
+                    n => format!(" ({:.1}%)", 100.0 * r.kept as f64 / n as f64),
+                };
+                write!(
+                    f,
+                    "  filter {}: {} readings in, {} kept{share}",
+                    r.filter, r.readings_in, r.kept
+                )?;
+                if let (Some(band), Some(deviation)) = (r.band, r.max_deviation) {
+                    write!(f, "; largest deviation {deviation} of band {band}")?;
+                }
+                if r.out_of_order > 0 {
+                    write!(f, "; {} out of order, passed on", r.out_of_order)?;
+                }
+                writeln!(f)?;
             }
             if s.spool.unread_bytes > 0 {
                 writeln!(

@@ -465,8 +465,7 @@ fn read_all(brokers: &str, topic: &str, partitions: i32, n: usize) -> anyhow::Re
 /// and prints its own throughput and peak RSS.
 pub async fn sink_worker(
     brokers: &str,
-    prefix: &str,
-    group_id: &str,
+    (prefix, group_id): (&str, &str),
     (records, raw_bytes): (usize, usize),
     landing: &Path,
     ingest_time: IngestTime,

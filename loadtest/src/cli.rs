@@ -547,8 +547,7 @@ async fn sink_worker(
     let group_id = group_id.unwrap_or_else(|| format!("{topic_prefix}sink"));
     let run = crate::bench_sink::sink_worker(
         &brokers,
-        &topic_prefix,
-        &group_id,
+        (&topic_prefix, &group_id),
         (records, raw_bytes),
         &landing,
         ingest_time.into(),
