@@ -6,5 +6,6 @@ pub mod bench_sink;
 pub mod cli;
 pub mod demo;
 pub mod fleet;
+pub mod process;
 pub mod send;
 pub mod verify;

@@ -179,6 +179,119 @@ async fn agent_gateway_tansu_sink_s3_pyarrow() {
     common::assert_landed_exactly(&records, &landed);
 }
 
+/// The filters' error bounds, end to end: process-like series of every shape (drift, noise,
+/// steps, spikes, stuck values, gaps) go through an agent with a swinging-door filter and, under
+/// other device names, one with deadband, both at 0.5% of the range; the gateway, tansu and the
+/// sink land them in S3, and from the rows pyarrow reads each series is rebuilt (linear
+/// interpolation, sample-and-hold) and checked at every input reading against the band, the
+/// first and last reading kept, and no gap between kept readings over `max_silence_secs` where
+/// the input had readings. Each agent's own report of its largest deviation matches.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn filters_keep_every_reading_within_the_band_end_to_end() {
+    use loadtest::process::{Reconstruction, Shape, fidelity, readings, series};
+    let stack = Stack::start().await;
+    let dir = tempfile::tempdir().unwrap();
+    let band = 0.5;
+    let silence_secs = 120;
+    let mut inputs = std::collections::BTreeMap::new();
+    let mut kept_total = 0;
+    for (kind, prefix) in [("swinging_door", "sd"), ("deadband", "db")] {
+        let mut lines = Vec::new();
+        for (i, shape) in Shape::ALL.into_iter().enumerate() {
+            let device = format!("{prefix}-{}", shape.name());
+            let s = series(shape, 1_500, 1_767_225_600_000, i as u64);
+            lines.extend(readings(&device, &s));
+            inputs.insert(device, s);
+        }
+        let file = dir.path().join(format!("{kind}.ndjson"));
+        std::fs::write(&file, to_ndjson(&lines)).unwrap();
+        let extra = if kind == "deadband" {
+            "send_previous = true\n"
+        } else {
+            ""
+        };
+        let agent = AgentConfig::parse(&format!(
+            r#"
+            state_dir = {state:?}
+            [gateway]
+            url = "http://{addr}"
+            token = "e2e-secret"
+            [batch]
+            max_records = 500
+            [[sources]]
+            type = "file"
+            path = {file:?}
+            stream = "sensor_readings"
+            [[streams.sensor_readings.filters]]
+            type = "{kind}"
+            field = "value"
+            percent = 0.5
+            range = [0.0, 100.0]
+            max_silence_secs = {silence_secs}
+            {extra}
+            "#,
+            state = dir.path().join(format!("state-{kind}")),
+            addr = stack.gateway.addr,
+        ))
+        .unwrap();
+        let stats = edge_agent::run(agent, stack.streams.clone(), stack.shutdown.clone())
+            .await
+            .unwrap();
+        let stats = &stats.streams["sensor_readings"];
+        let report = &stats.pipeline.reductions[0];
+        assert_eq!(report.readings_in as usize, lines.len());
+        assert_eq!(stats.delivery.accepted, report.kept);
+        assert!(report.max_deviation.unwrap() <= band, "{report:?}");
+        kept_total += report.kept as usize;
+    }
+    stack.wait_written(kept_total).await;
+    let (s3, bucket) = (stack.s3.clone(), stack.bucket.clone());
+    stack.stop().await;
+
+    let landed = common::pyarrow_s3(&s3, &bucket, "landing/");
+    let mut kept: std::collections::BTreeMap<String, Vec<(i64, f64)>> = Default::default();
+    for row in landed["rows"].as_array().unwrap() {
+        kept.entry(row["device_id"].as_str().unwrap().to_owned())
+            .or_default()
+            .push((
+                row["ts"].as_i64().unwrap() / 1_000,
+                row["value"].as_f64().unwrap(),
+            ));
+    }
+    assert_eq!(kept.len(), inputs.len(), "every series landed");
+    let count = |prefix: &str| -> usize {
+        kept.iter()
+            .filter(|(device, _)| device.starts_with(prefix))
+            .map(|(_, rows)| rows.len())
+            .sum()
+    };
+    assert!(
+        count("sd-") < count("db-"),
+        "swinging door kept {}, deadband {}",
+        count("sd-"),
+        count("db-")
+    );
+    for (device, input) in &inputs {
+        let mut rows = kept[device].clone();
+        rows.sort_by_key(|r| r.0);
+        let how = match device.starts_with("sd-") {
+            true => Reconstruction::Linear,
+            false => Reconstruction::Hold,
+        };
+        let f = fidelity(input, &rows, how).unwrap_or_else(|e| panic!("{device}: {e}"));
+        assert!(
+            f.max_error <= band * (1.0 + 1e-9),
+            "{device}: error {} over the band",
+            f.max_error
+        );
+        assert!(
+            f.max_gap_ms <= silence_secs * 1_000,
+            "{device}: {} ms between kept readings",
+            f.max_gap_ms
+        );
+    }
+}
+
 /// A stream gains a field while the whole path runs, and the definition's file is replaced in
 /// the one directory that the agent, the gateway and the sink read: nothing is restarted or
 /// signalled. The agent (Parquet batches) takes the new definition at the first line that sets
