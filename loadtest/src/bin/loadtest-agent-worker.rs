@@ -25,6 +25,9 @@ struct Args {
     /// Dedupe window in records.
     #[arg(long, default_value_t = 1_000_000)]
     dedupe_window: usize,
+    /// Runs a swinging-door filter on `value` with this band (absolute).
+    #[arg(long)]
+    swinging_door: Option<f64>,
 }
 
 fn main() -> anyhow::Result<()> {
@@ -34,6 +37,7 @@ fn main() -> anyhow::Result<()> {
         &args.state,
         &args.encoding,
         args.dedupe_window,
+        args.swinging_door,
     )?;
     println!("{}", serde_json::to_string(&run)?);
     Ok(())
