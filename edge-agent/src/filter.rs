@@ -932,6 +932,16 @@ impl FilterChain {
         self.filters.is_empty()
     }
 
+    /// The kinds of the filters that keep state per series (it lives in memory: a start begins
+    /// every series afresh).
+    pub fn stateful(&self) -> Vec<&'static str> {
+        self.filters
+            .iter()
+            .filter(|(_, f)| !matches!(f, Filter::Predicate { .. }))
+            .map(|(kind, _)| *kind)
+            .collect()
+    }
+
     /// Runs a record through every filter; what comes out is appended to `out`.
     pub fn apply(&mut self, def: &StreamDef, record: Record, out: &mut Vec<Record>) {
         self.run(def, vec![record], None, out);

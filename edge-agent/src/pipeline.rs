@@ -249,6 +249,10 @@ impl Pipeline {
     ) -> anyhow::Result<Pipeline> {
         raise_mmap_threshold();
         let filters = FilterChain::new(&def, &settings.filters).map_err(anyhow::Error::msg)?;
+        let stateful = filters.stateful();
+        if !stateful.is_empty() {
+            tracing::info!(stream = %def.name, filters = ?stateful, "filter state starts afresh: the first reading of each series is kept");
+        }
         let mut window = DigestWindow::new(dedupe.window_records, dedupe.window_secs);
         let now = now_secs();
         let path = state_dir.join(format!("{}.digests", def.name));

@@ -372,6 +372,39 @@ async fn the_dashboards_and_alerts_read_the_components_metrics() {
         .total();
     assert_eq!(stats.delivery.accepted as usize, expected.len());
 
+    // A second agent, with a swinging-door filter, for the filters' panels: a ramp of one
+    // device of its own.
+    let filtered_dir = dir.path().join("filtered");
+    std::fs::create_dir_all(&filtered_dir).unwrap();
+    let ramp = loadtest::process::series(loadtest::process::Shape::Ramp, 600, 1_767_225_600_000, 1);
+    let mut filtered = file_agent(&FileAgent {
+        dir: &filtered_dir,
+        ndjson: &to_ndjson(&loadtest::process::readings("ramp-1", &ramp)),
+        gateway: gateway.addr,
+        token: None,
+        max_records: 500,
+        admin_listen: None,
+        follow: false,
+    })
+    .unwrap();
+    filtered
+        .streams
+        .entry("sensor_readings".into())
+        .or_default()
+        .filters = vec![
+        serde_json::from_value(serde_json::json!({
+            "type": "swinging_door", "field": "value", "absolute": 0.5,
+        }))
+        .unwrap(),
+    ];
+    let kept = edge_agent::run(filtered, streams.clone(), shutdown.child_token())
+        .await
+        .unwrap()
+        .total()
+        .delivery
+        .accepted;
+    assert!(kept > 0 && kept < 600, "the filter kept {kept} of 600");
+
     // A record of the wrong type through the gateway, and an undecodable value produced
     // straight to Kafka for the sink.
     let client = reqwest::Client::new();
