@@ -448,18 +448,26 @@ pub fn hash_columns(def: &StreamDef) -> Vec<String> {
         .collect()
 }
 
-/// The content hashes of the `want` rows with the highest offsets among `batches` (read with
-/// [`hash_columns`]), oldest first, computed from their fields (`schemas::arrow::row_hashes`).
+/// The content hashes of the `want` rows with the highest offsets below `before` among
+/// `batches` (read with [`hash_columns`]), oldest first, computed from their fields (`schemas::arrow::row_hashes`).
 pub fn newest_hashes(
     def: &StreamDef,
     batches: &[RecordBatch],
     want: usize,
+    before: i64,
 ) -> Result<Vec<ContentHash>, ParquetError> {
     // (offset, batch, row)
     let mut rows: Vec<(i64, usize, usize)> = Vec::new();
     for (b, batch) in batches.iter().enumerate() {
         let offsets = offset_column(batch)?;
-        rows.extend(offsets.values().iter().enumerate().map(|(r, &o)| (o, b, r)));
+        rows.extend(
+            offsets
+                .values()
+                .iter()
+                .enumerate()
+                .filter(|&(_, &o)| o < before)
+                .map(|(r, &o)| (o, b, r)),
+        );
     }
     rows.sort_unstable();
     let mut newest = rows.split_off(rows.len().saturating_sub(want));
@@ -718,7 +726,7 @@ mod tests {
     fn newest(file: &Bytes, want: usize) -> Result<Vec<ContentHash>, ParquetError> {
         let def = sensor();
         let batches = read_planned(file, &hash_columns(&def), Rows::LastGroups(want))?;
-        newest_hashes(&def, &batches, want)
+        newest_hashes(&def, &batches, want, i64::MAX)
     }
 
     fn chosen(file: &Bytes, want: usize) -> Result<PagePlan, ParquetError> {
@@ -855,7 +863,15 @@ mod tests {
             .map(|&(start, end)| file.slice(start as usize..end as usize))
             .collect();
         let batches = plan.read(file.len() as u64, pieces).unwrap();
-        assert_eq!(newest_hashes(&def, &batches, 120).unwrap(), hashes[880..]);
+        assert_eq!(
+            newest_hashes(&def, &batches, 120, i64::MAX).unwrap(),
+            hashes[880..]
+        );
+        // Rows from `before` on are left out: the partition reads them again.
+        assert_eq!(
+            newest_hashes(&def, &batches, 120, 950).unwrap(),
+            hashes[830..950]
+        );
     }
 
     #[test]

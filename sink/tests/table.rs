@@ -289,6 +289,76 @@ async fn a_table_commit_does_not_commit_past_the_open_file() {
     drop(cluster);
 }
 
+/// A sink lands a file and is killed before its table commit; the next owner reads the same
+/// records again and nothing else. Its dedupe window, warmed from the landing files, must not
+/// take those records for duplicates of themselves: it writes them, meets the landed file at
+/// the same key, adopts it and commits it to the table, rather than commit the Kafka offset
+/// past a file the table never got.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_file_landed_by_a_killed_sink_reaches_the_table_through_its_next_owner() {
+    let (cluster, bootstrap, dir, producer) = rig(1);
+    let catalog = dir.path().join("catalog.db").display().to_string();
+    let config = write_config(
+        dir.path(),
+        &bootstrap,
+        &common::repo_root().join("streams"),
+        (&catalog, "edge_ingest"),
+    );
+    let text = std::fs::read_to_string(&config).unwrap();
+    std::fs::write(
+        &config,
+        text.replace("commit_interval_ms = 700", "commit_interval_ms = 600000"),
+    )
+    .unwrap();
+    // 150 distinct readings: one file at max_records.
+    let sent: Vec<serde_json::Value> =
+        support::readings(400, 3)
+            .into_iter()
+            .fold(Vec::new(), |mut distinct, r| {
+                if distinct.len() < 150 && !distinct.contains(&r) {
+                    distinct.push(r);
+                }
+                distinct
+            });
+    assert_eq!(sent.len(), 150);
+    let mut first = start_sink(&config, &dir.path().join("sink-0.log"));
+    support::produce(&producer, TOPIC, &sent).await;
+    let landed = || {
+        walk(&dir.path().join("zone/landing/sensor_readings"))
+            .into_iter()
+            .filter(|p| p.extension().is_some_and(|e| e == "parquet"))
+            .count()
+    };
+    let deadline = Instant::now() + Duration::from_secs(60);
+    while landed() == 0 {
+        assert!(Instant::now() < deadline, "no file landed");
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    first.kill().unwrap(); // SIGKILL, long before its table commit
+    first.wait().unwrap();
+    std::fs::write(&config, text).unwrap();
+    let mut sinks = vec![start_sink(&config, &dir.path().join("sink-1.log"))];
+    support::wait_caught_up(&bootstrap, (GROUP, TOPIC), &mut sinks, dir.path()).await;
+    support::stop_gracefully(sinks);
+    assert_eq!(landed(), 1, "the file was adopted, not written again");
+    common::assert_same_records(&sent, &read_table(&catalog, &[]));
+    drop(cluster);
+}
+
+/// Every file under `dir`, recursively.
+fn walk(dir: &Path) -> Vec<PathBuf> {
+    let mut out = Vec::new();
+    for entry in std::fs::read_dir(dir).into_iter().flatten().flatten() {
+        let path = entry.path();
+        if path.is_dir() {
+            out.extend(walk(&path));
+        } else {
+            out.push(path);
+        }
+    }
+    out
+}
+
 /// The table's files and metadata in S3 (moto), written through the sink's store: pyiceberg
 /// reads every record once from the table there.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

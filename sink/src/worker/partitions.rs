@@ -37,7 +37,10 @@ impl Worker {
         // land again once the store is back. Nothing lands meanwhile anyway.
         let mut attempt = 0;
         loop {
-            match self.warm(&def, key.1, &mut state.window).await {
+            match self
+                .warm(&def, key.1, msg.offset(), &mut state.window)
+                .await
+            {
                 Ok(n) => {
                     if n > 0 {
                         tracing::info!(topic = %key.0, partition = key.1, hashes = n, "warmed dedupe window");
@@ -119,11 +122,17 @@ impl Worker {
     }
 
     /// Loads the content hashes of the newest records of a partition's landing files (from the
-    /// last [`WARM_HOURS`] hour folders) into `window`, oldest first.
+    /// last [`WARM_HOURS`] hour folders) into `window`, oldest first: those at offsets before
+    /// `before`, where the partition is read from. Records from there on are read again, so
+    /// they enter the window as they are read, in order; taken from the files, they would make
+    /// records read again look like duplicates of themselves, and a range of nothing else would
+    /// be committed past without its landing file being adopted (which an Iceberg table needs:
+    /// its previous owner may have died before committing the file to the table).
     pub(super) async fn warm(
         &mut self,
         def: &Arc<StreamDef>,
         partition: i32,
+        before: i64,
         window: &mut DigestWindow,
     ) -> anyhow::Result<usize> {
         let stream = def.name.as_str();
@@ -150,13 +159,16 @@ impl Worker {
                         .unwrap_or_default()
                 }
             };
-            for (_, key) in files {
+            for (start, key) in files {
                 if total >= window.capacity() {
                     break 'hours;
                 }
+                if start >= before {
+                    continue;
+                }
                 tracing::debug!(key, "reading content hashes");
                 let want = window.capacity() - total;
-                let hashes = match self.newest_hashes(def, &key, want).await? {
+                let hashes = match self.newest_hashes(def, &key, want, before).await? {
                     Ranged::Read(hashes) => hashes,
                     Ranged::Gone => continue,
                     Ranged::Unreadable(e) => {
@@ -186,6 +198,7 @@ impl Worker {
         def: &Arc<StreamDef>,
         key: &str,
         want: usize,
+        before: i64,
     ) -> anyhow::Result<Ranged<Vec<ContentHash>>> {
         let columns = parquet_file::hash_columns(def);
         let rows = Rows::LastGroups(want);
@@ -196,7 +209,7 @@ impl Worker {
         };
         let def = def.clone();
         let read = tokio::task::spawn_blocking(move || {
-            parquet_file::newest_hashes(&def, &plan.read(size, pieces)?, want)
+            parquet_file::newest_hashes(&def, &plan.read(size, pieces)?, want, before)
         })
         .await?;
         Ok(read.map_or_else(Ranged::Unreadable, Ranged::Read))
