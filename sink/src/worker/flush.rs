@@ -378,8 +378,36 @@ impl Worker {
         ::metrics::counter!(m::ADOPTED_FILES, "stream" => part.def.name.clone()).increment(1);
         self.stats.adopted_files.fetch_add(1, Ordering::Relaxed);
         self.stats.count_adopted(part, after.covered);
+        // The object reaches past what the partition has read: the records up to its end are
+        // skipped as they come, so its rows there go into the dedupe window now (the window was
+        // warmed only with rows before where the partition is read from).
+        let unread = part.next_offset.filter(|&next| next <= adopted.last);
         part.adopt_through(adopted.last, after.first_ingest_ts);
         part.file = rest;
+        if let Some(next) = unread {
+            let want = (adopted.last + 1 - next) as usize;
+            let def = self.parts.get(key).map(|p| p.def.clone());
+            let read = match def {
+                Some(def) => {
+                    self.newest_hashes(&def, object, want, adopted.last + 1)
+                        .await
+                }
+                None => anyhow::Ok(Ranged::Gone),
+            };
+            match read {
+                Ok(Ranged::Read(hashes)) => {
+                    if let Some(part) = self.parts.get_mut(key) {
+                        for h in hashes {
+                            part.window.insert(digest(&h), 0);
+                        }
+                    }
+                }
+                Ok(_) | Err(_) => tracing::warn!(
+                    object,
+                    "cannot read the content hashes of an adopted file's rows past what the partition has read; a re-sent copy of one of them may land again"
+                ),
+            }
+        }
         let landed = self.landed_file(key, object, adopted, (adopted_rows, size), stats);
         if let (Some(tables), Some(landed)) = (&mut self.tables, landed) {
             tables.landed(landed);
