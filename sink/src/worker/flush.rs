@@ -225,9 +225,15 @@ impl Worker {
         let prefix = &self.config.key_prefix;
         let twin = table::dead_letters::twin_key(prefix, object)
             .with_context(|| format!("{object} is not a dead-letter key"))?;
-        let encoded =
-            table::dead_letters::encode(&part.def.name, &part.topic, part.partition, content)
-                .with_context(|| format!("cannot encode {object} for the dead-letter table"));
+        // Parquet and zstd: off the reactor.
+        let (stream, topic, partition) =
+            (part.def.name.clone(), part.topic.clone(), part.partition);
+        let content = content.clone();
+        let encoded = tokio::task::spawn_blocking(move || {
+            table::dead_letters::encode(&stream, &topic, partition, &content)
+        })
+        .await?
+        .with_context(|| format!("cannot encode {object} for the dead-letter table"));
         let encoded = match encoded {
             Ok(encoded) => encoded,
             Err(e) => {
