@@ -17,6 +17,7 @@ import sys
 import pyarrow as pa
 import pyarrow.compute as pc
 import pyarrow.parquet as pq
+from pyiceberg.catalog.rest import RestCatalog
 from pyiceberg.catalog.sql import SqlCatalog
 from pyiceberg.conversions import from_bytes
 from pyiceberg.types import PrimitiveType
@@ -26,7 +27,8 @@ from read_landing import duckdb_counts, to_json_value
 
 def main():
     p = argparse.ArgumentParser(description=__doc__)
-    p.add_argument("--catalog", required=True, help="the catalog: a SQLite file or a postgres:// URL, as the sink's table.catalog")
+    p.add_argument("--catalog", required=True, help="the catalog: a SQLite file, a postgres:// URL or a REST catalog's http:// URL, "
+                   "as the sink's table.catalog (a REST catalog's client credentials from EDGE_INGEST_CATALOG_CREDENTIAL)")
     p.add_argument("--catalog-name", default="edge_ingest")
     p.add_argument("--namespace", default="landing")
     p.add_argument("--table", required=True)
@@ -34,7 +36,9 @@ def main():
     p.add_argument("--files-only", action="store_true", help="list the files, do not read them")
     p.add_argument("--row-filter", help="a pyiceberg row filter, for example \"ts >= '2026-01-01T00:00:00+00:00'\"")
     args = p.parse_args()
-    if args.catalog.startswith(("postgres://", "postgresql://")):
+    if args.catalog.startswith(("http://", "https://")):
+        uri = None
+    elif args.catalog.startswith(("postgres://", "postgresql://")):
         uri = "postgresql+psycopg2://" + args.catalog.split("://", 1)[1]
     else:
         uri = args.catalog if "://" in args.catalog else f"sqlite:///{args.catalog}"
@@ -42,7 +46,13 @@ def main():
     if args.s3_endpoint:
         props.update({"s3.endpoint": args.s3_endpoint, "s3.region": "us-east-1",
                       "s3.access-key-id": "test", "s3.secret-access-key": "test"})
-    catalog = SqlCatalog(args.catalog_name, **props)
+    if uri is None:
+        props["uri"] = args.catalog
+        if os.environ.get("EDGE_INGEST_CATALOG_CREDENTIAL"):
+            props["credential"] = os.environ["EDGE_INGEST_CATALOG_CREDENTIAL"]
+        catalog = RestCatalog(args.catalog_name, **props)
+    else:
+        catalog = SqlCatalog(args.catalog_name, **props)
     table = catalog.load_table(f"{args.namespace}.{args.table}")
     data = table.scan().to_arrow() if not args.files_only else pa.table({})
     for i, field in enumerate(data.schema):

@@ -675,11 +675,9 @@ async fn verify_command(
         wait: Duration::from_secs(wait),
         allow_unexpected,
         table: table.map(|catalog| sink::table::TableConfig {
-            catalog,
             catalog_name,
             namespace,
-            commit_interval_ms: 0,
-            partition: Default::default(),
+            ..sink::table::TableConfig::new(catalog)
         }),
     })
     .await?;

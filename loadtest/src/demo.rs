@@ -179,11 +179,10 @@ pub async fn run(options: DemoOptions) -> anyhow::Result<DemoSummary> {
         let catalog = std::path::absolute(options.landing.join("catalog.db"))
             .unwrap_or_else(|_| options.landing.join("catalog.db"));
         sink::table::TableConfig {
-            catalog: catalog.display().to_string(),
             catalog_name: DEMO_CATALOG.into(),
             namespace: run_prefix.replace(['-', '.'], "_"),
             commit_interval_ms: 1_000,
-            partition: Default::default(),
+            ..sink::table::TableConfig::new(catalog.display().to_string())
         }
     });
     let shutdown = CancellationToken::new();

@@ -99,6 +99,15 @@ fn rig(
 /// pyiceberg's view of the stream's table (`scripts/read_table.py`) in `catalog` (a SQLite
 /// file or a PostgreSQL URL).
 fn read_table(catalog: impl AsRef<std::ffi::OsStr>, extra: &[&str]) -> Value {
+    read_table_with(catalog, extra, &[])
+}
+
+/// [`read_table`] with `env` set for the reader.
+fn read_table_with(
+    catalog: impl AsRef<std::ffi::OsStr>,
+    extra: &[&str],
+    env: &[(&str, &str)],
+) -> Value {
     let python = common::service_env("EDGE_INGEST_PYTHON");
     let out = Command::new(python)
         .arg(common::repo_root().join("scripts/read_table.py"))
@@ -106,6 +115,7 @@ fn read_table(catalog: impl AsRef<std::ffi::OsStr>, extra: &[&str]) -> Value {
         .arg(catalog)
         .args(["--table", "sensor_readings"])
         .args(extra)
+        .envs(env.iter().copied())
         .output()
         .expect("cannot run the pyiceberg reader");
     assert!(
@@ -403,19 +413,98 @@ async fn a_table_in_s3_holds_every_record_once() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_field_added_to_the_definition_becomes_a_column_of_the_table() {
     let (cluster, bootstrap, dir, producer) = rig(2);
-    let streams = dir.path().join("streams");
+    let postgres = common::service_env("EDGE_INGEST_POSTGRES");
+    let catalog_name = format!("evolve-{}", common::unique_id());
+    let config =
+        |streams: &Path| write_config(dir.path(), &bootstrap, streams, (&postgres, &catalog_name));
+    let table = || read_table(&postgres, &["--catalog-name", &catalog_name]);
+    add_a_field_while_landing(dir.path(), (&bootstrap, &producer), 1, config, table).await;
+    drop(cluster);
+}
+
+/// A REST catalog (`scripts/rest_catalog.py`: the REST protocol over pyiceberg's SqlCatalog)
+/// that wants OAuth2 client credentials, two sinks of one group committing to it at once (the
+/// loser of a race gets 409 and builds again) and a field added on the way: pyiceberg reads the
+/// table through the same REST catalog, every record once, and the new column from the files
+/// landed after the change. A sink with a wrong secret stops at start with the catalog's
+/// refusal.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn two_sinks_commit_to_a_rest_catalog_every_record_once() {
+    let (cluster, bootstrap, dir, producer) = rig(4);
+    let server = RestServer::start(dir.path(), "sink-client:s3cret");
+    std::fs::write(dir.path().join("wrong"), "sink-client:guess").unwrap();
+    let bad = write_config(
+        dir.path(),
+        &bootstrap,
+        &common::repo_root().join("streams"),
+        (&server.url, "rest"),
+    );
+    append(
+        &bad,
+        &format!(
+            "credential_file = \"{}\"\n",
+            dir.path().join("wrong").display()
+        ),
+    );
+    let mut refused = start_sink(&bad, &dir.path().join("refused.log"));
+    let status = wait_exit(&mut refused, Duration::from_secs(30));
+    let log = std::fs::read_to_string(dir.path().join("refused.log")).unwrap();
+    assert!(
+        !status.success() && log.contains("refused the client credentials of sink-client"),
+        "{status:?}: {log}"
+    );
+
+    std::fs::write(dir.path().join("credential"), "sink-client:s3cret\n").unwrap();
+    let config = |streams: &Path| {
+        let config = write_config(dir.path(), &bootstrap, streams, (&server.url, "rest"));
+        append(
+            &config,
+            &format!(
+                "credential_file = \"{}\"\n",
+                dir.path().join("credential").display()
+            ),
+        );
+        config
+    };
+    let table = || {
+        read_table_with(
+            &server.url,
+            &["--catalog-name", "rest"],
+            &[("EDGE_INGEST_CATALOG_CREDENTIAL", "sink-client:s3cret")],
+        )
+    };
+    let after =
+        add_a_field_while_landing(dir.path(), (&bootstrap, &producer), 2, config, table).await;
+    let location = after["metadata_location"].as_str().unwrap();
+    assert!(
+        location.contains("/landing/sensor_readings/metadata/"),
+        "{location}"
+    );
+    drop(cluster);
+}
+
+/// Lands 300 readings with `sinks` sinks, adds a float field to the stream's definition and
+/// lands 30 readings that have it; `table` then reads a table whose new column has a new id,
+/// null in the rows landed before. Returns the last read.
+async fn add_a_field_while_landing(
+    dir: &Path,
+    (bootstrap, producer): (&str, &FutureProducer),
+    sinks: usize,
+    config: impl Fn(&Path) -> PathBuf,
+    table: impl Fn() -> Value,
+) -> Value {
+    let streams = dir.join("streams");
     std::fs::create_dir(&streams).unwrap();
     let file = streams.join("sensor_readings.toml");
     let shipped = include_str!("../../streams/sensor_readings.toml");
     std::fs::write(&file, shipped).unwrap();
-    let postgres = common::service_env("EDGE_INGEST_POSTGRES");
-    let catalog_name = format!("evolve-{}", common::unique_id());
-    let config = write_config(dir.path(), &bootstrap, &streams, (&postgres, &catalog_name));
-    let table = || read_table(&postgres, &["--catalog-name", &catalog_name]);
-    let mut sinks = vec![start_sink(&config, &dir.path().join("sink.log"))];
+    let config = config(&streams);
+    let mut sinks: Vec<Child> = (0..sinks)
+        .map(|i| start_sink(&config, &dir.join(format!("sink-{i}.log"))))
+        .collect();
     let plain = support::readings(300, 3);
-    support::produce(&producer, TOPIC, &plain).await;
-    support::wait_caught_up(&bootstrap, (GROUP, TOPIC), &mut sinks, dir.path()).await;
+    support::produce(producer, TOPIC, &plain).await;
+    support::wait_caught_up(bootstrap, (GROUP, TOPIC), &mut sinks, dir).await;
     let before = table();
     assert!(
         before["schema"]
@@ -444,8 +533,8 @@ async fn a_field_added_to_the_definition_becomes_a_column_of_the_table() {
             })
         })
         .collect();
-    support::produce(&producer, TOPIC, &humid).await;
-    support::wait_caught_up(&bootstrap, (GROUP, TOPIC), &mut sinks, dir.path()).await;
+    support::produce(producer, TOPIC, &humid).await;
+    support::wait_caught_up(bootstrap, (GROUP, TOPIC), &mut sinks, dir).await;
     support::stop_gracefully(sinks);
     let after = table();
     let humidity = after["schema"]
@@ -467,7 +556,67 @@ async fn a_field_added_to_the_definition_becomes_a_column_of_the_table() {
         "old rows read as null, new ones with their value"
     );
     common::assert_duckdb_reads_the_same(&after);
-    drop(cluster);
+    after
+}
+
+/// `scripts/rest_catalog.py` serving a catalog in `dir`, stopped when dropped.
+struct RestServer {
+    child: Child,
+    url: String,
+}
+
+impl RestServer {
+    /// Starts it wanting `credential` (`client_id:secret`) and handing out a prefix.
+    fn start(dir: &Path, credential: &str) -> RestServer {
+        use std::io::BufRead;
+        let mut child = Command::new(common::service_env("EDGE_INGEST_PYTHON"))
+            .arg(common::repo_root().join("scripts/rest_catalog.py"))
+            .arg("--catalog")
+            .arg(dir.join("rest.db"))
+            .arg("--warehouse")
+            .arg(dir.join("warehouse"))
+            .args(["--prefix", "wh", "--credential", credential])
+            .stdout(Stdio::piped())
+            .stderr(std::fs::File::create(dir.join("rest.log")).unwrap())
+            .spawn()
+            .expect("cannot start the REST catalog");
+        let mut line = String::new();
+        std::io::BufReader::new(child.stdout.take().unwrap())
+            .read_line(&mut line)
+            .unwrap();
+        let port = line
+            .trim()
+            .strip_prefix("listening on ")
+            .unwrap_or_else(|| panic!("the REST catalog did not start: {line:?}"));
+        RestServer {
+            child,
+            url: format!("http://127.0.0.1:{port}"),
+        }
+    }
+}
+
+impl Drop for RestServer {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+fn append(file: &Path, text: &str) {
+    let mut all = std::fs::read_to_string(file).unwrap();
+    all.push_str(text);
+    std::fs::write(file, all).unwrap();
+}
+
+fn wait_exit(child: &mut Child, within: Duration) -> std::process::ExitStatus {
+    let deadline = Instant::now() + within;
+    loop {
+        if let Some(status) = child.try_wait().unwrap() {
+            return status;
+        }
+        assert!(Instant::now() < deadline, "the sink did not exit");
+        std::thread::sleep(Duration::from_millis(100));
+    }
 }
 
 /// The table is partitioned by day of ingest time, each file in the partition of the date its
@@ -589,56 +738,13 @@ async fn a_thousand_commits_keep_the_metadata_bounded() {
     let def: Arc<schemas::StreamDef> =
         service_kit::load_stream(&common::repo_root().join("streams"), "sensor_readings").unwrap();
     let started = Instant::now();
-    for i in 0..1_000i64 {
-        tables.landed(sink::table::Landed {
-            kind: sink::table::TableKind::Stream,
-            def: def.clone(),
-            hash: schemas::arrow::HashColumn::None,
-            topic: TOPIC.into(),
-            partition: (i % 4) as i32,
-            first: i * 10,
-            last: i * 10 + 9,
-            key: format!("landing/sensor_readings/date=2026-11-28/hour=05/f{i}.parquet"),
-            rows: 10,
-            size: 1_000,
-            stats: Default::default(),
-            landed_at: Instant::now(),
-        });
-        let done = tables.commit().await;
-        assert_eq!(done, [(TOPIC.to_owned(), (i % 4) as i32)], "commit {i}");
-    }
+    commit_one_file_each(&mut tables, &def, 1_000).await;
     // Files committed again (a sink that adopted them) are found in the table, not added.
-    tables.landed(sink::table::Landed {
-        kind: sink::table::TableKind::Stream,
-        def: def.clone(),
-        hash: schemas::arrow::HashColumn::None,
-        topic: TOPIC.into(),
-        partition: 3,
-        first: 9_990,
-        last: 9_999,
-        key: "landing/sensor_readings/date=2026-11-28/hour=05/f999.parquet".into(),
-        rows: 10,
-        size: 1_000,
-        stats: Default::default(),
-        landed_at: Instant::now(),
-    });
+    tables.landed(ten_rows(&def, 3, 9_990, "hour=05/f999"));
     assert_eq!(tables.commit().await, [(TOPIC.to_owned(), 3)]);
     // A file the offsets place in the table but that it does not list (a topic created again
     // while the table kept the old one's): not appended, and held back with its partition.
-    let stray = |first: i64| sink::table::Landed {
-        kind: sink::table::TableKind::Stream,
-        def: def.clone(),
-        hash: schemas::arrow::HashColumn::None,
-        topic: TOPIC.into(),
-        partition: 2,
-        first,
-        last: first + 9,
-        key: format!("landing/sensor_readings/date=2026-11-28/hour=06/again-{first}.parquet"),
-        rows: 10,
-        size: 1_000,
-        stats: Default::default(),
-        landed_at: Instant::now(),
-    };
+    let stray = |first: i64| ten_rows(&def, 2, first, &format!("hour=06/again-{first}"));
     tables.landed(stray(0));
     tables.landed(stray(10_000));
     assert!(tables.commit().await.is_empty());
@@ -683,4 +789,108 @@ async fn a_thousand_commits_keep_the_metadata_bounded() {
         current < 256 << 10,
         "the current metadata file is {current} bytes"
     );
+}
+
+/// A landed file of ten rows of partition `partition` from offset `first`, named `name` under
+/// the stream's folder of one day.
+fn ten_rows(
+    def: &Arc<schemas::StreamDef>,
+    partition: i32,
+    first: i64,
+    name: &str,
+) -> sink::table::Landed {
+    sink::table::Landed {
+        kind: sink::table::TableKind::Stream,
+        def: def.clone(),
+        hash: schemas::arrow::HashColumn::None,
+        topic: TOPIC.into(),
+        partition,
+        first,
+        last: first + 9,
+        key: format!("landing/sensor_readings/date=2026-11-28/{name}.parquet"),
+        rows: 10,
+        size: 1_000,
+        stats: Default::default(),
+        landed_at: Instant::now(),
+    }
+}
+
+/// `n` commits of one file each, spread over four partitions.
+async fn commit_one_file_each(
+    tables: &mut sink::table::Tables,
+    def: &Arc<schemas::StreamDef>,
+    n: i64,
+) {
+    for i in 0..n {
+        let partition = (i % 4) as i32;
+        tables.landed(ten_rows(def, partition, i * 10, &format!("hour=05/f{i}")));
+        let done = tables.commit().await;
+        assert_eq!(done, [(TOPIC.to_owned(), partition)], "commit {i}");
+    }
+}
+
+/// Commits through a REST catalog past the snapshots a table keeps: the old ones are expired
+/// by the commits' own updates, and every file stays listed.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn commits_through_a_rest_catalog_expire_old_snapshots() {
+    let dir = tempfile::tempdir().unwrap();
+    let root = dir.path().join("zone");
+    std::fs::create_dir_all(&root).unwrap();
+    let server = RestServer::start(dir.path(), "client:secret");
+    std::fs::write(dir.path().join("credential"), "client:secret").unwrap();
+    let config: sink::table::TableConfig = serde_json::from_value(serde_json::json!({
+        "catalog": server.url,
+        "credential_file": dir.path().join("credential"),
+    }))
+    .unwrap();
+    let store = sink::store::ObjectStore::Local(root);
+    let mut tables = sink::table::Tables::open(&config, store.clone(), "landing")
+        .await
+        .unwrap();
+    let def: Arc<schemas::StreamDef> =
+        service_kit::load_stream(&common::repo_root().join("streams"), "sensor_readings").unwrap();
+    commit_one_file_each(&mut tables, &def, 70).await;
+    let table = read_table_with(
+        &server.url,
+        &["--catalog-name", "rest", "--files-only"],
+        &[("EDGE_INGEST_CATALOG_CREDENTIAL", "client:secret")],
+    );
+    assert_eq!(table["files"].as_array().unwrap().len(), 70);
+    assert_eq!(table["summary"]["total-data-files"], "70");
+    assert_eq!(table["snapshots"], 64, "{}", table["snapshots"]);
+    // Two commits built on one version: the catalog takes the first and refuses the second.
+    use sink::table::{catalog, metadata};
+    let catalog = catalog::Catalog::open(&config).await.unwrap();
+    let base = catalog
+        .load(&store, "landing", "sensor_readings")
+        .await
+        .unwrap()
+        .unwrap();
+    let mut outcomes = Vec::new();
+    for i in 0..2 {
+        let file = ten_rows(&def, 0, 10_000 + i * 10, &format!("hour=06/raced-{i}"));
+        let added = metadata::data_file(&base.metadata, store.uri(&file.key), &file).unwrap();
+        let append = metadata::append(
+            &base.metadata,
+            &base.location,
+            Vec::new(),
+            vec![added],
+            &metadata::offsets(&base.metadata),
+            None,
+        )
+        .await
+        .unwrap();
+        for (path, bytes) in &append.files {
+            store
+                .put_if_absent(&store.key_of(path).unwrap(), bytes.clone())
+                .await
+                .unwrap();
+        }
+        let done = catalog
+            .commit(&store, ("landing", "sensor_readings"), &base, append)
+            .await
+            .unwrap();
+        outcomes.push(done.is_some());
+    }
+    assert_eq!(outcomes, [true, false]);
 }

@@ -1,5 +1,5 @@
-//! The SQL catalog: which metadata file is each table's current one, in a SQLite file or a
-//! PostgreSQL database.
+//! The catalog: which metadata file is each table's current one. A SQL catalog keeps that in
+//! a SQLite file or a PostgreSQL database; a REST catalog ([`super::rest`]) is a server.
 //!
 //! The tables are those of the JDBC catalog that Spark, Trino, Flink and pyiceberg's
 //! `SqlCatalog` read (`iceberg_tables`, `iceberg_namespace_properties`), so any of them opens the
@@ -7,12 +7,132 @@
 //! table's metadata location only from the one the commit was built on, so of two writers
 //! building on the same version one wins and the other builds again.
 
+use anyhow::Context;
+use iceberg::spec::TableMetadata;
 use sqlx::AnyPool;
 use sqlx::any::AnyPoolOptions;
 
+use super::TableConfig;
+use super::metadata::Append;
+use super::rest::{self, RestCatalog};
+use crate::store::ObjectStore;
+
+/// A table's version a commit builds on: its metadata and where the catalog says it is.
+#[derive(Debug, Clone)]
+pub struct Version {
+    pub location: String,
+    pub metadata: TableMetadata,
+}
+
+/// The catalog of `[table]`: SQL or REST.
+#[derive(Debug)]
+pub enum Catalog {
+    Sql(SqlCatalog),
+    Rest(RestCatalog),
+}
+
+impl Catalog {
+    /// Connects to the catalog `config` names: a REST catalog for an `http(s)://` URL, else a
+    /// SQL one.
+    pub async fn open(config: &TableConfig) -> anyhow::Result<Catalog> {
+        Ok(if rest::is_rest(&config.catalog) {
+            Catalog::Rest(RestCatalog::connect(config).await?)
+        } else {
+            Catalog::Sql(SqlCatalog::connect(&config.catalog, &config.catalog_name).await?)
+        })
+    }
+
+    /// Makes `namespace` exist.
+    pub async fn create_namespace(&self, namespace: &str) -> anyhow::Result<()> {
+        match self {
+            Catalog::Sql(c) => c.create_namespace(namespace).await,
+            Catalog::Rest(c) => c.create_namespace(namespace).await,
+        }
+    }
+
+    /// The table's current version, `None` when the catalog has no such table. A SQL
+    /// catalog's metadata file is read from `store`.
+    pub async fn load(
+        &self,
+        store: &ObjectStore,
+        namespace: &str,
+        table: &str,
+    ) -> anyhow::Result<Option<Version>> {
+        match self {
+            Catalog::Sql(c) => {
+                let Some(location) = c.location(namespace, table).await? else {
+                    return Ok(None);
+                };
+                let metadata = serde_json::from_slice(&super::read_uri(store, &location).await?)
+                    .with_context(|| format!("cannot read table metadata {location}"))?;
+                Ok(Some(Version { location, metadata }))
+            }
+            Catalog::Rest(c) => Ok(c
+                .load(namespace, table)
+                .await?
+                .map(|(location, metadata)| Version { location, metadata })),
+        }
+    }
+
+    /// Registers a new table whose first metadata file is at `location`; `false` when the
+    /// catalog has a table of that name already (another sink created it first).
+    pub async fn register(
+        &self,
+        namespace: &str,
+        table: &str,
+        location: &str,
+    ) -> anyhow::Result<bool> {
+        match self {
+            Catalog::Sql(c) => c.create(namespace, table, location).await,
+            Catalog::Rest(c) => c.register(namespace, table, location).await,
+        }
+    }
+
+    /// Commits `append`, built on `base`, whose manifests are written already; `false` when
+    /// another writer committed first. A SQL catalog's metadata file is written to `store`
+    /// and swapped in; a REST catalog's server is sent the changes and writes its own. Returns
+    /// with the files nothing refers to after the commit, for the caller to remove.
+    pub async fn commit(
+        &self,
+        store: &ObjectStore,
+        (namespace, table): (&str, &str),
+        base: &Version,
+        append: Append,
+    ) -> anyhow::Result<Option<Vec<String>>> {
+        let committed = match self {
+            Catalog::Sql(c) => {
+                let key = store
+                    .key_of(&append.metadata_location)
+                    .context("metadata location")?;
+                store
+                    .put_if_absent(
+                        &key,
+                        bytes::Bytes::from(serde_json::to_vec(&append.metadata)?),
+                    )
+                    .await?;
+                c.swap(namespace, table, &base.location, &append.metadata_location)
+                    .await?
+            }
+            Catalog::Rest(c) => {
+                c.commit(namespace, table, &base.metadata, &append.metadata)
+                    .await?
+            }
+        };
+        if !committed {
+            return Ok(None);
+        }
+        let mut unreferenced = append.expired_lists;
+        // A REST catalog's server keeps (and removes) its own metadata files.
+        if let Catalog::Sql(_) = self {
+            unreferenced.extend(append.expired_metadata);
+        }
+        Ok(Some(unreferenced))
+    }
+}
+
 /// A SQL catalog: a pool of connections and the catalog's name in its tables.
 #[derive(Debug, Clone)]
-pub struct Catalog {
+pub struct SqlCatalog {
     pool: AnyPool,
     name: String,
     /// The tables have the `iceberg_type` column (the JDBC catalog's second schema, which
@@ -49,9 +169,9 @@ const CREATE_NAMESPACES: &str = "CREATE TABLE IF NOT EXISTS iceberg_namespace_pr
     property_value VARCHAR(1000) NOT NULL,
     PRIMARY KEY (catalog_name, namespace, property_key))";
 
-impl Catalog {
+impl SqlCatalog {
     /// Connects and creates the catalog's tables where they are missing.
-    pub async fn connect(catalog: &str, name: &str) -> anyhow::Result<Catalog> {
+    pub async fn connect(catalog: &str, name: &str) -> anyhow::Result<SqlCatalog> {
         sqlx::any::install_default_drivers();
         let url = url_of(catalog);
         let pool = AnyPoolOptions::new()
@@ -67,7 +187,7 @@ impl Catalog {
             .fetch_optional(&pool)
             .await
             .is_ok();
-        Ok(Catalog {
+        Ok(SqlCatalog {
             pool,
             name: name.to_owned(),
             typed,
@@ -222,7 +342,7 @@ mod tests {
             .execute(&pool)
             .await
             .unwrap();
-        let catalog = Catalog::connect(path.to_str().unwrap(), "edge")
+        let catalog = SqlCatalog::connect(path.to_str().unwrap(), "edge")
             .await
             .unwrap();
         assert!(!catalog.typed);
@@ -237,7 +357,7 @@ mod tests {
     async fn a_commit_moves_the_location_only_from_the_version_it_was_built_on() {
         let dir = tempfile::tempdir().unwrap();
         let path = dir.path().join("catalog.db");
-        let catalog = Catalog::connect(path.to_str().unwrap(), "edge")
+        let catalog = SqlCatalog::connect(path.to_str().unwrap(), "edge")
             .await
             .unwrap();
         catalog.create_namespace("landing").await.unwrap();
@@ -257,7 +377,7 @@ mod tests {
                 .unwrap();
         assert_eq!(v1.0.as_deref(), Some("TABLE"));
         // Another catalog name in the same database is another catalog.
-        let other = Catalog::connect(path.to_str().unwrap(), "other")
+        let other = SqlCatalog::connect(path.to_str().unwrap(), "other")
             .await
             .unwrap();
         assert_eq!(other.location("landing", "t").await.unwrap(), None);

@@ -321,15 +321,19 @@ pub fn data_file(table: &TableMetadata, uri: String, file: &Landed) -> iceberg::
     })
 }
 
-/// The files an append writes, by location: the manifest, the manifest list and the metadata.
+/// What an append makes: the files it writes by location (the manifest and the manifest
+/// list), the new metadata and where a SQL catalog's commit writes it.
 pub struct Append {
     pub files: Vec<(String, bytes::Bytes)>,
-    /// The new metadata's location (the last of `files`).
+    pub metadata: TableMetadata,
+    /// Where the new metadata goes when the sink writes it (a REST catalog's server writes
+    /// its own).
     pub metadata_location: String,
-    /// Files the new metadata no longer refers to: metadata files that left its log and the
-    /// manifest lists of the snapshots it expired. (Manifests that only expired snapshots
-    /// listed are not tracked, and stay.)
-    pub unreferenced: Vec<String>,
+    /// The manifest lists of the snapshots it expired, which nothing refers to once it is
+    /// committed. (Manifests that only expired snapshots listed are not tracked, and stay.)
+    pub expired_lists: Vec<String>,
+    /// The metadata files that left its metadata log.
+    pub expired_metadata: Vec<String>,
 }
 
 /// Manifests of one snapshot past which an append merges them into one.
@@ -447,7 +451,7 @@ pub async fn append(
     let mut builder =
         TableMetadataBuilder::new_from_metadata(metadata.clone(), Some(metadata_location.into()))
             .set_branch_snapshot(snapshot, "main")?;
-    let mut unreferenced = Vec::new();
+    let mut expired_lists = Vec::new();
     let mut snapshots: Vec<(i64, i64)> = metadata
         .snapshots()
         .map(|s| (s.timestamp_ms(), s.snapshot_id()))
@@ -459,7 +463,7 @@ pub async fn append(
             .map(|&(_, id)| id)
             .filter(|&id| Some(id) != parent)
             .collect();
-        unreferenced.extend(
+        expired_lists.extend(
             expired
                 .iter()
                 .filter_map(|&id| metadata.snapshot_by_id(id))
@@ -468,12 +472,11 @@ pub async fn append(
         builder = builder.remove_snapshots(&expired);
     }
     let built = builder.build()?;
-    unreferenced.extend(
-        built
-            .expired_metadata_logs
-            .into_iter()
-            .map(|log| log.metadata_file),
-    );
+    let expired_metadata = built
+        .expired_metadata_logs
+        .into_iter()
+        .map(|log| log.metadata_file)
+        .collect();
     let new = built.metadata;
     let version = metadata_location
         .rsplit('/')
@@ -490,14 +493,12 @@ pub async fn append(
     for path in [&manifest_path, &list_path] {
         files.push((path.clone(), io.new_input(path)?.read().await?));
     }
-    let json = serde_json::to_vec(&new).map_err(|e| {
-        iceberg::Error::new(iceberg::ErrorKind::DataInvalid, format!("metadata: {e}"))
-    })?;
-    files.push((metadata_path.clone(), bytes::Bytes::from(json)));
     Ok(Append {
         files,
+        metadata: new,
         metadata_location: metadata_path,
-        unreferenced,
+        expired_lists,
+        expired_metadata,
     })
 }
 

@@ -8,7 +8,7 @@
 //! them). So a file is in the table exactly when its range ends before that next offset: an
 //! append takes, of the files landed since the last, those whose range starts at or past it,
 //! in chain order, and moves it past them. The append is built on one version of the table's
-//! metadata and swapped in by the catalog only from that version ([`catalog::Catalog::swap`]);
+//! metadata and committed by the catalog only onto that version ([`catalog::Catalog::commit`]);
 //! a writer that loses the race reads the new version and filters again. Kafka offsets are
 //! committed only up to the first file not yet in the table, so a sink that dies between
 //! landing and appending leaves its files to the partition's next owner, who adopts and
@@ -18,6 +18,7 @@
 pub mod catalog;
 pub mod dead_letters;
 pub mod metadata;
+pub mod rest;
 pub mod stats;
 
 use std::collections::BTreeMap;
@@ -32,11 +33,13 @@ use serde::Deserialize;
 use crate::metrics as m;
 use crate::store::ObjectStore;
 
-/// `[table]`: commit the landing files to Iceberg tables, one per stream, in a SQL catalog.
+/// `[table]`: commit the landing files to Iceberg tables, one per stream, in a SQL or REST
+/// catalog.
 #[derive(Debug, Clone, PartialEq, Eq, Deserialize, serde::Serialize)]
 #[serde(deny_unknown_fields)]
 pub struct TableConfig {
-    /// The catalog: a SQLite file (created when missing) or a `postgres://` URL.
+    /// The catalog: a SQLite file (created when missing), a `postgres://` URL, or the
+    /// `http(s)://` URL of a REST catalog (the part before `/v1/`).
     pub catalog: String,
     /// The catalog's name in the catalog tables: what Spark, Trino or pyiceberg call it.
     #[serde(default = "default_catalog_name")]
@@ -52,6 +55,24 @@ pub struct TableConfig {
     /// ingest time (`_ingest_ts`), or not at all (`none`). An existing table keeps its spec.
     #[serde(default)]
     pub partition: Partitioning,
+    /// REST: the warehouse asked for in the catalog's configuration (`/v1/config?warehouse=`).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub warehouse: Option<String>,
+    /// REST: a file holding a bearer token, read for every request (else
+    /// `EDGE_INGEST_CATALOG_TOKEN`).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub token_file: Option<String>,
+    /// REST: a file holding OAuth2 client credentials, `client_id:client_secret` (else
+    /// `EDGE_INGEST_CATALOG_CREDENTIAL`), exchanged for a token at `oauth2_uri`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub credential_file: Option<String>,
+    /// REST: the token endpoint; `<catalog>/v1/oauth/tokens` when not set.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub oauth2_uri: Option<String>,
+    /// REST: the scope asked for with client credentials (Polaris wants
+    /// `PRINCIPAL_ROLE:ALL`).
+    #[serde(default = "default_scope")]
+    pub oauth2_scope: String,
 }
 
 /// The partition spec of a new table: a transform of the ingest time. Each landing file holds
@@ -75,11 +96,31 @@ fn default_namespace() -> String {
     "landing".into()
 }
 
+fn default_scope() -> String {
+    "catalog".into()
+}
+
 fn default_commit_interval() -> u64 {
     60_000
 }
 
 impl TableConfig {
+    /// `[table]` with `catalog` and every other key at its default.
+    pub fn new(catalog: String) -> TableConfig {
+        TableConfig {
+            catalog,
+            catalog_name: default_catalog_name(),
+            namespace: default_namespace(),
+            commit_interval_ms: default_commit_interval(),
+            partition: Partitioning::default(),
+            warehouse: None,
+            token_file: None,
+            credential_file: None,
+            oauth2_uri: None,
+            oauth2_scope: default_scope(),
+        }
+    }
+
     /// Checks what can be checked without connecting.
     pub fn check(&self) -> anyhow::Result<()> {
         anyhow::ensure!(!self.catalog.is_empty(), "table.catalog is empty");
@@ -96,6 +137,19 @@ impl TableConfig {
             self.commit_interval_ms >= 100,
             "table.commit_interval_ms must be at least 100"
         );
+        if !rest::is_rest(&self.catalog) {
+            for (key, set) in [
+                ("warehouse", self.warehouse.is_some()),
+                ("token_file", self.token_file.is_some()),
+                ("credential_file", self.credential_file.is_some()),
+                ("oauth2_uri", self.oauth2_uri.is_some()),
+            ] {
+                anyhow::ensure!(
+                    !set,
+                    "table.{key} is for a REST catalog (an http:// or https:// table.catalog)"
+                );
+            }
+        }
         Ok(())
     }
 }
@@ -166,7 +220,7 @@ impl Tables {
         store: ObjectStore,
         key_prefix: &str,
     ) -> anyhow::Result<Tables> {
-        let catalog = catalog::Catalog::connect(&config.catalog, &config.catalog_name).await?;
+        let catalog = catalog::Catalog::open(config).await?;
         catalog.create_namespace(&config.namespace).await?;
         Ok(Tables {
             catalog,
@@ -273,19 +327,14 @@ impl Tables {
         finished
     }
 
-    /// The table's current metadata and its location, the table created first when the
-    /// catalog has none of that name.
-    async fn load_or_create(
-        &self,
-        file: &Landed,
-    ) -> anyhow::Result<(String, iceberg::spec::TableMetadata)> {
+    /// The table's current version, the table created first when the catalog has none of
+    /// that name.
+    async fn load_or_create(&self, file: &Landed) -> anyhow::Result<catalog::Version> {
         let ns = &self.config.namespace;
         let name = file.table();
         loop {
-            if let Some(location) = self.catalog.location(ns, name).await? {
-                let metadata = serde_json::from_slice(&read_uri(&self.store, &location).await?)
-                    .with_context(|| format!("cannot read table metadata {location}"))?;
-                return Ok((location, metadata));
+            if let Some(version) = self.catalog.load(&self.store, ns, name).await? {
+                return Ok(version);
             }
             let (location, metadata) = match file.kind {
                 TableKind::Stream => {
@@ -310,7 +359,7 @@ impl Tables {
             self.store
                 .put_if_absent(&key, bytes::Bytes::from(serde_json::to_vec(&metadata)?))
                 .await?;
-            if self.catalog.create(ns, name, &path).await? {
+            if self.catalog.register(ns, name, &path).await? {
                 tracing::info!(table = %format!("{ns}.{name}"), location, "created table");
             }
         }
@@ -332,7 +381,8 @@ impl Tables {
             .max_by_key(|f| f.def.version)
             .map(|f| (f.def.clone(), f.hash));
         loop {
-            let (location, mut table) = self.load_or_create(first).await?;
+            let base = self.load_or_create(first).await?;
+            let mut table = base.metadata.clone();
             if let Some(newest) = &newest
                 && let Some(evolved) = metadata::evolved(&table, &newest.0, newest.1)?
             {
@@ -407,15 +457,16 @@ impl Tables {
                 None
             };
             let append =
-                metadata::append(&table, &location, manifests, added, &offsets, merged).await?;
-            for (path, bytes) in append.files {
-                let key = self.store.key_of(&path).context("metadata location")?;
-                self.store.put_if_absent(&key, bytes).await?;
+                metadata::append(&table, &base.location, manifests, added, &offsets, merged)
+                    .await?;
+            for (path, bytes) in &append.files {
+                let key = self.store.key_of(path).context("metadata location")?;
+                self.store.put_if_absent(&key, bytes.clone()).await?;
             }
             let ns = &self.config.namespace;
-            if self
+            if let Some(unreferenced) = self
                 .catalog
-                .swap(ns, stream, &location, &append.metadata_location)
+                .commit(&self.store, (ns, stream), &base, append)
                 .await?
             {
                 ::metrics::counter!(m::TABLE_COMMITS, "stream" => stream.to_owned(), "result" => "committed").increment(1);
@@ -423,14 +474,8 @@ impl Tables {
                     .increment(files as u64);
                 ::metrics::counter!(m::TABLE_RECORDS, "stream" => stream.to_owned())
                     .increment(records);
-                tracing::debug!(
-                    stream,
-                    files,
-                    records,
-                    metadata = append.metadata_location,
-                    "committed to table"
-                );
-                for path in append.unreferenced {
+                tracing::debug!(stream, files, records, "committed to table");
+                for path in unreferenced {
                     if let Some(key) = self.store.key_of(&path)
                         && let Err(e) = self.store.delete(&key).await
                     {
@@ -464,13 +509,12 @@ pub async fn current_files(
     store: &ObjectStore,
     table: &str,
 ) -> anyhow::Result<Option<Vec<TableFile>>> {
-    let catalog = catalog::Catalog::connect(&config.catalog, &config.catalog_name).await?;
-    let Some(location) = catalog.location(&config.namespace, table).await? else {
+    let catalog = catalog::Catalog::open(config).await?;
+    let Some(catalog::Version { metadata, .. }) =
+        catalog.load(store, &config.namespace, table).await?
+    else {
         return Ok(None);
     };
-    let metadata: iceberg::spec::TableMetadata =
-        serde_json::from_slice(&read_uri(store, &location).await?)
-            .with_context(|| format!("cannot read table metadata {location}"))?;
     let mut files = Vec::new();
     for (path, rows, added_by) in data_files(store, &metadata).await? {
         let key = store

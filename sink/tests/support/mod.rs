@@ -194,7 +194,11 @@ pub async fn wait_caught_up(
             return;
         }
         for (i, s) in sinks.iter_mut().enumerate() {
-            assert!(s.try_wait().unwrap().is_none(), "sink {i} exited");
+            assert!(
+                s.try_wait().unwrap().is_none(),
+                "sink {i} exited; logs:\n{}",
+                logs_in(dir)
+            );
         }
         assert!(
             std::time::Instant::now() < deadline,
@@ -203,4 +207,22 @@ pub async fn wait_caught_up(
         );
         tokio::time::sleep(Duration::from_millis(500)).await;
     }
+}
+
+/// The last lines of every `.log` file in `dir`.
+fn logs_in(dir: &std::path::Path) -> String {
+    let mut all = String::new();
+    for entry in std::fs::read_dir(dir).into_iter().flatten().flatten() {
+        let path = entry.path();
+        if path.extension().is_some_and(|e| e == "log") {
+            let text = std::fs::read_to_string(&path).unwrap_or_default();
+            let lines: Vec<&str> = text.lines().collect();
+            all.push_str(&format!("== {}\n", path.display()));
+            for line in &lines[lines.len().saturating_sub(15)..] {
+                all.push_str(line);
+                all.push('\n');
+            }
+        }
+    }
+    all
 }
