@@ -41,7 +41,8 @@ install_python() {
 # Debian packages: mosquitto (MQTT broker), prometheus (server and promtool, for the
 # monitoring test), docker-compose (only to validate docker-compose.yml), systemd (only
 # systemd-analyze, to check the agent's unit file), tinyproxy (a forward proxy, started by
-# the agent's proxy tests themselves) and postgresql (a table catalog database).
+# the agent's proxy tests themselves), postgresql (a table catalog database) and chromium
+# (headless, to load the agent's status page).
 install_debian() {
   local missing=()
   command -v mosquitto >/dev/null 2>&1 || [ -x /usr/sbin/mosquitto ] || missing+=(mosquitto)
@@ -50,6 +51,7 @@ install_debian() {
   command -v systemd-analyze >/dev/null 2>&1 || missing+=(systemd)
   command -v tinyproxy >/dev/null 2>&1 || [ -x /usr/bin/tinyproxy ] || missing+=(tinyproxy)
   [ -n "$(pg_bin)" ] || missing+=(postgresql)
+  command -v chromium >/dev/null 2>&1 || missing+=(chromium)
   if [ ${#missing[@]} -eq 0 ]; then return; fi
   log "installing ${missing[*]} (Debian packages)"
   local sudo=""
@@ -148,6 +150,7 @@ export EDGE_INGEST_PROMETHEUS=$(command -v prometheus)
 export EDGE_INGEST_PROMTOOL=$(command -v promtool)
 export EDGE_INGEST_DOCKER_COMPOSE=$(command -v docker-compose)
 export EDGE_INGEST_SYSTEMD_ANALYZE=$(command -v systemd-analyze)
+export EDGE_INGEST_CHROMIUM=$(command -v chromium)
 export EDGE_INGEST_TINYPROXY=$(command -v tinyproxy || echo /usr/bin/tinyproxy)
 export AWS_ACCESS_KEY_ID=test
 export AWS_SECRET_ACCESS_KEY=test

@@ -161,7 +161,7 @@ pub async fn main() -> anyhow::Result<()> {
         }
         Command::Status { config, json } => {
             let (config, _) = load(&config)?;
-            let status = crate::status::status(&config)?;
+            let status = crate::status::status(&config, None)?;
             if json {
                 println!("{}", serde_json::to_string_pretty(&status)?);
             } else {

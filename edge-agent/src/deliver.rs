@@ -9,6 +9,7 @@ use tokio_util::sync::CancellationToken;
 
 use crate::batch::Batch;
 use crate::link::{Link, StreamCap};
+use crate::live::StreamLive;
 use crate::metrics as m;
 use crate::output::{Output, SendError};
 use crate::pipeline::CurrentDef;
@@ -43,6 +44,8 @@ pub struct Delivery {
     pub rejected: Arc<RejectedDir>,
     /// Set once the stream's pipeline has finished: the loop ends when the spool is empty.
     pub inputs_done: Arc<AtomicBool>,
+    /// Where the counters, the link's state and the last error are published for `/status`.
+    pub live: StreamLive,
 }
 
 impl Delivery {
@@ -74,7 +77,11 @@ impl Delivery {
                 } => {}
                 _ = shutdown.cancelled() => return Ok(stats),
             }
-            match self.output.send(&self.def.get(), &batch, &shutdown).await {
+            match self
+                .output
+                .send(&self.def.get(), &batch, &shutdown, &self.live)
+                .await
+            {
                 Ok((response, sent)) => {
                     wire = sent;
                     for r in response.rejected.iter().take(10) {
@@ -87,6 +94,7 @@ impl Delivery {
                         .increment(response.rejected.len() as u64);
                 }
                 Err(SendError::Rejected { status, body }) => {
+                    self.live.batch_refused(status, &body);
                     if !self.put_aside(&batch, status, body, &shutdown).await? {
                         return Ok(stats);
                     }
@@ -102,6 +110,7 @@ impl Delivery {
             stats.records += u64::from(batch.records);
             stats.wire_bytes += wire;
             stats.raw_bytes += u64::from(batch.raw_bytes);
+            self.live.delivered(&stats);
             metrics::counter!(m::BATCHES_SENT, &labels).increment(1);
             metrics::counter!(m::RECORDS_SENT, &labels).increment(u64::from(batch.records));
             metrics::counter!(m::SENT_BYTES, &labels).increment(wire);

@@ -18,6 +18,7 @@ pub mod dictionary;
 pub mod filter;
 pub mod invalid;
 pub mod link;
+pub mod live;
 pub mod metrics;
 pub mod output;
 pub mod pipeline;
@@ -230,6 +231,7 @@ pub(crate) struct Starter {
     rejected: Arc<RejectedDir>,
     cancel: Arc<AtomicBool>,
     shutdown: CancellationToken,
+    live: Arc<live::Live>,
     /// `None` once the agent stops: no stream starts after that.
     running: Mutex<Option<BTreeMap<String, Running>>>,
 }
@@ -266,7 +268,8 @@ impl Starter {
             &self.dedupe_dir,
         )?
         .follow_definition(service_kit::DefinitionFile::new(&config.streams_dir, &name))
-        .report_reductions_in(&config.state_dir);
+        .report_reductions_in(&config.state_dir)
+        .report_live(self.live.stream(&name));
         // `invalid_max_mb = 0` keeps none: invalid records are only counted, as before keeping.
         let max = config.spool.invalid_max_bytes();
         if max > 0 {
@@ -296,6 +299,7 @@ impl Starter {
             priority: settings.priority,
             rejected: self.rejected.clone(),
             inputs_done,
+            live: self.live.stream(&name),
         };
         let delivery = tokio::spawn(delivery.run(self.shutdown.child_token()));
         running.insert(
@@ -331,11 +335,12 @@ pub async fn run(
     let dedupe_dir = state.join("dedupe");
     std::fs::create_dir_all(&dedupe_dir)?;
     let health = service_kit::Health::default();
+    let live = live::Live::new();
     if let Some(addr) = config.admin_listen {
         let local = service_kit::serve_admin_with(
             addr,
             health.clone(),
-            status::router(&config),
+            status::router(&config, live.clone()),
             shutdown.clone(),
         )
         .await
@@ -371,6 +376,7 @@ pub async fn run(
         rejected,
         cancel,
         shutdown: shutdown.clone(),
+        live,
         running: Mutex::new(Some(BTreeMap::new())),
     });
     let mut feeds = Feeds::new();

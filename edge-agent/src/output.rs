@@ -21,6 +21,8 @@ use rdkafka::producer::Producer;
 use reqwest::StatusCode;
 use reqwest::header::{CONTENT_ENCODING, CONTENT_TYPE, RETRY_AFTER};
 use schemas::StreamDef;
+
+use crate::live::StreamLive;
 use schemas::api::{IngestResponse, RejectedRecord};
 use schemas::wire::topic_name;
 use service_kit::config::secret::Secret;
@@ -71,12 +73,13 @@ impl Output {
         def: &Arc<StreamDef>,
         batch: &Batch,
         shutdown: &CancellationToken,
+        live: &StreamLive,
     ) -> Result<(IngestResponse, u64), SendError> {
         match self {
             Output::Http(h) => {
                 // Set when the gateway does not have the stream's dictionary.
                 let plain_body = std::sync::Mutex::new(None);
-                let response = retrying(&def.name, batch, shutdown, h.max_backoff, || {
+                let response = retrying((&def.name, live), batch, shutdown, h.max_backoff, || {
                     h.attempt(def, batch, &plain_body)
                 })
                 .await?;
@@ -88,9 +91,13 @@ impl Output {
             Output::Kafka(k) => {
                 // Decoded once per batch, on the blocking pool, not once per attempt.
                 let (messages, too_large) = k.prepare(def.clone(), batch.clone()).await?;
-                let mut response = retrying(&def.name, batch, shutdown, KAFKA_MAX_BACKOFF, || {
-                    k.attempt(&def.name, &messages)
-                })
+                let mut response = retrying(
+                    (&def.name, live),
+                    batch,
+                    shutdown,
+                    KAFKA_MAX_BACKOFF,
+                    || k.attempt(&def.name, &messages),
+                )
                 .await?;
                 k.keep_dead_letters(&def.name, batch, &too_large).await;
                 response.rejected = too_large.into_iter().map(|(r, _)| r).collect();
@@ -104,7 +111,7 @@ const KAFKA_MAX_BACKOFF: Duration = Duration::from_secs(30);
 
 /// Runs `attempt` until it succeeds or fails for good, backing off between attempts.
 async fn retrying<F, Fut>(
-    stream: &str,
+    (stream, live): (&str, &StreamLive),
     batch: &Batch,
     shutdown: &CancellationToken,
     max_backoff: Duration,
@@ -128,6 +135,7 @@ where
             Ok(response) => {
                 metrics::histogram!(m::SEND_DURATION, "stream" => stream.to_owned())
                     .record(started.elapsed().as_secs_f64());
+                live.attempt_answered();
                 return Ok(response);
             }
             Err(Attempt::Final(e)) => return Err(e),
@@ -138,6 +146,7 @@ where
         };
         metrics::counter!(m::SEND_ERRORS, "stream" => stream.to_owned(), "reason" => reason.kind)
             .increment(1);
+        live.attempt_failed(reason.kind, &reason.text);
         let wait = retry_after.unwrap_or_else(|| backoff(attempts, max_backoff));
         tracing::warn!(stream, batch = %batch.id, attempt = attempts, error = %reason.text, ?wait, "batch not delivered, retrying");
         attempts = attempts.saturating_add(1);

@@ -52,6 +52,7 @@ const RETRY_CHUNK_BYTES: usize = 256 * 1024;
 pub const STOP_GRACE: Duration = Duration::from_secs(2);
 
 pub use crate::chunk::{Chunk, ChunkOutcome, Done};
+use crate::live::StreamLive;
 
 /// Counters of one stream's pipeline.
 #[derive(Debug, Default, Clone, PartialEq)]
@@ -221,6 +222,8 @@ pub struct Pipeline {
     /// Series the filters forgot so far (logged at the first and once per million).
     evicted_logged: u64,
     reporter: Reporter,
+    /// Where the counters are published for `/status` ([`Pipeline::report_live`]).
+    live: StreamLive,
     log_errors: u64,
     /// Compresses NDJSON batches, with the stream's dictionary when it has one.
     zstd: zstd::bulk::Compressor<'static>,
@@ -311,6 +314,7 @@ impl Pipeline {
                 exported: Vec::new(),
                 written: None,
             },
+            live: StreamLive::none(),
             log_errors: 0,
             zstd,
             last_batch_records: 0,
@@ -339,6 +343,13 @@ impl Pipeline {
         let path = reduction_path(state_dir, &self.def.name);
         let _ = std::fs::remove_file(&path);
         self.reporter.path = Some(path);
+        self
+    }
+
+    /// Publishes the pipeline's counters to `live` as it runs (after each chunk it takes,
+    /// and when it stops).
+    pub fn report_live(mut self, live: StreamLive) -> Pipeline {
+        self.live = live;
         self
     }
 
@@ -530,11 +541,14 @@ impl Pipeline {
             self.flush_filters(false, cancel)?;
             self.sync(false)?;
             self.recheck_refused(cancel)?;
+            self.report_reductions(false);
+            self.live.pipeline(&self.stats);
         }
         self.flush_filters(true, cancel)?;
         self.close_batch(cancel)?;
         self.sync(true)?;
         self.report_reductions(true);
+        self.live.pipeline(&self.stats);
         for r in &self.stats.reductions {
             tracing::info!(
                 stream = %self.def.name,

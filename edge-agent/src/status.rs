@@ -10,7 +10,10 @@ use std::path::{Path, PathBuf};
 use axum::response::IntoResponse as _;
 use serde::Serialize;
 
+use std::sync::Arc;
+
 use crate::config::AgentConfig;
+use crate::live::{Live, LiveStream};
 use crate::pipeline::{ReductionReport, reduction_path};
 use crate::rejected::RejectedDir;
 use crate::source::file::{Positions, file_id};
@@ -21,6 +24,9 @@ pub struct Status {
     pub state_dir: PathBuf,
     /// When it was read (ms since the epoch).
     pub now_ms: u64,
+    /// When the agent serving it started (served by a running agent only).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub started_ms: Option<u64>,
     pub spool_bytes: u64,
     pub spool_max_bytes: u64,
     pub rejected_bytes: u64,
@@ -44,6 +50,10 @@ pub struct StreamStatus {
     /// second; after it stopped, its whole run).
     #[serde(skip_serializing_if = "Option::is_none")]
     pub reduction: Option<ReductionReport>,
+    /// What the running agent did with the stream since it started, its link's state and
+    /// last error (served by a running agent only, for the streams it runs).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub live: Option<LiveStream>,
 }
 
 #[derive(Debug, Serialize)]
@@ -56,8 +66,10 @@ pub struct FileStatus {
     pub size_bytes: Option<u64>,
 }
 
-/// Reads the status of the agent whose config is `config`.
-pub fn status(config: &AgentConfig) -> anyhow::Result<Status> {
+/// Reads the status of the agent whose config is `config`; with `live`, what the running
+/// agent does too.
+pub fn status(config: &AgentConfig, live: Option<&Live>) -> anyhow::Result<Status> {
+    let mut running = live.map(Live::snapshot).unwrap_or_default();
     let state = &config.state_dir;
     let spool_root = state.join("spool");
     let rejected = RejectedDir::new(state.join("rejected"), config.spool.rejected_max_bytes());
@@ -68,6 +80,7 @@ pub fn status(config: &AgentConfig) -> anyhow::Result<Status> {
         .filter_map(|s| s.stream().map(str::to_owned))
         .chain(config.streams.keys().cloned())
         .chain(kept.iter().map(|k| k.stream.clone()))
+        .chain(running.keys().cloned())
         .collect();
     if let Ok(dirs) = std::fs::read_dir(&spool_root) {
         for dir in dirs.flatten() {
@@ -93,12 +106,25 @@ pub fn status(config: &AgentConfig) -> anyhow::Result<Status> {
             reduction: std::fs::read(reduction_path(state, &stream))
                 .ok()
                 .and_then(|json| serde_json::from_slice(&json).ok()),
+            live: running.remove(&stream),
             stream,
         });
+    }
+    // A running agent's reduction as of now, not as of the report's last write.
+    for s in &mut streams {
+        if let (Some(live), Some(started)) = (&s.live, live.map(Live::started_ms))
+            && !live.reductions.is_empty()
+        {
+            s.reduction = Some(ReductionReport {
+                since_ms: started,
+                filters: live.reductions.clone(),
+            });
+        }
     }
     Ok(Status {
         state_dir: state.clone(),
         now_ms: crate::batch::now_ms(),
+        started_ms: live.map(Live::started_ms),
         spool_bytes: streams.iter().map(|s| s.spool.disk_bytes).sum(),
         spool_max_bytes: config.spool.options().max_bytes,
         rejected_bytes: rejected.used()?,
@@ -128,24 +154,42 @@ fn files(state: &Path) -> anyhow::Result<Vec<FileStatus>> {
     Ok(files)
 }
 
-/// The agent's admin route `GET /status`: [`status`] as JSON, read on the blocking pool (it
-/// reads the spool's segments), for a fleet's tooling where no Prometheus scrapes the box.
-pub fn router(config: &AgentConfig) -> axum::Router {
-    let config = std::sync::Arc::new(config.clone());
-    axum::Router::new().route(
-        "/status",
-        axum::routing::get(move || {
-            let config = config.clone();
-            async move {
-                match tokio::task::spawn_blocking(move || status(&config)).await {
-                    Ok(Ok(status)) => axum::Json(status).into_response(),
-                    Ok(Err(e)) => failed(format!("{e:#}")),
-                    Err(e) => failed(e.to_string()),
+/// The agent's admin routes: `GET /status`, [`status`] with what the running agent does, as
+/// JSON, read on the blocking pool (it reads the spool's segments), for a fleet's tooling where
+/// no Prometheus scrapes the box; and `GET /`, the status page, which shows it to an operator
+/// on the box and refreshes it live.
+pub fn router(config: &AgentConfig, live: Arc<Live>) -> axum::Router {
+    let config = Arc::new(config.clone());
+    axum::Router::new()
+        .route(
+            "/status",
+            axum::routing::get(move || {
+                let (config, live) = (config.clone(), live.clone());
+                async move {
+                    match tokio::task::spawn_blocking(move || status(&config, Some(&live))).await {
+                        Ok(Ok(status)) => axum::Json(status).into_response(),
+                        Ok(Err(e)) => failed(format!("{e:#}")),
+                        Err(e) => failed(e.to_string()),
+                    }
                 }
-            }
-        }),
-    )
+            }),
+        )
+        .route(
+            "/",
+            axum::routing::get(|| async {
+                (
+                    [
+                        (axum::http::header::CONTENT_TYPE, "text/html; charset=utf-8"),
+                        (axum::http::header::CACHE_CONTROL, "no-store"),
+                    ],
+                    STATUS_PAGE,
+                )
+            }),
+        )
 }
+
+/// The status page: one file, its script and style inline, nothing fetched but `/status`.
+const STATUS_PAGE: &str = include_str!("status.html");
 
 fn failed(message: String) -> axum::response::Response {
     let body = serde_json::json!({ "error": "status_failed", "message": message });

@@ -603,7 +603,8 @@ async fn lines_skipped_as_invalid_land_once_the_definition_takes_them() {
     assert_eq!(std::fs::read_to_string(&kept).unwrap().lines().count(), 32);
     let kept_bytes = || {
         let status =
-            edge_agent::status::status(&edge_agent::AgentConfig::parse(&cfg).unwrap()).unwrap();
+            edge_agent::status::status(&edge_agent::AgentConfig::parse(&cfg).unwrap(), None)
+                .unwrap();
         status.streams[0].invalid_kept_bytes
     };
     assert_eq!(kept_bytes(), std::fs::metadata(&kept).unwrap().len());

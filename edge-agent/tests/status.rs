@@ -186,8 +186,16 @@ async fn status_reports_what_the_filters_reduced() {
     assert!((2..200).contains(&kept), "kept {kept} of 2,000");
     let deviation = report["max_deviation"].as_f64().unwrap();
     assert!(deviation > 0.0 && deviation <= 0.5, "{deviation}");
-    // The same from the state directory, and in the table.
-    assert_eq!(reduction(&status_json(&cfg_path)), report);
+    // The same from the state directory (written at most once a second), and in the table.
+    let deadline = Instant::now() + Duration::from_secs(5);
+    while reduction(&status_json(&cfg_path)) != report {
+        assert!(
+            Instant::now() < deadline,
+            "{:#} is not {report:#}",
+            reduction(&status_json(&cfg_path))
+        );
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    }
     let table = std::process::Command::new(env!("CARGO_BIN_EXE_edge-agent"))
         .args(["status", "--config"])
         .arg(&cfg_path)
@@ -207,4 +215,205 @@ async fn status_reports_what_the_filters_reduced() {
     agent.await.unwrap().unwrap();
     let last = reduction(&status_json(&cfg_path));
     assert_eq!(last["kept"], kept + 1, "{last:#}");
+}
+
+/// The status page on the admin port, in headless Chromium (`EDGE_INGEST_CHROMIUM`), against a
+/// running agent: while the gateway answers 503 (the link retrying, the batches in the spool)
+/// and after it took them (bytes on the wire), every number the page shows is the one
+/// `/status` gives, and the page's screenshot is kept under the target directory.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_status_page_shows_what_status_says() {
+    let chromium = std::env::var("EDGE_INGEST_CHROMIUM").expect(
+        "EDGE_INGEST_CHROMIUM is not set: run the suite with scripts/test.sh, which installs Chromium",
+    );
+    let stub = Stub::start(Faults {
+        unavailable: u32::MAX,
+        ..Faults::default()
+    })
+    .await;
+    let dir = tempfile::tempdir().unwrap();
+    let (mut lines, expected) = readings(900, 6, 9, 11);
+    lines.insert(100, "not a reading".into());
+    let input = dir.path().join("r.ndjson");
+    std::fs::write(&input, lines.join("\n") + "\n").unwrap();
+    let admin = format!("127.0.0.1:{}", free_port());
+    let cfg = config_with_root(
+        &dir.path().join("state"),
+        &stub.url(),
+        &format!("admin_listen = \"{admin}\""),
+        "[batch]\nmax_records = 100\nmax_age_ms = 200\n\
+         [[streams.sensor_readings.filters]]\ntype = \"deadband\"\nfield = \"value\"\nabsolute = 30.0\nsend_previous = false\n",
+        &file_source_toml(&input, "follow = true\n"),
+    );
+    let (agent, shutdown) = start(&cfg);
+    let status = || async {
+        match reqwest::get(format!("http://{admin}/status")).await {
+            Ok(answer) => serde_json::from_slice(&answer.bytes().await.unwrap()).unwrap(),
+            Err(_) => serde_json::Value::Null,
+        }
+    };
+    // Every line read, the link in the state wanted, and the counters as they were half a
+    // second before (the filters and batches have caught up).
+    let counters = |s: &serde_json::Value| {
+        let stream = &s["streams"][0];
+        (
+            stream["live"]["pipeline"].clone(),
+            stream["live"]["delivery"].clone(),
+            stream["reduction"].clone(),
+            stream["spool"]["records"].clone(),
+        )
+    };
+    let total = lines.len();
+    let wait_for = |link: &'static str| async move {
+        let deadline = Instant::now() + Duration::from_secs(30);
+        let mut before = None;
+        loop {
+            let s = status().await;
+            let stream = &s["streams"][0];
+            let now = counters(&s);
+            if stream["live"]["pipeline"]["read"] == total
+                && stream["live"]["link"] == link
+                && before.as_ref() == Some(&now)
+            {
+                return s;
+            }
+            before = Some(now);
+            assert!(Instant::now() < deadline, "never settled ({link}): {s:#}");
+            tokio::time::sleep(Duration::from_millis(500)).await;
+        }
+    };
+
+    let down = wait_for("retrying").await;
+    let stream = &down["streams"][0];
+    assert!(stream["spool"]["batches"].as_u64().unwrap() > 0, "{down:#}");
+    assert_eq!(stream["live"]["last_error"]["kind"], "5xx");
+    assert_eq!(stream["live"]["pipeline"]["invalid"], 1);
+    assert!(stream["live"]["pipeline"]["duplicates"].as_u64().unwrap() > 0);
+    assert!(
+        stream["live"]["pipeline"]["filtered"].as_u64().unwrap() > 0,
+        "{down:#}"
+    );
+    let page = render(&chromium, &admin, dir.path(), None);
+    assert_page_matches(&page, &status().await, 14);
+
+    stub.set_faults(Faults::default());
+    let up = wait_for("up").await;
+    let stream = &up["streams"][0];
+    assert_eq!(stream["spool"]["batches"], 0, "{up:#}");
+    assert!(stream["live"]["delivery"]["wire_bytes"].as_u64().unwrap() > 0);
+    assert_eq!(
+        stream["live"]["delivery"]["records"],
+        stub.landed_total() as u64
+    );
+    let shot = std::path::Path::new(env!("CARGO_TARGET_TMPDIR")).join("agent-status-page.png");
+    let page = render(&chromium, &admin, dir.path(), Some(&shot));
+    assert_page_matches(&page, &status().await, 14);
+    let png = std::fs::read(&shot).unwrap();
+    assert!(
+        png.starts_with(b"\x89PNG") && png.len() > 10_000,
+        "{} bytes",
+        png.len()
+    );
+    eprintln!("status page screenshot: {}", shot.display());
+    shutdown.cancel();
+    agent.await.unwrap().unwrap();
+    assert!(stub.landed_total() < expected.len());
+}
+
+/// The page at `admin` as headless Chromium leaves it once its script ran: its DOM, and with
+/// `screenshot`, a picture of it there.
+fn render(
+    chromium: &str,
+    admin: &str,
+    dir: &std::path::Path,
+    screenshot: Option<&std::path::Path>,
+) -> String {
+    let profile = tempfile::tempdir_in(dir).unwrap();
+    let mut command = std::process::Command::new(chromium);
+    command
+        .args([
+            "--headless",
+            "--no-sandbox",
+            "--disable-gpu",
+            "--disable-dev-shm-usage",
+            "--hide-scrollbars",
+            "--window-size=1500,520",
+            "--virtual-time-budget=3000",
+        ])
+        .arg(format!("--user-data-dir={}", profile.path().display()));
+    match screenshot {
+        Some(path) => {
+            std::fs::create_dir_all(path.parent().unwrap()).unwrap();
+            let _ = std::fs::remove_file(path);
+            command.arg(format!("--screenshot={}", path.display()));
+        }
+        None => {
+            command.arg("--dump-dom");
+        }
+    }
+    let out = command.arg(format!("http://{admin}/")).output().unwrap();
+    assert!(
+        out.status.success(),
+        "chromium: {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    if screenshot.is_some() {
+        // The screenshot run prints no DOM: read it again for the numbers.
+        return render(chromium, admin, dir, None);
+    }
+    String::from_utf8(out.stdout).unwrap()
+}
+
+/// Every cell of the page that names a `/status` value (`data-field`, a path in the stream's
+/// object) shows that value, and there are at least `cells` of them.
+fn assert_page_matches(page: &str, status: &serde_json::Value, cells: usize) {
+    let attr = |tag: &str, name: &str| -> Option<String> {
+        let start = tag.find(&format!("{name}=\""))? + name.len() + 2;
+        let end = tag[start..].find('"')? + start;
+        Some(
+            tag[start..end]
+                .replace("&amp;", "&")
+                .replace("&quot;", "\""),
+        )
+    };
+    let mut checked = 0;
+    for tag in page.split("<td").skip(1) {
+        let tag = &tag[..tag.find('>').unwrap_or(tag.len())];
+        let (Some(stream), Some(field), Some(shown)) = (
+            attr(tag, "data-stream"),
+            attr(tag, "data-field"),
+            attr(tag, "data-value"),
+        ) else {
+            continue;
+        };
+        let of_stream = status["streams"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .find(|s| s["stream"] == stream.as_str())
+            .unwrap_or_else(|| panic!("the page shows stream {stream}, /status does not"));
+        let mut value = of_stream;
+        for key in field.split('.') {
+            value = match key.parse::<usize>() {
+                Ok(i) => &value[i],
+                Err(_) => &value[key],
+            };
+        }
+        let expected = match value {
+            serde_json::Value::Null => String::new(),
+            serde_json::Value::String(s) => s.clone(),
+            other => other.to_string(),
+        };
+        let same = shown == expected
+            || matches!((shown.parse::<f64>(), expected.parse::<f64>()), (Ok(a), Ok(b)) if a == b);
+        assert!(
+            same,
+            "{stream} {field}: the page shows {shown:?}, /status {expected:?}"
+        );
+        checked += 1;
+    }
+    assert!(
+        checked >= cells,
+        "only {checked} cells with values on the page:\n{page}"
+    );
 }

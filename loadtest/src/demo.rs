@@ -415,7 +415,7 @@ async fn feed(
         // The state directory's files (positions, spool segments) are read on the blocking pool.
         let status = {
             let agent = agent.clone();
-            tokio::task::spawn_blocking(move || edge_agent::status::status(&agent)).await??
+            tokio::task::spawn_blocking(move || edge_agent::status::status(&agent, None)).await??
         };
         let read = status.files.first().map_or(0, |f| f.read_bytes);
         while unread

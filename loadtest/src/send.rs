@@ -251,6 +251,7 @@ async fn sender(
     shutdown: &CancellationToken,
 ) -> anyhow::Result<(Vec<f64>, Vec<SentBatch>)> {
     let (mut latencies, mut sent) = (Vec::new(), Vec::new());
+    let nobody = edge_agent::live::StreamLive::none();
     loop {
         let next = tokio::select! {
             batch = async { rx.lock().await.recv().await } => batch,
@@ -266,7 +267,7 @@ async fn sender(
         counts
             .records
             .fetch_add(u64::from(batch.records), Ordering::Relaxed);
-        match output.send(def, &batch, shutdown).await {
+        match output.send(def, &batch, shutdown, &nobody).await {
             Ok((answer, _)) => {
                 latencies.push(started.elapsed().as_secs_f64() * 1e3);
                 sent.push((first_line, u64::from(batch.records), sent_ms));

@@ -335,7 +335,7 @@ async fn refused_batches_are_resent_once_the_cause_is_fixed() {
     let streams = schemas::example_streams();
     // `status` counts the kept batch, and then the batch put back into the spool.
     let waiting_and_refused = || {
-        let status = edge_agent::status::status(&config).unwrap();
+        let status = edge_agent::status::status(&config, None).unwrap();
         let s = &status.streams[0];
         assert_eq!(s.stream, "sensor_readings");
         (

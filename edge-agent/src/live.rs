@@ -1,0 +1,214 @@
+//! What the running agent does, per stream, as it happens: its pipeline's and delivery's
+//! counters since the start, the state of its link to the receiver and the last error a
+//! delivery attempt met. `/status` serves it next to what waits on disk, and the status page
+//! (`/`) shows it.
+
+use std::collections::BTreeMap;
+use std::sync::{Arc, Mutex, PoisonError};
+
+use serde::Serialize;
+
+use crate::batch::now_ms;
+use crate::deliver::DeliveryStats;
+use crate::filter::Reduction;
+use crate::pipeline::PipelineStats;
+
+/// The running streams' live state.
+#[derive(Debug, Default)]
+pub struct Live {
+    started_ms: u64,
+    streams: Mutex<BTreeMap<String, LiveStream>>,
+}
+
+/// The state of a stream's link to the receiver.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize)]
+#[serde(rename_all = "snake_case")]
+pub enum LinkState {
+    /// Nothing sent yet.
+    #[default]
+    Idle,
+    /// The last attempt was acknowledged.
+    Up,
+    /// The last attempt failed: the batch is being retried.
+    Retrying,
+}
+
+/// The last delivery attempt that failed.
+#[derive(Debug, Clone, Serialize)]
+pub struct LastError {
+    pub at_ms: u64,
+    /// The error's kind (connect, timeout, the status code's class …), as the
+    /// `edge_agent_send_errors_total` metric's `reason`.
+    pub kind: String,
+    pub message: String,
+}
+
+/// One stream's live state.
+#[derive(Debug, Clone, Default, Serialize)]
+pub struct LiveStream {
+    /// Since the agent started: records read, invalid, dropped as duplicates and by filters,
+    /// batched, and the batches' raw and encoded bytes.
+    pub pipeline: PipelineCounts,
+    /// Since the agent started: batches and records delivered and their bytes on the wire and
+    /// uncompressed, and what the receiver did with them.
+    pub delivery: DeliveryCounts,
+    pub link: LinkState,
+    /// Failed attempts in a row (0 once one succeeds).
+    pub failed_attempts: u64,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub last_error: Option<LastError>,
+    /// When a batch was last acknowledged.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub last_delivered_ms: Option<u64>,
+    /// What the filters did (served as the stream's `reduction`).
+    #[serde(skip)]
+    pub reductions: Vec<Reduction>,
+}
+
+#[derive(Debug, Clone, Default, PartialEq, Serialize)]
+pub struct PipelineCounts {
+    pub read: u64,
+    pub invalid: u64,
+    pub duplicates: u64,
+    pub filtered: u64,
+    pub batched: u64,
+    pub batches: u64,
+    pub spool_dropped: u64,
+    pub raw_bytes: u64,
+    pub encoded_bytes: u64,
+}
+
+#[derive(Debug, Clone, Default, PartialEq, Serialize)]
+pub struct DeliveryCounts {
+    pub batches: u64,
+    pub records: u64,
+    pub accepted: u64,
+    pub duplicates: u64,
+    pub rejected_records: u64,
+    pub rejected_batches: u64,
+    pub wire_bytes: u64,
+    pub raw_bytes: u64,
+}
+
+impl Live {
+    pub fn new() -> Arc<Live> {
+        Arc::new(Live {
+            started_ms: now_ms(),
+            streams: Mutex::default(),
+        })
+    }
+
+    /// When the agent started (ms since the epoch).
+    pub fn started_ms(&self) -> u64 {
+        self.started_ms
+    }
+
+    /// A stream's handle, which its pipeline and delivery update.
+    pub fn stream(self: &Arc<Live>, name: &str) -> StreamLive {
+        self.update(name, |_| {});
+        StreamLive {
+            live: self.clone(),
+            name: name.to_owned(),
+        }
+    }
+
+    /// Every running stream's state now.
+    pub fn snapshot(&self) -> BTreeMap<String, LiveStream> {
+        self.streams
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+            .clone()
+    }
+
+    fn update(&self, name: &str, f: impl FnOnce(&mut LiveStream)) {
+        let mut streams = self.streams.lock().unwrap_or_else(PoisonError::into_inner);
+        f(streams.entry(name.to_owned()).or_default());
+    }
+}
+
+/// One stream's side of [`Live`]. A handle of no agent (`StreamLive::none`) records nothing.
+#[derive(Debug, Clone)]
+pub struct StreamLive {
+    live: Arc<Live>,
+    name: String,
+}
+
+impl StreamLive {
+    /// A handle that is nobody's: for pipelines and deliveries run outside an agent.
+    pub fn none() -> StreamLive {
+        StreamLive {
+            live: Arc::new(Live::default()),
+            name: String::new(),
+        }
+    }
+
+    /// The pipeline's counters now.
+    pub fn pipeline(&self, s: &PipelineStats) {
+        let counts = PipelineCounts {
+            read: s.read,
+            invalid: s.invalid,
+            duplicates: s.duplicates,
+            filtered: s.filtered,
+            batched: s.batched,
+            batches: s.batches,
+            spool_dropped: s.spool_dropped,
+            raw_bytes: s.raw_bytes,
+            encoded_bytes: s.encoded_bytes,
+        };
+        self.live.update(&self.name, |l| {
+            l.pipeline = counts;
+            l.reductions.clone_from(&s.reductions);
+        });
+    }
+
+    /// The delivery's counters after a batch went (acknowledged, or refused and kept aside).
+    pub fn delivered(&self, s: &DeliveryStats) {
+        let counts = DeliveryCounts {
+            batches: s.batches,
+            records: s.records,
+            accepted: s.accepted,
+            duplicates: s.duplicates,
+            rejected_records: s.rejected_records,
+            rejected_batches: s.rejected_batches,
+            wire_bytes: s.wire_bytes,
+            raw_bytes: s.raw_bytes,
+        };
+        self.live.update(&self.name, |l| l.delivery = counts);
+    }
+
+    /// An attempt reached the receiver and had an answer.
+    pub fn attempt_answered(&self) {
+        self.live.update(&self.name, |l| {
+            l.link = LinkState::Up;
+            l.failed_attempts = 0;
+            l.last_delivered_ms = Some(now_ms());
+        });
+    }
+
+    /// The receiver refused a batch for good (it is kept aside): it answered, so the link is
+    /// up, and the refusal is the last error.
+    pub fn batch_refused(&self, status: u16, answer: &str) {
+        self.live.update(&self.name, |l| {
+            l.link = LinkState::Up;
+            l.failed_attempts = 0;
+            l.last_error = Some(LastError {
+                at_ms: now_ms(),
+                kind: "refused".into(),
+                message: format!("{status}: {}", answer.chars().take(300).collect::<String>()),
+            });
+        });
+    }
+
+    /// An attempt failed and is retried.
+    pub fn attempt_failed(&self, kind: &str, message: &str) {
+        self.live.update(&self.name, |l| {
+            l.link = LinkState::Retrying;
+            l.failed_attempts += 1;
+            l.last_error = Some(LastError {
+                at_ms: now_ms(),
+                kind: kind.to_owned(),
+                message: message.to_owned(),
+            });
+        });
+    }
+}
