@@ -20,6 +20,7 @@ use sink::config::{RotationConfig, StoreConfig};
 use tokio_util::sync::CancellationToken;
 
 use crate::fleet::{FleetSpec, Readings};
+use crate::reduction::{DemoFilter, FilterReport, MAX_FILTER_RECORDS, ProcessFleet};
 use crate::verify::{Verdict, compare, read_landing_dir};
 
 const STREAM: &str = "sensor_readings";
@@ -39,6 +40,9 @@ pub struct DemoOptions {
     /// Commit the files to an Iceberg table per stream (a SQLite catalog in the landing
     /// directory, a namespace per run) and verify from the table; else plain files only.
     pub table: bool,
+    /// Reduce process-like series with this filter on the agent, and check the landed rows
+    /// against its bound instead of expecting every reading.
+    pub filter: Option<DemoFilter>,
 }
 
 /// What the demo did, printed at the end.
@@ -54,7 +58,17 @@ pub struct DemoSummary {
     /// The run's table of the stream: the catalog's SQLite file and the table's name.
     pub table: Option<(PathBuf, String)>,
     pub verdict: Verdict,
+    /// With a filter: its reduction and the check of its bound.
+    pub filter: Option<FilterReport>,
     pub elapsed: Duration,
+}
+
+impl DemoSummary {
+    /// Whether the run verified: every record once (with a filter, every record the agent
+    /// kept once, and the filter's bound held).
+    pub fn passed(&self) -> bool {
+        self.verdict.exactly_once() && self.filter.as_ref().is_none_or(FilterReport::holds)
+    }
 }
 
 impl fmt::Display for DemoSummary {
@@ -92,16 +106,20 @@ impl fmt::Display for DemoSummary {
             "  bytes on the wire    {} (NDJSON {} bytes, ratio {ratio:.3})",
             a.delivery.wire_bytes, a.delivery.raw_bytes
         )?;
+        if let Some(report) = &self.filter {
+            writeln!(f, "{report}")?;
+        }
         let v = &self.verdict;
         if v.exactly_once() {
             let from = match &self.table {
                 Some((_, table)) => format!(" (read from table {table}'s snapshot)"),
                 None => String::new(),
             };
-            writeln!(
-                f,
-                "  verified             every distinct record landed exactly once{from}"
-            )?;
+            let what = match self.filter {
+                Some(_) => "every record the agent kept",
+                None => "every distinct record",
+            };
+            writeln!(f, "  verified             {what} landed exactly once{from}")?;
         } else {
             writeln!(
                 f,
@@ -159,6 +177,11 @@ pub async fn run(options: DemoOptions) -> anyhow::Result<DemoSummary> {
             "the embedded demo takes at most {MAX_RECORDS} readings (it checks their content hashes in memory); for more, run the components against Kafka and drive them with `loadtest send`"
         );
     }
+    if options.filter.is_some() && options.fleet.records > MAX_FILTER_RECORDS {
+        bail!(
+            "demo --filter takes at most {MAX_FILTER_RECORDS} readings (the agent is given them at once, and what it keeps must fit the mock cluster)"
+        );
+    }
     tracing::warn!(
         "embedded mode: Kafka is librdkafka's in-process mock cluster; it is memory-only and not for production"
     );
@@ -212,7 +235,28 @@ pub async fn run(options: DemoOptions) -> anyhow::Result<DemoSummary> {
     // The agent follows a file of the fleet's readings, as it would on an edge box.
     let agent_dir = options.landing.join(format!("{run_prefix}-agent"));
     std::fs::create_dir_all(&agent_dir)?;
-    let agent_config = following_agent(&agent_dir, gateway.addr)?;
+    // With a filter, the agent reads a file of process-like series to its end (its filters
+    // send each series' held last reading there) and stops once it delivered what it kept.
+    let process = match options.filter {
+        Some(filter) => {
+            let def = streams.get(STREAM).context("no sensor_readings stream")?;
+            Some((filter, ProcessFleet::generate(&options.fleet, def)?))
+        }
+        None => None,
+    };
+    let agent_config = match &process {
+        Some((filter, fleet)) => file_agent(&FileAgent {
+            dir: &agent_dir,
+            ndjson: &fleet.ndjson(),
+            gateway: gateway.addr,
+            token: Some(DEMO_TOKEN),
+            max_records: 2000,
+            admin_listen: None,
+            follow: false,
+            more: &filter.toml(),
+        })?,
+        None => following_agent(&agent_dir, gateway.addr)?,
+    };
     let agent_stop = shutdown.child_token();
     let agent = tokio::spawn(edge_agent::run(
         agent_config.clone(),
@@ -224,16 +268,31 @@ pub async fn run(options: DemoOptions) -> anyhow::Result<DemoSummary> {
         lag: Lag::new(&brokers)?,
         timeout: options.timeout,
     };
-    let fed = feed(&options.fleet, &streams, &agent_config, &agent_dir, &watch).await;
-    let landed = match fed {
-        Ok(expected) => watch
-            .landing(expected.len() as u64)
-            .await
-            .map(|()| expected),
-        Err(e) => Err(e),
+    let (agent, landed) = match &process {
+        None => {
+            let fed = feed(&options.fleet, &streams, &agent_config, &agent_dir, &watch).await;
+            let landed = match fed {
+                Ok(expected) => watch
+                    .landing(expected.len() as u64)
+                    .await
+                    .map(|()| expected),
+                Err(e) => Err(e),
+            };
+            agent_stop.cancel();
+            (agent.await.context("the agent's task failed")?, landed)
+        }
+        Some((_, fleet)) => {
+            let agent = agent.await.context("the agent's task failed")?;
+            let landed = match &agent {
+                Ok(stats) => watch
+                    .landing(stats.total().delivery.accepted)
+                    .await
+                    .map(|()| fleet.distinct()),
+                Err(_) => Ok(HashSet::new()),
+            };
+            (agent, landed)
+        }
     };
-    agent_stop.cancel();
-    let agent = agent.await.context("the agent's task failed")?;
     shutdown.cancel();
     gateway.task.await??;
     sink.task.await??;
@@ -253,13 +312,22 @@ pub async fn run(options: DemoOptions) -> anyhow::Result<DemoSummary> {
         }
         None => read_landing_dir(&run_dir, &streams.iter().cloned().collect::<Vec<_>>())?,
     };
+    let (verdict, filter) = match &process {
+        Some((filter, fleet)) => {
+            let stats = agent.streams.get(STREAM).cloned().unwrap_or_default();
+            let (verdict, report) = crate::reduction::check(fleet, &landed, *filter, &stats);
+            (verdict, Some(report))
+        }
+        None => (compare(&expected, &landed), None),
+    };
     Ok(DemoSummary {
         generated: options.fleet.records,
         distinct: expected.len(),
         agent,
         sink_duplicates: sink.stats.duplicates_dropped.load(Ordering::Relaxed),
         landed_rows: landed.rows,
-        verdict: compare(&expected, &landed),
+        verdict,
+        filter,
         files: landed.files,
         run_dir,
         table: table.map(|t| {
@@ -458,6 +526,8 @@ pub struct FileAgent<'a> {
     /// Follow the file for appended readings (until the agent is stopped), rather than read
     /// it to its end and stop.
     pub follow: bool,
+    /// TOML appended to the config (a stream's filters, say).
+    pub more: &'a str,
 }
 
 /// The demo's agent: it follows an empty readings file in `dir`, which [`feed`] fills, and
@@ -474,6 +544,7 @@ fn following_agent(
         max_records: 2000,
         admin_listen: None,
         follow: true,
+        more: "",
     })
 }
 
@@ -503,6 +574,7 @@ pub fn file_agent(agent: &FileAgent<'_>) -> anyhow::Result<edge_agent::AgentConf
         stream = "{STREAM}"
         follow = {follow}
         poll_ms = 50
+        {more}
         "#,
         state = agent.dir.join("state"),
         admin = optional("admin_listen", agent.admin_listen),
@@ -510,6 +582,7 @@ pub fn file_agent(agent: &FileAgent<'_>) -> anyhow::Result<edge_agent::AgentConf
         token = optional("token", agent.token),
         max_records = agent.max_records,
         follow = agent.follow,
+        more = agent.more,
     ))
 }
 

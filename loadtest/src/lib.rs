@@ -7,5 +7,6 @@ pub mod cli;
 pub mod demo;
 pub mod fleet;
 pub mod process;
+pub mod reduction;
 pub mod send;
 pub mod verify;

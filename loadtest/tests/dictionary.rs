@@ -41,6 +41,7 @@ async fn deliver(
         max_records: 3,
         admin_listen: None,
         follow: false,
+        more: "",
     })
     .unwrap();
     let stats = edge_agent::run(agent, agent_streams.clone(), shutdown.clone())

@@ -23,6 +23,7 @@ async fn embedded_default_lands_every_record_exactly_once() {
         timeout: Duration::from_secs(90),
         hash_column: HashColumn::None,
         table: true,
+        filter: None,
     })
     .await
     .unwrap();
@@ -106,6 +107,7 @@ async fn landing_files_keep_16_bytes_of_the_content_hash_when_asked() {
         timeout: Duration::from_secs(90),
         hash_column: HashColumn::Short,
         table: false,
+        filter: None,
     })
     .await
     .unwrap();
@@ -155,6 +157,7 @@ async fn a_partition_gets_more_readings_than_the_mock_cluster_keeps_of_it_and_al
         timeout: Duration::from_secs(120),
         hash_column: HashColumn::None,
         table: true,
+        filter: None,
     })
     .await
     .unwrap();
@@ -199,6 +202,64 @@ fn the_demo_command_verifies_and_logs_no_error() {
     assert!(out.status.success(), "{stdout}\n{stderr}");
     assert!(
         stdout.contains("every distinct record landed exactly once"),
+        "{stdout}"
+    );
+    assert!(!stderr.contains("ERROR"), "{stderr}");
+}
+
+/// `demo --filter swinging-door`: the agent reduces process-like series, the summary shows the
+/// reduction, and the bound is checked from the table's rows: every series within the band of
+/// every generated reading.
+#[test]
+fn the_demo_with_a_filter_shows_the_reduction_and_checks_the_bound() {
+    let landing = tempfile::tempdir().unwrap();
+    let out = std::process::Command::new(env!("CARGO_BIN_EXE_loadtest"))
+        .args([
+            "demo",
+            "--records",
+            "16000",
+            "--devices",
+            "8",
+            "--filter",
+            "swinging-door",
+            "--landing",
+        ])
+        .arg(landing.path())
+        .output()
+        .unwrap();
+    let (stdout, stderr) = (
+        String::from_utf8_lossy(&out.stdout),
+        String::from_utf8_lossy(&out.stderr),
+    );
+    assert!(out.status.success(), "{stdout}\n{stderr}");
+    let line = |prefix: &str| {
+        stdout
+            .lines()
+            .find(|l| l.trim_start().starts_with(prefix))
+            .unwrap_or_else(|| panic!("no {prefix} line: {stdout}"))
+            .to_owned()
+    };
+    assert!(
+        line("filter").contains("swinging_door with a band of 0.5"),
+        "{stdout}"
+    );
+    let reduction = line("reduction");
+    let numbers: Vec<u64> = reduction
+        .split_whitespace()
+        .filter_map(|w| w.parse().ok())
+        .collect();
+    assert_eq!(numbers[0], 16_000, "{reduction}");
+    assert!(
+        numbers[1] < 16_000 / 5,
+        "kept {} of 16,000: {reduction}",
+        numbers[1]
+    );
+    assert!(
+        line("bound checked").contains("of all 16000 readings"),
+        "{stdout}"
+    );
+    assert!(
+        stdout.contains("every record the agent kept landed exactly once"),
         "{stdout}"
     );
     assert!(!stderr.contains("ERROR"), "{stderr}");

@@ -364,6 +364,7 @@ async fn the_dashboards_and_alerts_read_the_components_metrics() {
         max_records: 500,
         admin_listen: Some(&agent_admin),
         follow: false,
+        more: "",
     })
     .unwrap();
     let stats = edge_agent::run(agent, streams.clone(), shutdown.child_token())
@@ -377,7 +378,7 @@ async fn the_dashboards_and_alerts_read_the_components_metrics() {
     let filtered_dir = dir.path().join("filtered");
     std::fs::create_dir_all(&filtered_dir).unwrap();
     let ramp = loadtest::process::series(loadtest::process::Shape::Ramp, 600, 1_767_225_600_000, 1);
-    let mut filtered = file_agent(&FileAgent {
+    let filtered = file_agent(&FileAgent {
         dir: &filtered_dir,
         ndjson: &to_ndjson(&loadtest::process::readings("ramp-1", &ramp)),
         gateway: gateway.addr,
@@ -385,18 +386,9 @@ async fn the_dashboards_and_alerts_read_the_components_metrics() {
         max_records: 500,
         admin_listen: None,
         follow: false,
+        more: "[[streams.sensor_readings.filters]]\ntype = \"swinging_door\"\nfield = \"value\"\nabsolute = 0.5\n",
     })
     .unwrap();
-    filtered
-        .streams
-        .entry("sensor_readings".into())
-        .or_default()
-        .filters = vec![
-        serde_json::from_value(serde_json::json!({
-            "type": "swinging_door", "field": "value", "absolute": 0.5,
-        }))
-        .unwrap(),
-    ];
     let kept = edge_agent::run(filtered, streams.clone(), shutdown.child_token())
         .await
         .unwrap()
