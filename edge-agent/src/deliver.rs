@@ -20,7 +20,7 @@ use crate::spool::Spool;
 pub const REJECTED_RECHECK: Duration = Duration::from_secs(2);
 
 /// What one stream's delivery did.
-#[derive(Debug, Default, Clone, PartialEq, Eq)]
+#[derive(Debug, Default, Clone, PartialEq, Eq, serde::Serialize)]
 pub struct DeliveryStats {
     pub batches: u64,
     pub records: u64,

@@ -10,7 +10,6 @@ use serde::Serialize;
 
 use crate::batch::now_ms;
 use crate::deliver::DeliveryStats;
-use crate::filter::Reduction;
 use crate::pipeline::PipelineStats;
 
 /// The running streams' live state.
@@ -47,11 +46,12 @@ pub struct LastError {
 #[derive(Debug, Clone, Default, Serialize)]
 pub struct LiveStream {
     /// Since the agent started: records read, invalid, dropped as duplicates and by filters,
-    /// batched, and the batches' raw and encoded bytes.
-    pub pipeline: PipelineCounts,
+    /// batched, and the batches' raw and encoded bytes (and what the filters did, served as
+    /// the stream's `reduction`).
+    pub pipeline: PipelineStats,
     /// Since the agent started: batches and records delivered and their bytes on the wire and
     /// uncompressed, and what the receiver did with them.
-    pub delivery: DeliveryCounts,
+    pub delivery: DeliveryStats,
     pub link: LinkState,
     /// Failed attempts in a row (0 once one succeeds).
     pub failed_attempts: u64,
@@ -60,34 +60,6 @@ pub struct LiveStream {
     /// When a batch was last acknowledged.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub last_delivered_ms: Option<u64>,
-    /// What the filters did (served as the stream's `reduction`).
-    #[serde(skip)]
-    pub reductions: Vec<Reduction>,
-}
-
-#[derive(Debug, Clone, Default, PartialEq, Serialize)]
-pub struct PipelineCounts {
-    pub read: u64,
-    pub invalid: u64,
-    pub duplicates: u64,
-    pub filtered: u64,
-    pub batched: u64,
-    pub batches: u64,
-    pub spool_dropped: u64,
-    pub raw_bytes: u64,
-    pub encoded_bytes: u64,
-}
-
-#[derive(Debug, Clone, Default, PartialEq, Serialize)]
-pub struct DeliveryCounts {
-    pub batches: u64,
-    pub records: u64,
-    pub accepted: u64,
-    pub duplicates: u64,
-    pub rejected_records: u64,
-    pub rejected_batches: u64,
-    pub wire_bytes: u64,
-    pub raw_bytes: u64,
 }
 
 impl Live {
@@ -144,36 +116,12 @@ impl StreamLive {
 
     /// The pipeline's counters now.
     pub fn pipeline(&self, s: &PipelineStats) {
-        let counts = PipelineCounts {
-            read: s.read,
-            invalid: s.invalid,
-            duplicates: s.duplicates,
-            filtered: s.filtered,
-            batched: s.batched,
-            batches: s.batches,
-            spool_dropped: s.spool_dropped,
-            raw_bytes: s.raw_bytes,
-            encoded_bytes: s.encoded_bytes,
-        };
-        self.live.update(&self.name, |l| {
-            l.pipeline = counts;
-            l.reductions.clone_from(&s.reductions);
-        });
+        self.live.update(&self.name, |l| l.pipeline.clone_from(s));
     }
 
     /// The delivery's counters after a batch went (acknowledged, or refused and kept aside).
     pub fn delivered(&self, s: &DeliveryStats) {
-        let counts = DeliveryCounts {
-            batches: s.batches,
-            records: s.records,
-            accepted: s.accepted,
-            duplicates: s.duplicates,
-            rejected_records: s.rejected_records,
-            rejected_batches: s.rejected_batches,
-            wire_bytes: s.wire_bytes,
-            raw_bytes: s.raw_bytes,
-        };
-        self.live.update(&self.name, |l| l.delivery = counts);
+        self.live.update(&self.name, |l| l.delivery.clone_from(s));
     }
 
     /// An attempt reached the receiver and had an answer.

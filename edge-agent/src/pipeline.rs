@@ -55,7 +55,7 @@ pub use crate::chunk::{Chunk, ChunkOutcome, Done};
 use crate::live::StreamLive;
 
 /// Counters of one stream's pipeline.
-#[derive(Debug, Default, Clone, PartialEq)]
+#[derive(Debug, Default, Clone, PartialEq, serde::Serialize)]
 pub struct PipelineStats {
     pub read: u64,
     pub invalid: u64,
@@ -69,6 +69,7 @@ pub struct PipelineStats {
     /// Invalid records kept earlier that passed when tried again (also counted in `read` again).
     pub retried: u64,
     /// What each filter did since the pipeline started, in order.
+    #[serde(skip)]
     pub reductions: Vec<Reduction>,
 }
 

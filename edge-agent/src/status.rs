@@ -113,11 +113,11 @@ pub fn status(config: &AgentConfig, live: Option<&Live>) -> anyhow::Result<Statu
     // A running agent's reduction as of now, not as of the report's last write.
     for s in &mut streams {
         if let (Some(live), Some(started)) = (&s.live, live.map(Live::started_ms))
-            && !live.reductions.is_empty()
+            && !live.pipeline.reductions.is_empty()
         {
             s.reduction = Some(ReductionReport {
                 since_ms: started,
-                filters: live.reductions.clone(),
+                filters: live.pipeline.reductions.clone(),
             });
         }
     }

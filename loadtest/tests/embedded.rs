@@ -189,17 +189,7 @@ fn the_demo_refuses_more_readings_than_it_takes() {
 /// cluster went while the gateway's reload handle still held a producer.
 #[test]
 fn the_demo_command_verifies_and_logs_no_error() {
-    let landing = tempfile::tempdir().unwrap();
-    let out = std::process::Command::new(env!("CARGO_BIN_EXE_loadtest"))
-        .args(["demo", "--records", "2000", "--landing"])
-        .arg(landing.path())
-        .output()
-        .unwrap();
-    let (stdout, stderr) = (
-        String::from_utf8_lossy(&out.stdout),
-        String::from_utf8_lossy(&out.stderr),
-    );
-    assert!(out.status.success(), "{stdout}\n{stderr}");
+    let (stdout, stderr) = demo_command(&["--records", "2000"]);
     assert!(
         stdout.contains("every distinct record landed exactly once"),
         "{stdout}"
@@ -212,26 +202,14 @@ fn the_demo_command_verifies_and_logs_no_error() {
 /// every generated reading.
 #[test]
 fn the_demo_with_a_filter_shows_the_reduction_and_checks_the_bound() {
-    let landing = tempfile::tempdir().unwrap();
-    let out = std::process::Command::new(env!("CARGO_BIN_EXE_loadtest"))
-        .args([
-            "demo",
-            "--records",
-            "16000",
-            "--devices",
-            "8",
-            "--filter",
-            "swinging-door",
-            "--landing",
-        ])
-        .arg(landing.path())
-        .output()
-        .unwrap();
-    let (stdout, stderr) = (
-        String::from_utf8_lossy(&out.stdout),
-        String::from_utf8_lossy(&out.stderr),
-    );
-    assert!(out.status.success(), "{stdout}\n{stderr}");
+    let (stdout, stderr) = demo_command(&[
+        "--records",
+        "16000",
+        "--devices",
+        "8",
+        "--filter",
+        "swinging-door",
+    ]);
     let line = |prefix: &str| {
         stdout
             .lines()
@@ -263,4 +241,23 @@ fn the_demo_with_a_filter_shows_the_reduction_and_checks_the_bound() {
         "{stdout}"
     );
     assert!(!stderr.contains("ERROR"), "{stderr}");
+}
+
+/// `loadtest demo ARGS` into a landing directory of its own: its stdout and stderr, once it
+/// succeeded.
+fn demo_command(args: &[&str]) -> (String, String) {
+    let landing = tempfile::tempdir().unwrap();
+    let out = std::process::Command::new(env!("CARGO_BIN_EXE_loadtest"))
+        .arg("demo")
+        .args(args)
+        .arg("--landing")
+        .arg(landing.path())
+        .output()
+        .unwrap();
+    let (stdout, stderr) = (
+        String::from_utf8_lossy(&out.stdout).into_owned(),
+        String::from_utf8_lossy(&out.stderr).into_owned(),
+    );
+    assert!(out.status.success(), "{stdout}\n{stderr}");
+    (stdout, stderr)
 }
