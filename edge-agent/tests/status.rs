@@ -141,19 +141,12 @@ async fn status_reports_what_the_filters_reduced() {
             .to_string()
         })
         .collect();
-    let input = dir.path().join("r.ndjson");
-    std::fs::write(&input, lines.join("\n") + "\n").unwrap();
-    let cfg_path = dir.path().join("agent.toml");
-    let admin = format!("127.0.0.1:{}", free_port());
-    let cfg = config_with_root(
-        &dir.path().join("state"),
+    let (cfg_path, admin, cfg) = filtered_agent(
+        dir.path(),
         &stub.url(),
-        &format!("admin_listen = \"{admin}\""),
-        "[batch]\nmax_records = 100\nmax_age_ms = 200\n\
-         [[streams.sensor_readings.filters]]\ntype = \"swinging_door\"\nfield = \"value\"\nabsolute = 0.5\n",
-        &file_source_toml(&input, "follow = true\n"),
+        &lines,
+        "type = \"swinging_door\"\nfield = \"value\"\nabsolute = 0.5\n",
     );
-    std::fs::write(&cfg_path, &cfg).unwrap();
     let (agent, shutdown) = start(&cfg);
 
     let reduction =
@@ -234,16 +227,11 @@ async fn the_status_page_shows_what_status_says() {
     let dir = tempfile::tempdir().unwrap();
     let (mut lines, expected) = readings(900, 6, 9, 11);
     lines.insert(100, "not a reading".into());
-    let input = dir.path().join("r.ndjson");
-    std::fs::write(&input, lines.join("\n") + "\n").unwrap();
-    let admin = format!("127.0.0.1:{}", free_port());
-    let cfg = config_with_root(
-        &dir.path().join("state"),
+    let (_, admin, cfg) = filtered_agent(
+        dir.path(),
         &stub.url(),
-        &format!("admin_listen = \"{admin}\""),
-        "[batch]\nmax_records = 100\nmax_age_ms = 200\n\
-         [[streams.sensor_readings.filters]]\ntype = \"deadband\"\nfield = \"value\"\nabsolute = 30.0\nsend_previous = false\n",
-        &file_source_toml(&input, "follow = true\n"),
+        &lines,
+        "type = \"deadband\"\nfield = \"value\"\nabsolute = 30.0\nsend_previous = false\n",
     );
     let (agent, shutdown) = start(&cfg);
     let status = || async {
@@ -416,4 +404,31 @@ fn assert_page_matches(page: &str, status: &serde_json::Value, cells: usize) {
         checked >= cells,
         "only {checked} cells with values on the page:\n{page}"
     );
+}
+
+/// An agent following `lines` (written to a file in `dir`) with one filter of `filter` (the
+/// keys of its table), batches of 100 records at most 200 ms old, and an admin port: its
+/// config file, the admin address and the config.
+fn filtered_agent(
+    dir: &std::path::Path,
+    gateway: &str,
+    lines: &[String],
+    filter: &str,
+) -> (std::path::PathBuf, String, String) {
+    let input = dir.join("r.ndjson");
+    std::fs::write(&input, lines.join("\n") + "\n").unwrap();
+    let admin = format!("127.0.0.1:{}", free_port());
+    let cfg = config_with_root(
+        &dir.join("state"),
+        gateway,
+        &format!("admin_listen = \"{admin}\""),
+        &format!(
+            "[batch]\nmax_records = 100\nmax_age_ms = 200\n\
+             [[streams.sensor_readings.filters]]\n{filter}"
+        ),
+        &file_source_toml(&input, "follow = true\n"),
+    );
+    let cfg_path = dir.join("agent.toml");
+    std::fs::write(&cfg_path, &cfg).unwrap();
+    (cfg_path, admin, cfg)
 }
