@@ -42,6 +42,16 @@ pub struct LastError {
     pub message: String,
 }
 
+impl LastError {
+    fn now(kind: &str, message: String) -> Option<LastError> {
+        Some(LastError {
+            at_ms: now_ms(),
+            kind: kind.to_owned(),
+            message,
+        })
+    }
+}
+
 /// One stream's live state.
 #[derive(Debug, Clone, Default, Serialize)]
 pub struct LiveStream {
@@ -94,7 +104,10 @@ impl Live {
 
     fn update(&self, name: &str, f: impl FnOnce(&mut LiveStream)) {
         let mut streams = self.streams.lock().unwrap_or_else(PoisonError::into_inner);
-        f(streams.entry(name.to_owned()).or_default());
+        match streams.get_mut(name) {
+            Some(stream) => f(stream),
+            None => f(streams.entry(name.to_owned()).or_default()),
+        }
     }
 }
 
@@ -139,11 +152,8 @@ impl StreamLive {
         self.live.update(&self.name, |l| {
             l.link = LinkState::Up;
             l.failed_attempts = 0;
-            l.last_error = Some(LastError {
-                at_ms: now_ms(),
-                kind: "refused".into(),
-                message: format!("{status}: {}", answer.chars().take(300).collect::<String>()),
-            });
+            let answer: String = answer.chars().take(300).collect();
+            l.last_error = LastError::now("refused", format!("{status}: {answer}"));
         });
     }
 
@@ -152,11 +162,7 @@ impl StreamLive {
         self.live.update(&self.name, |l| {
             l.link = LinkState::Retrying;
             l.failed_attempts += 1;
-            l.last_error = Some(LastError {
-                at_ms: now_ms(),
-                kind: kind.to_owned(),
-                message: message.to_owned(),
-            });
+            l.last_error = LastError::now(kind, message.to_owned());
         });
     }
 }

@@ -7,10 +7,10 @@ use std::collections::BTreeSet;
 use std::fmt;
 use std::path::{Path, PathBuf};
 
+use std::sync::Arc;
+
 use axum::response::IntoResponse as _;
 use serde::Serialize;
-
-use std::sync::Arc;
 
 use crate::config::AgentConfig;
 use crate::live::{Live, LiveStream};
@@ -92,6 +92,19 @@ pub fn status(config: &AgentConfig, live: Option<&Live>) -> anyhow::Result<Statu
     let mut streams = Vec::new();
     for stream in names {
         let of_stream = kept.iter().filter(|k| k.stream == stream);
+        let now = running.remove(&stream);
+        // A running agent's reduction as of now, not as of the report's last write.
+        let reduction = match (&now, live) {
+            (Some(now), Some(live)) if !now.pipeline.reductions.is_empty() => {
+                Some(ReductionReport {
+                    since_ms: live.started_ms(),
+                    filters: now.pipeline.reductions.clone(),
+                })
+            }
+            _ => std::fs::read(reduction_path(state, &stream))
+                .ok()
+                .and_then(|json| serde_json::from_slice(&json).ok()),
+        };
         streams.push(StreamStatus {
             spool: spool::peek(&spool_root, &stream)?,
             rejected_batches: of_stream.clone().count() as u64,
@@ -103,23 +116,10 @@ pub fn status(config: &AgentConfig, live: Option<&Live>) -> anyhow::Result<Statu
                 .map(|m| m.len())
                 .sum(),
             rejected_records: of_stream.map(|k| u64::from(k.batch.records)).sum(),
-            reduction: std::fs::read(reduction_path(state, &stream))
-                .ok()
-                .and_then(|json| serde_json::from_slice(&json).ok()),
-            live: running.remove(&stream),
+            reduction,
+            live: now,
             stream,
         });
-    }
-    // A running agent's reduction as of now, not as of the report's last write.
-    for s in &mut streams {
-        if let (Some(live), Some(started)) = (&s.live, live.map(Live::started_ms))
-            && !live.pipeline.reductions.is_empty()
-        {
-            s.reduction = Some(ReductionReport {
-                since_ms: started,
-                filters: live.pipeline.reductions.clone(),
-            });
-        }
     }
     Ok(Status {
         state_dir: state.clone(),

@@ -108,18 +108,19 @@ impl ProcessFleet {
         }
         let mut readings_out = Vec::with_capacity(spec.records);
         let mut by_hash = HashMap::with_capacity(spec.records);
-        let as_readings: Vec<(String, Vec<Value>)> = all
+        // The devices' readings interleaved: each device's i-th, then their (i + 1)-th.
+        let mut queues: Vec<(&String, std::vec::IntoIter<Value>)> = all
             .iter()
-            .map(|(device, s)| (device.clone(), readings(device, s)))
+            .map(|(device, s)| (device, readings(device, s).into_iter()))
             .collect();
         for i in 0..per_device {
-            for (device, values) in &as_readings {
-                if let Some(reading) = values.get(i) {
+            for (device, queue) in &mut queues {
+                if let Some(reading) = queue.next() {
                     let hash = schemas::check(def, reading.clone())
                         .context("a generated reading does not fit the stream")?
                         .hash;
-                    by_hash.insert(hash, (device.clone(), i));
-                    readings_out.push(reading.clone());
+                    by_hash.insert(hash, ((*device).clone(), i));
+                    readings_out.push(reading);
                 }
             }
         }

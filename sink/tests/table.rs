@@ -76,6 +76,19 @@ commit_interval_ms = 700
     config
 }
 
+/// [`write_config`] with the shipped definitions and a SQLite catalog in `dir`: the catalog's
+/// path and the config's.
+fn sqlite_config(dir: &Path, bootstrap: &str) -> (String, PathBuf) {
+    let catalog = dir.join("catalog.db").display().to_string();
+    let config = write_config(
+        dir,
+        bootstrap,
+        &common::repo_root().join("streams"),
+        (&catalog, "edge_ingest"),
+    );
+    (catalog, config)
+}
+
 /// A mock cluster whose topic has `partitions`, its bootstrap address, a directory for the
 /// test and a producer.
 fn rig(
@@ -129,13 +142,7 @@ fn read_table_with(
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn sinks_killed_at_random_points_commit_every_record_to_the_table_once() {
     let (cluster, bootstrap, dir, producer) = rig(4);
-    let catalog = dir.path().join("catalog.db").display().to_string();
-    let config = write_config(
-        dir.path(),
-        &bootstrap,
-        &common::repo_root().join("streams"),
-        (&catalog, "edge_ingest"),
-    );
+    let (catalog, config) = sqlite_config(dir.path(), &bootstrap);
     let sent = support::readings(4_000, 23);
     let mut rng = SmallRng::seed_from_u64(9);
     let log = |i: usize| dir.path().join(format!("sink-{i}.log"));
@@ -243,13 +250,7 @@ async fn sinks_killed_at_random_points_commit_every_record_to_the_table_once() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_table_commit_does_not_commit_past_the_open_file() {
     let (cluster, bootstrap, dir, producer) = rig(1);
-    let catalog = dir.path().join("catalog.db").display().to_string();
-    let config = write_config(
-        dir.path(),
-        &bootstrap,
-        &common::repo_root().join("streams"),
-        (&catalog, "edge_ingest"),
-    );
+    let (catalog, config) = sqlite_config(dir.path(), &bootstrap);
     let text = std::fs::read_to_string(&config)
         .unwrap()
         .replace("idle_ms = 400", "idle_ms = 600000");
@@ -307,13 +308,7 @@ async fn a_table_commit_does_not_commit_past_the_open_file() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_file_landed_by_a_killed_sink_reaches_the_table_through_its_next_owner() {
     let (cluster, bootstrap, dir, producer) = rig(1);
-    let catalog = dir.path().join("catalog.db").display().to_string();
-    let config = write_config(
-        dir.path(),
-        &bootstrap,
-        &common::repo_root().join("streams"),
-        (&catalog, "edge_ingest"),
-    );
+    let (catalog, config) = sqlite_config(dir.path(), &bootstrap);
     let text = std::fs::read_to_string(&config).unwrap();
     std::fs::write(
         &config,
@@ -377,13 +372,7 @@ async fn a_table_in_s3_holds_every_record_once() {
     let bucket = format!("table-{}", common::unique_id());
     common::pyarrow(&["--s3-endpoint", &s3, "--bucket", &bucket, "--create-bucket"]);
     let (cluster, bootstrap, dir, producer) = rig(2);
-    let catalog = dir.path().join("catalog.db").display().to_string();
-    let config = write_config(
-        dir.path(),
-        &bootstrap,
-        &common::repo_root().join("streams"),
-        (&catalog, "edge_ingest"),
-    );
+    let (catalog, config) = sqlite_config(dir.path(), &bootstrap);
     let text = std::fs::read_to_string(&config).unwrap().replace(
         &format!("type = \"local\"\npath = \"{}\"", dir.path().join("zone").display()),
         &format!(

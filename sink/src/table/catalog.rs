@@ -88,10 +88,10 @@ impl Catalog {
         }
     }
 
-    /// Commits `append`, built on `base`, whose manifests are written already; `false` when
-    /// another writer committed first. A SQL catalog's metadata file is written to `store`
-    /// and swapped in; a REST catalog's server is sent the changes and writes its own. Returns
-    /// with the files nothing refers to after the commit, for the caller to remove.
+    /// Commits `append`, built on `base`, whose manifests are written already: the files
+    /// nothing refers to after the commit, for the caller to remove, or `None` when another
+    /// writer committed first. A SQL catalog's metadata file is written to `store` and swapped
+    /// in; a REST catalog's server is sent the changes and writes its own.
     pub async fn commit(
         &self,
         store: &ObjectStore,
@@ -99,6 +99,7 @@ impl Catalog {
         base: &Version,
         append: Append,
     ) -> anyhow::Result<Option<Vec<String>>> {
+        let mut unreferenced = append.expired_lists;
         let committed = match self {
             Catalog::Sql(c) => {
                 let key = store
@@ -110,23 +111,17 @@ impl Catalog {
                         bytes::Bytes::from(serde_json::to_vec(&append.metadata)?),
                     )
                     .await?;
+                unreferenced.extend(append.expired_metadata);
                 c.swap(namespace, table, &base.location, &append.metadata_location)
                     .await?
             }
+            // The server keeps (and removes) its own metadata files.
             Catalog::Rest(c) => {
                 c.commit(namespace, table, &base.metadata, &append.metadata)
                     .await?
             }
         };
-        if !committed {
-            return Ok(None);
-        }
-        let mut unreferenced = append.expired_lists;
-        // A REST catalog's server keeps (and removes) its own metadata files.
-        if let Catalog::Sql(_) = self {
-            unreferenced.extend(append.expired_metadata);
-        }
-        Ok(Some(unreferenced))
+        Ok(committed.then_some(unreferenced))
     }
 }
 

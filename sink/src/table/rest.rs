@@ -110,7 +110,7 @@ struct LoadTable {
     metadata: TableMetadata,
 }
 
-/// Namespace (one level) as a path segment.
+/// A name (a namespace of one level, a table) as one path segment.
 fn segment(name: &str) -> String {
     url::form_urlencoded::byte_serialize(name.as_bytes())
         .collect::<String>()
@@ -202,7 +202,7 @@ impl RestCatalog {
             Auth::None => Ok(None),
             Auth::Token(token) => Ok(Some(token.clone())),
             Auth::TokenFile(path) => {
-                let token = std::fs::read_to_string(path).with_context(|| {
+                let token = tokio::fs::read_to_string(path).await.with_context(|| {
                     format!("cannot read the catalog token file {}", path.display())
                 })?;
                 Ok(Some(token.trim().to_owned()))
@@ -283,15 +283,28 @@ impl RestCatalog {
         if answer.status != reqwest::StatusCode::NOT_FOUND {
             return Err(answer.fail(&format!("GET {path}")));
         }
-        let body = serde_json::to_vec(&serde_json::json!({ "namespace": [namespace] }))?;
-        let answer = self
-            .send(reqwest::Method::POST, "/namespaces", Some(body))
-            .await?;
-        // 409: another sink created it first.
-        if answer.status.is_success() || answer.status == reqwest::StatusCode::CONFLICT {
-            return Ok(());
+        // Refused as existing: another sink created it first.
+        self.post(
+            "/namespaces",
+            serde_json::json!({ "namespace": [namespace] }),
+        )
+        .await
+        .map(drop)
+    }
+
+    /// POSTs `body` to `path`: `true` when the catalog took it, `false` when it answered 409
+    /// (the name exists, or the table moved on), an error for any other answer.
+    async fn post(&self, path: &str, body: serde_json::Value) -> anyhow::Result<bool> {
+        let body = serde_json::to_vec(&body)?;
+        let answer = self.send(reqwest::Method::POST, path, Some(body)).await?;
+        if answer.status == reqwest::StatusCode::CONFLICT {
+            tracing::debug!(path, reason = answer.message(), "REST catalog answered 409");
+            return Ok(false);
         }
-        Err(answer.fail("POST /namespaces"))
+        if !answer.status.is_success() {
+            return Err(answer.fail(&format!("POST {path}")));
+        }
+        Ok(true)
     }
 
     /// The table's current metadata location and metadata; `None` when there is no such
@@ -301,11 +314,7 @@ impl RestCatalog {
         namespace: &str,
         table: &str,
     ) -> anyhow::Result<Option<(String, TableMetadata)>> {
-        let path = format!(
-            "/namespaces/{}/tables/{}",
-            segment(namespace),
-            segment(table)
-        );
+        let path = table_path(namespace, table);
         let answer = self.send(reqwest::Method::GET, &path, None).await?;
         if answer.status == reqwest::StatusCode::NOT_FOUND {
             return Ok(None);
@@ -331,18 +340,11 @@ impl RestCatalog {
         metadata_location: &str,
     ) -> anyhow::Result<bool> {
         let path = format!("/namespaces/{}/register", segment(namespace));
-        let body = serde_json::to_vec(&serde_json::json!({
+        let body = serde_json::json!({
             "name": table,
             "metadata-location": metadata_location,
-        }))?;
-        let answer = self.send(reqwest::Method::POST, &path, Some(body)).await?;
-        if answer.status == reqwest::StatusCode::CONFLICT {
-            return Ok(false);
-        }
-        if !answer.status.is_success() {
-            return Err(answer.fail(&format!("POST {path}")));
-        }
-        Ok(true)
+        });
+        self.post(&path, body).await
     }
 
     /// Commits `new`, built on `base`; `false` when the table moved on meanwhile (409). Any
@@ -356,42 +358,37 @@ impl RestCatalog {
         new: &TableMetadata,
     ) -> anyhow::Result<bool> {
         let (requirements, updates) = changes(base, new);
-        let path = format!(
-            "/namespaces/{}/tables/{}",
-            segment(namespace),
-            segment(table)
-        );
-        let body = serde_json::to_vec(&serde_json::json!({
+        let body = serde_json::json!({
             "identifier": { "namespace": [namespace], "name": table },
             "requirements": requirements,
             "updates": updates,
-        }))?;
-        let answer = self.send(reqwest::Method::POST, &path, Some(body)).await?;
-        if answer.status == reqwest::StatusCode::CONFLICT {
-            tracing::debug!(table, reason = answer.message(), "REST commit refused");
-            return Ok(false);
-        }
-        if !answer.status.is_success() {
-            return Err(answer.fail(&format!("POST {path}")));
-        }
-        Ok(true)
+        });
+        self.post(&table_path(namespace, table), body).await
     }
+}
+
+/// A table's path under the catalog's prefix.
+fn table_path(namespace: &str, table: &str) -> String {
+    format!(
+        "/namespaces/{}/tables/{}",
+        segment(namespace),
+        segment(table)
+    )
 }
 
 /// How requests to the catalog at `uri` authenticate, from the config and the environment.
 fn auth_of(config: &TableConfig, uri: &str) -> anyhow::Result<Auth> {
-    let from = |file: &Option<String>, env: &str| -> anyhow::Result<Option<String>> {
-        match file {
-            Some(path) => Ok(Some(
-                std::fs::read_to_string(path)
-                    .with_context(|| format!("cannot read {path}"))?
-                    .trim()
-                    .to_owned(),
-            )),
-            None => Ok(std::env::var(env).ok().filter(|v| !v.is_empty())),
-        }
+    let env = |name: &str| std::env::var(name).ok().filter(|v| !v.is_empty());
+    let credential = match &config.credential_file {
+        Some(path) => Some(
+            std::fs::read_to_string(path)
+                .with_context(|| format!("cannot read {path}"))?
+                .trim()
+                .to_owned(),
+        ),
+        None => env(CREDENTIAL_ENV),
     };
-    if let Some(credential) = from(&config.credential_file, CREDENTIAL_ENV)? {
+    if let Some(credential) = credential {
         let (id, secret) = credential.split_once(':').with_context(|| {
             format!("the catalog credential must be client_id:client_secret (from table.credential_file or {CREDENTIAL_ENV})")
         })?;
@@ -409,10 +406,7 @@ fn auth_of(config: &TableConfig, uri: &str) -> anyhow::Result<Auth> {
     if let Some(path) = &config.token_file {
         return Ok(Auth::TokenFile(path.into()));
     }
-    Ok(match from(&None, TOKEN_ENV)? {
-        Some(token) => Auth::Token(token),
-        None => Auth::None,
-    })
+    Ok(env(TOKEN_ENV).map_or(Auth::None, Auth::Token))
 }
 
 /// The protocol's requirements and updates that take a table from `base` to `new`: the
@@ -546,24 +540,20 @@ mod tests {
             .unwrap();
         let (requirements, updates) = changes(&base, &evolved);
         let json = serde_json::to_value((&requirements, &updates)).unwrap();
-        let actions: Vec<&str> = json[1]
-            .as_array()
-            .unwrap()
-            .iter()
-            .map(|u| u["action"].as_str().unwrap())
-            .collect();
+        // What each requirement or update is: its "type" or "action".
+        let each = |list: &serde_json::Value, key: &str| -> Vec<String> {
+            list.as_array()
+                .unwrap()
+                .iter()
+                .map(|item| item[key].as_str().unwrap().to_owned())
+                .collect()
+        };
         assert_eq!(
-            actions,
+            each(&json[1], "action"),
             ["add-schema", "set-current-schema", "set-properties"]
         );
-        let kinds: Vec<&str> = json[0]
-            .as_array()
-            .unwrap()
-            .iter()
-            .map(|r| r["type"].as_str().unwrap())
-            .collect();
         assert_eq!(
-            kinds,
+            each(&json[0], "type"),
             [
                 "assert-table-uuid",
                 "assert-ref-snapshot-id",
