@@ -3,10 +3,11 @@
 # the corpus kept in fuzz/corpus. Fails when a target finds an input that breaks it; the input
 # is kept in fuzz/artifacts/<target>/ and the command that replays it is printed.
 #
-#   scripts/fuzz.sh [--seconds N] [--keep] [TARGET...]
+#   scripts/fuzz.sh [--seconds N] [--keep] [--clean] [TARGET...]
 #
 #   --seconds N  how long each target runs (default 20: about two minutes for all of them)
 #   --keep       merge the inputs that reach new code into fuzz/corpus/<target> (to commit)
+#   --clean      remove the targets' build (fuzz/target, about 3 GB) when done; CI does this
 #   TARGET       the targets to run (default: every target of fuzz/Cargo.toml)
 #
 # cargo-fuzz is installed once into the cache ($EDGE_INGEST_CACHE, default ~/.cache/edge-ingest).
@@ -22,12 +23,14 @@ CARGO_FUZZ_ROOT="$CACHE/cargo-fuzz-$CARGO_FUZZ_VERSION"
 
 seconds=20
 keep=0
+clean=0
 targets=()
 while [ $# -gt 0 ]; do
   case "$1" in
     --seconds) seconds="$2"; shift 2 ;;
     --keep) keep=1; shift ;;
-    -h|--help) sed -n '2,15p' "$0" | sed 's/^# \{0,1\}//'; exit 0 ;;
+    --clean) clean=1; shift ;;
+    -h|--help) sed -n '2,16p' "$0" | sed 's/^# \{0,1\}//'; exit 0 ;;
     -*) echo "fuzz.sh: unknown option $1 (see --help)" >&2; exit 2 ;;
     *) targets+=("$1"); shift ;;
   esac
@@ -46,13 +49,20 @@ if [ ! -x "$CARGO_FUZZ_ROOT/bin/cargo-fuzz" ]; then
 fi
 export PATH="$CARGO_FUZZ_ROOT/bin:$PATH"
 export RUSTC_BOOTSTRAP=1
+# The instrumented build shares nothing with the workspace's own builds (other flags, an explicit
+# target triple), so it always goes to fuzz/target, wherever CARGO_TARGET_DIR points.
+export CARGO_TARGET_DIR="$PWD/fuzz/target"
 fuzz=(cargo fuzz run --fuzz-dir fuzz --sanitizer none)
 
 log "building the targets (about 9 minutes from cold on 2 cores)"
 cargo fuzz build --fuzz-dir fuzz --sanitizer none >&2
 
 work="$(mktemp -d "${TMPDIR:-/tmp}/edge-ingest-fuzz.XXXXXX")"
-trap 'rm -rf "$work"' EXIT
+if [ "$clean" = 1 ]; then
+  trap 'rm -rf "$work" "$CARGO_TARGET_DIR"' EXIT
+else
+  trap 'rm -rf "$work"' EXIT
+fi
 failed=()
 for target in "${targets[@]}"; do
   mkdir -p "$work/$target" "fuzz/corpus/$target"
