@@ -9,7 +9,7 @@ use std::cmp::Ordering;
 use std::collections::HashMap;
 use std::hash::{BuildHasher, Hasher};
 
-use schemas::{FieldType, Record, StreamDef, Value};
+use schemas::{AtOnce, FieldType, Record, Row, Scalar, StreamDef, Value};
 use serde::Deserialize;
 use serde_json::Value as Json;
 
@@ -302,11 +302,117 @@ fn band(
     }
 }
 
+/// A reading as it reaches the filters: a record built from its text, or a line whose text
+/// stands for its record ([`schemas::verbatim_row_in`]) with the values the scanner read. A line
+/// the filters keep or hold is kept as its text: it is never built into a record, nor encoded
+/// again.
+#[derive(Debug)]
+pub enum Reading<'r, 'a, H> {
+    Record(Record),
+    Line(&'r Row<'a, H>, &'a [u8]),
+}
+
+impl Reading<'static, 'static, schemas::ContentHash> {
+    /// A record as a reading.
+    pub fn record(record: Record) -> Self {
+        Reading::Record(record)
+    }
+}
+
+impl<H> Reading<'_, '_, H> {
+    fn scalar(&self, i: usize) -> Option<Scalar<'_>> {
+        match self {
+            Reading::Record(record) => record.values.get(i)?.as_scalar(),
+            Reading::Line(row, _) => row.scalar(i),
+        }
+    }
+
+    /// Field `i` as a number, when it is an int64 or a float64 value.
+    fn number(&self, i: usize) -> Option<f64> {
+        match self.scalar(i)? {
+            Scalar::Int(n) => Some(n as f64),
+            Scalar::Float(f) => Some(f),
+            _ => None,
+        }
+    }
+
+    /// The event time in microseconds.
+    fn event_time(&self, def: &StreamDef) -> i64 {
+        match self.scalar(def.event_time) {
+            Some(Scalar::Timestamp(t)) => t,
+            _ => 0,
+        }
+    }
+
+    /// The series the reading belongs to, by the values of `fields`.
+    fn series_key(&self, fields: &[usize]) -> u64 {
+        let mut h = foldhash::fast::FixedState::with_seed(0x5eed).build_hasher();
+        for &i in fields {
+            match self.scalar(i) {
+                Some(Scalar::Str(s)) => h.write(s.as_bytes()),
+                Some(Scalar::Int(n)) => h.write_i64(n),
+                Some(Scalar::Bool(b)) => h.write_u8(u8::from(b)),
+                _ => h.write_u8(0xff),
+            }
+            h.write_u8(0);
+        }
+        h.finish()
+    }
+
+    /// The reading as the filters keep it: a line's text is copied out of its chunk.
+    fn kept(self) -> Kept {
+        match self {
+            Reading::Record(record) => Kept::Record(record),
+            Reading::Line(_, text) => Kept::Line(text.trim_ascii().into()),
+        }
+    }
+
+    fn into_record(self) -> Record {
+        match self {
+            Reading::Record(record) => record,
+            Reading::Line(row, _) => row.to_record(),
+        }
+    }
+}
+
+/// A reading the filters passed on or held: as it came, a record or the text of a line (which
+/// stands for its record).
+#[derive(Debug, Clone, PartialEq)]
+pub enum Kept {
+    Record(Record),
+    Line(Box<[u8]>),
+}
+
+impl Kept {
+    /// Runs `f` on the kept reading as a reading again (for the next filter of a chain). A line
+    /// is scanned again, or decoded in full where the scanner does not take it; a line that is
+    /// no longer valid (its stream's definition changed while it was held) is returned as it is.
+    fn reading<R>(
+        self,
+        def: &StreamDef,
+        f: impl FnOnce(Reading<'_, '_, schemas::ContentHash>) -> R,
+    ) -> Result<R, Kept> {
+        match self {
+            Kept::Record(record) => Ok(f(Reading::Record(record))),
+            Kept::Line(text) => {
+                if let Some(row) = schemas::verbatim_row_in(def, &text[..], &mut AtOnce) {
+                    return Ok(f(Reading::Line(&row, &text)));
+                }
+                match schemas::check_bytes(def, &text) {
+                    Ok(valid) => Ok(f(Reading::Record(valid.record))),
+                    Err(_) => Err(Kept::Line(text)),
+                }
+            }
+        }
+    }
+}
+
 #[derive(Debug)]
 struct Band {
     sent: f64,
     sent_at: i64,
-    held: Option<Record>,
+    /// The last reading within the band (and its value), sent before one that breaks it.
+    held: Option<(f64, Kept)>,
 }
 
 /// The largest hull a swinging door keeps per series: a segment whose dropped readings need
@@ -327,7 +433,7 @@ struct Door {
     low: f64,
     high: f64,
     /// The latest reading: the segment's end if the next reading does not fit the door.
-    held: Option<(i64, f64, Record)>,
+    held: Option<(i64, f64, Kept)>,
     /// The dropped readings relative to the kept one, `(t - at, v - value)`, as the vertices of
     /// their upper and lower convex hulls: the dropped reading farthest from a line through
     /// the kept reading is one of them.
@@ -538,28 +644,6 @@ impl<V> Series<V> {
     }
 }
 
-fn series_key(record: &Record, fields: &[usize]) -> u64 {
-    let mut h = foldhash::fast::FixedState::with_seed(0x5eed).build_hasher();
-    for &i in fields {
-        match &record.values[i] {
-            Value::Str(s) => h.write(s.as_bytes()),
-            Value::Int(n) => h.write_i64(*n),
-            Value::Bool(b) => h.write_u8(u8::from(*b)),
-            _ => h.write_u8(0xff),
-        }
-        h.write_u8(0);
-    }
-    h.finish()
-}
-
-fn number(v: &Value) -> Option<f64> {
-    match v {
-        Value::Int(i) => Some(*i as f64),
-        Value::Float(f) => Some(*f),
-        _ => None,
-    }
-}
-
 /// A predicate's literal as a value of a field of type `ty`: numbers for int64 and float64
 /// fields (any number: `quality lt 191.5` is fine), a timestamp as the records give one, a string
 /// or a bool; `None` for anything else, and for list and map fields.
@@ -573,18 +657,20 @@ fn literal(ty: &FieldType, json: &Json) -> Option<Value> {
     }
 }
 
-fn compare(v: &Value, literal: &Value) -> Option<Ordering> {
-    match (v, literal) {
-        (Value::Int(_) | Value::Float(_), Value::Float(l)) => number(v)?.partial_cmp(l),
-        (Value::Timestamp(t), Value::Timestamp(l)) => Some(t.cmp(l)),
-        (Value::Str(s), Value::Str(l)) => Some(s.cmp(l)),
-        (Value::Bool(b), Value::Bool(l)) => Some(b.cmp(l)),
+fn compare(v: Option<Scalar<'_>>, literal: &Value) -> Option<Ordering> {
+    match (v?, literal) {
+        (Scalar::Int(i), Value::Float(l)) => (i as f64).partial_cmp(l),
+        (Scalar::Float(f), Value::Float(l)) => f.partial_cmp(l),
+        (Scalar::Timestamp(t), Value::Timestamp(l)) => Some(t.cmp(l)),
+        (Scalar::Str(s), Value::Str(l)) => Some(s.cmp(l.as_str())),
+        (Scalar::Bool(b), Value::Bool(l)) => Some(b.cmp(l)),
         _ => None,
     }
 }
 
-/// Whether `v op literals` holds (`literals`: one value, or the items of `in` and `not_in`).
-fn holds(v: &Value, op: CmpOp, literals: &[Value]) -> bool {
+/// Whether `v op literals` holds (`literals`: one value, or the items of `in` and `not_in`;
+/// `v` is `None` for a null, which equals nothing).
+fn holds(v: Option<Scalar<'_>>, op: CmpOp, literals: &[Value]) -> bool {
     let eq = |lit: &Value| compare(v, lit) == Some(Ordering::Equal);
     let ord = || literals.first().and_then(|l| compare(v, l));
     match op {
@@ -600,20 +686,24 @@ fn holds(v: &Value, op: CmpOp, literals: &[Value]) -> bool {
 }
 
 impl Filter {
-    /// Passes `record` on (into `out`, possibly with held records before it) or drops it.
-    /// Returns how many records were dropped for good.
-    fn apply(&mut self, def: &StreamDef, record: Record, out: &mut Vec<Record>) -> u64 {
+    /// Takes `reading`: returns how many readings were dropped for good, and the reading when it
+    /// passes on. Held readings the filter lets go (before this one) are appended to `out`.
+    fn apply<'r, 'a, H>(
+        &mut self,
+        def: &StreamDef,
+        reading: Reading<'r, 'a, H>,
+        out: &mut Vec<Kept>,
+    ) -> (u64, Option<Reading<'r, 'a, H>>) {
         match self {
             Filter::Predicate {
                 field,
                 op,
                 literals,
             } => {
-                if holds(&record.values[*field], *op, literals) {
-                    out.push(record);
-                    0
+                if holds(reading.scalar(*field), *op, literals) {
+                    (0, Some(reading))
                 } else {
-                    1
+                    (1, None)
                 }
             }
             Filter::Deadband {
@@ -625,12 +715,11 @@ impl Filter {
                 state,
                 accuracy,
             } => {
-                let Some(v) = number(&record.values[*field]) else {
-                    out.push(record);
-                    return 0;
+                let Some(v) = reading.number(*field) else {
+                    return (0, Some(reading));
                 };
-                let t = record.event_time(def);
-                let key = series_key(&record, series);
+                let t = reading.event_time(def);
+                let key = reading.series_key(series);
                 let Some(s) = state.get_mut(key) else {
                     state.insert(
                         key,
@@ -640,39 +729,35 @@ impl Filter {
                             held: None,
                         },
                     );
-                    out.push(record);
                     // The readings forgotten series held were within the band of a sent one.
                     let evicted = state.evict();
-                    return evicted.into_iter().filter(|s| s.held.is_some()).count() as u64;
+                    let dropped = evicted.into_iter().filter(|s| s.held.is_some()).count();
+                    return (dropped as u64, Some(reading));
                 };
                 let breaks = (v - s.sent).abs() > *band || v.is_nan() != s.sent.is_nan();
                 let silent_too_long =
                     *max_silence_micros > 0 && t.saturating_sub(s.sent_at) >= *max_silence_micros;
                 // A dropped reading is reconstructed as the last one sent before it.
-                let deviation = |r: &Record, sent: f64| {
-                    number(&r.values[*field]).map_or(0.0, |held| (held - sent).abs())
-                };
                 if breaks || silent_too_long {
                     let mut dropped = 0;
-                    if let Some(held) = s.held.take() {
+                    if let Some((held_value, held)) = s.held.take() {
                         if breaks && *send_previous {
                             out.push(held);
                         } else {
-                            accuracy.deviation(deviation(&held, s.sent));
+                            accuracy.deviation((held_value - s.sent).abs());
                             dropped = 1;
                         }
                     }
                     s.sent = v;
                     s.sent_at = t;
-                    out.push(record);
-                    dropped
+                    (dropped, Some(reading))
                 } else {
-                    match s.held.replace(record) {
-                        Some(held) => {
-                            accuracy.deviation(deviation(&held, s.sent));
-                            1
+                    match s.held.replace((v, reading.kept())) {
+                        Some((held_value, _)) => {
+                            accuracy.deviation((held_value - s.sent).abs());
+                            (1, None)
                         }
-                        None => 0,
+                        None => (0, None),
                     }
                 }
             }
@@ -685,16 +770,14 @@ impl Filter {
                 latest,
                 accuracy,
             } => {
-                let Some(v) = number(&record.values[*field]) else {
-                    out.push(record);
-                    return 0;
+                let Some(v) = reading.number(*field) else {
+                    return (0, Some(reading));
                 };
-                let t = record.event_time(def);
+                let t = reading.event_time(def);
                 *latest = (*latest).max(t);
-                let key = series_key(&record, series);
+                let key = reading.series_key(series);
                 let Some(door) = state.get_mut(key) else {
                     state.insert(key, Door::new(t, v));
-                    out.push(record);
                     // A forgotten series' held reading is kept: the bound holds to its end.
                     for mut door in state.evict() {
                         if let Some((at, value, held)) = door.held.take() {
@@ -702,14 +785,13 @@ impl Filter {
                             out.push(held);
                         }
                     }
-                    return 0;
+                    return (0, Some(reading));
                 };
                 if t <= door.last {
                     // Out of order (or a second reading at one time): passed on, and the door
                     // is left as it was.
                     accuracy.out_of_order += 1;
-                    out.push(record);
-                    return 0;
+                    return (0, Some(reading));
                 }
                 door.last = t;
                 if v.is_nan() || door.value.is_nan() {
@@ -720,8 +802,7 @@ impl Filter {
                         out.push(held);
                     }
                     accuracy.deviation(door.keep(t, v));
-                    out.push(record);
-                    return 0;
+                    return (0, Some(reading));
                 }
                 let silence_ok =
                     |from: i64| *max_silence_micros == 0 || t - from <= *max_silence_micros;
@@ -735,33 +816,28 @@ impl Filter {
                         // The line to this reading passes within the band of every reading
                         // since the kept one, the held one included: that one is dropped.
                         door.drop_held(held, (low, high));
-                        door.held = Some((t, v, record));
-                        return 1;
+                        door.held = Some((t, v, reading.kept()));
+                        return (1, None);
                     }
                     let (at, value, held) = door.held.take().expect("held");
                     accuracy.deviation(door.keep(at, value));
                     out.push(held);
                 }
                 if silence_ok(door.at) {
-                    door.held = Some((t, v, record));
+                    door.held = Some((t, v, reading.kept()));
+                    (0, None)
                 } else {
                     // No reading came between: the gap is the input's.
                     door.keep(t, v);
-                    out.push(record);
+                    (0, Some(reading))
                 }
-                0
             }
             Filter::Every { series, n, seen } => {
-                let count = seen.entry(series_key(&record, series), || 0);
+                let count = seen.entry(reading.series_key(series), || 0);
                 let keep = *count % *n == 0;
                 *count = count.wrapping_add(1) % *n;
                 seen.evict();
-                if keep {
-                    out.push(record);
-                    0
-                } else {
-                    1
-                }
+                if keep { (0, Some(reading)) } else { (1, None) }
             }
             Filter::Window {
                 series,
@@ -771,14 +847,13 @@ impl Filter {
                 open,
                 latest,
             } => {
-                let t = record.event_time(def);
+                let t = reading.event_time(def);
                 *latest = (*latest).max(t);
-                let Some(v) = number(&record.values[*field]) else {
-                    out.push(record);
-                    return 0;
+                let Some(v) = reading.number(*field) else {
+                    return (0, Some(reading));
                 };
                 let start = t - t.rem_euclid(*micros);
-                let key = series_key(&record, series);
+                let key = reading.series_key(series);
                 let mut dropped = 0;
                 if let Some(w) = open.get_mut(key)
                     && w.start != start
@@ -788,7 +863,7 @@ impl Filter {
                 }
                 let w = open.entry(key, || Window {
                     start,
-                    template: record,
+                    template: reading.into_record(),
                     min: f64::INFINITY,
                     max: f64::NEG_INFINITY,
                     sum: 0.0,
@@ -802,14 +877,14 @@ impl Filter {
                 for w in open.evict() {
                     dropped += close_window(def, *field, *aggregate, w, out);
                 }
-                dropped
+                (dropped, None)
             }
         }
     }
 
     /// Emits what is held: windows that ended at least one window before the latest event time
     /// seen (`all`: every window), and (`all`) nothing else. Returns records dropped for good.
-    fn flush(&mut self, def: &StreamDef, all: bool, out: &mut Vec<Record>) -> u64 {
+    fn flush(&mut self, def: &StreamDef, all: bool, out: &mut Vec<Kept>) -> u64 {
         match self {
             Filter::Window {
                 field,
@@ -828,7 +903,11 @@ impl Filter {
             }
             Filter::Deadband { state, .. } if all => {
                 // The last reading of each series is sent: the series ends where it ended.
-                out.extend(state.values_mut().filter_map(|s| s.held.take()));
+                out.extend(
+                    state
+                        .values_mut()
+                        .filter_map(|s| s.held.take().map(|(_, held)| held)),
+                );
                 0
             }
             Filter::SwingingDoor {
@@ -863,7 +942,7 @@ fn close_window(
     field: usize,
     aggregate: Aggregate,
     w: Window,
-    out: &mut Vec<Record>,
+    out: &mut Vec<Kept>,
 ) -> u64 {
     let value = match aggregate {
         Aggregate::Min => w.min,
@@ -876,10 +955,9 @@ fn close_window(
         _ => Value::Float(value),
     };
     record.values[def.event_time] = Value::Timestamp(w.start);
-    out.push(record);
+    out.push(Kept::Record(record));
     w.count - 1
 }
-
 /// What one filter of a stream did since the agent started: the reduction report.
 #[derive(Debug, Clone, Default, PartialEq, serde::Serialize, serde::Deserialize)]
 pub struct Reduction {
@@ -942,49 +1020,59 @@ impl FilterChain {
             .collect()
     }
 
-    /// Runs a record through every filter; what comes out is appended to `out`. The first
-    /// filter writes into `out` itself: a chain of one filter (the common case) takes no
-    /// allocation per reading.
-    pub fn apply(&mut self, def: &StreamDef, record: Record, out: &mut Vec<Record>) {
-        let Some((_, first)) = self.filters.first_mut() else {
-            out.push(record);
-            return;
-        };
-        let start = out.len();
-        self.through[0].0 += 1;
-        self.dropped[0] += first.apply(def, record, out);
-        self.through[0].1 += (out.len() - start) as u64;
-        if self.filters.len() > 1 && out.len() > start {
-            let passed: Vec<Record> = out.drain(start..).collect();
-            self.run(def, passed, Some(1), out);
+    /// Runs a reading through every filter; what comes out is appended to `out`, the held
+    /// readings a filter lets go before the reading itself. A reading that passes is copied
+    /// (a line's text out of its chunk) only when it comes out of the chain or is held.
+    pub fn apply<H>(&mut self, def: &StreamDef, reading: Reading<'_, '_, H>, out: &mut Vec<Kept>) {
+        let mut current = reading;
+        for i in 0..self.filters.len() {
+            let start = out.len();
+            self.through[i].0 += 1;
+            let (dropped, passed) = self.filters[i].1.apply(def, current, out);
+            self.dropped[i] += dropped;
+            self.through[i].1 += (out.len() - start) as u64 + u64::from(passed.is_some());
+            if out.len() > start && i + 1 < self.filters.len() {
+                let released: Vec<Kept> = out.drain(start..).collect();
+                self.run(def, released, i + 1, out);
+            }
+            match passed {
+                Some(reading) => current = reading,
+                None => return,
+            }
         }
+        out.push(current.kept());
     }
 
-    /// Emits held records: windows that are over (or, with `all`, every held record).
-    pub fn flush(&mut self, def: &StreamDef, all: bool, out: &mut Vec<Record>) {
+    /// Emits held readings: windows that are over (or, with `all`, every held reading).
+    pub fn flush(&mut self, def: &StreamDef, all: bool, out: &mut Vec<Kept>) {
         for start in 0..self.filters.len() {
-            let mut emitted = Vec::new();
-            self.dropped[start] += self.filters[start].1.flush(def, all, &mut emitted);
-            self.through[start].1 += emitted.len() as u64;
-            self.run(def, emitted, Some(start + 1), out);
+            let mut released = Vec::new();
+            self.dropped[start] += self.filters[start].1.flush(def, all, &mut released);
+            self.through[start].1 += released.len() as u64;
+            self.run(def, released, start + 1, out);
         }
     }
 
-    fn run(
-        &mut self,
-        def: &StreamDef,
-        mut current: Vec<Record>,
-        from: Option<usize>,
-        out: &mut Vec<Record>,
-    ) {
-        for i in from.unwrap_or(0)..self.filters.len() {
+    /// Runs readings a filter let go through the filters from `from` on.
+    fn run(&mut self, def: &StreamDef, mut current: Vec<Kept>, from: usize, out: &mut Vec<Kept>) {
+        for i in from..self.filters.len() {
             if current.is_empty() {
                 return;
             }
             let mut next = Vec::with_capacity(current.len());
             self.through[i].0 += current.len() as u64;
-            for record in current {
-                self.dropped[i] += self.filters[i].1.apply(def, record, &mut next);
+            for kept in current {
+                let filter = &mut self.filters[i].1;
+                let taken = kept.reading(def, |reading| {
+                    let (dropped, passed) = filter.apply(def, reading, &mut next);
+                    next.extend(passed.map(Reading::kept));
+                    dropped
+                });
+                match taken {
+                    Ok(dropped) => self.dropped[i] += dropped,
+                    // Not a reading of the definition now in use: passed on as it is.
+                    Err(kept) => next.push(kept),
+                }
             }
             self.through[i].1 += next.len() as u64;
             current = next;

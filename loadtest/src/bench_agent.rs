@@ -128,6 +128,7 @@ pub struct ReductionRow {
 /// then on all of them together (the row `all`), through the agent's own filters.
 pub fn reduction_rows() -> anyhow::Result<Vec<ReductionRow>> {
     use crate::process::{RANGE, Reconstruction, Shape, fidelity, readings, series};
+    use edge_agent::filter::{FilterChain, Kept, Reading};
     let def = schemas::example_streams()
         .get("sensor_readings")
         .context("sensor_readings")?
@@ -144,17 +145,21 @@ pub fn reduction_rows() -> anyhow::Result<Vec<ReductionRow>> {
             let config = serde_json::from_value(serde_json::json!({
                 "type": kind, "field": "value", "percent": 0.5, "range": RANGE,
             }))?;
-            let mut chain = edge_agent::filter::FilterChain::new(&def, &[config])
-                .map_err(anyhow::Error::msg)?;
+            let mut chain = FilterChain::new(&def, &[config]).map_err(anyhow::Error::msg)?;
             let mut out = Vec::new();
             for reading in readings(shape.name(), &input) {
                 let record =
                     schemas::validate(&def, reading).map_err(|e| anyhow::anyhow!("{e:?}"))?;
-                chain.apply(&def, record, &mut out);
+                chain.apply(&def, Reading::record(record), &mut out);
             }
             chain.flush(&def, true, &mut out);
             let points: Vec<(i64, f64)> = out
                 .iter()
+                .filter_map(|kept| match kept {
+                    Kept::Record(r) => Some(r),
+                    // Records in, records out.
+                    Kept::Line(_) => None,
+                })
                 .map(|r| {
                     let value = match r.values[def.field_index("value").unwrap_or(3)] {
                         schemas::Value::Float(v) => v,

@@ -28,7 +28,7 @@ pub use error::{DecodeError, RecordError, SchemaError};
 pub use hash::{AtOnce, ContentHash, HashGroup, Hashing, Pending, content_hash, content_hash_in};
 pub use scan::Line;
 pub use stream::{Change, FieldDef, FieldType, StreamDef, Streams, validate_stream_name};
-pub use value::{Record, Str, Value, validate};
+pub use value::{Record, Scalar, Str, Value, validate};
 
 /// A record that passed validation, with its content hash.
 #[derive(Debug, Clone, PartialEq)]
@@ -171,6 +171,39 @@ pub struct Row<'a, H = ContentHash> {
     /// The hash, or with a [`HashGroup`] the record's place in the group.
     pub hash: H,
     pub(crate) fields: RowFields<'a>,
+}
+
+impl<H> Row<'_, H> {
+    /// The value of field `i` (in the stream's field order) when it is a scalar; `None` for a
+    /// null, a list or a map.
+    #[inline]
+    pub fn scalar(&self, i: usize) -> Option<value::Scalar<'_>> {
+        match &self.fields {
+            RowFields::Scanned(slots) => match slots.get(i)? {
+                scan::Slot::Scalar(s) => Some(*s),
+                scan::Slot::Null | scan::Slot::Nested(_) => None,
+            },
+            RowFields::Record(record) => record.values.get(i)?.as_scalar(),
+        }
+    }
+
+    /// The record the row stands for, built (its strings copied).
+    pub fn to_record(&self) -> Record {
+        match &self.fields {
+            RowFields::Scanned(slots) => Record {
+                values: slots
+                    .iter()
+                    .map(|slot| match slot {
+                        scan::Slot::Null => Value::Null,
+                        scan::Slot::Scalar(s) => Value::from(*s),
+                        // Rows are scanned with every list and map built.
+                        scan::Slot::Nested(v) => v.clone().unwrap_or(Value::Null),
+                    })
+                    .collect(),
+            },
+            RowFields::Record(record) => record.clone(),
+        }
+    }
 }
 
 // The scanned variant is the common case: boxing it would add an allocation per record, which

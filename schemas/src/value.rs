@@ -58,7 +58,7 @@ pub(crate) fn partition_key(value: Option<Scalar<'_>>) -> Str {
 /// A scalar value borrowed from where it was read (a record's text) or stored (a [`Value`]):
 /// what the scanner produces before, or instead of, building a [`Record`].
 #[derive(Debug, Clone, Copy, PartialEq)]
-pub(crate) enum Scalar<'a> {
+pub enum Scalar<'a> {
     Bool(bool),
     Int(i64),
     Float(f64),
@@ -70,7 +70,7 @@ pub(crate) enum Scalar<'a> {
 impl Value {
     /// The value as a scalar; `None` for null, lists and maps.
     #[inline(always)]
-    pub(crate) fn as_scalar(&self) -> Option<Scalar<'_>> {
+    pub fn as_scalar(&self) -> Option<Scalar<'_>> {
         Some(match self {
             Value::Bool(b) => Scalar::Bool(*b),
             Value::Int(i) => Scalar::Int(*i),

@@ -28,6 +28,33 @@ fn seconds(out: &[Record]) -> Vec<i64> {
         .collect()
 }
 
+/// The chain fed records, giving records, as most tests use it.
+trait OnRecords {
+    fn apply_record(&mut self, def: &StreamDef, record: Record, out: &mut Vec<Record>);
+    fn flush_records(&mut self, def: &StreamDef, all: bool, out: &mut Vec<Record>);
+}
+
+fn records(kept: Vec<Kept>) -> impl Iterator<Item = Record> {
+    kept.into_iter().map(|k| match k {
+        Kept::Record(r) => r,
+        Kept::Line(text) => panic!("records in, a line out: {}", String::from_utf8_lossy(&text)),
+    })
+}
+
+impl OnRecords for FilterChain {
+    fn apply_record(&mut self, def: &StreamDef, record: Record, out: &mut Vec<Record>) {
+        let mut kept = Vec::new();
+        self.apply(def, Reading::record(record), &mut kept);
+        out.extend(records(kept));
+    }
+
+    fn flush_records(&mut self, def: &StreamDef, all: bool, out: &mut Vec<Record>) {
+        let mut kept = Vec::new();
+        self.flush(def, all, &mut kept);
+        out.extend(records(kept));
+    }
+}
+
 fn chain(config: serde_json::Value) -> FilterChain {
     let config: FilterConfig = serde_json::from_value(config).unwrap();
     FilterChain::new(&def(), &[config]).unwrap()
@@ -38,10 +65,10 @@ fn run(chain: &mut FilterChain, input: &[(&str, i64, f64)], flush: bool) -> Vec<
     let d = def();
     let mut out = Vec::new();
     for &(s, sec, v) in input {
-        chain.apply(&d, reading(s, sec, v), &mut out);
+        chain.apply_record(&d, reading(s, sec, v), &mut out);
     }
     if flush {
-        chain.flush(&d, true, &mut out);
+        chain.flush_records(&d, true, &mut out);
     }
     out.iter()
         .map(|r| {
@@ -147,12 +174,12 @@ fn deadband_series_are_device_and_sensor_by_default() {
     let mut out = Vec::new();
     for (sec, quality, unit) in [(0, 192, "degC"), (1, 0, "degF"), (2, 64, "degC")] {
         let json = json!({"device_id": "d1", "sensor": "t", "ts": sec * 1000, "value": 20.0, "quality": quality, "unit": unit});
-        c.apply(&d, schemas::validate(&d, json).unwrap(), &mut out);
+        c.apply_record(&d, schemas::validate(&d, json).unwrap(), &mut out);
     }
     assert_eq!(out.len(), 1);
     // Another device is another series.
     let json = json!({"device_id": "d2", "sensor": "t", "ts": 3000, "value": 20.0});
-    c.apply(&d, schemas::validate(&d, json).unwrap(), &mut out);
+    c.apply_record(&d, schemas::validate(&d, json).unwrap(), &mut out);
     assert_eq!(out.len(), 2);
 }
 
@@ -163,10 +190,10 @@ fn deadband_keeps_the_held_reading_across_periodic_flushes() {
     let d = def();
     let mut c = chain(json!({"type": "deadband", "field": "value", "absolute": 1.0}));
     let mut out = Vec::new();
-    c.apply(&d, reading("t", 0, 20.0), &mut out);
-    c.apply(&d, reading("t", 1, 20.5), &mut out);
-    c.flush(&d, false, &mut out);
-    c.apply(&d, reading("t", 2, 25.0), &mut out);
+    c.apply_record(&d, reading("t", 0, 20.0), &mut out);
+    c.apply_record(&d, reading("t", 1, 20.5), &mut out);
+    c.flush_records(&d, false, &mut out);
+    c.apply_record(&d, reading("t", 2, 25.0), &mut out);
     assert_eq!(seconds(&out), [0, 1, 2]);
     assert_eq!(dropped(&mut c), 0);
 }
@@ -230,7 +257,7 @@ fn predicates() {
     let keep = |v: serde_json::Value, r: Record| {
         let mut c = chain(v);
         let mut out = Vec::new();
-        c.apply(&d, r, &mut out);
+        c.apply_record(&d, r, &mut out);
         out.len() == 1
     };
     let r = reading("temp", 0, 21.5);
@@ -311,7 +338,7 @@ fn predicate_on_a_bool_field() {
     let mut c = FilterChain::new(&d, &[config]).unwrap();
     let mut out = Vec::new();
     for ignition in [true, false, true] {
-        c.apply(&d, record(ignition), &mut out);
+        c.apply_record(&d, record(ignition), &mut out);
     }
     assert_eq!(out.len(), 2);
     assert_eq!(c.take_dropped(), [("predicate", 1)]);
@@ -401,9 +428,9 @@ fn old_windows_are_emitted_without_waiting_for_the_end() {
         json!({"type": "downsample", "window_secs": 10, "aggregate": "max", "field": "value"}),
     );
     let mut out = Vec::new();
-    c.apply(&d, reading("a", 0, 1.0), &mut out);
-    c.apply(&d, reading("b", 35, 2.0), &mut out);
-    c.flush(&d, false, &mut out);
+    c.apply_record(&d, reading("a", 0, 1.0), &mut out);
+    c.apply_record(&d, reading("b", 35, 2.0), &mut out);
+    c.flush_records(&d, false, &mut out);
     assert_eq!(
         out.len(),
         1,
@@ -415,9 +442,9 @@ fn old_windows_are_emitted_without_waiting_for_the_end() {
     );
     let mut out = Vec::new();
     for (sensor, sec) in [("a", 10), ("b", 20), ("c", 35)] {
-        c.apply(&d, reading(sensor, sec, 1.0), &mut out);
+        c.apply_record(&d, reading(sensor, sec, 1.0), &mut out);
     }
-    c.flush(&d, false, &mut out);
+    c.flush_records(&d, false, &mut out);
     assert_eq!(seconds(&out), [10]);
 }
 
@@ -429,9 +456,9 @@ fn downsample_an_int_field_keeps_it_an_int() {
     );
     let mut out = Vec::new();
     for (sec, quality) in [(0, 192), (10, 0), (20, 0)] {
-        c.apply(&d, with_quality(sec, quality), &mut out);
+        c.apply_record(&d, with_quality(sec, quality), &mut out);
     }
-    c.flush(&d, true, &mut out);
+    c.flush_records(&d, true, &mut out);
     assert_eq!(out.len(), 1);
     assert_eq!(out[0].values[5], Value::Int(64));
 }
@@ -442,7 +469,7 @@ fn series_by_an_int_key_field() {
     let d = def();
     let mut out = Vec::new();
     for (sec, quality) in [(0, 192), (1, 0), (2, 192), (3, 0), (4, 192)] {
-        c.apply(&d, with_quality(sec, quality), &mut out);
+        c.apply_record(&d, with_quality(sec, quality), &mut out);
     }
     // Every 2nd per quality: 192 at 0 and 4, 0 at 1.
     assert_eq!(seconds(&out), [0, 1, 4]);
@@ -691,13 +718,13 @@ fn swinging_door_keeps_a_silent_series_held_reading_once_others_move_on() {
         json!({"type": "swinging_door", "field": "value", "absolute": 1.0, "max_silence_secs": 60}),
     );
     let mut out = Vec::new();
-    c.apply(&d, reading("a", 0, 1.0), &mut out);
-    c.apply(&d, reading("a", 10, 1.0), &mut out);
-    c.apply(&d, reading("b", 30, 1.0), &mut out);
-    c.flush(&d, false, &mut out);
+    c.apply_record(&d, reading("a", 0, 1.0), &mut out);
+    c.apply_record(&d, reading("a", 10, 1.0), &mut out);
+    c.apply_record(&d, reading("b", 30, 1.0), &mut out);
+    c.flush_records(&d, false, &mut out);
     assert_eq!(seconds(&out), [0, 30], "a's held reading is 20 s old");
-    c.apply(&d, reading("b", 75, 1.0), &mut out);
-    c.flush(&d, false, &mut out);
+    c.apply_record(&d, reading("b", 75, 1.0), &mut out);
+    c.flush_records(&d, false, &mut out);
     assert_eq!(seconds(&out), [0, 30, 10], "a silent for 65 s of b's time");
 }
 
@@ -784,5 +811,67 @@ proptest! {
         prop_assert!(error <= band, "error {error} > band {band}");
         let reported = c.reductions()[0].max_deviation.unwrap();
         prop_assert!((reported - error).abs() <= 1e-9, "reported {reported}, measured {error}");
+    }
+}
+
+/// The canonical NDJSON text of what the filters passed on, whichever form it has.
+fn canonical(def: &StreamDef, kept: &[Kept]) -> Vec<String> {
+    kept.iter()
+        .map(|k| {
+            let record = match k {
+                Kept::Record(r) => r.clone(),
+                Kept::Line(text) => schemas::check_bytes(def, text).unwrap().record,
+            };
+            let mut text = Vec::new();
+            schemas::wire::encode_value_into(def, &record, &mut text);
+            String::from_utf8(text).unwrap()
+        })
+        .collect()
+}
+
+proptest! {
+    /// Lines read in place and records built from them go through a chain alike: the same
+    /// readings come out, lines as their own text (nothing built or encoded), and the reports
+    /// agree.
+    #[test]
+    fn lines_and_records_are_filtered_alike(
+        series in process_series(),
+        band in 0.01f64..3.0,
+        chain_of in 0usize..4,
+    ) {
+        let d = def();
+        let configs: Vec<FilterConfig> = [
+            vec![json!({"type": "swinging_door", "field": "value", "absolute": band, "max_silence_secs": 100})],
+            vec![json!({"type": "predicate", "field": "quality", "op": "ge", "value": 100}),
+                 json!({"type": "deadband", "field": "value", "absolute": band})],
+            vec![json!({"type": "deadband", "field": "value", "absolute": band}),
+                 json!({"type": "swinging_door", "field": "value", "absolute": band})],
+            vec![json!({"type": "downsample", "every": 3}),
+                 json!({"type": "downsample", "window_secs": 60, "aggregate": "mean", "field": "value"})],
+        ][chain_of].iter().map(|c| serde_json::from_value(c.clone()).unwrap()).collect();
+        let mut by_record = FilterChain::new(&d, &configs).unwrap();
+        let mut by_line = FilterChain::new(&d, &configs).unwrap();
+        let (mut from_records, mut from_lines) = (Vec::new(), Vec::new());
+        for (i, &(t, v)) in series.iter().enumerate() {
+            let sensor = ["a", "b"][i % 2];
+            let quality = [192, 0, 192, 64][i % 4];
+            let text = format!(r#"{{"device_id":"d1","sensor":"{sensor}","ts":{},"value":{v:?},"quality":{quality}}}"#, t * 1000);
+            let record = schemas::check_bytes(&d, text.as_bytes()).unwrap().record;
+            by_record.apply(&d, Reading::record(record), &mut from_records);
+            let row = schemas::verbatim_row_in(&d, text.as_bytes(), &mut AtOnce).unwrap();
+            by_line.apply(&d, Reading::Line(&row, text.as_bytes()), &mut from_lines);
+        }
+        prop_assert_eq!(canonical(&d, &from_records), canonical(&d, &from_lines));
+        // What is held at the end comes out in the order of the series' map.
+        let (mut held_records, mut held_lines) = (Vec::new(), Vec::new());
+        by_record.flush(&d, true, &mut held_records);
+        by_line.flush(&d, true, &mut held_lines);
+        let mut sorted = [canonical(&d, &held_records), canonical(&d, &held_lines)];
+        sorted.iter_mut().for_each(|texts| texts.sort());
+        prop_assert_eq!(&sorted[0], &sorted[1]);
+        from_lines.extend(held_lines);
+        let windows = chain_of == 3;
+        prop_assert!(from_lines.iter().all(|k| matches!(k, Kept::Line(_)) != windows));
+        prop_assert_eq!(by_record.reductions(), by_line.reductions());
     }
 }

@@ -372,6 +372,62 @@ fn plain_lines_go_into_ndjson_batches_as_they_are_and_others_canonically() {
     assert_eq!(batch.id.0, *blake3::hash(&body).as_bytes());
 }
 
+/// With a filter, a plain line the filter keeps goes into the batch as its own text (held
+/// across chunks, whose buffers are reused), and a line that must be decoded is encoded
+/// canonically; both take part in one series. Parquet batches get the same rows.
+#[test]
+fn filtered_lines_go_into_batches_as_they_are() {
+    for encoding in [BodyEncoding::Ndjson, BodyEncoding::Parquet] {
+        let dir = tempfile::tempdir().unwrap();
+        let filter = serde_json::from_value(serde_json::json!(
+            {"type": "deadband", "field": "value", "absolute": 1.0, "send_previous": false}
+        ))
+        .unwrap();
+        let settings = StreamSettings {
+            filters: vec![filter],
+            ..StreamSettings::default()
+        };
+        let (mut p, spool) = pipeline_with(dir.path(), encoding, 100, 1 << 24, &settings);
+        let never = AtomicBool::new(false);
+        let log = Arc::new(Mutex::new(Vec::new()));
+        let at = |ms: u64, value: &str| {
+            format!(
+                r#"{{"device_id":"d0","sensor":"s","ts":{},"value":{value}}}"#,
+                1_700_000_000_000 + ms
+            )
+        };
+        // Kept: the first, the one that breaks the band, and the last one held (at the stop).
+        // Dropped: 1.2, and 5.05, a repeated key (decoded into a record, then held).
+        let repeated =
+            r#"{"device_id":"d0","sensor":"s","ts":1700000000003,"value":9,"value":5.05}"#;
+        let chunks = [
+            vec![at(0, "1.0"), at(1, "1.2"), at(2, "5.0")],
+            vec![repeated.to_owned()],
+            vec![format!(" {} ", at(4, "5.1"))],
+        ];
+        for (tag, lines) in chunks.iter().enumerate() {
+            p.push_chunk(chunk(lines, &log, tag), &never).unwrap();
+        }
+        p.flush_filters(true, &never).unwrap();
+        p.close_batch(&never).unwrap();
+        assert_eq!((p.stats.read, p.stats.filtered), (5, 2));
+        let (_, batch) = spool.first_pending().unwrap().unwrap();
+        let values: Vec<schemas::Value> = batch
+            .records(&def())
+            .unwrap()
+            .into_iter()
+            .map(|r| r.record.values[3].clone())
+            .collect();
+        let float = schemas::Value::Float;
+        assert_eq!(values, [float(1.0), float(5.0), float(5.1)], "{encoding:?}");
+        if encoding == BodyEncoding::Ndjson {
+            let body = zstd::bulk::decompress(&batch.body, 1 << 20).unwrap();
+            let expected = [at(0, "1.0"), at(2, "5.0"), at(4, "5.1")].join("\n") + "\n";
+            assert_eq!(String::from_utf8(body).unwrap(), expected);
+        }
+    }
+}
+
 /// A stop (every source gone) emits the downsample windows still open, before the last batch
 /// closes: a window's readings are acknowledged upstream as they arrive, so a stop that did not
 /// emit it would lose them.
