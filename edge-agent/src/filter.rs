@@ -9,7 +9,7 @@ use std::cmp::Ordering;
 use std::collections::HashMap;
 use std::hash::{BuildHasher, Hasher};
 
-use schemas::{AtOnce, FieldType, Record, Row, Scalar, StreamDef, Value};
+use schemas::{AtOnce, FieldType, Record, Scalar, Scalars, StreamDef, Value};
 use serde::Deserialize;
 use serde_json::Value as Json;
 
@@ -303,13 +303,13 @@ fn band(
 }
 
 /// A reading as it reaches the filters: a record built from its text, or a line whose text
-/// stands for its record ([`schemas::verbatim_row_in`]) with the values the scanner read. A line
-/// the filters keep or hold is kept as its text: it is never built into a record, nor encoded
-/// again.
+/// stands for its record ([`schemas::verbatim_scalars_in`]) with the scalar values the scanner
+/// read. A line the filters keep or hold is kept as its text: it is never built into a record,
+/// nor encoded again.
 #[derive(Debug)]
 pub enum Reading<'r, 'a, H> {
     Record(Record),
-    Line(&'r Row<'a, H>, &'a [u8]),
+    Line(&'r Scalars<'a, H>, &'a [u8]),
 }
 
 impl Reading<'static, 'static, schemas::ContentHash> {
@@ -323,7 +323,7 @@ impl<H> Reading<'_, '_, H> {
     fn scalar(&self, i: usize) -> Option<Scalar<'_>> {
         match self {
             Reading::Record(record) => record.values.get(i)?.as_scalar(),
-            Reading::Line(row, _) => row.scalar(i),
+            Reading::Line(scalars, _) => scalars.get(i),
         }
     }
 
@@ -363,14 +363,19 @@ impl<H> Reading<'_, '_, H> {
     fn kept(self) -> Kept {
         match self {
             Reading::Record(record) => Kept::Record(record),
-            Reading::Line(_, text) => Kept::Line(text.trim_ascii().into()),
+            Reading::Line(_, text) => Kept::Line(text.trim_ascii().to_vec()),
         }
     }
 
-    fn into_record(self) -> Record {
-        match self {
-            Reading::Record(record) => record,
-            Reading::Line(row, _) => row.to_record(),
+    /// Keeps the reading in `slot` in place of what it held, in the memory of a line held
+    /// there: a swinging door or deadband holds each reading of a series in turn.
+    fn keep_in(self, slot: &mut Kept) {
+        match (self, slot) {
+            (Reading::Line(_, text), Kept::Line(held)) => {
+                held.clear();
+                held.extend_from_slice(text.trim_ascii());
+            }
+            (reading, slot) => *slot = reading.kept(),
         }
     }
 }
@@ -380,10 +385,22 @@ impl<H> Reading<'_, '_, H> {
 #[derive(Debug, Clone, PartialEq)]
 pub enum Kept {
     Record(Record),
-    Line(Box<[u8]>),
+    Line(Vec<u8>),
 }
 
 impl Kept {
+    /// The reading as a record: a line decoded, or returned as it is when it is no longer
+    /// valid (its stream's definition changed while it was held).
+    fn into_record(self, def: &StreamDef) -> Result<Record, Kept> {
+        match self {
+            Kept::Record(record) => Ok(record),
+            Kept::Line(text) => match schemas::check_bytes(def, &text) {
+                Ok(valid) => Ok(valid.record),
+                Err(_) => Err(Kept::Line(text)),
+            },
+        }
+    }
+
     /// Runs `f` on the kept reading as a reading again (for the next filter of a chain). A line
     /// is scanned again, or decoded in full where the scanner does not take it; a line that is
     /// no longer valid (its stream's definition changed while it was held) is returned as it is.
@@ -395,13 +412,12 @@ impl Kept {
         match self {
             Kept::Record(record) => Ok(f(Reading::Record(record))),
             Kept::Line(text) => {
-                if let Some(row) = schemas::verbatim_row_in(def, &text[..], &mut AtOnce) {
-                    return Ok(f(Reading::Line(&row, &text)));
+                if let Some(scalars) = schemas::verbatim_scalars_in(def, &text[..], &mut AtOnce) {
+                    return Ok(f(Reading::Line(&scalars, &text)));
                 }
-                match schemas::check_bytes(def, &text) {
-                    Ok(valid) => Ok(f(Reading::Record(valid.record))),
-                    Err(_) => Err(Kept::Line(text)),
-                }
+                Kept::Line(text)
+                    .into_record(def)
+                    .map(|record| f(Reading::Record(record)))
             }
         }
     }
@@ -508,7 +524,8 @@ impl Accuracy {
 #[derive(Debug)]
 struct Window {
     start: i64,
-    template: Record,
+    /// The window's first reading, which its aggregate replaces.
+    template: Kept,
     min: f64,
     max: f64,
     sum: f64,
@@ -566,7 +583,9 @@ enum Filter {
 #[derive(Debug)]
 struct Series<V> {
     /// State and when it was last seen (`tick`).
-    map: HashMap<u64, (u64, V)>,
+    /// Keyed by the series key, hashed again with a seed of the map's own (foldhash, quicker
+    /// than the default SipHash on a `u64`).
+    map: HashMap<u64, (u64, V), foldhash::fast::RandomState>,
     tick: u64,
     max: usize,
     /// Series forgotten since [`FilterChain::take_evicted`] last asked.
@@ -579,7 +598,7 @@ impl<V> Series<V> {
             return Err("max_series must be at least 1".into());
         }
         Ok(Series {
-            map: HashMap::new(),
+            map: HashMap::default(),
             tick: 0,
             max,
             evicted: 0,
@@ -751,14 +770,14 @@ impl Filter {
                     s.sent = v;
                     s.sent_at = t;
                     (dropped, Some(reading))
+                } else if let Some((held_value, kept)) = &mut s.held {
+                    accuracy.deviation((*held_value - s.sent).abs());
+                    *held_value = v;
+                    reading.keep_in(kept);
+                    (1, None)
                 } else {
-                    match s.held.replace((v, reading.kept())) {
-                        Some((held_value, _)) => {
-                            accuracy.deviation((held_value - s.sent).abs());
-                            (1, None)
-                        }
-                        None => (0, None),
-                    }
+                    s.held = Some((v, reading.kept()));
+                    (0, None)
                 }
             }
             Filter::SwingingDoor {
@@ -816,7 +835,10 @@ impl Filter {
                         // The line to this reading passes within the band of every reading
                         // since the kept one, the held one included: that one is dropped.
                         door.drop_held(held, (low, high));
-                        door.held = Some((t, v, reading.kept()));
+                        if let Some((at, value, kept)) = &mut door.held {
+                            (*at, *value) = (t, v);
+                            reading.keep_in(kept);
+                        }
                         return (1, None);
                     }
                     let (at, value, held) = door.held.take().expect("held");
@@ -863,7 +885,7 @@ impl Filter {
                 }
                 let w = open.entry(key, || Window {
                     start,
-                    template: reading.into_record(),
+                    template: reading.kept(),
                     min: f64::INFINITY,
                     max: f64::NEG_INFINITY,
                     sum: 0.0,
@@ -949,7 +971,14 @@ fn close_window(
         Aggregate::Max => w.max,
         Aggregate::Mean => w.sum / w.count as f64,
     };
-    let mut record = w.template;
+    let mut record = match w.template.into_record(def) {
+        Ok(record) => record,
+        // The definition changed under the window: its first reading goes out as it came.
+        Err(kept) => {
+            out.push(kept);
+            return w.count - 1;
+        }
+    };
     record.values[field] = match def.fields[field].ty {
         FieldType::Int64 => Value::Int(value.round() as i64),
         _ => Value::Float(value),

@@ -14,7 +14,7 @@ use schemas::api::RejectedRecord;
 use schemas::columnar::BodyBuilder;
 use schemas::decode::ndjson_lines_in;
 use schemas::wire::encode_value_into;
-use schemas::{HashGroup, Hashed, Line, Pending, Record, Row, StreamDef, ValidRecord};
+use schemas::{HashGroup, Hashed, Line, Pending, Record, Row, Scalars, StreamDef, ValidRecord};
 use service_kit::{DefinitionFile, Reread};
 
 use crate::batch::{Batch, BatchId, BodyEncoding, now_ms};
@@ -30,12 +30,14 @@ use crate::spool::{Appended, Overflow, Spool, SpoolError};
 enum Checked {
     /// Without filters, into NDJSON batches: no record is built when the line may stand for it.
     Forward(Hashed<Pending>),
-    /// A line that stands for its record: into Parquet batches without filters, its values go
-    /// into the columns from its text; with filters, they read its values and keep its text.
-    /// The row's index among the group's rows. Kept apart
+    /// Without filters, into Parquet batches: a line that stands for its record, whose values
+    /// go into the columns from its text; the row's index among the group's rows. Kept apart
     /// and read in place: a row is about 530 bytes, and moved into the group and out again it
     /// took `memmove` from 6% to 15% of the Parquet worker's samples (9% kept apart).
     Row(usize),
+    /// With filters: a line that stands for its record, whose scalar values the filters read
+    /// and whose text they keep; its index among the group's scalars.
+    Scalars(usize),
     /// The record, and whether the line may stand for it.
     Record(ValidRecord<Pending>, bool),
 }
@@ -623,14 +625,16 @@ impl Pipeline {
         let (mut read, mut invalid, mut duplicates) = (0u64, 0u64, 0u64);
         // Without filters, NDJSON batches need no record of a line that may stand for itself.
         let forward = self.filters.is_empty() && self.encoding == BodyEncoding::Ndjson;
-        // Otherwise a line that stands for its record is read as a row: Parquet batches take
-        // its values into their columns, filters read its values and keep its text.
-        let rows = !forward;
+        // Without filters, Parquet batches take a line that stands for its record as a row.
+        let rows = self.filters.is_empty() && self.encoding == BodyEncoding::Parquet;
+        // With filters, such a line is read for its scalar values and kept as its text.
+        let filtered = !self.filters.is_empty();
         // Lines are checked a group at a time, the group's content hashes made together
         // ([`HashGroup`]) and its window buckets loaded together ([`DigestWindow::prefetch`])
         // before the group is deduplicated and batched.
         let mut group: Vec<(&[u8], Checked)> = Vec::with_capacity(DEDUPE_GROUP);
         let mut group_rows: Vec<Row<'_, Pending>> = Vec::new();
+        let mut group_scalars: Vec<Scalars<'_, Pending>> = Vec::new();
         let mut digests: Vec<Digest> = Vec::with_capacity(DEDUPE_GROUP);
         let mut lines = ndjson_lines_in(&chunk.data).enumerate().peekable();
         // A line that a newer definition may take: checked again after the group before it is
@@ -675,6 +679,15 @@ impl Pipeline {
                     group_rows.push(row);
                     continue;
                 }
+                if filtered
+                    && let Some(scalars) =
+                        schemas::verbatim_scalars_in(&self.def, in_chunk, &mut self.hashes)
+                {
+                    read += 1;
+                    group.push((line, Checked::Scalars(group_scalars.len())));
+                    group_scalars.push(scalars);
+                    continue;
+                }
                 let checked = if forward {
                     schemas::check_bytes_hashed_in(&self.def, line, &mut self.hashes)
                         .map(Checked::Forward)
@@ -715,6 +728,7 @@ impl Pipeline {
                 digest(&self.hashes.get(match checked {
                     Checked::Forward(f) => f.hash,
                     Checked::Row(k) => group_rows[*k].hash,
+                    Checked::Scalars(k) => group_scalars[*k].hash,
                     Checked::Record(valid, _) => valid.hash,
                 }))
             }));
@@ -729,11 +743,9 @@ impl Pipeline {
                 outcome.accepted += 1;
                 match checked {
                     Checked::Forward(f) => self.add_forward(f.canonical.as_ref(), line, cancel)?,
-                    Checked::Row(k) if self.filters.is_empty() => {
-                        self.add_row(&group_rows[k], line, cancel)?;
-                    }
-                    Checked::Row(k) => {
-                        self.filter(Reading::Line(&group_rows[k], line), cancel)?;
+                    Checked::Row(k) => self.add_row(&group_rows[k], line, cancel)?,
+                    Checked::Scalars(k) => {
+                        self.filter(Reading::Line(&group_scalars[k], line), cancel)?;
                     }
                     // The line itself goes into the batch when it is a plain object of the
                     // stream's keys (as the gateway forwards it): re-encoding it would only cost
@@ -747,6 +759,7 @@ impl Pipeline {
                 }
             }
             group_rows.clear();
+            group_scalars.clear();
             if again.is_some() {
                 self.redefine(cancel)?;
             }
@@ -768,7 +781,7 @@ impl Pipeline {
         }
         if let Some(spares) = chunk.spares {
             // (The group's lines are slices of the chunk.)
-            drop((lines, group, group_rows));
+            drop((lines, group, group_rows, group_scalars));
             spares.give(chunk.data);
         }
         if chunk.flush || (self.open.count == 0 && !self.open.done.is_empty()) {

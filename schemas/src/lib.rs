@@ -173,39 +173,6 @@ pub struct Row<'a, H = ContentHash> {
     pub(crate) fields: RowFields<'a>,
 }
 
-impl<H> Row<'_, H> {
-    /// The value of field `i` (in the stream's field order) when it is a scalar; `None` for a
-    /// null, a list or a map.
-    #[inline]
-    pub fn scalar(&self, i: usize) -> Option<value::Scalar<'_>> {
-        match &self.fields {
-            RowFields::Scanned(slots) => match slots.get(i)? {
-                scan::Slot::Scalar(s) => Some(*s),
-                scan::Slot::Null | scan::Slot::Nested(_) => None,
-            },
-            RowFields::Record(record) => record.values.get(i)?.as_scalar(),
-        }
-    }
-
-    /// The record the row stands for, built (its strings copied).
-    pub fn to_record(&self) -> Record {
-        match &self.fields {
-            RowFields::Scanned(slots) => Record {
-                values: slots
-                    .iter()
-                    .map(|slot| match slot {
-                        scan::Slot::Null => Value::Null,
-                        scan::Slot::Scalar(s) => Value::from(*s),
-                        // Rows are scanned with every list and map built.
-                        scan::Slot::Nested(v) => v.clone().unwrap_or(Value::Null),
-                    })
-                    .collect(),
-            },
-            RowFields::Record(record) => record.clone(),
-        }
-    }
-}
-
 // The scanned variant is the common case: boxing it would add an allocation per record, which
 // is what this type avoids.
 #[allow(clippy::large_enum_variant)]
@@ -259,6 +226,41 @@ pub fn verbatim_row_in<'a, H: Hashing>(
         hash,
         fields: RowFields::Scanned(slots),
     })
+}
+
+/// The scalar values and content hash of a line whose text stands for its record, for callers
+/// that read its scalar fields and keep its text (the edge agent's filters): lists and maps are
+/// checked (and built for the hash where they are hashed) but not kept, so a map of tags costs
+/// no allocation.
+#[derive(Debug, Clone)]
+pub struct Scalars<'a, H = ContentHash> {
+    /// The hash, or with a [`HashGroup`] the record's place in the group.
+    pub hash: H,
+    slots: scan::Slots<'a>,
+}
+
+impl<H> Scalars<'_, H> {
+    /// The value of field `i` (in the stream's field order) when it is a scalar; `None` for a
+    /// null, a list or a map.
+    #[inline]
+    pub fn get(&self, i: usize) -> Option<value::Scalar<'_>> {
+        match self.slots.get(i)? {
+            scan::Slot::Scalar(s) => Some(*s),
+            scan::Slot::Null | scan::Slot::Nested(_) => None,
+        }
+    }
+}
+
+/// [`verbatim_row_in`] for a reader of the scalar fields: the [`Scalars`] of a line whose text
+/// may stand for its record, `None` for any other line (nothing is hashed then).
+#[inline]
+pub fn verbatim_scalars_in<'a, H: Hashing>(
+    def: &StreamDef,
+    line: impl Into<Line<'a>>,
+    hashing: &mut H,
+) -> Option<Scalars<'a, H::Hash>> {
+    scan::scanned_hashed_if(def, line.into(), hashing, |once| once)
+        .map(|(slots, hash)| Scalars { hash, slots })
 }
 
 /// Validates a JSON record and computes its content hash.

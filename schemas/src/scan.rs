@@ -110,8 +110,31 @@ pub(crate) fn scanned_if<'a, H: Hashing>(
     hashing: &mut H,
     take: impl FnOnce(bool) -> bool,
 ) -> Option<(Slots<'a>, H::Hash)> {
+    scanned_with(def, line, Build::All, hashing, take)
+}
+
+/// [`scanned_if`] with only the hashed lists and maps built: the others are checked and left as
+/// `Slot::Nested(None)`, for callers that read scalars only.
+#[inline(always)]
+pub(crate) fn scanned_hashed_if<'a, H: Hashing>(
+    def: &StreamDef,
+    line: Line<'a>,
+    hashing: &mut H,
+    take: impl FnOnce(bool) -> bool,
+) -> Option<(Slots<'a>, H::Hash)> {
+    scanned_with(def, line, Build::Hashed, hashing, take)
+}
+
+#[inline(always)]
+fn scanned_with<'a, H: Hashing>(
+    def: &StreamDef,
+    line: Line<'a>,
+    build: Build,
+    hashing: &mut H,
+    take: impl FnOnce(bool) -> bool,
+) -> Option<(Slots<'a>, H::Hash)> {
     let mut slots = null_slots(def.fields.len());
-    if !take(scan(def, line, Build::All, &mut slots)?) {
+    if !take(scan(def, line, build, &mut slots)?) {
         return None;
     }
     let hash = slots_hash(def, &slots, line.bytes.len(), hashing);

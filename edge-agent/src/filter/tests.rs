@@ -855,11 +855,11 @@ proptest! {
         for (i, &(t, v)) in series.iter().enumerate() {
             let sensor = ["a", "b"][i % 2];
             let quality = [192, 0, 192, 64][i % 4];
-            let text = format!(r#"{{"device_id":"d1","sensor":"{sensor}","ts":{},"value":{v:?},"quality":{quality}}}"#, t * 1000);
+            let text = format!(r#"{{"device_id":"d1","sensor":"{sensor}","ts":{},"value":{v:?},"quality":{quality},"tags":{{"line":"{i}"}}}}"#, t * 1000);
             let record = schemas::check_bytes(&d, text.as_bytes()).unwrap().record;
             by_record.apply(&d, Reading::record(record), &mut from_records);
-            let row = schemas::verbatim_row_in(&d, text.as_bytes(), &mut AtOnce).unwrap();
-            by_line.apply(&d, Reading::Line(&row, text.as_bytes()), &mut from_lines);
+            let scalars = schemas::verbatim_scalars_in(&d, text.as_bytes(), &mut AtOnce).unwrap();
+            by_line.apply(&d, Reading::Line(&scalars, text.as_bytes()), &mut from_lines);
         }
         prop_assert_eq!(canonical(&d, &from_records), canonical(&d, &from_lines));
         // What is held at the end comes out in the order of the series' map.

@@ -392,7 +392,7 @@ fn filtered_lines_go_into_batches_as_they_are() {
         let log = Arc::new(Mutex::new(Vec::new()));
         let at = |ms: u64, value: &str| {
             format!(
-                r#"{{"device_id":"d0","sensor":"s","ts":{},"value":{value}}}"#,
+                r#"{{"device_id":"d0","sensor":"s","ts":{},"value":{value},"tags":{{"site":"a"}}}}"#,
                 1_700_000_000_000 + ms
             )
         };
@@ -412,14 +412,16 @@ fn filtered_lines_go_into_batches_as_they_are() {
         p.close_batch(&never).unwrap();
         assert_eq!((p.stats.read, p.stats.filtered), (5, 2));
         let (_, batch) = spool.first_pending().unwrap().unwrap();
-        let values: Vec<schemas::Value> = batch
+        let tags = def().field_index("tags").unwrap();
+        let values: Vec<(schemas::Value, schemas::Value)> = batch
             .records(&def())
             .unwrap()
             .into_iter()
-            .map(|r| r.record.values[3].clone())
+            .map(|r| (r.record.values[3].clone(), r.record.values[tags].clone()))
             .collect();
-        let float = schemas::Value::Float;
-        assert_eq!(values, [float(1.0), float(5.0), float(5.1)], "{encoding:?}");
+        let site = schemas::Value::Map(vec![("site".into(), schemas::Value::Str("a".into()))]);
+        let kept = [1.0, 5.0, 5.1].map(|v| (schemas::Value::Float(v), site.clone()));
+        assert_eq!(values, kept, "{encoding:?}");
         if encoding == BodyEncoding::Ndjson {
             let body = zstd::bulk::decompress(&batch.body, 1 << 20).unwrap();
             let expected = [at(0, "1.0"), at(2, "5.0"), at(4, "5.1")].join("\n") + "\n";
