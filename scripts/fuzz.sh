@@ -54,7 +54,7 @@ export RUSTC_BOOTSTRAP=1
 export CARGO_TARGET_DIR="$PWD/fuzz/target"
 fuzz=(cargo fuzz run --fuzz-dir fuzz --sanitizer none)
 
-log "building the targets (about 9 minutes from cold on 2 cores)"
+log "building the targets (9 to 15 minutes from cold on 2 cores)"
 cargo fuzz build --fuzz-dir fuzz --sanitizer none >&2
 
 work="$(mktemp -d "${TMPDIR:-/tmp}/edge-ingest-fuzz.XXXXXX")"
