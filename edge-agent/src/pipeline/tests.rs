@@ -373,7 +373,7 @@ fn plain_lines_go_into_ndjson_batches_as_they_are_and_others_canonically() {
 }
 
 /// With a filter, a plain line the filter keeps goes into the batch as its own text (held
-/// across chunks, whose buffers are reused), and a line that must be decoded is encoded
+/// across chunks: its chunk is gone by then), and a line that must be decoded is encoded
 /// canonically; both take part in one series. Parquet batches get the same rows.
 #[test]
 fn filtered_lines_go_into_batches_as_they_are() {
