@@ -373,8 +373,8 @@ fn plain_lines_go_into_ndjson_batches_as_they_are_and_others_canonically() {
 }
 
 /// With a filter, a plain line the filter keeps goes into the batch as its own text (held
-/// across chunks: its chunk is gone by then), and a line that must be decoded is encoded
-/// canonically; both take part in one series. Parquet batches get the same rows.
+/// across chunks: its chunk is gone by then), and a line that must be decoded into a record
+/// takes part in the same series. Parquet batches get the same rows.
 #[test]
 fn filtered_lines_go_into_batches_as_they_are() {
     for encoding in [BodyEncoding::Ndjson, BodyEncoding::Parquet] {
