@@ -153,21 +153,20 @@ pub fn reduction_rows() -> anyhow::Result<Vec<ReductionRow>> {
                 chain.apply(&def, Reading::record(record), &mut out);
             }
             chain.flush(&def, true, &mut out);
-            let points: Vec<(i64, f64)> = out
+            let points = out
                 .iter()
-                .filter_map(|kept| match kept {
-                    Kept::Record(r) => Some(r),
-                    // Records in, records out.
-                    Kept::Line(_) => None,
-                })
-                .map(|r| {
+                .map(|kept| {
+                    // Records in, records out: a line would have lost a reading from the count.
+                    let Kept::Record(r) = kept else {
+                        anyhow::bail!("{kind}: the filters gave a line for records");
+                    };
                     let value = match r.values[def.field_index("value").unwrap_or(3)] {
                         schemas::Value::Float(v) => v,
                         _ => f64::NAN,
                     };
-                    (r.event_time(&def) / 1_000, value)
+                    Ok((r.event_time(&def) / 1_000, value))
                 })
-                .collect();
+                .collect::<anyhow::Result<Vec<(i64, f64)>>>()?;
             let f = fidelity(&input, &points, how).map_err(|e| anyhow::anyhow!("{kind}: {e}"))?;
             kept.push((points.len() as u64, f.max_error));
         }
