@@ -1,9 +1,9 @@
 #!/usr/bin/env bash
-# Test services on loopback: a Kafka-protocol broker (tansu), an S3 server (moto), an MQTT broker
-# (mosquitto, from Debian), a PostgreSQL server (Debian; table catalogs), Prometheus and
-# docker-compose (from Debian, for the monitoring test)
-# and the Python tools of the test suite (pyarrow, boto3, confluent-kafka). Installs once into a
-# cache and reuses it; every start picks free ports, so parallel runs do not collide.
+# Test services on loopback: Apache Kafka (one KRaft node, from Maven Central by scripts/kafka.sh),
+# an S3 server (moto), an MQTT broker (mosquitto, from Debian), a PostgreSQL server (Debian; table
+# catalogs), Prometheus and docker-compose (from Debian, for the monitoring test) and the Python
+# tools of the test suite (pyarrow, boto3, confluent-kafka). Installs once into a cache and reuses
+# it; every start picks free ports, so parallel runs do not collide.
 #
 #   scripts/services.sh install          install what is missing (cached)
 #   scripts/services.sh start STATE_DIR  start the services; writes STATE_DIR/env (export lines)
@@ -14,19 +14,37 @@ set -euo pipefail
 
 CACHE="${EDGE_INGEST_CACHE:-$HOME/.cache/edge-ingest}"
 HERE="$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)"
-TANSU_VERSION=0.6.0
-TANSU="$CACHE/tansu-$TANSU_VERSION/bin/tansu"
 VENV="$CACHE/venv"
 PY="$VENV/bin/python"
 
 log() { echo "services: $*" >&2; }
 
-install_tansu() {
-  if [ -x "$TANSU" ]; then return; fi
-  log "installing tansu $TANSU_VERSION (about 10 minutes, once)"
-  CARGO_TARGET_DIR="$CACHE/tansu-build" cargo install tansu --version "$TANSU_VERSION" --locked \
-    --features dynostore,libsql --root "$CACHE/tansu-$TANSU_VERSION" >&2
-  rm -rf "$CACHE/tansu-build"
+install_kafka() {
+  "$HERE/kafka.sh" install >/dev/null
+}
+
+# One KRaft node (broker and controller) in $1/kafka, clients on port $2, its controller on $3,
+# with the suite's settings (scripts/kafka/test.properties).
+start_kafka() {
+  local dir=$1/kafka port=$2 cport=$3
+  mkdir -p "$dir"
+  cat >"$dir/server.properties" <<CONF
+process.roles=broker,controller
+node.id=1
+controller.quorum.voters=1@127.0.0.1:$cport
+controller.listener.names=CONTROLLER
+listeners=PLAINTEXT://127.0.0.1:$port,CONTROLLER://127.0.0.1:$cport
+advertised.listeners=PLAINTEXT://127.0.0.1:$port
+inter.broker.listener.name=PLAINTEXT
+listener.security.protocol.map=PLAINTEXT:PLAINTEXT,CONTROLLER:PLAINTEXT
+log.dirs=$dir/data
+offsets.topic.replication.factor=1
+transaction.state.log.replication.factor=1
+transaction.state.log.min.isr=1
+CONF
+  cat "$HERE/kafka/test.properties" >>"$dir/server.properties"
+  "$HERE/kafka.sh" run "$dir/server.properties" >"$1/kafka.log" 2>&1 &
+  echo $! >"$1/kafka.pid"
 }
 
 install_python() {
@@ -111,11 +129,24 @@ wait_for_port() { # port name seconds
   return 1
 }
 
+# Waits for a Kafka node's log ($1) to say that it started (its port opens a little earlier).
+wait_for_kafka() {
+  local log=$1 secs=$2
+  for _ in $(seq 1 $((secs * 10))); do
+    if grep -q "Kafka Server started" "$log"; then return 0; fi
+    sleep 0.1
+  done
+  cat "$log" >&2
+  log "kafka did not start within ${secs}s"
+  return 1
+}
+
 start() {
   local state=$1
   mkdir -p "$state"
-  local kport sport mport pport
+  local kport kcport sport mport pport
   kport=$(free_port)
+  kcport=$(free_port)
   sport=$(free_port)
   mport=$(free_port)
   pport=$(free_port)
@@ -127,14 +158,11 @@ persistence false
 CONF
   "$(mosquitto_bin)" -c "$state/mosquitto.conf" >"$state/mosquitto.log" 2>&1 &
   echo $! >"$state/mosquitto.pid"
-  "$TANSU" broker \
-    --listener-url "tcp://127.0.0.1:$kport" \
-    --advertised-listener-url "tcp://127.0.0.1:$kport" \
-    --storage-engine "memory://tansu/" >"$state/tansu.log" 2>&1 &
-  echo $! >"$state/tansu.pid"
+  start_kafka "$state" "$kport" "$kcport"
   "$VENV/bin/moto_server" -H 127.0.0.1 -p "$sport" >"$state/moto.log" 2>&1 &
   echo $! >"$state/moto.pid"
-  wait_for_port "$kport" tansu 60 || { cat "$state/tansu.log" >&2; return 1; }
+  wait_for_port "$kport" kafka 120 || { cat "$state/kafka.log" >&2; return 1; }
+  wait_for_kafka "$state/kafka.log" 120
   wait_for_port "$sport" moto_server 60 || { cat "$state/moto.log" >&2; return 1; }
   wait_for_port "$mport" mosquitto 30 || { cat "$state/mosquitto.log" >&2; return 1; }
   start_postgres "$state" "$pport"
@@ -145,7 +173,7 @@ export EDGE_INGEST_MQTT=127.0.0.1:$mport
 export EDGE_INGEST_POSTGRES=postgres://postgres@127.0.0.1:$pport/postgres
 export EDGE_INGEST_MOSQUITTO=$(mosquitto_bin)
 export EDGE_INGEST_PYTHON=$PY
-export EDGE_INGEST_TANSU=$TANSU
+export EDGE_INGEST_KAFKA_SH=$HERE/kafka.sh
 export EDGE_INGEST_PROMETHEUS=$(command -v prometheus)
 export EDGE_INGEST_PROMTOOL=$(command -v promtool)
 export EDGE_INGEST_DOCKER_COMPOSE=$(command -v docker-compose)
@@ -157,12 +185,12 @@ export AWS_SECRET_ACCESS_KEY=test
 export AWS_REGION=us-east-1
 export AWS_EC2_METADATA_DISABLED=true
 ENV
-  log "tansu on 127.0.0.1:$kport, moto_server on 127.0.0.1:$sport, mosquitto on 127.0.0.1:$mport, postgres on 127.0.0.1:$pport (logs in $state)"
+  log "Apache Kafka on 127.0.0.1:$kport, moto_server on 127.0.0.1:$sport, mosquitto on 127.0.0.1:$mport, postgres on 127.0.0.1:$pport (logs in $state)"
 }
 
 stop() {
   local state=$1
-  for name in tansu moto mosquitto; do
+  for name in kafka moto mosquitto; do
     if [ -f "$state/$name.pid" ]; then
       kill "$(cat "$state/$name.pid")" 2>/dev/null || true
       rm -f "$state/$name.pid"
@@ -174,7 +202,7 @@ stop() {
 }
 
 case "${1:-}" in
-  install) install_tansu; install_python; install_debian ;;
+  install) install_kafka; install_python; install_debian ;;
   start) start "${2:?state dir}" ;;
   stop) stop "${2:?state dir}" ;;
   *) echo "usage: $0 install | start STATE_DIR | stop STATE_DIR" >&2; exit 2 ;;

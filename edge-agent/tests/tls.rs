@@ -5,68 +5,13 @@
 
 mod support;
 
-use std::path::{Path, PathBuf};
 use std::time::{Duration, Instant};
 
-use rcgen::{
-    BasicConstraints, CertificateParams, CertifiedIssuer, DnType, ExtendedKeyUsagePurpose, IsCa,
-    KeyPair, KeyUsagePurpose,
-};
+use support::pki::{Pki, pki};
 use support::{
     Faults, KillOnDrop, Stub, assert_exactly_once, config, free_port, mqtt_publish, readings,
     service_env, start, wait_landed,
 };
-
-/// A CA and, signed by it, a server certificate for 127.0.0.1 and a client certificate, as PEM
-/// files in `dir`.
-struct Pki {
-    ca: PathBuf,
-    server_cert: PathBuf,
-    server_key: PathBuf,
-    client_cert: PathBuf,
-    client_key: PathBuf,
-}
-
-fn pki(dir: &Path) -> Pki {
-    let mut params = CertificateParams::new(Vec::<String>::new()).unwrap();
-    params.is_ca = IsCa::Ca(BasicConstraints::Unconstrained);
-    params.key_usages = vec![KeyUsagePurpose::KeyCertSign, KeyUsagePurpose::CrlSign];
-    params
-        .distinguished_name
-        .push(DnType::CommonName, "edge-ingest test CA");
-    let ca = CertifiedIssuer::self_signed(params, KeyPair::generate().unwrap()).unwrap();
-    let write = |name: &str, pem: String| {
-        let path = dir.join(name);
-        std::fs::write(&path, pem).unwrap();
-        path
-    };
-    let leaf = |name: &str, names: &[&str], usage: ExtendedKeyUsagePurpose| {
-        let key = KeyPair::generate().unwrap();
-        let mut params =
-            CertificateParams::new(names.iter().map(|n| n.to_string()).collect::<Vec<_>>())
-                .unwrap();
-        params.distinguished_name.push(DnType::CommonName, name);
-        params.extended_key_usages = vec![usage];
-        let cert = params.signed_by(&key, &ca).unwrap();
-        (
-            write(&format!("{name}.pem"), cert.pem()),
-            write(&format!("{name}-key.pem"), key.serialize_pem()),
-        )
-    };
-    let (server_cert, server_key) = leaf(
-        "server",
-        &["127.0.0.1", "localhost"],
-        ExtendedKeyUsagePurpose::ServerAuth,
-    );
-    let (client_cert, client_key) = leaf("edge-box-7", &[], ExtendedKeyUsagePurpose::ClientAuth);
-    Pki {
-        ca: write("ca.pem", ca.pem()),
-        server_cert,
-        server_key,
-        client_cert,
-        client_key,
-    }
-}
 
 /// A `tls` table with the CA and, if `client`, the client certificate.
 fn tls_table(pki: &Pki, client: bool) -> String {

@@ -200,6 +200,21 @@ fn kafka_unavailable(e: &KafkaError) -> ApiError {
             "Kafka refused the records as too large ({e}): the broker's or the topic's message.max.bytes is below the gateway producer's; a retry will not help until it is raised"
         ));
     }
+    // A cluster that refuses the topic is a setting to mend, not an outage: said so, and
+    // retried less often; nothing was taken either way.
+    let refused = match e.rdkafka_error_code() {
+        Some(RDKafkaErrorCode::TopicAuthorizationFailed) => Some(
+            "Kafka does not let the gateway write to the stream's topic: its principal needs Write on the topic (an ACL)",
+        ),
+        Some(RDKafkaErrorCode::UnknownTopicOrPartition | RDKafkaErrorCode::UnknownTopic) => Some(
+            "the stream's topic does not exist in Kafka: create it, or let the gateway create it (kafka.create_topics)",
+        ),
+        _ => None,
+    };
+    if let Some(what) = refused {
+        tracing::error!(error = %e, "produce refused: {what}");
+        return ApiError::unavailable(format!("{what} ({e}); nothing was taken"), 30);
+    }
     let retry = match e.rdkafka_error_code() {
         Some(RDKafkaErrorCode::QueueFull) => 1,
         _ => 5,

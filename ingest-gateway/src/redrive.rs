@@ -309,8 +309,9 @@ fn starts(config: &GatewayConfig, dlq: &str) -> anyhow::Result<BTreeMap<i32, i64
     );
     let mut starts = BTreeMap::new();
     for p in partitions {
-        // Only "anything there" is taken from the end: tansu 0.6 gave 1 as the end of a
-        // partition holding 23 records in one batch. The reader stops at EOF events instead.
+        // Only "anything there" is taken from the end: a Kafka-protocol broker has given 1 as
+        // the end of a partition holding 23 records in one batch. The reader stops at EOF
+        // events instead.
         let (low, high) = consumer.fetch_watermarks(dlq, p, timeout)?;
         if low < high {
             starts.insert(p, low);

@@ -1,18 +1,20 @@
-//! Kafka as managed clusters run it: TLS with a certificate from a CA of the site's own, and SASL
-//! SCRAM-SHA-512 logins. tansu requires the logins; a TLS endpoint of this test's own sits in
-//! front of it (tansu 0.6 cannot serve TLS itself: its `--cert` and `--key` flags exclude each
-//! other) and tansu advertises that endpoint, so every connection goes through TLS. The gateway
-//! creates the topics and produces, the agent's Kafka output produces, the sink consumes, and
-//! pyarrow reads what landed. A wrong password or an untrusted certificate gets nothing in.
+//! Kafka as managed clusters run it, on an Apache Kafka node of this test's own: TLS with
+//! certificates from a CA of the site's own, SASL logins (SCRAM-SHA-512 and PLAIN) on a
+//! `SASL_SSL` listener, client certificates on an `SSL` listener that requires them (mTLS), and
+//! ACLs (`StandardAuthorizer`, nothing allowed that no ACL allows). The gateway logs in with
+//! SCRAM, creates the topics and produces; the agent's Kafka output logs in with PLAIN; the sink
+//! consumes with its client certificate; pyarrow reads what landed. A wrong password, an
+//! untrusted certificate or a missing client certificate gets nothing in, and a topic no ACL
+//! grants is refused with a clear answer, nothing else lost.
 
 mod common;
 
 use std::path::{Path, PathBuf};
-use std::process::{Command, Stdio};
 use std::sync::atomic::Ordering;
 use std::time::{Duration, Instant};
 
-use common::KillOnDrop;
+use common::kafka::{KafkaCluster, KafkaOptions, kafka_tool};
+use common::pki::{Pki, pki};
 use edge_agent::AgentConfig;
 use ingest_gateway::GatewayConfig;
 use ingest_gateway::config::AuthConfig;
@@ -25,74 +27,126 @@ use sink::config::{RotationConfig, StoreConfig};
 use tokio_util::sync::CancellationToken;
 
 const USER: &str = "ingest";
+/// The principal of the client certificate (`common::pki`'s), as Kafka names it.
+const CERT_PRINCIPAL: &str = "User:CN=edge-box-7";
+/// The prefix of the topics and groups the ACLs grant.
+const GRANTED: &str = "sec";
 
-/// tansu requiring SCRAM logins of user `ingest`, reachable only through a TLS endpoint.
+/// An Apache Kafka node with a `SASL_SSL` listener (SCRAM-SHA-512 user `ingest`, PLAIN user
+/// `ingest`, the same password) and an `SSL` listener that requires a client certificate, both
+/// with a certificate of the test's CA; ACLs grant `ingest` and the client certificate's
+/// principal everything on topics and groups named `sec…`, and nothing else. Its `PLAINTEXT`
+/// listener (the brokers' own, whose clients are super users) is for the test's checks.
 struct SecureKafka {
-    _tansu: KillOnDrop,
-    _tls: CancellationToken,
-    /// The TLS endpoint.
+    cluster: KafkaCluster,
+    pki: Pki,
+    /// The `SASL_SSL` listener.
     bootstrap: String,
-    /// The CA (here the endpoint's own self-signed certificate).
-    ca: PathBuf,
+    /// The `SSL` listener that requires a client certificate.
+    mtls: String,
     password: String,
     password_file: PathBuf,
 }
 
 impl SecureKafka {
-    async fn start(dir: &Path) -> SecureKafka {
-        let (plain, tls) = (common::free_port(), common::free_port());
+    fn start(dir: &Path) -> SecureKafka {
+        let pki = pki(dir);
         let password = format!("pw-{}", common::unique_id());
-        // tansu keeps users in its storage; one can be created only while logins are not yet
-        // required, so the broker runs once without them.
-        let setup = spawn_tansu(plain, plain, dir, false);
-        let tansu = common::service_env("EDGE_INGEST_TANSU");
-        let deadline = Instant::now() + Duration::from_secs(30);
-        loop {
-            let created = Command::new(&tansu)
-                .args(["user", "create", "--mechanism", "scram512"])
-                .args(["--broker", &format!("tcp://127.0.0.1:{plain}")])
-                .args([USER, &password])
-                .stdout(Stdio::null())
-                .stderr(Stdio::null())
-                .status()
-                .unwrap();
-            if created.success() {
-                break;
-            }
-            assert!(Instant::now() < deadline, "tansu user create failed");
-            std::thread::sleep(Duration::from_millis(200));
-        }
-        drop(setup);
-        let broker = spawn_tansu(plain, tls, dir, true);
-
-        let made = rcgen::generate_simple_self_signed(vec!["127.0.0.1".into()]).unwrap();
-        let (ca, key) = (dir.join("kafka-ca.pem"), dir.join("kafka-key.pem"));
-        std::fs::write(&ca, made.cert.pem()).unwrap();
-        std::fs::write(&key, made.signing_key.serialize_pem()).unwrap();
-        let server = service_kit::http::server::TlsConfig {
-            cert: ca.clone(),
-            key,
-            client_ca_file: None,
-        };
-        let acceptor = tokio_rustls::TlsAcceptor::from(server.load().await.unwrap().get_inner());
-        let stop = common::tls_proxy(tls, plain, acceptor).await;
+        // Kafka's PEM key store: the private key and the certificate chain in one file.
+        let keystore = dir.join("kafka-keystore.pem");
+        std::fs::write(
+            &keystore,
+            std::fs::read_to_string(&pki.server_key).unwrap()
+                + &std::fs::read_to_string(&pki.server_cert).unwrap(),
+        )
+        .unwrap();
+        let props = [
+            ("ssl.keystore.type", "PEM".to_owned()),
+            ("ssl.keystore.location", keystore.display().to_string()),
+            ("ssl.truststore.type", "PEM".to_owned()),
+            ("ssl.truststore.location", pki.ca.display().to_string()),
+            ("listener.name.mtls.ssl.client.auth", "required".to_owned()),
+            ("sasl.enabled.mechanisms", "SCRAM-SHA-512,PLAIN".to_owned()),
+            (
+                "listener.name.sasl_ssl.scram-sha-512.sasl.jaas.config",
+                "org.apache.kafka.common.security.scram.ScramLoginModule required;".to_owned(),
+            ),
+            (
+                "listener.name.sasl_ssl.plain.sasl.jaas.config",
+                format!(
+                    "org.apache.kafka.common.security.plain.PlainLoginModule required user_{USER}=\"{password}\";"
+                ),
+            ),
+            (
+                "authorizer.class.name",
+                "org.apache.kafka.metadata.authorizer.StandardAuthorizer".to_owned(),
+            ),
+            // The brokers' own listeners (PLAINTEXT, CONTROLLER) have no login.
+            ("super.users", "User:ANONYMOUS".to_owned()),
+        ];
+        let cluster = KafkaCluster::start(KafkaOptions {
+            nodes: 1,
+            props: props.map(|(k, v)| (k.to_owned(), v)).to_vec(),
+            listeners: vec![
+                ("SASL_SSL".to_owned(), "SASL_SSL".to_owned()),
+                ("MTLS".to_owned(), "SSL".to_owned()),
+            ],
+            format_args: vec![
+                "--add-scram".to_owned(),
+                format!("SCRAM-SHA-512=[name={USER},password={password}]"),
+            ],
+            ..KafkaOptions::default()
+        });
+        let plain = cluster.bootstrap();
+        let (ok, out) = kafka_tool(
+            "acls",
+            &[
+                "--bootstrap-server",
+                &plain,
+                "--add",
+                "--allow-principal",
+                &format!("User:{USER}"),
+                "--allow-principal",
+                CERT_PRINCIPAL,
+                "--operation",
+                "All",
+                "--topic",
+                GRANTED,
+                "--group",
+                GRANTED,
+                "--resource-pattern-type",
+                "prefixed",
+            ],
+        );
+        assert!(ok, "kafka-acls failed: {out}");
+        let node = &cluster.nodes[0];
         let password_file = dir.join("kafka-password");
         // As a mounted secret often is: with a trailing newline, which is not the password's.
         std::fs::write(&password_file, format!("{password}\n")).unwrap();
         SecureKafka {
-            _tansu: broker,
-            _tls: stop,
-            bootstrap: format!("127.0.0.1:{tls}"),
-            ca,
+            bootstrap: format!("127.0.0.1:{}", node.listener_ports[0]),
+            mtls: format!("127.0.0.1:{}", node.listener_ports[1]),
+            cluster,
+            pki,
             password,
             password_file,
         }
     }
 
+    /// TLS that trusts the test's CA.
     fn tls(&self) -> TlsFiles {
         TlsFiles {
-            ca_file: Some(self.ca.clone()),
+            ca_file: Some(self.pki.ca.clone()),
             ..TlsFiles::default()
+        }
+    }
+
+    /// TLS with the client certificate, for the mTLS listener.
+    fn client_tls(&self) -> TlsFiles {
+        TlsFiles {
+            ca_file: Some(self.pki.ca.clone()),
+            client_cert: Some(self.pki.client_cert.clone()),
+            client_key: Some(self.pki.client_key.clone()),
         }
     }
 
@@ -104,32 +158,6 @@ impl SecureKafka {
             password_file: Some(self.password_file.clone()),
         }
     }
-}
-
-/// A tansu of this test's own with its storage in `dir` (sqlite), advertising `advertised`,
-/// with or without required logins; waits until it listens.
-fn spawn_tansu(port: u16, advertised: u16, dir: &Path, logins: bool) -> KillOnDrop {
-    let mut command = Command::new(common::service_env("EDGE_INGEST_TANSU"));
-    command
-        .args(["broker", "--listener-url"])
-        .arg(format!("tcp://127.0.0.1:{port}"))
-        .arg("--advertised-listener-url")
-        .arg(format!("tcp://127.0.0.1:{advertised}"))
-        // tansu reads the file of a sqlite:// url relative to its working directory.
-        .args(["--storage-engine", "sqlite://tansu.db"])
-        .current_dir(dir)
-        .stdout(Stdio::null())
-        .stderr(Stdio::null());
-    if logins {
-        command.arg("--authentication");
-    }
-    let child = KillOnDrop(command.spawn().unwrap());
-    let deadline = Instant::now() + Duration::from_secs(30);
-    while std::net::TcpStream::connect(("127.0.0.1", port)).is_err() {
-        assert!(Instant::now() < deadline, "tansu did not start");
-        std::thread::sleep(Duration::from_millis(50));
-    }
-    child
 }
 
 fn gateway_config(kafka: &SecureKafka, prefix: &str) -> GatewayConfig {
@@ -165,9 +193,9 @@ async fn post(addr: std::net::SocketAddr, records: &[serde_json::Value]) -> u16 
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn gateway_agent_and_sink_reach_kafka_over_tls_with_scram_logins() {
+async fn gateway_agent_and_sink_reach_kafka_over_tls_with_logins_and_client_certificates() {
     let dir = tempfile::tempdir().unwrap();
-    let kafka = SecureKafka::start(dir.path()).await;
+    let kafka = SecureKafka::start(dir.path());
     let prefix = format!("sec{}.", common::unique_id());
     let streams = schemas::example_streams();
     let shutdown = CancellationToken::new();
@@ -186,8 +214,8 @@ async fn gateway_agent_and_sink_reach_kafka_over_tls_with_scram_logins() {
     });
     assert_eq!(post(gateway.addr, &by_gateway).await, 200);
 
-    // The agent's Kafka output, configured as a file would configure it; the password comes
-    // from the environment-style `password` key this time.
+    // The agent's Kafka output, configured as a file would configure it, logs in with PLAIN;
+    // the password comes from the environment-style `password` key this time.
     let by_agent = sensor_readings(&FleetSpec {
         records: 300,
         devices: 3,
@@ -203,7 +231,7 @@ async fn gateway_agent_and_sink_reach_kafka_over_tls_with_scram_logins() {
         brokers = "{brokers}"
         topic_prefix = "{prefix}"
         tls = {{ ca_file = {ca:?} }}
-        sasl = {{ mechanism = "SCRAM-SHA-512", username = "{USER}", password = "{password}" }}
+        sasl = {{ mechanism = "PLAIN", username = "{USER}", password = "{password}" }}
         [[sources]]
         type = "file"
         path = {file:?}
@@ -211,7 +239,7 @@ async fn gateway_agent_and_sink_reach_kafka_over_tls_with_scram_logins() {
         "#,
         state = dir.path().join("agent"),
         brokers = kafka.bootstrap,
-        ca = kafka.ca,
+        ca = kafka.pki.ca,
         password = kafka.password,
     ))
     .unwrap();
@@ -227,7 +255,7 @@ async fn gateway_agent_and_sink_reach_kafka_over_tls_with_scram_logins() {
         distinct_hashes(&streams, &by_agent).unwrap().len()
     );
 
-    // The sink consumes over the same TLS and logins.
+    // The sink consumes with its client certificate, on the listener that requires one.
     let landing = dir.path().join("landing");
     let mut config = SinkConfig {
         store: StoreConfig::Local {
@@ -239,11 +267,10 @@ async fn gateway_agent_and_sink_reach_kafka_over_tls_with_scram_logins() {
         },
         ..SinkConfig::default()
     };
-    config.kafka.brokers = kafka.bootstrap.clone();
+    config.kafka.brokers = kafka.mtls.clone();
     config.kafka.topic_prefix = prefix.clone();
     config.kafka.group_id = format!("{prefix}sink");
-    config.kafka.tls = Some(kafka.tls());
-    config.kafka.sasl = Some(kafka.sasl());
+    config.kafka.tls = Some(kafka.client_tls());
     let sink = sink::start(config, streams.clone(), shutdown.clone())
         .await
         .unwrap();
@@ -266,9 +293,9 @@ async fn gateway_agent_and_sink_reach_kafka_over_tls_with_scram_logins() {
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn a_wrong_password_or_an_untrusted_certificate_gets_nothing_in() {
+async fn a_wrong_password_an_untrusted_certificate_or_no_client_certificate_gets_nothing_in() {
     let dir = tempfile::tempdir().unwrap();
-    let kafka = SecureKafka::start(dir.path()).await;
+    let kafka = SecureKafka::start(dir.path());
     let prefix = format!("sec{}.", common::unique_id());
     let streams = schemas::example_streams();
     let readings = sensor_readings(&FleetSpec {
@@ -293,11 +320,23 @@ async fn a_wrong_password_or_an_untrusted_certificate_gets_nothing_in() {
         password_file: Some(wrong_file),
         ..kafka.sasl()
     });
+    let mut wrong_plain = gateway_config(&kafka, &prefix);
+    wrong_plain.kafka.sasl = Some(Sasl {
+        mechanism: SaslMechanism::Plain,
+        password: Some("not-the-password".into()),
+        password_file: None,
+        ..kafka.sasl()
+    });
     let mut platform_roots = gateway_config(&kafka, &prefix);
     platform_roots.kafka.tls = Some(TlsFiles::default());
+    let mut no_client_cert = gateway_config(&kafka, &prefix);
+    no_client_cert.kafka.brokers = kafka.mtls.clone();
+    no_client_cert.kafka.sasl = None;
     for (name, mut config) in [
-        ("wrong password", wrong_password),
+        ("wrong SCRAM password", wrong_password),
+        ("wrong PLAIN password", wrong_plain),
         ("platform roots", platform_roots),
+        ("no client certificate", no_client_cert),
     ] {
         config.kafka.produce_timeout_ms = 3_000;
         let gateway = ingest_gateway::start(config, streams.clone(), shutdown.clone())
@@ -340,4 +379,142 @@ fn topic_records(kafka: &SecureKafka, topic: &str) -> i64 {
                 .1
         })
         .sum()
+}
+
+/// A topic that no ACL grants: the gateway answers 503 saying which permission is missing and
+/// takes nothing; the sink counts the consumer's authorization errors and lands nothing. Once
+/// an operator grants the topic (`kafka-acls`), the client's retry is taken and the sink lands
+/// every record once: nothing was lost meanwhile.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_topic_no_acl_grants_is_refused_clearly_until_granted_and_nothing_is_lost() {
+    use rdkafka::admin::{AdminClient, AdminOptions, NewTopic, TopicReplication};
+    let dir = tempfile::tempdir().unwrap();
+    let kafka = SecureKafka::start(dir.path());
+    let prefix = format!("denied{}.", common::unique_id());
+    let streams = schemas::example_streams();
+    let topic = format!("{prefix}sensor_readings");
+    // A super user (the brokers' PLAINTEXT listener) makes the topics; no ACL grants them.
+    let admin: AdminClient<_> = rdkafka::ClientConfig::new()
+        .set("bootstrap.servers", kafka.cluster.bootstrap())
+        .create()
+        .unwrap();
+    let dead = format!("{prefix}dead-letters");
+    for made in admin
+        .create_topics(
+            &[
+                NewTopic::new(&topic, 2, TopicReplication::Fixed(1)),
+                NewTopic::new(&dead, 1, TopicReplication::Fixed(1)),
+            ],
+            &AdminOptions::new(),
+        )
+        .await
+        .unwrap()
+    {
+        made.unwrap();
+    }
+    let readings = sensor_readings(&FleetSpec {
+        records: 50,
+        devices: 5,
+        duplicate_ratio: 0.0,
+        ..FleetSpec::default()
+    });
+    let shutdown = CancellationToken::new();
+    let mut config = gateway_config(&kafka, &prefix);
+    config.kafka.produce_timeout_ms = 5_000;
+    let gateway = ingest_gateway::start(config, streams.clone(), shutdown.clone())
+        .await
+        .unwrap();
+    let client = reqwest::Client::new();
+    let url = format!("http://{}/v1/streams/sensor_readings/records", gateway.addr);
+    let posted = || {
+        client
+            .post(&url)
+            .header("content-type", "application/x-ndjson")
+            .body(to_ndjson(&readings))
+            .timeout(Duration::from_secs(60))
+            .send()
+    };
+    let refused = posted().await.unwrap();
+    assert_eq!(refused.status(), 503);
+    assert!(refused.headers().contains_key("retry-after"));
+    let body: serde_json::Value = refused.json().await.unwrap();
+    let message = body["message"].as_str().unwrap();
+    assert!(message.contains("Write on the topic"), "{message}");
+
+    let landing = dir.path().join("landing");
+    let mut config = SinkConfig {
+        store: StoreConfig::Local {
+            path: landing.clone(),
+        },
+        rotation: RotationConfig {
+            idle_ms: 1_000,
+            ..RotationConfig::default()
+        },
+        ..SinkConfig::default()
+    };
+    config.kafka.brokers = kafka.mtls.clone();
+    config.kafka.topic_prefix = prefix.clone();
+    // The group is granted; the topic is not.
+    config.kafka.group_id = format!("{GRANTED}{}sink", common::unique_id());
+    config.kafka.tls = Some(kafka.client_tls());
+    // The consumer looks at a topic it was refused again at the next metadata refresh.
+    config
+        .kafka
+        .consumer
+        .insert("topic.metadata.refresh.interval.ms".into(), "2000".into());
+    let sink = sink::start(config, streams.clone(), shutdown.clone())
+        .await
+        .unwrap();
+    let deadline = Instant::now() + Duration::from_secs(60);
+    while sink.stats.consumer_errors.load(Ordering::Relaxed) == 0 {
+        assert!(Instant::now() < deadline, "no consumer error was counted");
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    }
+    assert_eq!(sink.stats.records_written.load(Ordering::Relaxed), 0);
+
+    let (ok, out) = kafka_tool(
+        "acls",
+        &[
+            "--bootstrap-server",
+            &kafka.cluster.bootstrap(),
+            "--add",
+            "--allow-principal",
+            &format!("User:{USER}"),
+            "--allow-principal",
+            CERT_PRINCIPAL,
+            "--operation",
+            "All",
+            "--topic",
+            &prefix,
+            "--resource-pattern-type",
+            "prefixed",
+        ],
+    );
+    assert!(ok, "kafka-acls failed: {out}");
+    let deadline = Instant::now() + Duration::from_secs(60);
+    loop {
+        let status = posted().await.unwrap().status();
+        if status == 200 {
+            break;
+        }
+        assert_eq!(status, 503);
+        assert!(Instant::now() < deadline, "the granted topic still refuses");
+        tokio::time::sleep(Duration::from_millis(500)).await;
+    }
+    let deadline = Instant::now() + Duration::from_secs(120);
+    let written = || sink.stats.records_written.load(Ordering::Relaxed);
+    while written() < readings.len() as u64 {
+        assert!(
+            Instant::now() < deadline,
+            "{} of {} records landed",
+            written(),
+            readings.len()
+        );
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    }
+    shutdown.cancel();
+    gateway.task.await.unwrap().unwrap();
+    sink.task.await.unwrap().unwrap();
+    let landed = common::pyarrow(&["--dir", &landing.to_string_lossy()]);
+    common::assert_landed_exactly(&readings, &landed);
 }

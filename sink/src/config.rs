@@ -302,8 +302,15 @@ pub struct KafkaConfig {
     /// selects (`streams`).
     #[serde(default = "default_topic_prefix")]
     pub topic_prefix: String,
+    /// The consumer group protocol: `classic` (JoinGroup and SyncGroup, every Kafka since 0.9;
+    /// the default) or `consumer` (KIP-848: the brokers assign the partitions, Apache Kafka 4.0
+    /// or later; its session timeout is the brokers' `group.consumer.session.timeout.ms`, so
+    /// `session_timeout_ms` does not apply).
+    #[serde(default)]
+    pub group_protocol: GroupProtocol,
     /// How long a sink may be silent before the group gives its partitions to the others
-    /// (librdkafka `session.timeout.ms`): the time a crashed sink's partitions stand still.
+    /// (librdkafka `session.timeout.ms`, classic protocol): the time a crashed sink's
+    /// partitions stand still.
     #[serde(default = "default_session_timeout_ms")]
     pub session_timeout_ms: u64,
     /// Static group membership (librdkafka `group.instance.id`): a stable name per sink process
@@ -324,6 +331,29 @@ pub struct KafkaConfig {
     /// Extra librdkafka consumer properties, set last (they win over the settings above).
     #[serde(default)]
     pub consumer: BTreeMap<String, String>,
+}
+
+/// The consumer group protocol of the sinks' group (librdkafka `group.protocol`).
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Deserialize, serde::Serialize)]
+#[serde(rename_all = "snake_case")]
+pub enum GroupProtocol {
+    /// The classic protocol, which every Kafka-protocol broker serves. The sinks assign the
+    /// partitions among themselves (cooperative sticky: only partitions that move change hands).
+    #[default]
+    Classic,
+    /// KIP-848's protocol: the group coordinator assigns the partitions and members heartbeat
+    /// their way to them, with no stop of the whole group. Needs Apache Kafka 4.0 or later (or
+    /// a broker that serves `ConsumerGroupHeartbeat`).
+    Consumer,
+}
+
+impl GroupProtocol {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            GroupProtocol::Classic => "classic",
+            GroupProtocol::Consumer => "consumer",
+        }
+    }
 }
 
 /// Where the sink takes a record's ingest time from.
@@ -347,6 +377,7 @@ impl Default for KafkaConfig {
             brokers: default_brokers(),
             group_id: default_group_id(),
             topic_prefix: default_topic_prefix(),
+            group_protocol: GroupProtocol::default(),
             session_timeout_ms: default_session_timeout_ms(),
             instance_id: None,
             ingest_time: IngestTime::default(),

@@ -92,6 +92,11 @@ pub struct SinkStats {
     pub offset_gaps: AtomicU64,
     /// Records skipped at offset gaps (`on_offset_gap = "skip"`).
     pub offsets_skipped: AtomicU64,
+    /// Errors the consumer reported in place of messages ([`m::CONSUMER_ERRORS`]).
+    pub consumer_errors: AtomicU64,
+    /// Offsets gone past that held no record for the sink: transaction markers, aborted
+    /// transactions' records ([`m::OFFSETS_PASSED`]).
+    pub offsets_passed: AtomicU64,
     /// Partitions this sink holds stopped at an offset gap (`on_offset_gap = "stop"`): the sink
     /// is not ready while there are any.
     pub gap_stopped: AtomicU64,
@@ -367,19 +372,24 @@ pub async fn start(
         .set("enable.auto.commit", "false")
         .set("auto.offset.reset", "earliest")
         .set("enable.partition.eof", "false")
+        .set("statistics.interval.ms", "5000")
+        .set("group.protocol", config.kafka.group_protocol.as_str());
+    if config.kafka.group_protocol == config::GroupProtocol::Classic {
         // Only the partitions that move change hands in a rebalance; an eager one (librdkafka's
         // default) revokes every partition of every member, and each sink dropped its open
-        // files whenever one joined or left the group.
-        .set("partition.assignment.strategy", "cooperative-sticky")
-        .set("statistics.interval.ms", "5000")
-        .set(
-            "session.timeout.ms",
-            config.kafka.session_timeout_ms.to_string(),
-        )
-        .set(
-            "heartbeat.interval.ms",
-            (config.kafka.session_timeout_ms / 3).max(100).to_string(),
-        );
+        // files whenever one joined or left the group. (The consumer protocol is incremental
+        // of itself, and its timeouts are the brokers'.)
+        client
+            .set("partition.assignment.strategy", "cooperative-sticky")
+            .set(
+                "session.timeout.ms",
+                config.kafka.session_timeout_ms.to_string(),
+            )
+            .set(
+                "heartbeat.interval.ms",
+                (config.kafka.session_timeout_ms / 3).max(100).to_string(),
+            );
+    }
     if let Some(id) = &config.kafka.instance_id {
         client.set("group.instance.id", id);
     }
@@ -413,7 +423,7 @@ pub async fn start(
     consumer
         .subscribe(&topic_refs)
         .context("cannot subscribe to the stream topics")?;
-    tracing::info!(topics = ?topics, pattern = pattern.as_deref().unwrap_or("-"), store = %store.describe(), group = %config.kafka.group_id, "sink started");
+    tracing::info!(topics = ?topics, pattern = pattern.as_deref().unwrap_or("-"), store = %store.describe(), group = %config.kafka.group_id, group_protocol = config.kafka.group_protocol.as_str(), "sink started");
     let consumer = Arc::new(consumer);
     let readiness = Readiness {
         consumer: Arc::downgrade(&consumer),

@@ -24,6 +24,13 @@ pub const LANDING_CONFLICTS: &str = "sink_landing_conflicts_total";
 /// by retention before they were read, or not delivered by the broker) and that it skipped
 /// (`on_offset_gap = "skip"`), each range noted in the dead letters.
 pub const OFFSETS_SKIPPED: &str = "sink_offsets_skipped_total";
+/// Offsets of a stream's partitions that Kafka holds but gives the sink no record for, which it
+/// went past: the markers that end transactions, the records of aborted transactions (the sink
+/// reads `read_committed`) and records removed by compaction. Not a loss, so not a gap.
+pub const OFFSETS_PASSED: &str = "sink_offsets_without_records_total";
+/// Errors the Kafka consumer reported in place of a message, by librdkafka's error code (`error`):
+/// e.g. `TopicAuthorizationFailed` when an ACL keeps the sink from a stream topic.
+pub const CONSUMER_ERRORS: &str = "sink_kafka_consumer_errors_total";
 /// Partitions of a stream that this sink holds stopped at an offset gap
 /// (`on_offset_gap = "stop"`): they land nothing until an operator decides.
 pub const GAP_STOPPED: &str = "sink_partitions_stopped_at_gap";
@@ -107,6 +114,7 @@ pub fn register_stream(def: &schemas::StreamDef) {
         ADOPTED_RECORDS,
         LANDING_CONFLICTS,
         OFFSETS_SKIPPED,
+        OFFSETS_PASSED,
     ];
     zero_counters(&counters, &labels);
     set_gauges(

@@ -418,8 +418,7 @@ impl PartitionState {
 
     /// Skips the offsets from `next` up to the record at `offset` (ingested at `ingest_ts`),
     /// which comes next: they are noted in the dead letters as one line (no payload,
-    /// `skipped_through` its last offset), and the open range takes them in, so it starts at
-    /// `next` as it would have for a sink that read them (its key is the same).
+    /// `skipped_through` its last offset), and the range goes on past them ([`Self::pass_over`]).
     pub fn skip_gap(&mut self, next: i64, offset: i64, ingest_ts: i64) {
         let last = offset - 1;
         let line = serde_json::json!({
@@ -432,6 +431,13 @@ impl PartitionState {
             "skipped_records": offset - next,
         });
         self.keep_dead_line(next, ingest_ts, &line);
+        self.pass_over(next, offset, ingest_ts);
+    }
+
+    /// Goes on from `next` to the record at `offset` (ingested at `ingest_ts`) as if it had read
+    /// the offsets between, which hold no records for the sink: the open range takes them in, so
+    /// it starts at `next` as it would have for a sink that read them (its key is the same).
+    pub fn pass_over(&mut self, next: i64, offset: i64, ingest_ts: i64) {
         self.range_start.get_or_insert_with(|| RangeStart {
             offset: next,
             ingest_ts,

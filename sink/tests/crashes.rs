@@ -1,7 +1,8 @@
 //! Sink processes killed with SIGKILL at random points while two of them share the partitions,
 //! writing into moto's S3; pyarrow reads the objects back and every distinct record is there
-//! exactly once. The broker is librdkafka's mock cluster in this process (tansu 0.6 never hands
-//! the partitions of a killed member to the others; the mock cluster's group coordinator does).
+//! exactly once. The kills and the rebalance of a joining sink run on an Apache Kafka node of
+//! the test's own, with the classic consumer group protocol and with KIP-848's; the tests of S3
+//! outages, a full disk and reloads on librdkafka's mock cluster in this process.
 
 #[path = "../../loadtest/tests/common/mod.rs"]
 mod common;
@@ -11,6 +12,7 @@ use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
 
+use common::kafka::{KafkaCluster, KafkaOptions, kafka_tool};
 use rand::rngs::SmallRng;
 use rand::{Rng, SeedableRng};
 use rdkafka::ClientConfig;
@@ -39,26 +41,67 @@ fn spawn_sink(mut command: Command, config: &Path, log: &Path) -> Child {
         .expect("cannot start the sink binary")
 }
 
+/// The broker of a test: librdkafka's mock cluster in this process, or an Apache Kafka node of
+/// the test's own (the mock cluster serves only the classic consumer group protocol). Held, not
+/// read: the broker runs until the test drops it.
+#[allow(dead_code)]
+enum Broker {
+    Mock(MockCluster<'static, rdkafka::producer::DefaultProducerContext>),
+    Kafka(KafkaCluster),
+}
+
 /// What a test of sink processes works on: moto's address, a bucket of the test's own there
 /// (named after `name`), a mock cluster whose topic has `partitions`, its bootstrap address,
 /// and a directory for configs, logs and staging.
-fn rig(
-    name: &str,
-    partitions: i32,
-) -> (
-    String,
-    String,
-    MockCluster<'static, rdkafka::producer::DefaultProducerContext>,
-    String,
-    tempfile::TempDir,
-) {
-    let s3 = common::service_env("EDGE_INGEST_S3");
-    let bucket = format!("{name}-{}", common::unique_id());
-    common::pyarrow(&["--s3-endpoint", &s3, "--bucket", &bucket, "--create-bucket"]);
+fn rig(name: &str, partitions: i32) -> (String, String, Broker, String, tempfile::TempDir) {
     let cluster = MockCluster::new(1).unwrap();
     cluster.create_topic(TOPIC, partitions, 1).unwrap();
     let bootstrap = cluster.bootstrap_servers();
-    (s3, bucket, cluster, bootstrap, tempfile::tempdir().unwrap())
+    rig_on(name, Broker::Mock(cluster), bootstrap)
+}
+
+/// [`rig`] on an Apache Kafka node of the test's own.
+fn kafka_rig(name: &str, partitions: i32) -> (String, String, Broker, String, tempfile::TempDir) {
+    let cluster = KafkaCluster::start(KafkaOptions {
+        nodes: 1,
+        ..KafkaOptions::default()
+    });
+    let bootstrap = cluster.bootstrap();
+    let (ok, out) = kafka_tool(
+        "topics",
+        &[
+            "--bootstrap-server",
+            &bootstrap,
+            "--create",
+            "--topic",
+            TOPIC,
+            "--partitions",
+            &partitions.to_string(),
+        ],
+    );
+    assert!(ok, "kafka-topics failed: {out}");
+    rig_on(name, Broker::Kafka(cluster), bootstrap)
+}
+
+fn rig_on(
+    name: &str,
+    broker: Broker,
+    bootstrap: String,
+) -> (String, String, Broker, String, tempfile::TempDir) {
+    let s3 = common::service_env("EDGE_INGEST_S3");
+    let bucket = format!("{name}-{}", common::unique_id());
+    common::pyarrow(&["--s3-endpoint", &s3, "--bucket", &bucket, "--create-bucket"]);
+    (s3, bucket, broker, bootstrap, tempfile::tempdir().unwrap())
+}
+
+/// Sets the consumer group protocol (`classic` or `consumer`) in the sink config at `config`.
+fn with_group_protocol(config: &Path, protocol: &str) {
+    let text = std::fs::read_to_string(config).unwrap();
+    let text = text.replace(
+        "[kafka]\n",
+        &format!("[kafka]\ngroup_protocol = \"{protocol}\"\n"),
+    );
+    std::fs::write(config, text).unwrap();
 }
 
 /// Waits until `sinks` committed every partition, stops them gracefully, and checks with
@@ -80,7 +123,7 @@ fn caught_up(bootstrap: &str) -> bool {
     support::caught_up(bootstrap, GROUP, TOPIC)
 }
 
-/// A sink config on `dir` (staging under it) for the mock cluster at `bootstrap` and the bucket.
+/// A sink config on `dir` (staging under it) for the broker at `bootstrap` and the bucket.
 fn write_config(dir: &Path, bootstrap: &str, s3: &str, bucket: &str) -> PathBuf {
     write_config_rotating(
         dir,
@@ -139,9 +182,19 @@ async fn wait_caught_up(bootstrap: &str, sinks: &mut [Child], dir: &Path) {
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn sinks_killed_at_random_points_land_every_record_exactly_once() {
-    let (s3, bucket, cluster, bootstrap, dir) = rig("crash", PARTITIONS);
+async fn sinks_killed_at_random_points_land_every_record_exactly_once_classic_protocol() {
+    sinks_killed_at_random_points("classic").await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn sinks_killed_at_random_points_land_every_record_exactly_once_consumer_protocol() {
+    sinks_killed_at_random_points("consumer").await;
+}
+
+async fn sinks_killed_at_random_points(protocol: &str) {
+    let (s3, bucket, cluster, bootstrap, dir) = kafka_rig(&format!("crash-{protocol}"), PARTITIONS);
     let config = write_config(dir.path(), &bootstrap, &s3, &bucket);
+    with_group_protocol(&config, protocol);
 
     let sent = support::readings(6_000, 11);
     let producer: FutureProducer = ClientConfig::new()
@@ -372,16 +425,27 @@ fn logged_partitions(log: &Path, event: &str) -> Vec<i32> {
 }
 
 /// A second sink joins the group, and later the first stops. With the cooperative protocol
+/// (the classic protocol's cooperative-sticky assignor, or KIP-848's, incremental of itself)
 /// only the partitions that move change hands: the first sink keeps the others, with their open
 /// files. An eager rebalance (librdkafka's default protocol) revoked every partition of every
 /// sink, so each sink that joined or left (a deploy, a scale-up) dropped every open file of the
 /// group, and all of it was read again, up to a file target per partition.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn a_joining_sink_takes_only_the_partitions_that_move() {
-    let (s3, bucket, cluster, bootstrap, dir) = rig("join", PARTITIONS);
+async fn a_joining_sink_takes_only_the_partitions_that_move_classic_protocol() {
+    a_joining_sink_takes_only_the_partitions_that_move("classic").await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_joining_sink_takes_only_the_partitions_that_move_consumer_protocol() {
+    a_joining_sink_takes_only_the_partitions_that_move("consumer").await;
+}
+
+async fn a_joining_sink_takes_only_the_partitions_that_move(protocol: &str) {
+    let (s3, bucket, cluster, bootstrap, dir) = kafka_rig(&format!("join-{protocol}"), PARTITIONS);
     // Files stay open across the rebalance (nothing is idle for 5 s).
     let rotation = "max_records = 100000\nidle_ms = 5000";
     let config = write_config_rotating(dir.path(), &bootstrap, &s3, &bucket, rotation);
+    with_group_protocol(&config, protocol);
     let sent = support::readings(1_500, 29);
     let producer: FutureProducer = ClientConfig::new()
         .set("bootstrap.servers", &bootstrap)

@@ -13,7 +13,7 @@ fn status_kib(pid: u32, field: &str) -> u64 {
         .unwrap_or_else(|| panic!("no {field} in /proc/{pid}/status"))
 }
 
-/// A gateway binary on tansu with the `[limits]` given, listening on a port of its own.
+/// A gateway binary on the suite's Kafka with the `[limits]` given, listening on a port of its own.
 async fn spawn_limited(brokers: &str, dir: &Path, limits: &str) -> (Child, u16, String) {
     let port = free_port();
     let prefix = format!("gwmem{}.", unique());
@@ -216,7 +216,7 @@ async fn requests_past_the_concurrency_limit_are_answered_429_and_the_rest_serve
 
 /// The gateway's Kafka password comes from a file and shows nowhere: not in `--check`'s
 /// output, nor in its log (debug) through a start, a login and a request that Kafka refuses
-/// (tansu takes no SASL login), a SIGHUP reload and a stop.
+/// (the suite's broker takes no SASL login), a SIGHUP reload and a stop.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn the_kafka_password_comes_from_a_file_and_never_shows() {
     const SECRET: &str = "kafka-pw-5e8d20b3";

@@ -1,4 +1,4 @@
-//! The gateway against a real Kafka-protocol broker (tansu, started by scripts/test.sh): acks,
+//! The gateway against Apache Kafka (started by scripts/test.sh, or of a test's own): acks,
 //! topic creation, headers, dead letters, idempotency, bad input next to good input, TLS, and a
 //! broker outage with recovery.
 
@@ -20,6 +20,7 @@ use tokio_util::sync::CancellationToken;
 #[path = "../../../loadtest/tests/common/mod.rs"]
 mod common;
 
+use common::kafka::{KafkaCluster, KafkaOptions};
 use common::{free_port, proxy};
 
 mod limits;
@@ -671,36 +672,22 @@ async fn a_batch_the_broker_refuses_as_too_large_is_answered_413() {
     g.stop().await;
 }
 
-/// A tansu of this test's own that advertises `advertised` (the proxy) instead of its own port.
-fn spawn_tansu(port: u16, advertised: u16) -> Child {
-    let child = Command::new(env("EDGE_INGEST_TANSU"))
-        .args([
-            "broker",
-            "--listener-url",
-            &format!("tcp://127.0.0.1:{port}"),
-        ])
-        .args([
-            "--advertised-listener-url",
-            &format!("tcp://127.0.0.1:{advertised}"),
-        ])
-        .args(["--storage-engine", "memory://tansu/"])
-        .stdout(std::process::Stdio::null())
-        .stderr(std::process::Stdio::null())
-        .spawn()
-        .unwrap();
-    let deadline = Instant::now() + Duration::from_secs(30);
-    while std::net::TcpStream::connect(("127.0.0.1", port)).is_err() {
-        assert!(Instant::now() < deadline, "tansu did not start");
-        std::thread::sleep(Duration::from_millis(50));
-    }
-    child
+/// A Kafka node of this test's own that advertises `advertised` (the proxy) instead of its
+/// own port, so that every client connection goes through the proxy.
+fn proxied_kafka(advertised: u16) -> KafkaCluster {
+    KafkaCluster::start(KafkaOptions {
+        nodes: 1,
+        advertised: Some(vec![advertised]),
+        ..KafkaOptions::default()
+    })
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn broker_outage_answers_503_with_retry_after_then_recovers() {
     service_kit::init_tracing();
-    let (port, front) = (free_port(), free_port());
-    let mut broker = spawn_tansu(port, front);
+    let front = free_port();
+    let broker = proxied_kafka(front);
+    let port = broker.nodes[0].port;
     let outage = proxy(front, port).await;
     let brokers = format!("127.0.0.1:{front}");
     let g = start(&brokers, |c| {
@@ -759,8 +746,7 @@ async fn broker_outage_answers_503_with_retry_after_then_recovers() {
         "both records are in Kafka (a retried one may be there twice; the sink drops it)"
     );
     g.stop().await;
-    broker.kill().unwrap();
-    broker.wait().unwrap();
+    drop(broker);
 }
 
 /// Stopped while the broker is down and a request waits for its acknowledgement: the request
@@ -770,8 +756,9 @@ async fn broker_outage_answers_503_with_retry_after_then_recovers() {
 /// reconnect does not time out its messages meanwhile.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_stop_during_a_broker_outage_answers_the_waiting_request_503() {
-    let (port, front) = (free_port(), free_port());
-    let mut broker = spawn_tansu(port, front);
+    let front = free_port();
+    let broker = proxied_kafka(front);
+    let port = broker.nodes[0].port;
     let outage = proxy(front, port).await;
     let brokers = format!("127.0.0.1:{front}");
     let g = start(&brokers, |c| {
@@ -813,8 +800,7 @@ async fn a_stop_during_a_broker_outage_answers_the_waiting_request_503() {
         .expect("the gateway did not stop")
         .unwrap()
         .unwrap();
-    broker.kill().unwrap();
-    broker.wait().unwrap();
+    drop(broker);
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -930,7 +916,7 @@ async fn schemathesis_finds_no_violations_of_the_openapi_document() {
     g.stop().await;
 }
 
-/// A gateway config on `port` for tansu at `brokers` (topics `prefix`<stream>, dead letters to
+/// A gateway config on `port` for Kafka at `brokers` (topics `prefix`<stream>, dead letters to
 /// `dead_letters`), taking [`TOKEN`], with the TOML of `more` after it.
 fn gateway_toml(port: u16, brokers: &str, prefix: &str, dead_letters: &str, more: &str) -> String {
     format!(

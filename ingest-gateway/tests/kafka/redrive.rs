@@ -196,8 +196,8 @@ async fn rejected_records_are_redriven_once_a_definition_takes_them() {
 
 /// `redrive --since` leaves out the dead letters older than that time (their Kafka timestamps),
 /// and a time after the last one redrives nothing. On librdkafka's mock cluster, where messages
-/// can be produced with any time. (The topic is read from its start: neither tansu 0.6 nor the
-/// mock cluster finds offsets by time.)
+/// can be produced with any time. (The topic is read from its start, and the times are
+/// compared record by record.)
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn redrive_since_leaves_out_older_dead_letters() {
     use ingest_gateway::redrive::{RedriveOptions, redrive};

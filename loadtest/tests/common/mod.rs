@@ -1,7 +1,10 @@
-//! Helpers of the end-to-end tests: the service addresses the test script exported, and the
-//! independent pyarrow reader.
+//! Helpers of the end-to-end tests: the service addresses the test script exported, the
+//! independent pyarrow reader, and Kafka clusters of a test's own ([`kafka`]).
 
 #![allow(dead_code)]
+
+pub mod kafka;
+pub mod pki;
 
 use std::path::{Path, PathBuf};
 use std::process::Command;

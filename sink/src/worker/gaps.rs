@@ -1,13 +1,18 @@
 //! Offset gaps: a partition that gets a later offset from Kafka than the one it needs next.
 //!
-//! The records of a stream's topic have consecutive offsets (no compaction, no transactions),
-//! so a partition that needs offset `next` and gets a later one has lost the records between:
-//! deleted by retention before a sink read them (a sink down for longer than the topic keeps
-//! its records, a topic with a small `retention.bytes`, a consumer reset to the earliest offset
-//! still held), or not delivered by the broker. Every such gap is found, whether it opens
-//! while the partition is read, or lies between the group's committed offset and the first
-//! record a newly assigned partition gets (a partition the group never committed starts at
-//! the earliest offset Kafka holds, unchecked). It is logged (ERROR, with the range and the
+//! Kafka gives a `read_committed` consumer no record for some offsets it holds: the markers that
+//! end transactions (a commit or an abort), the records of aborted transactions, and records
+//! removed by compaction. A partition that needs offset `next` and gets a later one first asks
+//! Kafka for the partition's earliest offset. When that is at or before `next`, every offset
+//! between is still in the partition, so none of them held a record for the sink: the partition
+//! goes past them (counted, not reported). Records are lost only when the partition's earliest
+//! offset is past `next`: deleted by retention or by `DeleteRecords` before a sink read them (a
+//! sink down for longer than the topic keeps its records, a topic with a small
+//! `retention.bytes`). That is a gap of the records from `next` to the earliest offset, found
+//! whether it opens while the partition is read or lies between the group's committed offset
+//! and the first record a newly assigned partition gets (a partition the group never committed
+//! starts at the earliest offset Kafka holds, unchecked); an earliest offset that cannot be read
+//! counts as a gap up to the record got. A gap is logged (ERROR, with the range and the
 //! partition's earliest offset), counted and alerted on, and then, by `on_offset_gap`:
 //! - `stop`: the partition lands and commits what came before the gap and stops there,
 //!   paused, with the sink unready; every sink that takes it over stops at the same offset,
@@ -81,14 +86,34 @@ impl Worker {
             return Ok(false);
         };
         let stream = part.def.name.clone();
-        let (got, records) = (msg.offset, msg.offset - next);
         let earliest = self.earliest_offset(key).await;
+        if let Some(low) = earliest
+            && low <= next
+        {
+            let passed = msg.offset - next;
+            tracing::debug!(
+                topic = %key.0,
+                partition = key.1,
+                first_offset = next,
+                last_offset = msg.offset - 1,
+                "offsets without records for the sink (transaction markers, aborted or compacted records)"
+            );
+            ::metrics::counter!(m::OFFSETS_PASSED, "stream" => stream).increment(passed as u64);
+            self.stats
+                .offsets_passed
+                .fetch_add(passed as u64, Ordering::Relaxed);
+            if let Some(part) = self.parts.get_mut(key) {
+                part.pass_over(next, msg.offset, msg.ingest_ts);
+            }
+            return Ok(true);
+        }
+        // What follows the lost records, up to the record got, is passed over once they are
+        // skipped (the record is handled again and finds the partition's earliest offset).
+        let got = earliest.map_or(msg.offset, |low| low.min(msg.offset));
+        let records = got - next;
         let cause = match earliest {
-            Some(low) if low > next => format!(
-                "deleted before they were read (retention): the partition's earliest offset is {low}"
-            ),
             Some(low) => format!(
-                "not delivered although the partition still starts at {low} (a compacted or transactional topic, or a broker that answers a fetch with later offsets than asked)"
+                "deleted before they were read (retention or DeleteRecords): the partition's earliest offset is {low}"
             ),
             None => "the partition's earliest offset cannot be read".to_owned(),
         };

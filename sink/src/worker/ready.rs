@@ -15,6 +15,7 @@ use rdkafka::error::KafkaResult;
 use rdkafka::message::{BorrowedMessage, OwnedMessage};
 
 use super::{DRAIN_MAX, Handled, Worker};
+use crate::metrics as m;
 use crate::partition::FlushReason;
 use crate::{Fields, PartKey, SinkContext, part_ref};
 
@@ -59,7 +60,7 @@ impl Worker {
                     self.drop_revoked();
                     group.push(msg);
                 }
-                Err(e) => tracing::warn!(error = %e, "consumer error"),
+                Err(e) => consumer_error(&self.stats, &e),
             }
             if *taken >= DRAIN_MAX {
                 break;
@@ -194,4 +195,22 @@ pub(crate) fn next_ready<'c>(
         .next()
         .now_or_never()
         .map(|m| m.expect("a Kafka message stream never ends"))
+}
+
+/// An error the consumer reported in place of a message: counted by its code
+/// ([`m::CONSUMER_ERRORS`]) and logged. A topic or group that the sink's principal may not read
+/// says what to grant.
+fn consumer_error(stats: &crate::SinkStats, e: &rdkafka::error::KafkaError) {
+    use rdkafka::types::RDKafkaErrorCode as Code;
+    let code = e.rdkafka_error_code();
+    let name = code.map_or_else(|| "other".to_owned(), |c| format!("{c:?}"));
+    ::metrics::counter!(m::CONSUMER_ERRORS, "error" => name).increment(1);
+    stats.consumer_errors.fetch_add(1, Ordering::Relaxed);
+    match code {
+        Some(Code::TopicAuthorizationFailed | Code::GroupAuthorizationFailed) => tracing::error!(
+            error = %e,
+            "Kafka does not let the sink read a stream topic or use its group: grant the sink's principal Read and Describe on the topics and Read on the group (ACLs); what it cannot read stays in Kafka"
+        ),
+        _ => tracing::warn!(error = %e, "consumer error"),
+    }
 }
