@@ -1,5 +1,5 @@
-//! The Kafka output against a real Kafka-protocol broker (tansu), also under SIGKILL, and a
-//! spool on a disk that fills up.
+//! The Kafka output against Apache Kafka, also under SIGKILL and with a topic whose message limit
+//! is below the producer's, and a spool on a disk that fills up.
 
 mod support;
 
@@ -256,25 +256,40 @@ async fn kafka_output_goes_on_without_the_dead_letter_topic() {
     assert_exactly_once(&landed, &expected);
 }
 
-/// A broker whose limit is below the producer's `message.max.bytes` refuses a batch's records
-/// as too large: no retry gets past that, and the agent retried the batch for ever. The batch is
-/// now refused for good (kept under `rejected/` until the limits are fixed and it is resent) and
-/// the next batches go on. librdkafka's mock cluster stands in for the broker (tansu cannot be
-/// given a smaller limit); it refuses the first produce request.
+/// A topic whose `max.message.bytes` is below the producer's refuses a batch's records as too
+/// large: no retry gets past that, and the agent retried the batch for ever. The batch is now
+/// refused for good (kept under `rejected/` until the limits are fixed and it is resent) and the
+/// next batches go on. The topic's limit is 4 KiB, and one reading of the first batch carries
+/// 12,800 hex digits that zstd cannot take below 6,400 bytes.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn kafka_output_keeps_aside_a_batch_the_broker_refuses_as_too_large() {
-    let cluster = rdkafka::mocking::MockCluster::new(1).unwrap();
-    cluster
-        .create_topic("ingest.sensor_readings", 1, 1)
+    let kafka = service_env("EDGE_INGEST_KAFKA");
+    let prefix = format!("agentbig{}.", rand::random::<u32>());
+    let topic = format!("{prefix}sensor_readings");
+    let admin: AdminClient<DefaultClientContext> = ClientConfig::new()
+        .set("bootstrap.servers", &kafka)
+        .create()
         .unwrap();
-    cluster.request_errors(
-        rdkafka::types::RDKafkaApiKey::Produce,
-        &[rdkafka::types::RDKafkaRespErr::RD_KAFKA_RESP_ERR_MSG_SIZE_TOO_LARGE],
-    );
+    for r in admin
+        .create_topics(
+            &[NewTopic::new(&topic, 1, TopicReplication::Fixed(1)).set("max.message.bytes", "4096")],
+            &AdminOptions::new(),
+        )
+        .await
+        .unwrap()
+    {
+        r.unwrap();
+    }
     let dir = tempfile::tempdir().unwrap();
-    let (lines, _) = readings(100, 9, 0, 6);
-    let brokers = cluster.bootstrap_servers();
-    let stats = run_to_kafka(dir.path(), &brokers, "ingest.", "max_records = 50", &lines).await;
+    let (mut lines, _) = readings(100, 9, 0, 6);
+    let mut big: serde_json::Value = serde_json::from_str(&lines[0]).unwrap();
+    big["unit"] = serde_json::Value::String(
+        (0..200u32)
+            .map(|i| blake3::hash(&i.to_le_bytes()).to_hex().to_string())
+            .collect(),
+    );
+    lines[0] = big.to_string();
+    let stats = run_to_kafka(dir.path(), &kafka, &prefix, "max_records = 50", &lines).await;
     assert_eq!(stats.delivery.rejected_batches, 1);
     assert_eq!(stats.delivery.accepted, 50);
     let kept = std::fs::read_dir(dir.path().join("state/rejected"))

@@ -479,6 +479,20 @@ async fn a_joining_sink_takes_only_the_partitions_that_move(protocol: &str) {
         "the first sink gives up only the partitions the second takes"
     );
     assert_eq!(logged_partitions(&log_a, "partition assigned").len(), 4);
+    // Kafka's own tool names the group's assignor: the classic protocol's cooperative sticky
+    // one, which the sinks chose, or the brokers' (`uniform`).
+    let (ok, out) = kafka_tool(
+        "consumer-groups",
+        &["--bootstrap-server", &bootstrap, "--describe", "--group", GROUP, "--state"],
+    );
+    assert!(ok, "kafka-consumer-groups failed: {out}");
+    let assignor = if protocol == "consumer" {
+        "uniform"
+    } else {
+        "cooperative-sticky"
+    };
+    let line = out.lines().find(|l| l.starts_with(GROUP)).unwrap_or_default();
+    assert!(line.contains(assignor) && line.contains(" 2"), "{out}");
 
     // The first sink stops: the second takes its partitions and keeps its own.
     support::produce(&producer, TOPIC, &sent[1_000..]).await;
