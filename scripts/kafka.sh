@@ -26,6 +26,10 @@ JAVA="${JAVA_HOME:+$JAVA_HOME/bin/}java"
 install() {
   local stamp="$CACHE/kafka-$VERSION/pom.xml"
   if [ -d "$LIBS" ] && cmp -s "$HERE/kafka/pom.xml" "$stamp"; then echo "$LIBS"; return; fi
+  if ! command -v mvn >/dev/null 2>&1; then
+    echo "kafka.sh: Maven (mvn) installs Apache Kafka's jars and is not on the PATH (Debian: apt-get install maven)" >&2
+    exit 1
+  fi
   echo "kafka.sh: installing Apache Kafka $VERSION from Maven Central into $LIBS" >&2
   rm -rf "$LIBS"
   mvn -q -B -f "$HERE/kafka/pom.xml" dependency:copy-dependencies \
@@ -37,6 +41,10 @@ install() {
 java_of() { # main class, args...
   if [ ! -d "$LIBS" ]; then
     echo "kafka.sh: Apache Kafka $VERSION is not installed: run scripts/kafka.sh install" >&2
+    exit 1
+  fi
+  if ! command -v "$JAVA" >/dev/null 2>&1; then
+    echo "kafka.sh: no Java to run Kafka ($JAVA); Kafka $VERSION needs Java 17 or later" >&2
     exit 1
   fi
   local main=$1

@@ -15,11 +15,9 @@
 #   scripts/soak.sh [--agent | --agent-http] [READINGS [RATE [ROTATE]]]
 #       defaults: 90000 readings at 1000 a second; with --agent, a rotation every 20000 lines
 #
-# The broker is librdkafka's mock cluster (`loadtest mock-broker`): tansu 0.6, the suite's
-# broker, keeps a killed member's partitions from the others and answers a fetch inside a
-# record batch with the next batch, which loses records for any consumer that resumes from a
-# commit in the middle of a batch (docs/src/testing.md). Logs and the report stay in the printed
-# directory.
+# The broker is librdkafka's mock cluster (`loadtest mock-broker`), in one process that starts
+# at once; the suite's three-broker tests run the same path on Apache Kafka
+# (loadtest/tests/kafka_cluster.rs). Logs and the report stay in the printed directory.
 set -euo pipefail
 cd "$(dirname "${BASH_SOURCE[0]}")/.."
 MODE=send

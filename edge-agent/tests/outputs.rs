@@ -272,7 +272,8 @@ async fn kafka_output_keeps_aside_a_batch_the_broker_refuses_as_too_large() {
         .unwrap();
     for r in admin
         .create_topics(
-            &[NewTopic::new(&topic, 1, TopicReplication::Fixed(1)).set("max.message.bytes", "4096")],
+            &[NewTopic::new(&topic, 1, TopicReplication::Fixed(1))
+                .set("max.message.bytes", "4096")],
             &AdminOptions::new(),
         )
         .await

@@ -96,6 +96,16 @@ impl Producer {
             Ok(()) => Ok(()),
             Err(e) => {
                 self.replace_if_broken(&producer, &e);
+                // librdkafka waits for a topic it does not know until the produce times out,
+                // and says only that: the cluster is asked whether the topic exists.
+                if e.rdkafka_error_code() == Some(RDKafkaErrorCode::MessageTimedOut) {
+                    let topic = topic_name(&self.topic_prefix, stream);
+                    if topic_missing(&producer, &topic).await {
+                        return Err(kafka_unavailable(&KafkaError::MessageProduction(
+                            RDKafkaErrorCode::UnknownTopicOrPartition,
+                        )));
+                    }
+                }
                 Err(kafka_unavailable(&e))
             }
         }
@@ -191,6 +201,25 @@ impl Producer {
         let p = self.current();
         let _ = tokio::task::spawn_blocking(move || p.flush(timeout)).await;
     }
+}
+
+/// Whether the cluster says that `topic` does not exist (not when it cannot be asked).
+async fn topic_missing(producer: &Arc<GroupProducer>, topic: &str) -> bool {
+    let (producer, topic) = (producer.clone(), topic.to_owned());
+    tokio::task::spawn_blocking(move || {
+        producer
+            .client()
+            .fetch_metadata(Some(&topic), Duration::from_secs(3))
+            .is_ok_and(|m| {
+                m.topics().iter().any(|t| {
+                    t.name() == topic
+                        && t.error().map(RDKafkaErrorCode::from)
+                            == Some(RDKafkaErrorCode::UnknownTopicOrPartition)
+                })
+            })
+    })
+    .await
+    .unwrap_or(false)
 }
 
 fn kafka_unavailable(e: &KafkaError) -> ApiError {

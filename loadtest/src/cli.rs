@@ -63,8 +63,7 @@ enum Command {
     Verify(VerifyArgs),
     /// Runs librdkafka's mock cluster, a Kafka-protocol broker in memory in this process, with
     /// the example streams' topics, until interrupted; prints its bootstrap address. For soaks
-    /// of a whole deployment on one machine: unlike tansu 0.6, it hands a killed consumer's
-    /// partitions to the others and answers a fetch inside a record batch with that batch. It
+    /// of a whole deployment on one machine, in a process that starts at once (no JVM). It
     /// keeps at most 5 MiB (or 100,000 record batches) of each partition and drops the oldest
     /// past that, about 80,000 of the gateway's readings: a consumer further behind finds an
     /// offset gap (more partitions keep more).

@@ -1,4 +1,4 @@
-//! Small batches with the stream's zstd dictionary, agent → gateway → tansu: trained with
+//! Small batches with the stream's zstd dictionary, agent → gateway → Kafka: trained with
 //! `edge-agent train-dictionary`'s functions on the stream's own records and installed next to
 //! the definitions. A gateway with the dictionary takes the batches as they are; a gateway
 //! without it makes the agent resend them without, and nothing is lost either way.

@@ -83,6 +83,8 @@ impl SecureKafka {
             ),
             // The brokers' own listeners (PLAINTEXT, CONTROLLER) have no login.
             ("super.users", "User:ANONYMOUS".to_owned()),
+            // Topics exist when someone made them, as on most managed clusters.
+            ("auto.create.topics.enable", "false".to_owned()),
         ];
         let cluster = KafkaCluster::start(KafkaOptions {
             nodes: 1,
@@ -382,7 +384,7 @@ fn topic_records(kafka: &SecureKafka, topic: &str) -> i64 {
 }
 
 /// A topic that no ACL grants: the gateway answers 503 saying which permission is missing and
-/// takes nothing; the sink counts the consumer's authorization errors and lands nothing. Once
+/// takes nothing, as it does for a topic that does not exist; the sink counts the consumer's authorization errors and lands nothing. Once
 /// an operator grants the topic (`kafka-acls`), the client's retry is taken and the sink lands
 /// every record once: nothing was lost meanwhile.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -440,6 +442,26 @@ async fn a_topic_no_acl_grants_is_refused_clearly_until_granted_and_nothing_is_l
     let body: serde_json::Value = refused.json().await.unwrap();
     let message = body["message"].as_str().unwrap();
     assert!(message.contains("Write on the topic"), "{message}");
+    // A granted prefix whose topics nobody made (and the cluster does not create them).
+    let mut config = gateway_config(&kafka, &format!("{GRANTED}gone{}.", common::unique_id()));
+    config.kafka.produce_timeout_ms = 3_000;
+    let missing = ingest_gateway::start(config, streams.clone(), shutdown.clone())
+        .await
+        .unwrap();
+    let answer = client
+        .post(format!(
+            "http://{}/v1/streams/sensor_readings/records",
+            missing.addr
+        ))
+        .header("content-type", "application/x-ndjson")
+        .body(to_ndjson(&readings))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(answer.status(), 503);
+    let body: serde_json::Value = answer.json().await.unwrap();
+    let message = body["message"].as_str().unwrap();
+    assert!(message.contains("does not exist"), "{message}");
 
     let landing = dir.path().join("landing");
     let mut config = SinkConfig {
@@ -454,7 +476,9 @@ async fn a_topic_no_acl_grants_is_refused_clearly_until_granted_and_nothing_is_l
     };
     config.kafka.brokers = kafka.mtls.clone();
     config.kafka.topic_prefix = prefix.clone();
-    // The group is granted; the topic is not.
+    // The group is granted; the topic is not (the only one it reads: the other stream's topic
+    // does not exist).
+    config.streams = vec!["sensor_readings".into()];
     config.kafka.group_id = format!("{GRANTED}{}sink", common::unique_id());
     config.kafka.tls = Some(kafka.client_tls());
     // The consumer looks at a topic it was refused again at the next metadata refresh.

@@ -1,5 +1,5 @@
 //! The whole path against real services: the agent reads an NDJSON file and posts zstd batches
-//! to the gateway, which produces to tansu (a Kafka-protocol broker); the sink consumes as a
+//! to the gateway, which produces to Apache Kafka; the sink consumes as a
 //! consumer group and writes Parquet into moto's S3; pyarrow reads the objects back. And the same
 //! stack driven by `loadtest send` and checked by `loadtest verify`.
 
@@ -17,7 +17,7 @@ use sink::SinkConfig;
 use sink::config::{RotationConfig, StoreConfig};
 use tokio_util::sync::CancellationToken;
 
-/// A gateway (token `e2e-secret`) producing to tansu and a sink landing in a fresh moto bucket,
+/// A gateway (token `e2e-secret`) producing to Kafka and a sink landing in a fresh moto bucket,
 /// both in this process, on topics of their own.
 struct Stack {
     gateway: ingest_gateway::Gateway,
@@ -126,7 +126,7 @@ impl Stack {
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn agent_gateway_tansu_sink_s3_pyarrow() {
+async fn agent_gateway_kafka_sink_s3_pyarrow() {
     let stack = Stack::start().await;
     let streams = stack.streams.clone();
     let shutdown = stack.shutdown.clone();
@@ -181,7 +181,7 @@ async fn agent_gateway_tansu_sink_s3_pyarrow() {
 
 /// The filters' error bounds, end to end: process-like series of every shape (drift, noise,
 /// steps, spikes, stuck values, gaps) go through an agent with a swinging-door filter and, under
-/// other device names, one with deadband, both at 0.5% of the range; the gateway, tansu and the
+/// other device names, one with deadband, both at 0.5% of the range; the gateway, Kafka and the
 /// sink land them in S3, and from the rows pyarrow reads each series is rebuilt (linear
 /// interpolation, sample-and-hold) and checked at every input reading against the band, the
 /// first and last reading kept, and no gap between kept readings over `max_silence_secs` where
@@ -418,7 +418,7 @@ else:
     assert!(status.success(), "boto3 {op:?} failed");
 }
 
-/// `loadtest send` drives a running gateway (tansu behind it, a sink landing in moto's S3) with
+/// `loadtest send` drives a running gateway (Kafka behind it, a sink landing in moto's S3) with
 /// NDJSON and then Parquet batches and saves what it sent; `loadtest verify` then finds every
 /// distinct sent reading of both files in the landing
 /// files once, as pyarrow does. With a landed file copied, its rows count as duplicated; with it

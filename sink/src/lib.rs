@@ -372,6 +372,9 @@ pub async fn start(
         .set("enable.auto.commit", "false")
         .set("auto.offset.reset", "earliest")
         .set("enable.partition.eof", "false")
+        // Only what producers committed: records of aborted transactions never land (the
+        // offsets they and the transaction markers take are gone past, `worker::gaps`).
+        .set("isolation.level", "read_committed")
         .set("statistics.interval.ms", "5000")
         .set("group.protocol", config.kafka.group_protocol.as_str());
     if config.kafka.group_protocol == config::GroupProtocol::Classic {

@@ -603,6 +603,29 @@ mod tests {
         part.adopt_dead_letters_through(120);
         part.skip_gap(100, 180, 11);
         assert!(part.dead.is_empty());
+
+        // Offsets that held no records (a transaction's marker) are gone past without a note,
+        // and a range that opens there starts at them, as for a sink that read them.
+        let def = part.def.clone();
+        let mut part = PartitionState::new(def, "ingest.sensor_readings".into(), 2, 10);
+        part.expect_from = Some(60);
+        assert_eq!(part.gap_before(61), Some(60));
+        part.pass_over(60, 61, 12);
+        assert_eq!(part.gap_before(61), None);
+        assert_eq!(part.next_offset, Some(61));
+        assert_eq!(
+            part.range_start.map(|r| (r.offset, r.ingest_ts)),
+            Some((60, 12))
+        );
+        assert!(part.dead.is_empty());
+        part.consumed(61, 12);
+        part.pass_over(62, 64, 13);
+        assert_eq!(
+            part.range_start.unwrap().offset,
+            60,
+            "the open range goes on"
+        );
+        assert_eq!(part.gap_before(64), None);
     }
 
     #[test]

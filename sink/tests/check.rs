@@ -73,7 +73,7 @@ fn the_check_passes_the_shipped_config_and_names_what_is_wrong() {
 }
 
 /// The sink's Kafka password comes from a file and shows nowhere: not in `--check`'s output,
-/// nor in its log (debug) through a start, a login Kafka refuses (tansu takes no SASL login), a
+/// nor in its log (debug) through a start, a login Kafka refuses (the suite's broker takes no SASL login), a
 /// SIGHUP reload and a stop.
 #[test]
 fn the_kafka_password_comes_from_a_file_and_never_shows() {

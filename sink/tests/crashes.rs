@@ -483,7 +483,14 @@ async fn a_joining_sink_takes_only_the_partitions_that_move(protocol: &str) {
     // one, which the sinks chose, or the brokers' (`uniform`).
     let (ok, out) = kafka_tool(
         "consumer-groups",
-        &["--bootstrap-server", &bootstrap, "--describe", "--group", GROUP, "--state"],
+        &[
+            "--bootstrap-server",
+            &bootstrap,
+            "--describe",
+            "--group",
+            GROUP,
+            "--state",
+        ],
     );
     assert!(ok, "kafka-consumer-groups failed: {out}");
     let assignor = if protocol == "consumer" {
@@ -491,7 +498,10 @@ async fn a_joining_sink_takes_only_the_partitions_that_move(protocol: &str) {
     } else {
         "cooperative-sticky"
     };
-    let line = out.lines().find(|l| l.starts_with(GROUP)).unwrap_or_default();
+    let line = out
+        .lines()
+        .find(|l| l.starts_with(GROUP))
+        .unwrap_or_default();
     assert!(line.contains(assignor) && line.contains(" 2"), "{out}");
 
     // The first sink stops: the second takes its partitions and keeps its own.

@@ -1,4 +1,4 @@
-//! Records produced straight into Kafka (tansu) by another client, Python's confluent-kafka,
+//! Records produced straight into Apache Kafka by another client, Python's confluent-kafka,
 //! keyed by the partition key as the wire format says but without the gateway's headers, with re-sent duplicates and malformed and schema-invalid
 //! values among them: the sink lands every distinct valid record exactly once in moto's S3
 //! (read back by pyarrow) and puts each bad value in the dead-letter location. The producer

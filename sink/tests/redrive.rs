@@ -1,4 +1,4 @@
-//! `sink redrive` against tansu and moto's S3, read back by pyarrow: dead letters that a mended
+//! `sink redrive` against Apache Kafka and moto's S3, read back by pyarrow: dead letters that a mended
 //! definition takes go back to their topic and land once; those still invalid stay; a second
 //! run redrives nothing again.
 

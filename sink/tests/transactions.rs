@@ -4,7 +4,8 @@
 //! once, no aborted one lands, and the offsets that the transaction markers and the aborted
 //! records take are gone past without a gap, also by a sink that takes over in the middle of an
 //! open transaction. Records deleted before a sink read them (`kafka-delete-records`) are still
-//! a gap that stops the partition. pyarrow reads what landed.
+//! a gap that stops the partition. pyarrow reads what landed, and Kafka's `kafka-consumer-groups`
+//! the group's committed offsets.
 
 #[path = "../../loadtest/tests/common/mod.rs"]
 mod common;
@@ -257,6 +258,40 @@ async fn transactions_land_once_when_committed_never_when_aborted_and_leave_no_g
     stop(second, shutdown).await;
     let landed = common::pyarrow(&["--dir", landing.join("landing").to_str().unwrap()]);
     common::assert_landed_exactly(&expected, &landed);
+    // Kafka's own `kafka-consumer-groups` agrees with the landing files: the group committed
+    // each partition just past its last landed record (the markers after it are gone past
+    // by the next sink that reads on).
+    let (ok, out) = common::kafka::kafka_tool(
+        "consumer-groups",
+        &[
+            "--bootstrap-server",
+            &bootstrap,
+            "--describe",
+            "--group",
+            &format!("{prefix}sink"),
+            "--offsets",
+        ],
+    );
+    assert!(ok, "kafka-consumer-groups failed: {out}");
+    for partition in 0..PARTITIONS {
+        // GROUP  TOPIC  PARTITION  CURRENT-OFFSET  LOG-END-OFFSET  LAG ...
+        let committed: i64 = out
+            .lines()
+            .map(|l| l.split_whitespace().collect::<Vec<_>>())
+            .find(|f| f.len() > 3 && f[1] == topic && f[2] == partition.to_string())
+            .unwrap_or_else(|| panic!("partition {partition} not described: {out}"))[3]
+            .parse()
+            .unwrap();
+        let last = landed["rows"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .filter(|r| r["_partition"] == partition)
+            .map(|r| r["_offset"].as_i64().unwrap())
+            .max()
+            .unwrap();
+        assert_eq!(committed, last + 1, "partition {partition}: {out}");
+    }
 
     // Records deleted before a sink read them are a gap still: the partition stops there.
     send(&plain, &topic, &readings(next, 40)).await;

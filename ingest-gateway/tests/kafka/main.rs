@@ -644,11 +644,13 @@ async fn a_batch_the_broker_refuses_as_too_large_is_answered_413() {
             .set("bootstrap.servers", &brokers)
             .create()
             .unwrap();
-        let made = futures::executor::block_on(admin.create_topics(
-            &[NewTopic::new(&topic, 1, TopicReplication::Fixed(1))
-                .set("max.message.bytes", "2048")],
-            &AdminOptions::new(),
-        ))
+        let made = futures::executor::block_on(
+            admin.create_topics(
+                &[NewTopic::new(&topic, 1, TopicReplication::Fixed(1))
+                    .set("max.message.bytes", "2048")],
+                &AdminOptions::new(),
+            ),
+        )
         .unwrap();
         made.into_iter().for_each(|r| drop(r.unwrap()));
     })
