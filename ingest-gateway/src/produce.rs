@@ -203,13 +203,14 @@ impl Producer {
     }
 }
 
-/// Whether the cluster says that `topic` does not exist (not when it cannot be asked).
+/// Whether the cluster says that `topic` does not exist (not when it cannot be asked). Asked
+/// briefly: in an outage this only delays the answer, which says the cluster is unavailable.
 async fn topic_missing(producer: &Arc<GroupProducer>, topic: &str) -> bool {
     let (producer, topic) = (producer.clone(), topic.to_owned());
     tokio::task::spawn_blocking(move || {
         producer
             .client()
-            .fetch_metadata(Some(&topic), Duration::from_secs(3))
+            .fetch_metadata(Some(&topic), Duration::from_millis(500))
             .is_ok_and(|m| {
                 m.topics().iter().any(|t| {
                     t.name() == topic
