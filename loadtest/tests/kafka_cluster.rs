@@ -15,7 +15,6 @@
 mod common;
 
 use std::path::{Path, PathBuf};
-use std::sync::{Mutex, MutexGuard};
 use std::time::{Duration, Instant};
 
 use common::kafka::{KafkaCluster, KafkaOptions, kafka_tool};
@@ -25,9 +24,10 @@ use loadtest::fleet::{FleetSpec, sensor_readings, to_ndjson};
 use serde_json::Value;
 use sink::SinkConfig;
 use sink::config::{GroupProtocol, RotationConfig, StoreConfig};
+use tokio::sync::{Mutex, MutexGuard};
 use tokio_util::sync::CancellationToken;
 
-static ONE_CLUSTER_AT_A_TIME: Mutex<()> = Mutex::new(());
+static ONE_CLUSTER_AT_A_TIME: Mutex<()> = Mutex::const_new(());
 
 const STREAM: &str = "sensor_readings";
 
@@ -45,9 +45,7 @@ struct Rig {
 
 impl Rig {
     async fn start(protocol: GroupProtocol) -> Rig {
-        let turn = ONE_CLUSTER_AT_A_TIME
-            .lock()
-            .unwrap_or_else(std::sync::PoisonError::into_inner);
+        let turn = ONE_CLUSTER_AT_A_TIME.lock().await;
         // The test's own thread waits for the JVMs; the gateway's and the sinks' tasks run on the
         // runtime's workers meanwhile.
         let cluster = KafkaCluster::start(KafkaOptions {
