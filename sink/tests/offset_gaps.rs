@@ -7,8 +7,9 @@
 
 #[path = "../../loadtest/tests/common/mod.rs"]
 mod common;
+mod support;
 
-use std::path::{Path, PathBuf};
+use std::path::Path;
 use std::sync::atomic::Ordering;
 use std::time::{Duration, Instant};
 
@@ -17,7 +18,7 @@ use rdkafka::mocking::MockCluster;
 use rdkafka::producer::{FutureProducer, FutureRecord};
 use rdkafka::{ClientConfig, Offset, TopicPartitionList};
 use serde_json::{Value, json};
-use sink::config::{OffsetGapPolicy, RotationConfig, StoreConfig};
+use sink::config::OffsetGapPolicy;
 use sink::{Sink, SinkConfig, SinkStats};
 use tokio_util::sync::CancellationToken;
 
@@ -100,22 +101,7 @@ fn committed(bootstrap: &str) -> Option<i64> {
 }
 
 fn config(bootstrap: &str, landing: &Path, group: &str) -> SinkConfig {
-    let mut config = SinkConfig {
-        streams_dir: PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../streams"),
-        streams: vec!["sensor_readings".into()],
-        store: StoreConfig::Local {
-            path: landing.to_path_buf(),
-        },
-        rotation: RotationConfig {
-            idle_ms: 300,
-            ..RotationConfig::default()
-        },
-        ..SinkConfig::default()
-    };
-    config.kafka.brokers = bootstrap.to_owned();
-    config.kafka.group_id = group.to_owned();
-    config.upload.staging_dir = landing.join(".staging");
-    config
+    support::local_config(bootstrap, landing, group)
 }
 
 async fn wait_for(what: &str, stats: &SinkStats, done: impl Fn(&SinkStats) -> bool) {

@@ -9,8 +9,9 @@
 
 #[path = "../../loadtest/tests/common/mod.rs"]
 mod common;
+mod support;
 
-use std::path::{Path, PathBuf};
+use std::path::Path;
 use std::sync::atomic::Ordering;
 use std::time::{Duration, Instant};
 
@@ -19,7 +20,7 @@ use rdkafka::admin::{AdminClient, AdminOptions, NewTopic, TopicReplication};
 use rdkafka::consumer::{BaseConsumer, Consumer as _};
 use rdkafka::producer::{FutureProducer, FutureRecord, Producer as _};
 use serde_json::{Value, json};
-use sink::config::{OffsetGapPolicy, RotationConfig, StoreConfig};
+use sink::config::OffsetGapPolicy;
 use sink::{Sink, SinkConfig, SinkStats};
 use tokio_util::sync::CancellationToken;
 
@@ -76,23 +77,57 @@ async fn send(producer: &FutureProducer, topic: &str, records: &[Value]) {
     }
 }
 
+/// A transactional and a plain producer on one topic, and what they sent: what is to land and
+/// what was aborted.
+struct Feed {
+    plain: FutureProducer,
+    txn: FutureProducer,
+    topic: String,
+    next: usize,
+    expected: Vec<Value>,
+    aborted: Vec<Value>,
+}
+
+/// A transaction left open: its records, and how many plain ones were sent beside it.
+struct Open {
+    records: Vec<Value>,
+    plain: usize,
+}
+
+impl Feed {
+    /// Opens a transaction and sends 20 readings in it, and 20 with the plain producer beside it.
+    async fn open(&mut self) -> Open {
+        let (t, p) = (readings(self.next, 20), readings(self.next + 20, 20));
+        self.next += 40;
+        self.txn.begin_transaction().unwrap();
+        send(&self.txn, &self.topic, &t).await;
+        send(&self.plain, &self.topic, &p).await;
+        let plain = p.len();
+        self.expected.extend(p);
+        Open { records: t, plain }
+    }
+
+    /// Commits or aborts the open transaction of `records`.
+    fn end(&mut self, records: Vec<Value>, abort: bool) {
+        if abort {
+            self.txn.abort_transaction(TIMEOUT).unwrap();
+            self.aborted.extend(records);
+        } else {
+            self.txn.commit_transaction(TIMEOUT).unwrap();
+            self.expected.extend(records);
+        }
+    }
+
+    /// Round `n`: a transaction beside plain records, every third one aborted.
+    async fn round(&mut self, n: usize) {
+        let open = self.open().await;
+        self.end(open.records, n % 3 == 1);
+    }
+}
+
 fn config(bootstrap: &str, prefix: &str, landing: &Path) -> SinkConfig {
-    let mut config = SinkConfig {
-        streams_dir: PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../streams"),
-        streams: vec!["sensor_readings".into()],
-        store: StoreConfig::Local {
-            path: landing.to_path_buf(),
-        },
-        rotation: RotationConfig {
-            idle_ms: 300,
-            ..RotationConfig::default()
-        },
-        ..SinkConfig::default()
-    };
-    config.kafka.brokers = bootstrap.to_owned();
+    let mut config = support::local_config(bootstrap, landing, &format!("{prefix}sink"));
     config.kafka.topic_prefix = prefix.to_owned();
-    config.kafka.group_id = format!("{prefix}sink");
-    config.upload.staging_dir = landing.join(".staging");
     config
 }
 
@@ -158,69 +193,39 @@ async fn transactions_land_once_when_committed_never_when_aborted_and_leave_no_g
     }
     let dir = tempfile::tempdir().unwrap();
     let landing = dir.path().join("landing");
-    let plain = producer(&bootstrap, None);
-    let txn = producer(&bootstrap, Some(&format!("{prefix}producer")));
-    let mut expected = Vec::new();
-    let mut aborted = Vec::new();
-    let mut next = 0;
-    // A round: a transaction opens and sends, the plain producer sends beside it, and the
-    // transaction ends, every third one aborted.
-    let mut round = |n: usize| {
-        let (t, p) = (readings(next, 20), readings(next + 20, 20));
-        next += 40;
-        (n % 3 == 1, t, p)
+    let mut feed = Feed {
+        plain: producer(&bootstrap, None),
+        txn: producer(&bootstrap, Some(&format!("{prefix}producer"))),
+        topic: topic.clone(),
+        next: 0,
+        expected: Vec::new(),
+        aborted: Vec::new(),
     };
 
     let (first, shutdown) = start(config(&bootstrap, &prefix, &landing)).await;
     for n in 0..6 {
-        let (abort, t, p) = round(n);
-        txn.begin_transaction().unwrap();
-        send(&txn, &topic, &t).await;
-        send(&plain, &topic, &p).await;
-        if abort {
-            txn.abort_transaction(TIMEOUT).unwrap();
-            aborted.extend(t);
-        } else {
-            txn.commit_transaction(TIMEOUT).unwrap();
-            expected.extend(t);
-        }
-        expected.extend(p);
+        feed.round(n).await;
     }
     wait_for("the first rounds", &first.stats, |s| {
-        written(s) == expected.len() as u64
+        written(s) == feed.expected.len() as u64
     })
     .await;
 
     // A transaction is open when the sink stops: its records and the plain ones after them wait
     // behind it (read_committed), and the next sink takes them once it commits.
-    let (_, t, p) = round(6);
-    txn.begin_transaction().unwrap();
-    send(&txn, &topic, &t).await;
-    send(&plain, &topic, &p).await;
+    let open = feed.open().await;
     tokio::time::sleep(Duration::from_secs(1)).await;
-    assert_eq!(written(&first.stats), expected.len() as u64);
     let first_written = written(&first.stats);
+    assert_eq!(first_written as usize, feed.expected.len() - open.plain);
     let first_passed = first.stats.offsets_passed.load(Ordering::Relaxed);
     let first_gaps = first.stats.offset_gaps.load(Ordering::Relaxed);
     stop(first, shutdown).await;
     let (second, shutdown) = start(config(&bootstrap, &prefix, &landing)).await;
-    txn.commit_transaction(TIMEOUT).unwrap();
-    expected.extend(t);
-    expected.extend(p);
+    feed.end(open.records, false);
     for n in 7..10 {
-        let (abort, t, p) = round(n);
-        txn.begin_transaction().unwrap();
-        send(&txn, &topic, &t).await;
-        send(&plain, &topic, &p).await;
-        if abort {
-            txn.abort_transaction(TIMEOUT).unwrap();
-            aborted.extend(t);
-        } else {
-            txn.commit_transaction(TIMEOUT).unwrap();
-            expected.extend(t);
-        }
-        expected.extend(p);
+        feed.round(n).await;
     }
+    let (expected, aborted, next) = (&feed.expected, &feed.aborted, feed.next);
     wait_for("every committed and plain record", &second.stats, |s| {
         first_written + written(s) == expected.len() as u64
     })
@@ -257,7 +262,7 @@ async fn transactions_land_once_when_committed_never_when_aborted_and_leave_no_g
     );
     stop(second, shutdown).await;
     let landed = common::pyarrow(&["--dir", landing.join("landing").to_str().unwrap()]);
-    common::assert_landed_exactly(&expected, &landed);
+    common::assert_landed_exactly(expected, &landed);
     // Kafka's own `kafka-consumer-groups` agrees with the landing files: the group committed
     // each partition just past its last landed record (the markers after it are gone past
     // by the next sink that reads on).
@@ -294,7 +299,7 @@ async fn transactions_land_once_when_committed_never_when_aborted_and_leave_no_g
     }
 
     // Records deleted before a sink read them are a gap still: the partition stops there.
-    send(&plain, &topic, &readings(next, 40)).await;
+    send(&feed.plain, &topic, &readings(next, 40)).await;
     let (_, end) = watermarks(&bootstrap, &topic, 0);
     let offsets = dir.path().join("delete.json");
     std::fs::write(
@@ -314,7 +319,7 @@ async fn transactions_land_once_when_committed_never_when_aborted_and_leave_no_g
     );
     assert!(ok, "kafka-delete-records failed: {out}");
     assert_eq!(watermarks(&bootstrap, &topic, 0).0, end);
-    send(&plain, &topic, &readings(next + 40, 40)).await;
+    send(&feed.plain, &topic, &readings(next + 40, 40)).await;
     let (third, shutdown) = start(config(&bootstrap, &prefix, &landing)).await;
     wait_for("the partition to stop at the gap", &third.stats, |s| {
         s.gap_stopped.load(Ordering::Relaxed) == 1

@@ -9,6 +9,27 @@ use rand::{Rng, SeedableRng};
 use rdkafka::producer::{FutureProducer, FutureRecord};
 use serde_json::{Value, json};
 
+/// A sink of the example streams' `sensor_readings` for Kafka at `bootstrap`, group `group`,
+/// landing in the directory `landing` (staging under it), closing files idle for 300 ms.
+pub fn local_config(bootstrap: &str, landing: &std::path::Path, group: &str) -> sink::SinkConfig {
+    let mut config = sink::SinkConfig {
+        streams_dir: std::path::PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../streams"),
+        streams: vec!["sensor_readings".into()],
+        store: sink::config::StoreConfig::Local {
+            path: landing.to_path_buf(),
+        },
+        rotation: sink::config::RotationConfig {
+            idle_ms: 300,
+            ..sink::config::RotationConfig::default()
+        },
+        ..sink::SinkConfig::default()
+    };
+    config.kafka.brokers = bootstrap.to_owned();
+    config.kafka.group_id = group.to_owned();
+    config.upload.staging_dir = landing.join(".staging");
+    config
+}
+
 /// Readings of the fleet generator's shape (a fifth re-sent), deterministic per seed.
 pub fn readings(n: usize, seed: u64) -> Vec<Value> {
     let mut rng = SmallRng::seed_from_u64(seed);
