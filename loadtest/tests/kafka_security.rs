@@ -152,6 +152,26 @@ impl SecureKafka {
         }
     }
 
+    /// A sink of group `group` on the topics of `prefix`, logging in with the client
+    /// certificate on the listener that requires one, landing in `landing`.
+    fn sink_config(&self, prefix: &str, group: &str, landing: &Path) -> SinkConfig {
+        let mut config = SinkConfig {
+            store: StoreConfig::Local {
+                path: landing.to_path_buf(),
+            },
+            rotation: RotationConfig {
+                idle_ms: 1_000,
+                ..RotationConfig::default()
+            },
+            ..SinkConfig::default()
+        };
+        config.kafka.brokers = self.mtls.clone();
+        config.kafka.topic_prefix = prefix.to_owned();
+        config.kafka.group_id = group.to_owned();
+        config.kafka.tls = Some(self.client_tls());
+        config
+    }
+
     fn sasl(&self) -> Sasl {
         Sasl {
             mechanism: SaslMechanism::ScramSha512,
@@ -259,20 +279,7 @@ async fn gateway_agent_and_sink_reach_kafka_over_tls_with_logins_and_client_cert
 
     // The sink consumes with its client certificate, on the listener that requires one.
     let landing = dir.path().join("landing");
-    let mut config = SinkConfig {
-        store: StoreConfig::Local {
-            path: landing.clone(),
-        },
-        rotation: RotationConfig {
-            idle_ms: 1_000,
-            ..RotationConfig::default()
-        },
-        ..SinkConfig::default()
-    };
-    config.kafka.brokers = kafka.mtls.clone();
-    config.kafka.topic_prefix = prefix.clone();
-    config.kafka.group_id = format!("{prefix}sink");
-    config.kafka.tls = Some(kafka.client_tls());
+    let config = kafka.sink_config(&prefix, &format!("{prefix}sink"), &landing);
     let sink = sink::start(config, streams.clone(), shutdown.clone())
         .await
         .unwrap();
@@ -449,23 +456,11 @@ async fn a_topic_no_acl_grants_is_refused_clearly_until_granted_and_nothing_is_l
     assert!(message.contains("does not exist"), "{message}");
 
     let landing = dir.path().join("landing");
-    let mut config = SinkConfig {
-        store: StoreConfig::Local {
-            path: landing.clone(),
-        },
-        rotation: RotationConfig {
-            idle_ms: 1_000,
-            ..RotationConfig::default()
-        },
-        ..SinkConfig::default()
-    };
-    config.kafka.brokers = kafka.mtls.clone();
-    config.kafka.topic_prefix = prefix.clone();
     // The group is granted; the topic is not (the only one it reads: the other stream's topic
     // does not exist).
+    let group = format!("{GRANTED}{}sink", common::unique_id());
+    let mut config = kafka.sink_config(&prefix, &group, &landing);
     config.streams = vec!["sensor_readings".into()];
-    config.kafka.group_id = format!("{GRANTED}{}sink", common::unique_id());
-    config.kafka.tls = Some(kafka.client_tls());
     // The consumer looks at a topic it was refused again at the next metadata refresh.
     config
         .kafka
