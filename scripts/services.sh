@@ -190,9 +190,18 @@ ENV
 
 stop() {
   local state=$1
+  # Each is waited for (Kafka writes its files while it shuts down), so that the state
+  # directory can be removed right after; one that takes over 30 s is killed.
   for name in kafka moto mosquitto; do
     if [ -f "$state/$name.pid" ]; then
-      kill "$(cat "$state/$name.pid")" 2>/dev/null || true
+      local pid
+      pid=$(cat "$state/$name.pid")
+      kill "$pid" 2>/dev/null || true
+      for _ in $(seq 1 300); do
+        kill -0 "$pid" 2>/dev/null || break
+        sleep 0.1
+      done
+      kill -9 "$pid" 2>/dev/null || true
       rm -f "$state/$name.pid"
     fi
   done
