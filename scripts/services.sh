@@ -59,8 +59,8 @@ install_python() {
 # Debian packages: mosquitto (MQTT broker), prometheus (server and promtool, for the
 # monitoring test), docker-compose (only to validate docker-compose.yml), systemd (only
 # systemd-analyze, to check the agent's unit file), tinyproxy (a forward proxy, started by
-# the agent's proxy tests themselves), postgresql (a table catalog database) and chromium
-# (headless, to load the agent's status page).
+# the agent's proxy tests themselves), postgresql (a table catalog database), chromium
+# (headless, to load the agent's status page), and Java 17 with Maven for Apache Kafka.
 install_debian() {
   local missing=()
   command -v mosquitto >/dev/null 2>&1 || [ -x /usr/sbin/mosquitto ] || missing+=(mosquitto)
@@ -70,6 +70,8 @@ install_debian() {
   command -v tinyproxy >/dev/null 2>&1 || [ -x /usr/bin/tinyproxy ] || missing+=(tinyproxy)
   [ -n "$(pg_bin)" ] || missing+=(postgresql)
   command -v chromium >/dev/null 2>&1 || missing+=(chromium)
+  command -v java >/dev/null 2>&1 || [ -n "${JAVA_HOME:-}" ] || missing+=(openjdk-17-jre-headless)
+  command -v mvn >/dev/null 2>&1 || missing+=(maven)
   if [ ${#missing[@]} -eq 0 ]; then return; fi
   log "installing ${missing[*]} (Debian packages)"
   local sudo=""
@@ -211,7 +213,7 @@ stop() {
 }
 
 case "${1:-}" in
-  install) install_kafka; install_python; install_debian ;;
+  install) install_debian; install_kafka; install_python ;;
   start) start "${2:?state dir}" ;;
   stop) stop "${2:?state dir}" ;;
   *) echo "usage: $0 install | start STATE_DIR | stop STATE_DIR" >&2; exit 2 ;;
