@@ -21,7 +21,7 @@ pub const ADOPTED_DEAD_LETTERS: &str = "sink_adopted_dead_letter_objects_total";
 /// commits nothing.
 pub const LANDING_CONFLICTS: &str = "sink_landing_conflicts_total";
 /// Records of a stream's partitions that were not in Kafka when the sink needed them (deleted
-/// by retention before they were read, or not delivered by the broker) and that it skipped
+/// by retention or `DeleteRecords` before they were read) and that it skipped
 /// (`on_offset_gap = "skip"`), each range noted in the dead letters.
 pub const OFFSETS_SKIPPED: &str = "sink_offsets_skipped_total";
 /// Offsets of a stream's partitions that Kafka holds but gives the sink no record for, which it
