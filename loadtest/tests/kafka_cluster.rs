@@ -14,6 +14,7 @@
 
 mod common;
 
+use std::ffi::OsStr;
 use std::path::{Path, PathBuf};
 use std::time::{Duration, Instant};
 
@@ -131,32 +132,21 @@ impl Rig {
         let saved = self.dir.path().join(format!("sent-{seed}.ndjson"));
         let gateway = format!("http://{}", self.gateway.addr);
         tokio::spawn(async move {
-            let out = tokio::process::Command::new(env!("CARGO_BIN_EXE_loadtest"))
-                .args(["send", "--gateway", &gateway])
-                .args(["--records", &records.to_string()])
-                .args(["--rate", &rate.to_string()])
-                .args(["--seed", &seed.to_string()])
-                .args([
-                    "--devices",
-                    "40",
-                    "--batch-records",
-                    "250",
-                    "--concurrency",
-                    "3",
-                ])
-                .args(["--timeout", "60"])
-                .arg("--save")
-                .arg(&saved)
-                .output()
-                .await
-                .unwrap();
-            let summary: Value = serde_json::from_slice(&out.stdout).unwrap_or_else(|e| {
-                panic!(
-                    "loadtest send printed no JSON ({e}): {}",
-                    String::from_utf8_lossy(&out.stderr)
-                )
-            });
-            assert!(out.status.success(), "send failed: {summary}");
+            let (records, rate, seed) = (records.to_string(), rate.to_string(), seed.to_string());
+            let mut args = vec!["send", "--gateway", &gateway, "--records", &records];
+            args.extend(["--rate", &rate, "--seed", &seed, "--devices", "40"]);
+            args.extend([
+                "--batch-records",
+                "250",
+                "--concurrency",
+                "3",
+                "--timeout",
+                "60",
+            ]);
+            let mut args: Vec<&OsStr> = args.into_iter().map(OsStr::new).collect();
+            args.extend([OsStr::new("--save"), saved.as_os_str()]);
+            let (ok, summary) = loadtest(&args).await;
+            assert!(ok, "send failed: {summary}");
             assert_eq!(summary["refused_batches"], 0, "{summary}");
             saved
         })
@@ -165,23 +155,13 @@ impl Rig {
     /// `loadtest verify` of the saved files against the landing directory: every distinct
     /// record once.
     async fn verify(&self, sent: &[&Path]) -> Value {
-        let out = tokio::process::Command::new(env!("CARGO_BIN_EXE_loadtest"))
-            .arg("verify")
-            .arg("--sent")
-            .args(sent)
-            .arg("--landing")
-            .arg(self.landing())
-            .args(["--wait", "120"])
-            .output()
-            .await
-            .unwrap();
-        let report: Value = serde_json::from_slice(&out.stdout).unwrap_or_else(|e| {
-            panic!(
-                "loadtest verify printed no JSON ({e}): {}",
-                String::from_utf8_lossy(&out.stderr)
-            )
-        });
-        assert!(out.status.success(), "verify failed: {report}");
+        let landing = self.landing();
+        let mut args = vec![OsStr::new("verify"), OsStr::new("--sent")];
+        args.extend(sent.iter().map(|p| p.as_os_str()));
+        args.extend([OsStr::new("--landing"), landing.as_os_str()]);
+        args.extend([OsStr::new("--wait"), OsStr::new("120")]);
+        let (ok, report) = loadtest(&args).await;
+        assert!(ok, "verify failed: {report}");
         assert_eq!(report["missing"], 0, "{report}");
         assert_eq!(report["duplicated"], 0, "{report}");
         assert!(report["expected"].as_u64().unwrap() > 0, "{report}");
@@ -314,6 +294,22 @@ async fn two_brokers_down_take_nothing_and_lose_nothing_once_back() {
     assert_eq!(spooled(&spool), 0, "the spool is delivered");
     rig.verify(&[&before, &during, &file]).await;
     rig.stop(sinks).await;
+}
+
+/// Runs the `loadtest` binary with `args`; returns whether it succeeded and the JSON it printed.
+async fn loadtest(args: &[&OsStr]) -> (bool, Value) {
+    let out = tokio::process::Command::new(env!("CARGO_BIN_EXE_loadtest"))
+        .args(args)
+        .output()
+        .await
+        .unwrap();
+    let report = serde_json::from_slice(&out.stdout).unwrap_or_else(|e| {
+        panic!(
+            "loadtest {args:?} printed no JSON ({e}): {}",
+            String::from_utf8_lossy(&out.stderr)
+        )
+    });
+    (out.status.success(), report)
 }
 
 /// Batches an agent's spool holds (its files under `spool`).

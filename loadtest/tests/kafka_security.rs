@@ -99,28 +99,7 @@ impl SecureKafka {
             ],
             ..KafkaOptions::default()
         });
-        let plain = cluster.bootstrap();
-        let (ok, out) = kafka_tool(
-            "acls",
-            &[
-                "--bootstrap-server",
-                &plain,
-                "--add",
-                "--allow-principal",
-                &format!("User:{USER}"),
-                "--allow-principal",
-                CERT_PRINCIPAL,
-                "--operation",
-                "All",
-                "--topic",
-                GRANTED,
-                "--group",
-                GRANTED,
-                "--resource-pattern-type",
-                "prefixed",
-            ],
-        );
-        assert!(ok, "kafka-acls failed: {out}");
+        grant(&cluster, &["--topic", GRANTED, "--group", GRANTED]);
         let node = &cluster.nodes[0];
         let password_file = dir.join("kafka-password");
         // As a mounted secret often is: with a trailing newline, which is not the password's.
@@ -180,6 +159,24 @@ impl SecureKafka {
             password_file: Some(self.password_file.clone()),
         }
     }
+}
+
+/// Grants `ingest` and the client certificate's principal every operation on the resources
+/// (`--topic` and `--group` names) named by the prefixes in `resources`, with `kafka-acls` over
+/// the brokers' own listener.
+fn grant(cluster: &KafkaCluster, resources: &[&str]) {
+    let (bootstrap, user) = (cluster.bootstrap(), format!("User:{USER}"));
+    let mut args = vec!["--bootstrap-server", &bootstrap, "--add"];
+    args.extend([
+        "--allow-principal",
+        &user,
+        "--allow-principal",
+        CERT_PRINCIPAL,
+    ]);
+    args.extend(["--operation", "All", "--resource-pattern-type", "prefixed"]);
+    args.extend(resources);
+    let (ok, out) = kafka_tool("acls", &args);
+    assert!(ok, "kafka-acls failed: {out}");
 }
 
 fn gateway_config(kafka: &SecureKafka, prefix: &str) -> GatewayConfig {
@@ -476,25 +473,7 @@ async fn a_topic_no_acl_grants_is_refused_clearly_until_granted_and_nothing_is_l
     }
     assert_eq!(sink.stats.records_written.load(Ordering::Relaxed), 0);
 
-    let (ok, out) = kafka_tool(
-        "acls",
-        &[
-            "--bootstrap-server",
-            &kafka.cluster.bootstrap(),
-            "--add",
-            "--allow-principal",
-            &format!("User:{USER}"),
-            "--allow-principal",
-            CERT_PRINCIPAL,
-            "--operation",
-            "All",
-            "--topic",
-            &prefix,
-            "--resource-pattern-type",
-            "prefixed",
-        ],
-    );
-    assert!(ok, "kafka-acls failed: {out}");
+    grant(&kafka.cluster, &["--topic", &prefix]);
     let deadline = Instant::now() + Duration::from_secs(60);
     loop {
         let status = posted().await.unwrap().status();

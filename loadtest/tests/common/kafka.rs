@@ -4,7 +4,7 @@
 //! port (a proxy in front of it); listeners with TLS and SASL. The suite's shared broker is
 //! `EDGE_INGEST_KAFKA`; these are for tests that take brokers down or configure them.
 
-use std::path::{Path, PathBuf};
+use std::path::PathBuf;
 use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
 
@@ -139,11 +139,6 @@ impl KafkaCluster {
             .join(",")
     }
 
-    /// The folder the nodes keep their files in.
-    pub fn dir(&self) -> &Path {
-        self.dir.path()
-    }
-
     pub fn node(&mut self, id: i32) -> &mut KafkaNode {
         self.nodes.iter_mut().find(|n| n.id == id).unwrap()
     }
@@ -254,10 +249,6 @@ impl KafkaNode {
             );
             std::thread::sleep(Duration::from_millis(100));
         }
-    }
-
-    pub fn running(&self) -> bool {
-        self.child.is_some()
     }
 
     /// SIGKILL: the node goes without a word to the others.
