@@ -28,7 +28,7 @@ from read_landing import duckdb_counts, to_json_value
 def main():
     p = argparse.ArgumentParser(description=__doc__)
     p.add_argument("--catalog", required=True, help="the catalog: a SQLite file, a postgres:// URL or a REST catalog's http:// URL, "
-                   "as the sink's table.catalog (a REST catalog's client credentials from EDGE_INGEST_CATALOG_CREDENTIAL)")
+                   "as the sink's table.catalog (a REST catalog's client credentials from SINK_TABLE__CREDENTIAL)")
     p.add_argument("--catalog-name", default="edge_ingest")
     p.add_argument("--namespace", default="landing")
     p.add_argument("--table", required=True)
@@ -48,8 +48,8 @@ def main():
                       "s3.access-key-id": "test", "s3.secret-access-key": "test"})
     if uri is None:
         props["uri"] = args.catalog
-        if os.environ.get("EDGE_INGEST_CATALOG_CREDENTIAL"):
-            props["credential"] = os.environ["EDGE_INGEST_CATALOG_CREDENTIAL"]
+        if os.environ.get("SINK_TABLE__CREDENTIAL"):
+            props["credential"] = os.environ["SINK_TABLE__CREDENTIAL"]
         catalog = RestCatalog(args.catalog_name, **props)
     else:
         catalog = SqlCatalog(args.catalog_name, **props)

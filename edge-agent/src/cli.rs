@@ -95,14 +95,14 @@ enum Command {
 fn load(config: &std::path::Path) -> anyhow::Result<(AgentConfig, schemas::Streams)> {
     let config: AgentConfig = service_kit::load_config(Some(config), ENV_PREFIX)?;
     let streams = service_kit::load_streams_dir(&config.streams_dir)?;
-    config.validate(&streams)?;
+    config.validate(&streams).map_err(service_kit::config::invalid)?;
     Ok((config, streams))
 }
 
 #[tokio::main]
 pub async fn main() -> anyhow::Result<()> {
     let args = Args::parse();
-    service_kit::init_tracing();
+    service_kit::init_tracing(ENV_PREFIX);
     match args.command {
         Command::HashToken { token } => {
             let token = match token.filter(|t| t != "-") {
@@ -193,7 +193,7 @@ pub async fn main() -> anyhow::Result<()> {
             reload.running(&config);
             let stats = crate::run(config, streams, shutdown).await?;
             let t = stats.total();
-            // A log event, so that it is one JSON object too with LOG_FORMAT=json.
+            // A log event, so that it is one JSON object too with EDGE_AGENT_LOG_FORMAT=json.
             tracing::info!(
                 read = t.pipeline.read,
                 invalid = t.pipeline.invalid,

@@ -5,6 +5,6 @@
 //! takes fewer instructions on it, and mimalloc's freed pages, purged a second later, put
 //! bench-agent's peak RSS with Parquet bodies some 20 MiB above its 64 MiB target.
 
-fn main() -> anyhow::Result<()> {
-    edge_agent::cli::main()
+fn main() -> std::process::ExitCode {
+    service_kit::process::exit(edge_agent::cli::main())
 }

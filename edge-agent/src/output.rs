@@ -16,7 +16,6 @@
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use rand::Rng;
 use rdkafka::producer::Producer;
 use reqwest::StatusCode;
 use reqwest::header::{CONTENT_ENCODING, CONTENT_TYPE, RETRY_AFTER};
@@ -582,9 +581,5 @@ impl KafkaOutput {
 
 /// 250 ms doubling up to `max`, with ±50 % jitter.
 fn backoff(attempt: u32, max: Duration) -> Duration {
-    let base = 250u64
-        .saturating_mul(1 << attempt.min(16))
-        .min(max.as_millis() as u64)
-        .max(1);
-    Duration::from_millis(rand::rng().random_range(base / 2..=base + base / 2))
+    service_kit::process::backoff(attempt, Duration::from_millis(250), max)
 }

@@ -1,6 +1,7 @@
 //! The binaries' logs on stderr (here the agent's, through `service_kit::init_tracing`): plain text
 //! without terminal colours when stderr is not a terminal, one JSON object per line with
-//! `LOG_FORMAT=json`. And the agent's SIGHUP, which reloads its config.
+//! `EDGE_AGENT_LOG_FORMAT=json`, a fatal error too. The environment: Kubernetes' variables for
+//! a Service named `edge-agent` do not stop it. And the agent's SIGHUP, which reloads its config.
 
 mod support;
 
@@ -22,8 +23,8 @@ fn stdin_config(dir: &std::path::Path) -> std::path::PathBuf {
     )
 }
 
-/// Runs the agent on an empty stdin until it ends, with `format` as LOG_FORMAT (none: unset),
-/// and returns its stderr.
+/// Runs the agent on an empty stdin until it ends, with `format` as EDGE_AGENT_LOG_FORMAT (none:
+/// unset), and returns its stderr.
 fn agent_log(format: Option<&str>) -> String {
     let dir = tempfile::tempdir().unwrap();
     let cfg = stdin_config(dir.path());
@@ -32,10 +33,10 @@ fn agent_log(format: Option<&str>) -> String {
         .args(["run", "--config"])
         .arg(&cfg)
         .env("RUST_LOG", "info")
-        .env_remove("LOG_FORMAT")
+        .env_remove("EDGE_AGENT_LOG_FORMAT")
         .stdin(Stdio::null());
     if let Some(format) = format {
-        command.env("LOG_FORMAT", format);
+        command.env("EDGE_AGENT_LOG_FORMAT", format);
     }
     let out = command.output().unwrap();
     let log = String::from_utf8(out.stderr).unwrap();
@@ -69,9 +70,39 @@ fn logs_are_plain_text_off_a_terminal_and_json_lines_on_request() {
 
     let other = agent_log(Some("xml"));
     assert!(
-        other.contains("LOG_FORMAT is neither text nor json"),
+        other.contains("EDGE_AGENT_LOG_FORMAT is neither text nor json"),
         "{other}"
     );
+}
+
+/// Kubernetes' variables for a Service named `edge-agent` (`EDGE_AGENT_PORT=tcp://…` and the
+/// rest) name no key of the agent's: it starts and runs. A variable that names a key with a
+/// value that does not fit stops it with a configuration error (exit code 2), one JSON object
+/// with JSON logs; a run that ends well exits with 0.
+#[test]
+fn kubernetes_service_variables_do_not_stop_the_agent_and_a_fatal_error_is_json() {
+    let dir = tempfile::tempdir().unwrap();
+    let cfg = stdin_config(dir.path());
+    let run = |env: &[(String, String)]| {
+        Command::new(env!("CARGO_BIN_EXE_edge-agent"))
+            .args(["run", "--config"])
+            .arg(&cfg)
+            .env("EDGE_AGENT_LOG_FORMAT", "json")
+            .envs(env.iter().map(|(k, v)| (k, v)))
+            .stdin(Stdio::null())
+            .output()
+            .unwrap()
+    };
+    let out = run(&support::kubernetes_service_variables("edge-agent", 9103));
+    assert_eq!(out.status.code(), Some(0), "{out:?}");
+    let out = run(&[("EDGE_AGENT_MAX_BYTES_PER_SEC".into(), "fast".into())]);
+    assert_eq!(out.status.code(), Some(2), "{out:?}");
+    let log = String::from_utf8(out.stderr).unwrap();
+    let fatal: serde_json::Value = serde_json::from_str(log.trim()).expect(&log);
+    assert_eq!(fatal["level"], "ERROR", "{log}");
+    assert_eq!(fatal["fields"]["exit_code"], 2, "{log}");
+    let error = fatal["fields"]["error"].as_str().unwrap();
+    assert!(error.contains("max_bytes_per_sec"), "{log}");
 }
 
 /// SIGHUP does not end an agent that reads stdin, nor reload it (lines read but not yet spooled

@@ -85,12 +85,12 @@ pub fn main() -> anyhow::Result<()> {
         );
     }
     let args = Args::parse();
-    service_kit::init_tracing();
+    service_kit::init_tracing(ENV_PREFIX);
     let config: GatewayConfig =
         service_kit::load_config(args.service.config.as_deref(), ENV_PREFIX)?;
     if args.service.check {
         let streams = service_kit::load_streams_dir(&config.streams_dir)?;
-        let served = crate::check(&config, &streams)?;
+        let served = crate::check(&config, &streams).map_err(service_kit::config::invalid)?;
         println!("configuration is valid: {served} streams");
         if let Some(dir) = &args.compatible_with {
             let update = service_kit::load_streams_dir(dir)?

@@ -14,13 +14,14 @@ pub const ENV_PREFIX: &str = "INGEST_GATEWAY_";
 #[derive(Debug, Clone, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub struct GatewayConfig {
-    /// Address the HTTP API, `/metrics`, `/healthz` and `/readyz` listen on.
+    /// Address the HTTP API listens on.
     #[serde(default = "default_listen")]
     pub listen: SocketAddr,
-    /// Serve `/metrics`, `/healthz` and `/readyz` here (plain HTTP) instead of on `listen`: an
-    /// internal port for Prometheus and probes when the API faces the internet (its metrics name
-    /// tokens and streams) or requires client certificates.
-    #[serde(default)]
+    /// Where `/metrics`, `/healthz` and `/readyz` are served (plain HTTP): an internal port for
+    /// Prometheus and probes, apart from the API, which may face the internet (the metrics name
+    /// tokens and streams) or require client certificates. `"api"` (`None`) serves them on
+    /// `listen` instead.
+    #[serde(default = "default_admin_listen", deserialize_with = "admin_listen")]
     pub admin_listen: Option<SocketAddr>,
     /// Directory of stream definitions (`<stream>.toml`).
     #[serde(default = "default_streams_dir")]
@@ -73,7 +74,7 @@ impl Default for GatewayConfig {
     fn default() -> Self {
         GatewayConfig {
             listen: default_listen(),
-            admin_listen: None,
+            admin_listen: default_admin_listen(),
             streams_dir: default_streams_dir(),
             kafka: KafkaConfig::default(),
             limits: LimitsConfig::default(),
@@ -246,6 +247,19 @@ pub struct TokenConfig {
     pub max_bytes_per_sec: Option<u64>,
 }
 
+fn default_admin_listen() -> Option<SocketAddr> {
+    Some(SocketAddr::from(([0, 0, 0, 0], 9101)))
+}
+/// `admin_listen`: an address, or `"api"` for the API's own port.
+fn admin_listen<'de, D: serde::Deserializer<'de>>(d: D) -> Result<Option<SocketAddr>, D::Error> {
+    let text = String::deserialize(d)?;
+    if text == "api" {
+        return Ok(None);
+    }
+    text.parse().map(Some).map_err(|e| {
+        serde::de::Error::custom(format!("{text:?} is neither an address (host:port) nor \"api\": {e}"))
+    })
+}
 fn default_listen() -> SocketAddr {
     SocketAddr::from(([0, 0, 0, 0], 8080))
 }

@@ -280,7 +280,7 @@ pub async fn start(
     shutdown: CancellationToken,
 ) -> anyhow::Result<Gateway> {
     metrics::register(&streams);
-    let auth = Auth::from_config(&config.auth)?;
+    let auth = Auth::from_config(&config.auth).map_err(service_kit::config::invalid)?;
     if config.auth.allow_anonymous {
         tracing::warn!("anonymous ingest is allowed (auth.allow_anonymous = true)");
     }

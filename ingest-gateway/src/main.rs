@@ -5,6 +5,6 @@
 #[global_allocator]
 static GLOBAL: mimalloc::MiMalloc = mimalloc::MiMalloc;
 
-fn main() -> anyhow::Result<()> {
-    ingest_gateway::cli::main()
+fn main() -> std::process::ExitCode {
+    service_kit::process::exit(ingest_gateway::cli::main())
 }

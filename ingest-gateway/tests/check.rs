@@ -89,3 +89,31 @@ fn the_check_tells_whether_definitions_may_replace_those_in_force() {
         "{text}"
     );
 }
+
+/// Kubernetes sets variables for every Service of the namespace in every pod; those of a Service
+/// named `ingest-gateway` begin with the gateway's prefix and name no key: they are left out. A
+/// variable that names a key with a value that does not fit is a configuration error (exit
+/// code 2), one JSON log event when the logs are JSON.
+#[test]
+fn kubernetes_service_variables_do_not_stop_the_gateway() {
+    let variables = common::kubernetes_service_variables("ingest-gateway", 8080);
+    let env: Vec<(&str, &str)> = variables
+        .iter()
+        .map(|(k, v)| (k.as_str(), v.as_str()))
+        .collect();
+    let (ok, text) = check(&env);
+    assert!(ok, "{text}");
+    let args = ["--check", "--config", "config/ingest-gateway.toml"].map(std::ffi::OsStr::new);
+    let bad = [
+        ("INGEST_GATEWAY_WORKER_NICE", "lots"),
+        ("INGEST_GATEWAY_LOG_FORMAT", "json"),
+    ];
+    let (code, text) =
+        common::exit_code_from_root(env!("CARGO_BIN_EXE_ingest-gateway"), &args, &bad);
+    assert_eq!(code, Some(2), "{text}");
+    let fatal: serde_json::Value = serde_json::from_str(text.trim()).expect(&text);
+    assert_eq!(fatal["level"], "ERROR", "{text}");
+    assert_eq!(fatal["fields"]["exit_code"], 2, "{text}");
+    let error = fatal["fields"]["error"].as_str().unwrap();
+    assert!(error.contains("worker_nice"), "{text}");
+}

@@ -395,6 +395,7 @@ pub async fn run(opts: BenchOptions) -> anyhow::Result<BenchReport> {
     kafka.topic_prefix = format!("bench{id}gw.");
     let mut config = GatewayConfig {
         listen: ([127, 0, 0, 1], 0).into(),
+        admin_listen: None,
         kafka,
         ..GatewayConfig::default()
     };

@@ -400,7 +400,7 @@ impl From<FleetArgs> for FleetSpec {
 pub async fn main() -> anyhow::Result<()> {
     let args = Args::parse();
     // Keep the demo's output to the summary and warnings unless RUST_LOG asks for more.
-    service_kit::init_tracing_with_default("warn");
+    service_kit::init_tracing_with_default("LOADTEST_", "warn");
     match args.command {
         Command::Demo(args) => demo(args).await,
         Command::BenchGateway(args) => bench_gateway(args).await,

@@ -602,6 +602,7 @@ pub fn distinct_hashes(
 fn gateway_config(brokers: &str) -> GatewayConfig {
     let mut config = GatewayConfig {
         listen: ([127, 0, 0, 1], 0).into(),
+        admin_listen: None,
         auth: AuthConfig {
             allow_anonymous: false,
             tokens: vec![TokenConfig {

@@ -4,6 +4,6 @@
 #[global_allocator]
 static GLOBAL: mimalloc::MiMalloc = mimalloc::MiMalloc;
 
-fn main() -> anyhow::Result<()> {
-    loadtest::cli::main()
+fn main() -> std::process::ExitCode {
+    service_kit::process::exit(loadtest::cli::main())
 }

@@ -23,6 +23,7 @@ async fn deliver(
     let shutdown = CancellationToken::new();
     let mut gateway = GatewayConfig {
         listen: ([127, 0, 0, 1], 0).into(),
+        admin_listen: None,
         ..GatewayConfig::default()
     };
     gateway.auth.allow_anonymous = true;

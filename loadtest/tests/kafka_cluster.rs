@@ -56,6 +56,7 @@ impl Rig {
         let prefix = format!("cluster{}.", common::unique_id());
         let mut config = GatewayConfig {
             listen: ([127, 0, 0, 1], 0).into(),
+            admin_listen: None,
             auth: AuthConfig {
                 allow_anonymous: true,
                 tokens: Vec::new(),

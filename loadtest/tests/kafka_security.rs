@@ -182,6 +182,7 @@ fn grant(cluster: &KafkaCluster, resources: &[&str]) {
 fn gateway_config(kafka: &SecureKafka, prefix: &str) -> GatewayConfig {
     let mut config = GatewayConfig {
         listen: ([127, 0, 0, 1], 0).into(),
+        admin_listen: None,
         auth: AuthConfig {
             allow_anonymous: true,
             tokens: Vec::new(),

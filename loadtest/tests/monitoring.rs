@@ -107,6 +107,26 @@ fn declared_metrics() -> BTreeSet<String> {
     names
 }
 
+/// The metrics the components declare, with their kinds (`#[counter]` and the like above
+/// each name in `metrics.rs`).
+fn declared_kinds() -> Vec<(String, String)> {
+    let mut declared = Vec::new();
+    for krate in ["ingest-gateway", "sink", "edge-agent"] {
+        let path = common::repo_root().join(krate).join("src/metrics.rs");
+        let mut kind = None;
+        for line in std::fs::read_to_string(path).unwrap().lines() {
+            let line = line.trim();
+            if let Some(k) = line.strip_prefix("#[").and_then(|k| k.strip_suffix(']')) {
+                kind = Some(k.to_owned());
+            } else if let Some((_, rest)) = line.split_once(": &str = \"") {
+                let name = rest.trim_end_matches("\";").to_owned();
+                declared.push((name, kind.take().expect("a kind above each metric")));
+            }
+        }
+    }
+    declared
+}
+
 #[test]
 fn dashboards_and_alerts_name_only_declared_metrics() {
     let declared = declared_metrics();
@@ -295,6 +315,7 @@ async fn the_dashboards_and_alerts_read_the_components_metrics() {
 
     let mut gateway = GatewayConfig {
         listen: ([127, 0, 0, 1], 0).into(),
+        admin_listen: None,
         ..GatewayConfig::default()
     };
     gateway.auth.allow_anonymous = true;
@@ -441,7 +462,7 @@ async fn the_dashboards_and_alerts_read_the_components_metrics() {
     }
 
     let prometheus = Prometheus::start(&[
-        ("ingest-gateway:8080", gateway.addr.to_string()),
+        ("ingest-gateway:9101", gateway.addr.to_string()),
         ("sink:9102", sink_admin),
         ("edge-agent:9102", agent_admin),
     ])
@@ -508,6 +529,27 @@ async fn the_dashboards_and_alerts_read_the_components_metrics() {
         );
         assert_eq!(result[0]["value"][1], "0", "{expr}");
     }
+
+    // Every metric scraped has the type it is declared with and a `# HELP` line: its doc comment.
+    let metadata = prometheus.api("/api/v1/metadata", &[]).await;
+    let metadata = metadata["data"].as_object().unwrap();
+    let declared = declared_kinds();
+    let mut described = 0;
+    for (name, kind) in &declared {
+        let Some(entry) = metadata.get(name) else {
+            continue;
+        };
+        let entry = &entry[0];
+        assert_eq!(entry["type"], kind.as_str(), "{name}: {entry}");
+        let help = entry["help"].as_str().unwrap_or_default();
+        assert!(help.len() > 20, "{name} has no help: {entry}");
+        described += 1;
+    }
+    assert!(
+        described * 2 >= declared.len(),
+        "only {described} of {} declared metrics were scraped",
+        declared.len()
+    );
 
     // The alert rules loaded and evaluate without error; none fires on this healthy run
     // except the two that report the rejected record and the dead letter.

@@ -46,6 +46,7 @@ impl Stack {
         let shutdown = CancellationToken::new();
         let mut gateway = GatewayConfig {
             listen: ([127, 0, 0, 1], 0).into(),
+            admin_listen: None,
             auth: AuthConfig {
                 allow_anonymous: false,
                 tokens: vec![TokenConfig {

@@ -23,7 +23,7 @@ use crate::value::Value;
 /// at a time (550 instructions a row for bench-agent's maps of two entries, against 180).
 pub(crate) fn take_rows(array: &ArrayRef, order: &UInt32Array) -> Result<ArrayRef, ArrowError> {
     let positions = |offsets: &OffsetBuffer<i32>, nulls: Option<&NullBuffer>| {
-        let mut items = Vec::with_capacity((offsets.last() - offsets.first()) as usize);
+        let mut items = Vec::with_capacity((offsets[offsets.len() - 1] - offsets[0]) as usize);
         let mut taken = Vec::with_capacity(order.len() + 1);
         taken.push(0i32);
         for &row in order.values() {

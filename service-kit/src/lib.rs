@@ -11,7 +11,10 @@ pub mod process;
 pub mod telemetry;
 pub mod tls;
 
-pub use config::{DefinitionFile, Reread, load_config, load_stream, load_streams_dir};
+#[doc(hidden)]
+pub use metrics as __metrics;
+
+pub use config::{ConfigError, DefinitionFile, Reread, load_config, load_stream, load_streams_dir};
 pub use telemetry::{
     Health, admin_router, init_tracing, init_tracing_with_default, install_metrics, serve_admin,
     serve_admin_with, spawn_readiness_probe,

@@ -7,6 +7,68 @@ use std::io;
 
 use tokio_util::sync::CancellationToken;
 
+/// The exit status of a run that ended well, or was stopped by SIGTERM or SIGINT after it
+/// finished the work in hand.
+pub const EXIT_OK: u8 = 0;
+/// A runtime error: a service, a store or a peer failed in a way the process does not outlast.
+pub const EXIT_RUNTIME: u8 = 1;
+/// The configuration, a stream definition, a file they name or the command line is invalid
+/// (clap's usage errors exit with 2 too). Starting again unchanged fails again.
+pub const EXIT_CONFIG: u8 = 2;
+/// Stopped by a signal before the work in hand was done (the graceful shutdown timed out): what
+/// was left is taken up at the next start. 128 + SIGINT, as shells report an interrupted command.
+pub const EXIT_INTERRUPTED: u8 = 130;
+
+/// Marks an error as a stop before the work in hand was done ([`EXIT_INTERRUPTED`]).
+#[derive(Debug, Clone, Copy)]
+pub struct Interrupted;
+
+impl std::fmt::Display for Interrupted {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str("interrupted")
+    }
+}
+
+/// The exit status for `error`: [`EXIT_CONFIG`] for a [`crate::config::ConfigError`],
+/// [`EXIT_INTERRUPTED`] for an [`Interrupted`] stop, else [`EXIT_RUNTIME`].
+pub fn exit_code_of(error: &anyhow::Error) -> u8 {
+    if error.downcast_ref::<crate::config::ConfigError>().is_some() {
+        EXIT_CONFIG
+    } else if error.downcast_ref::<Interrupted>().is_some() {
+        EXIT_INTERRUPTED
+    } else {
+        EXIT_RUNTIME
+    }
+}
+
+/// Ends `main`: on an error, reports it (one JSON log event when the logs are JSON, else
+/// `Error: ` and its causes, as a `main` returning the error would) and exits with
+/// [`exit_code_of`] it.
+pub fn exit(result: anyhow::Result<()>) -> std::process::ExitCode {
+    let Err(error) = result else {
+        return std::process::ExitCode::from(EXIT_OK);
+    };
+    let code = exit_code_of(&error);
+    if crate::telemetry::json_logs() {
+        tracing::error!(exit_code = code, error = format!("{error:#}"), "fatal error");
+    } else {
+        eprintln!("Error: {error:?}");
+    }
+    std::process::ExitCode::from(code)
+}
+
+/// The wait before retry `attempt` (0 for the first retry): `first` doubling up to `max`, then
+/// anywhere from half to one and a half times that. The jitter keeps processes that failed
+/// together (many sinks after an object store outage, agents after the gateway's) from
+/// retrying in lockstep.
+pub fn backoff(attempt: u32, first: std::time::Duration, max: std::time::Duration) -> std::time::Duration {
+    use rand::Rng as _;
+    let base = first.saturating_mul(1 << attempt.min(20)).min(max);
+    let nanos = base.as_nanos().min(u128::from(u64::MAX)) as u64;
+    let jittered = rand::rng().random_range(nanos / 2..=nanos.saturating_add(nanos / 2));
+    std::time::Duration::from_nanos(jittered.max(1))
+}
+
 /// Raises this process's soft limit on open files to its hard limit, and logs the limit in
 /// force. systemd starts services with a soft limit of 1,024 (and a hard one of 524,288) and
 /// leaves it to programs that need more to raise it: a sink holds a staged file per partition
@@ -146,7 +208,9 @@ impl Service {
         }
         match tokio::time::timeout(grace, task).await {
             Ok(result) => result.with_context(|| format!("{what} task failed"))?,
-            Err(_) => anyhow::bail!("graceful shutdown timed out; {lost}"),
+            Err(_) => {
+                return Err(anyhow::anyhow!("graceful shutdown timed out; {lost}").context(Interrupted));
+            }
         }
     }
 }
@@ -176,6 +240,24 @@ pub fn thread_id() -> i32 {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// The waits double from `first` up to `max`, each within ±50 % of its step, and differ
+    /// between calls.
+    #[test]
+    fn backoff_doubles_up_to_its_limit_with_jitter() {
+        use std::time::Duration;
+        let (first, max) = (Duration::from_millis(200), Duration::from_secs(30));
+        for attempt in 0..12 {
+            let step = (first * 2u32.pow(attempt)).min(max);
+            let waits: Vec<Duration> = (0..50).map(|_| backoff(attempt, first, max)).collect();
+            for wait in &waits {
+                assert!(*wait >= step / 2 && *wait <= step * 3 / 2, "{attempt}: {wait:?}");
+            }
+            let distinct: std::collections::BTreeSet<_> = waits.iter().collect();
+            assert!(distinct.len() > 40, "{attempt}: {distinct:?}");
+        }
+        assert!(backoff(u32::MAX, first, max) <= max * 3 / 2);
+    }
 
     #[test]
     fn a_thread_lowers_its_own_priority_and_no_other() {

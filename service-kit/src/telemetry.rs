@@ -12,36 +12,45 @@ use metrics_exporter_prometheus::{Matcher, PrometheusBuilder, PrometheusHandle};
 use tokio_util::sync::CancellationToken;
 
 /// Installs a `tracing` subscriber that logs to stderr, filtered by `RUST_LOG` (default `info`):
-/// as text, coloured only on a terminal, or as one JSON object per line with `LOG_FORMAT=json`
-/// (for log shippers).
-pub fn init_tracing() {
-    init_tracing_with_default("info");
+/// as text, coloured only on a terminal, or as one JSON object per line with
+/// `<env_prefix>LOG_FORMAT=json` (`SINK_LOG_FORMAT=json`, for log shippers).
+pub fn init_tracing(env_prefix: &str) {
+    init_tracing_with_default(env_prefix, "info");
 }
 
 /// Like [`init_tracing`] with another default filter when `RUST_LOG` is unset.
-pub fn init_tracing_with_default(default: &str) {
+pub fn init_tracing_with_default(env_prefix: &str, default: &str) {
     use std::io::IsTerminal as _;
     let filter = tracing_subscriber::EnvFilter::try_from_default_env()
         .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new(default));
     let builder = tracing_subscriber::fmt()
         .with_env_filter(filter)
         .with_writer(std::io::stderr);
-    let format = std::env::var(LOG_FORMAT).unwrap_or_default();
-    let _ = match format.as_str() {
-        "json" => builder.json().try_init(),
-        _ => builder
+    let variable = format!("{env_prefix}{LOG_FORMAT}");
+    let format = std::env::var(&variable).unwrap_or_default();
+    let json = format == "json";
+    let _ = JSON_LOGS.set(json);
+    let _ = if json {
+        builder.json().try_init()
+    } else {
+        builder
             .with_ansi(std::io::stderr().is_terminal())
-            .try_init(),
+            .try_init()
     };
     if !matches!(format.as_str(), "" | "text" | "json") {
-        tracing::warn!(
-            value = %format,
-            "{LOG_FORMAT} is neither text nor json; logging text"
-        );
+        tracing::warn!(value = %format, "{variable} is neither text nor json; logging text");
     }
 }
 
-/// The environment variable that picks the log format: `text` (the default) or `json`.
+/// Whether the logs are JSON objects ([`init_tracing`]), so that a fatal error is one too.
+pub fn json_logs() -> bool {
+    JSON_LOGS.get().copied().unwrap_or(false)
+}
+
+static JSON_LOGS: OnceLock<bool> = OnceLock::new();
+
+/// The environment variable that picks the log format, after the binary's prefix
+/// (`SINK_LOG_FORMAT`): `text` (the default) or `json`.
 pub const LOG_FORMAT: &str = "LOG_FORMAT";
 
 /// Installs the process-wide Prometheus recorder once and returns its handle.
@@ -194,4 +203,28 @@ pub fn set_gauges(names: &[&'static str], value: f64, labels: &[(&'static str, S
     for &name in names {
         metrics::gauge!(name, labels).set(value);
     }
+}
+
+/// Declares a component's metric names, each with its kind (`#[counter]`, `#[gauge]` or
+/// `#[histogram]`) and its doc comment, and a `describe()` that gives each its `# HELP` line (the doc
+/// comment, on one line). `describe` is called once the recorder is installed.
+#[macro_export]
+macro_rules! metrics {
+    ($( #[$kind:ident] $(#[doc = $doc:literal])+ pub const $name:ident: &str = $value:literal; )*) => {
+        $( $(#[doc = $doc])+ pub const $name: &str = $value; )*
+
+        /// Gives every metric of this component its `# HELP` line, from its doc comment.
+        pub fn describe() {
+            $( $crate::metrics!(@describe $kind $name concat!($($doc),+).trim()); )*
+        }
+    };
+    (@describe counter $name:ident $help:expr) => {
+        $crate::__metrics::describe_counter!($name, $help)
+    };
+    (@describe gauge $name:ident $help:expr) => {
+        $crate::__metrics::describe_gauge!($name, $help)
+    };
+    (@describe histogram $name:ident $help:expr) => {
+        $crate::__metrics::describe_histogram!($name, $help)
+    };
 }

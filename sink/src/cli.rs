@@ -52,7 +52,7 @@ enum Command {
 #[tokio::main]
 pub async fn main() -> anyhow::Result<()> {
     let args = Args::parse();
-    service_kit::init_tracing();
+    service_kit::init_tracing(ENV_PREFIX);
     let config: SinkConfig = service_kit::load_config(args.service.config.as_deref(), ENV_PREFIX)?;
     let streams = service_kit::load_streams_dir(&config.streams_dir)?;
     if let Some(Command::Redrive {
@@ -73,7 +73,7 @@ pub async fn main() -> anyhow::Result<()> {
         return Ok(());
     }
     if args.service.check {
-        let selected = crate::check(&config, streams)?;
+        let selected = crate::check(&config, streams).map_err(service_kit::config::invalid)?;
         println!("configuration is valid: streams {}", selected.join(", "));
         return Ok(());
     }

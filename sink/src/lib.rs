@@ -331,13 +331,18 @@ pub async fn start(
     streams: Streams,
     shutdown: CancellationToken,
 ) -> anyhow::Result<Sink> {
-    let streams = config.select_streams(streams)?;
-    config.landing.check(&streams)?;
+    let streams = config
+        .select_streams(streams)
+        .map_err(service_kit::config::invalid)?;
+    config
+        .landing
+        .check(&streams)
+        .map_err(service_kit::config::invalid)?;
     m::register(&streams);
     let store = ObjectStore::from_config(&config.store).await?;
     let tables = match &config.table {
         Some(table) => {
-            table.check()?;
+            table.check().map_err(service_kit::config::invalid)?;
             Some(table::Tables::open(table, store.clone(), &config.key_prefix).await?)
         }
         None => None,

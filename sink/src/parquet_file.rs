@@ -363,8 +363,9 @@ impl PagePlan {
             for &column in &indexes {
                 let chunk = group.column(column);
                 let pages = file
-                    .page_index()
-                    .and_then(|i| i.page_locations(index, column))
+                    .offset_index()
+                    .and_then(|i| i.get(index)?.get(column))
+                    .map(|i| i.page_locations().as_slice())
                     .filter(|pages| !pages.is_empty() && chunk.dictionary_page_offset().is_none());
                 let Some(pages) = pages else {
                     let (offset, bytes) = chunk.byte_range();

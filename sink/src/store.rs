@@ -852,9 +852,10 @@ fn local_link_if_absent(from: &Path, path: &Path) -> Result<PutOutcome, StoreErr
     Ok(outcome)
 }
 
-/// Backoff for retryable store errors: 200 ms doubling up to 30 s.
+/// Backoff for retryable store errors: 200 ms doubling up to 30 s, with ±50 % jitter, so that
+/// the sinks of a group do not all retry at once after an outage.
 pub fn backoff(attempt: u32) -> Duration {
-    Duration::from_millis(200u64.saturating_mul(1 << attempt.min(8))).min(Duration::from_secs(30))
+    service_kit::process::backoff(attempt, Duration::from_millis(200), Duration::from_secs(30))
 }
 
 #[cfg(test)]

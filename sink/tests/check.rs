@@ -139,3 +139,25 @@ fn the_kafka_password_comes_from_a_file_and_never_shows() {
         "the sink printed its password:\n{printed}"
     );
 }
+
+/// Kubernetes sets `SINK_PORT=tcp://…`, `SINK_SERVICE_HOST` and more in every pod of a namespace
+/// with a Service named `sink`: they name no key and are left out. A variable that names a key
+/// with a value that does not fit is a configuration error, exit code 2.
+#[test]
+fn kubernetes_service_variables_do_not_stop_the_sink() {
+    let variables = common::kubernetes_service_variables("sink", 9102);
+    let env: Vec<(&str, &str)> = variables
+        .iter()
+        .map(|(k, v)| (k.as_str(), v.as_str()))
+        .collect();
+    let (ok, text) = check(&env);
+    assert!(ok, "{text}");
+    let args = ["--check", "--config", "config/sink.toml"].map(std::ffi::OsStr::new);
+    let (code, text) = common::exit_code_from_root(
+        env!("CARGO_BIN_EXE_sink"),
+        &args,
+        &[("SINK_ADMIN_LISTEN", "tcp://10.96.0.12:9102")],
+    );
+    assert_eq!(code, Some(2), "{text}");
+    assert!(text.contains("admin_listen"), "{text}");
+}

@@ -459,7 +459,7 @@ async fn two_sinks_commit_to_a_rest_catalog_every_record_once() {
         read_table_with(
             &server.url,
             &["--catalog-name", "rest"],
-            &[("EDGE_INGEST_CATALOG_CREDENTIAL", "sink-client:s3cret")],
+            &[("SINK_TABLE__CREDENTIAL", "sink-client:s3cret")],
         )
     };
     let after =
@@ -842,7 +842,7 @@ async fn commits_through_a_rest_catalog_expire_old_snapshots() {
     let table = read_table_with(
         &server.url,
         &["--catalog-name", "rest", "--files-only"],
-        &[("EDGE_INGEST_CATALOG_CREDENTIAL", "client:secret")],
+        &[("SINK_TABLE__CREDENTIAL", "client:secret")],
     );
     assert_eq!(table["files"].as_array().unwrap().len(), 70);
     assert_eq!(table["summary"]["total-data-files"], "70");

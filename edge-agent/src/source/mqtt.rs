@@ -159,7 +159,11 @@ pub async fn run(spec: MqttSpec, feed: Feed, shutdown: CancellationToken) -> any
             Ok(_) => {}
             Err(e) => {
                 failures += 1;
-                let wait = Duration::from_millis(250u64 << failures.min(6));
+                let wait = service_kit::process::backoff(
+                    failures - 1,
+                    Duration::from_millis(250),
+                    Duration::from_secs(16),
+                );
                 if failures <= 3 || failures.is_multiple_of(20) {
                     tracing::warn!(url = %spec.url, error = %e, ?wait, "mqtt connection failed; retrying");
                 }

@@ -71,6 +71,7 @@ fn config(
     let id = unique();
     let mut c = GatewayConfig {
         listen: ([127, 0, 0, 1], 0).into(),
+        admin_listen: None,
         auth: AuthConfig {
             allow_anonymous: false,
             tokens: vec![TokenConfig {
@@ -695,7 +696,7 @@ fn proxied_kafka(advertised: u16) -> KafkaCluster {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn broker_outage_answers_503_with_retry_after_then_recovers() {
-    service_kit::init_tracing();
+    service_kit::init_tracing("INGEST_GATEWAY_");
     let front = free_port();
     let broker = proxied_kafka(front);
     let port = broker.nodes[0].port;
@@ -816,6 +817,19 @@ async fn a_stop_during_a_broker_outage_answers_the_waiting_request_503() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn admin_listen_moves_metrics_and_health_off_the_api_port() {
+    // By default they are on an admin port of their own; "api" puts them on the API's.
+    let dir = tempfile::tempdir().unwrap();
+    let file = dir.path().join("gateway.toml");
+    let load = |toml: &str| {
+        std::fs::write(&file, toml).unwrap();
+        service_kit::load_config::<GatewayConfig>(Some(&file), "ADMINTEST_").unwrap()
+    };
+    assert_eq!(load("").admin_listen, Some(([0, 0, 0, 0], 9101).into()));
+    assert_eq!(load("admin_listen = \"api\"\n").admin_listen, None);
+    std::fs::write(&file, "admin_listen = \"9101\"\n").unwrap();
+    let refused = service_kit::load_config::<GatewayConfig>(Some(&file), "ADMINTEST_").unwrap_err();
+    assert!(format!("{refused:#}").contains("nor \"api\""), "{refused:#}");
+
     let brokers = env("EDGE_INGEST_KAFKA");
     let (c, ..) = config(&brokers, |c| {
         c.admin_listen = Some(([127, 0, 0, 1], 0).into());
@@ -855,6 +869,7 @@ async fn admin_listen_moves_metrics_and_health_off_the_api_port() {
         .text()
         .await
         .unwrap();
+    assert!(metrics.contains("# HELP gateway_records_total Records of requests"), "{metrics}");
     assert!(
         metrics.contains("gateway_records_total{stream=\"sensor_readings\",outcome=\"accepted\"}"),
         "{metrics}"
@@ -931,7 +946,7 @@ async fn schemathesis_finds_no_violations_of_the_openapi_document() {
 /// `dead_letters`), taking [`TOKEN`], with the TOML of `more` after it.
 fn gateway_toml(port: u16, brokers: &str, prefix: &str, dead_letters: &str, more: &str) -> String {
     format!(
-        "listen = \"127.0.0.1:{port}\"\nstreams_dir = {streams:?}\n\
+        "listen = \"127.0.0.1:{port}\"\nadmin_listen = \"api\"\nstreams_dir = {streams:?}\n\
          [kafka]\nbrokers = \"{brokers}\"\ntopic_prefix = \"{prefix}\"\n\
          create_topics = true\nproduce_timeout_ms = 10000\n\
          dead_letter_topic = \"{dead_letters}\"\n\

@@ -146,7 +146,7 @@ async fn sighup_reloads_the_tokens_and_the_certificate() {
         std::fs::write(
             &config,
             format!(
-                "listen = \"127.0.0.1:{port}\"\nstreams_dir = {streams:?}\n\
+                "listen = \"127.0.0.1:{port}\"\nadmin_listen = \"api\"\nstreams_dir = {streams:?}\n\
                  [tls]\ncert = {cert:?}\nkey = {key:?}\n\
                  [kafka]\nbrokers = \"{brokers}\"\ntopic_prefix = \"hup{id}.\"\n\
                  create_topics = true\ndead_letter_topic = \"hup{id}-dead-letters\"\n\
@@ -259,7 +259,7 @@ async fn stream_definitions_change_without_a_restart() {
     std::fs::write(
         &config,
         format!(
-            "listen = \"127.0.0.1:{port}\"\nstreams_dir = {streams:?}\n\
+            "listen = \"127.0.0.1:{port}\"\nadmin_listen = \"api\"\nstreams_dir = {streams:?}\n\
              [kafka]\nbrokers = \"{brokers}\"\ntopic_prefix = \"defs{id}.\"\n\
              create_topics = true\ndead_letter_topic = \"defs{id}-dead-letters\"\n\
              [[auth.tokens]]\nname = \"device\"\nblake3 = \"{}\"\nstreams = [\"*\"]\n",

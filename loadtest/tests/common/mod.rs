@@ -27,6 +27,16 @@ pub fn repo_root() -> PathBuf {
 /// Runs the binary `exe` with `args` from the repository's root, with `env` overrides and no
 /// backtraces; returns whether it succeeded and what it printed (stdout, then stderr).
 pub fn run_from_root(exe: &str, args: &[&std::ffi::OsStr], env: &[(&str, &str)]) -> (bool, String) {
+    let (code, text) = exit_code_from_root(exe, args, env);
+    (code == Some(0), text)
+}
+
+/// Like [`run_from_root`], with the exit code (`None`: ended by a signal).
+pub fn exit_code_from_root(
+    exe: &str,
+    args: &[&std::ffi::OsStr],
+    env: &[(&str, &str)],
+) -> (Option<i32>, String) {
     let out = Command::new(exe)
         .args(args)
         .current_dir(repo_root())
@@ -36,7 +46,25 @@ pub fn run_from_root(exe: &str, args: &[&std::ffi::OsStr], env: &[(&str, &str)])
         .unwrap_or_else(|e| panic!("cannot run {exe}: {e}"));
     let text =
         String::from_utf8_lossy(&out.stdout).into_owned() + &String::from_utf8_lossy(&out.stderr);
-    (out.status.success(), text)
+    (out.status.code(), text)
+}
+
+/// The variables Kubernetes sets in every pod of a namespace for a Service named `service`
+/// with one TCP port: `SINK_SERVICE_HOST`, `SINK_PORT=tcp://…` and the rest, for `sink`.
+pub fn kubernetes_service_variables(service: &str, port: u16) -> Vec<(String, String)> {
+    let name = service.to_uppercase().replace('-', "_");
+    let (host, tcp) = ("10.96.0.12", format!("{name}_PORT_{port}_TCP"));
+    let url = format!("tcp://{host}:{port}");
+    vec![
+        (format!("{name}_SERVICE_HOST"), host.to_owned()),
+        (format!("{name}_SERVICE_PORT"), port.to_string()),
+        (format!("{name}_SERVICE_PORT_METRICS"), port.to_string()),
+        (format!("{name}_PORT"), url.clone()),
+        (tcp.clone(), url),
+        (format!("{tcp}_PROTO"), "tcp".to_owned()),
+        (format!("{tcp}_PORT"), port.to_string()),
+        (format!("{tcp}_ADDR"), host.to_owned()),
+    ]
 }
 
 /// Runs `scripts/read_landing.py` with the test venv's Python and returns its JSON output.

@@ -13,29 +13,121 @@ use schemas::dictionary::ZstdDictionary;
 use schemas::{Change, StreamDef, Streams};
 use serde::de::DeserializeOwned;
 
+/// Marks an error as the configuration's (a file, an environment override, a stream definition
+/// or a file they name): the process exits with [`crate::process::EXIT_CONFIG`].
+#[derive(Debug, Clone, Copy)]
+pub struct ConfigError;
+
+impl std::fmt::Display for ConfigError {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str("configuration error")
+    }
+}
+
+/// Marks `error` as a configuration error ([`ConfigError`]).
+pub fn invalid(error: anyhow::Error) -> anyhow::Error {
+    error.context(ConfigError)
+}
+
 /// Loads a config: defaults, then the TOML file (if given), then environment variables that start
-/// with `env_prefix`. Nested keys are separated by `__`, e.g. `EDGE_GATEWAY_KAFKA__BROKERS`.
-/// Unknown keys, in the file or the environment, are errors (the config types deny them).
+/// with `env_prefix`. Nested keys are separated by `__`, e.g. `INGEST_GATEWAY_KAFKA__BROKERS`.
+///
+/// Unknown keys in the file are errors (the config types deny them). The environment holds
+/// variables set for other programs, some with our prefix: Kubernetes sets `SINK_PORT`,
+/// `SINK_SERVICE_HOST` and more for a Service named `sink`. So a variable is read only when it
+/// names a key: one that names none is left out with a warning (Kubernetes' Service variables
+/// without one), and one that names a key with a value that does not fit is an error.
+/// `<prefix>LOG_FORMAT` is read before the config ([`crate::telemetry::init_tracing`]).
 pub fn load_config<T: DeserializeOwned>(
     file: Option<&Path>,
     env_prefix: &str,
 ) -> anyhow::Result<T> {
-    let mut figment = Figment::new();
+    load_config_inner(file, env_prefix).map_err(invalid)
+}
+
+fn load_config_inner<T: DeserializeOwned>(
+    file: Option<&Path>,
+    env_prefix: &str,
+) -> anyhow::Result<T> {
+    let mut base = Figment::new();
     if let Some(file) = file {
         if !file.is_file() {
             bail!("config file {} does not exist", file.display());
         }
-        figment = figment.merge(Toml::file_exact(file));
+        base = base.merge(Toml::file_exact(file));
     }
-    figment = figment.merge(Env::prefixed(env_prefix).split("__"));
-    figment.extract().map_err(|e| {
-        let all: Vec<String> = e.into_iter().map(|e| e.to_string()).collect();
-        anyhow::anyhow!("invalid configuration:\n  {}", all.join("\n  "))
-    })
+    // Dotted keys (`kafka.brokers`), as the environment provider names them.
+    let mut left_out: Vec<String> = vec![crate::telemetry::LOG_FORMAT.to_ascii_lowercase()];
+    let reserved = left_out.len();
+    // Each round leaves out the variables the last one found naming no key; serde reports the
+    // first unknown field of a table, so a few rounds may be needed.
+    loop {
+        let keys: Vec<&str> = left_out.iter().map(String::as_str).collect();
+        let env = Env::prefixed(env_prefix).split("__").ignore(&keys);
+        let errors = match base.clone().merge(env).extract::<T>() {
+            Ok(config) => {
+                for key in &left_out[reserved..] {
+                    let variable = format!("{env_prefix}{}", key.replace('.', "__").to_uppercase());
+                    if is_kubernetes_service_variable(key) {
+                        tracing::debug!(%variable, "left out a Kubernetes Service variable");
+                    } else {
+                        tracing::warn!(%variable, "the environment variable names no configuration key; it is left out");
+                    }
+                }
+                return Ok(config);
+            }
+            Err(errors) => errors,
+        };
+        let unknown: Vec<String> = errors
+            .clone()
+            .into_iter()
+            .filter_map(|e| unknown_env_key(&e, env_prefix))
+            .filter(|key| !left_out.contains(key))
+            .collect();
+        if unknown.is_empty() {
+            let all: Vec<String> = errors.into_iter().map(|e| e.to_string()).collect();
+            bail!("invalid configuration:\n  {}", all.join("\n  "));
+        }
+        left_out.extend(unknown);
+    }
 }
 
-/// Loads every `*.toml` file of `dir` as a stream definition. All errors are reported together.
+/// The dotted key of an environment variable that `error` reports as naming no key.
+fn unknown_env_key(error: &figment::Error, env_prefix: &str) -> Option<String> {
+    let figment::error::Kind::UnknownField(field, _) = &error.kind else {
+        return None;
+    };
+    let from_env = error.metadata.as_ref().is_some_and(|m| {
+        m.name.contains("environment") && m.name.contains(env_prefix.trim_end_matches('_'))
+    });
+    if !from_env {
+        return None;
+    }
+    let mut path = error.path.clone();
+    if path.last() != Some(field) {
+        path.push(field.clone());
+    }
+    Some(path.join(".").to_ascii_lowercase())
+}
+
+/// Whether `key` (after the prefix) is one of the variables Kubernetes sets for a Service whose
+/// name is the prefix: `PORT`, `PORT_<port>_<proto>[_ADDR|_PORT|_PROTO]`, `SERVICE_HOST`,
+/// `SERVICE_PORT[_<name>]`.
+fn is_kubernetes_service_variable(key: &str) -> bool {
+    key == "port"
+        || key.starts_with("port_")
+        || key == "service_host"
+        || key == "service_port"
+        || key.starts_with("service_port_")
+}
+
+/// Loads every `*.toml` file of `dir` as a stream definition. All errors are reported together,
+/// as a [`ConfigError`].
 pub fn load_streams_dir(dir: &Path) -> anyhow::Result<Streams> {
+    load_streams_dir_inner(dir).map_err(invalid)
+}
+
+fn load_streams_dir_inner(dir: &Path) -> anyhow::Result<Streams> {
     let entries = std::fs::read_dir(dir)
         .with_context(|| format!("cannot read stream directory {}", dir.display()))?;
     let mut files = Vec::new();
@@ -237,7 +329,7 @@ mod tests {
 
     #[test]
     #[allow(clippy::result_large_err)] // figment's Jail API
-    fn file_then_env_and_unknown_keys_fail() {
+    fn file_then_env_unknown_keys_in_the_file_fail_in_the_environment_are_left_out() {
         let dir = tempfile::tempdir().unwrap();
         let file = dir.path().join("c.toml");
         std::fs::write(&file, "name = \"a\"\n[inner]\nport = 1\n").unwrap();
@@ -245,14 +337,33 @@ mod tests {
             jail.set_env("PLUMBTEST_INNER__PORT", "7");
             let c: Cfg = load_config(Some(&file), "PLUMBTEST_").unwrap();
             assert_eq!((c.name.as_str(), c.inner.port), ("a", 7));
-            jail.set_env("PLUMBTEST_COLOUR", "red");
+            // Variables that name no key, at the top and in a table: Kubernetes' for a Service
+            // named `plumbtest`, a typo, the log format.
+            for (name, value) in [
+                ("PLUMBTEST_PORT", "tcp://10.0.0.1:9102"),
+                ("PLUMBTEST_PORT_9102_TCP", "tcp://10.0.0.1:9102"),
+                ("PLUMBTEST_PORT_9102_TCP_ADDR", "10.0.0.1"),
+                ("PLUMBTEST_SERVICE_HOST", "10.0.0.1"),
+                ("PLUMBTEST_SERVICE_PORT", "9102"),
+                ("PLUMBTEST_COLOUR", "red"),
+                ("PLUMBTEST_INNER__COLOUR", "blue"),
+                ("PLUMBTEST_LOG_FORMAT", "json"),
+            ] {
+                jail.set_env(name, value);
+            }
+            let c: Cfg = load_config(Some(&file), "PLUMBTEST_").unwrap();
+            assert_eq!((c.name.as_str(), c.inner.port), ("a", 7));
+            // A variable that names a key with a value that does not fit is an error.
+            jail.set_env("PLUMBTEST_INNER__PORT", "seven");
             let e = load_config::<Cfg>(Some(&file), "PLUMBTEST_").unwrap_err();
-            assert!(e.to_string().contains("colour"), "{e}");
+            assert!(format!("{e:#}").contains("port"), "{e:#}");
+            assert_eq!(crate::process::exit_code_of(&e), crate::process::EXIT_CONFIG);
             Ok(())
         });
         std::fs::write(&file, "nmae = \"a\"\n").unwrap();
         let e = load_config::<Cfg>(Some(&file), "PLUMBTEST2_").unwrap_err();
-        assert!(e.to_string().contains("nmae"), "{e}");
+        assert!(format!("{e:#}").contains("nmae"), "{e:#}");
+        assert_eq!(crate::process::exit_code_of(&e), crate::process::EXIT_CONFIG);
     }
 
     #[test]

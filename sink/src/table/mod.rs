@@ -29,6 +29,7 @@ use anyhow::Context;
 use schemas::StreamDef;
 use schemas::arrow::HashColumn;
 use serde::Deserialize;
+use service_kit::config::secret::Secret;
 
 use crate::metrics as m;
 use crate::store::ObjectStore;
@@ -58,14 +59,21 @@ pub struct TableConfig {
     /// REST: the warehouse asked for in the catalog's configuration (`/v1/config?warehouse=`).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub warehouse: Option<String>,
-    /// REST: a file holding a bearer token, read for every request (else
-    /// `EDGE_INGEST_CATALOG_TOKEN`).
+    /// REST: a file holding a bearer token, read for every request.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub token_file: Option<String>,
-    /// REST: a file holding OAuth2 client credentials, `client_id:client_secret` (else
-    /// `EDGE_INGEST_CATALOG_CREDENTIAL`), exchanged for a token at `oauth2_uri`.
+    /// REST: a bearer token, better given by the environment (`SINK_TABLE__TOKEN`) than in the
+    /// file; or `token_file`.
+    #[serde(default, skip_serializing)]
+    pub token: Option<Secret>,
+    /// REST: a file holding OAuth2 client credentials, `client_id:client_secret`, exchanged for
+    /// a token at `oauth2_uri`.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub credential_file: Option<String>,
+    /// REST: OAuth2 client credentials, `client_id:client_secret`, better given by the
+    /// environment (`SINK_TABLE__CREDENTIAL`) than in the file; or `credential_file`.
+    #[serde(default, skip_serializing)]
+    pub credential: Option<Secret>,
     /// REST: the token endpoint; `<catalog>/v1/oauth/tokens` when not set.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub oauth2_uri: Option<String>,
@@ -115,7 +123,9 @@ impl TableConfig {
             partition: Partitioning::default(),
             warehouse: None,
             token_file: None,
+            token: None,
             credential_file: None,
+            credential: None,
             oauth2_uri: None,
             oauth2_scope: default_scope(),
         }
@@ -141,7 +151,9 @@ impl TableConfig {
             for (key, set) in [
                 ("warehouse", self.warehouse.is_some()),
                 ("token_file", self.token_file.is_some()),
+                ("token", self.token.is_some()),
                 ("credential_file", self.credential_file.is_some()),
+                ("credential", self.credential.is_some()),
                 ("oauth2_uri", self.oauth2_uri.is_some()),
             ] {
                 anyhow::ensure!(

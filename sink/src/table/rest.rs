@@ -10,28 +10,24 @@
 //! on: of two writers building on the same snapshot the server takes one and answers the other
 //! with 409, and that one builds again.
 //!
-//! Credentials never sit in the config file: a bearer token from a file (read again for every
-//! request, so a token rotated on disk is taken up) or `EDGE_INGEST_CATALOG_TOKEN`, or an
-//! OAuth2 client id and secret (`client_id:client_secret`) from a file or
-//! `EDGE_INGEST_CATALOG_CREDENTIAL`, exchanged for a token at the catalog's token endpoint
-//! (and again when the catalog answers 401).
+//! Credentials: a bearer token from a file (read again for every request, so a token rotated on
+//! disk is taken up) or `table.token` (`SINK_TABLE__TOKEN`), or an OAuth2 client id and secret
+//! (`client_id:client_secret`) from a file or `table.credential` (`SINK_TABLE__CREDENTIAL`),
+//! exchanged for a token at the catalog's token endpoint (and again when the catalog answers
+//! 401).
 
 use std::collections::HashMap;
+use std::path::Path;
 use std::time::Duration;
 
 use anyhow::Context;
 use iceberg::spec::{SnapshotReference, SnapshotRetention, TableMetadata};
 use iceberg::{TableRequirement, TableUpdate};
 use serde::Deserialize;
+use service_kit::config::secret;
 use tokio::sync::Mutex;
 
 use super::TableConfig;
-
-/// The environment variable a bearer token is read from when `table.token_file` is not set.
-pub const TOKEN_ENV: &str = "EDGE_INGEST_CATALOG_TOKEN";
-/// The environment variable an OAuth2 `client_id:client_secret` is read from when
-/// `table.credential_file` is not set.
-pub const CREDENTIAL_ENV: &str = "EDGE_INGEST_CATALOG_CREDENTIAL";
 
 /// Whether `catalog` names a REST catalog (an `http://` or `https://` URL).
 pub fn is_rest(catalog: &str) -> bool {
@@ -378,20 +374,15 @@ fn table_path(namespace: &str, table: &str) -> String {
 
 /// How requests to the catalog at `uri` authenticate, from the config and the environment.
 fn auth_of(config: &TableConfig, uri: &str) -> anyhow::Result<Auth> {
-    let env = |name: &str| std::env::var(name).ok().filter(|v| !v.is_empty());
-    let credential = match &config.credential_file {
-        Some(path) => Some(
-            std::fs::read_to_string(path)
-                .with_context(|| format!("cannot read {path}"))?
-                .trim()
-                .to_owned(),
-        ),
-        None => env(CREDENTIAL_ENV),
-    };
+    let credential = secret::resolve(
+        config.credential.as_ref(),
+        config.credential_file.as_deref().map(Path::new),
+        "table.credential",
+    )?;
     if let Some(credential) = credential {
-        let (id, secret) = credential.split_once(':').with_context(|| {
-            format!("the catalog credential must be client_id:client_secret (from table.credential_file or {CREDENTIAL_ENV})")
-        })?;
+        let (id, secret) = credential.expose().split_once(':').context(
+            "table.credential (or the file of table.credential_file) must be client_id:client_secret",
+        )?;
         return Ok(Auth::Client {
             endpoint: config
                 .oauth2_uri
@@ -403,10 +394,12 @@ fn auth_of(config: &TableConfig, uri: &str) -> anyhow::Result<Auth> {
             token: Mutex::new(None),
         });
     }
-    if let Some(path) = &config.token_file {
-        return Ok(Auth::TokenFile(path.into()));
+    match (&config.token, &config.token_file) {
+        (Some(_), Some(_)) => anyhow::bail!("give table.token or table.token_file, not both"),
+        (None, Some(path)) => Ok(Auth::TokenFile(path.into())),
+        (Some(token), None) => Ok(Auth::Token(token.expose().to_owned())),
+        (None, None) => Ok(Auth::None),
     }
-    Ok(env(TOKEN_ENV).map_or(Auth::None, Auth::Token))
 }
 
 /// The protocol's requirements and updates that take a table from `base` to `new`: the
