@@ -427,7 +427,10 @@ impl Kept {
 struct Band {
     sent: f64,
     sent_at: i64,
-    /// The last reading within the band (and its value), sent before one that breaks it.
+    /// The latest event time of the series seen, to tell readings that come late (or again).
+    last: i64,
+    /// The last reading within the band (and its value), sent before one that breaks it. Its
+    /// event time is `last`.
     held: Option<(f64, Kept)>,
 }
 
@@ -704,6 +707,35 @@ fn holds(v: Option<Scalar<'_>>, op: CmpOp, literals: &[Value]) -> bool {
     }
 }
 
+/// Late and repeated readings in deadband and swinging door.
+///
+/// A reading whose event time is not after the latest of its series (it came late, or a
+/// second time) is passed on as it is and counted (`out_of_order`); the series' state is not
+/// moved to it, so the in-order readings keep their bound. The bound is for the series without
+/// such readings: a reader that interpolates over every row, late ones included, may be off by
+/// many times the band next to one. Such a reader tells them apart by the order the rows
+/// leave the agent (one series is in one Kafka partition, so by `_offset`): a row whose event
+/// time is not after every one before it is late. For that to hold, the reading a filter
+/// holds back (the candidate end of a segment) is let go before the late reading, and kept:
+/// a few more rows when readings come late, none otherwise.
+pub mod late {
+    /// Splits rows of one series, in the order they left the agent, into the in-order ones,
+    /// which rebuild the series within the band, and the late or repeated ones.
+    pub fn split<T: Copy>(rows: &[(i64, T)]) -> (Vec<(i64, T)>, Vec<(i64, T)>) {
+        let (mut in_order, mut late) = (Vec::new(), Vec::new());
+        let mut latest = i64::MIN;
+        for &row in rows {
+            if row.0 > latest {
+                latest = row.0;
+                in_order.push(row);
+            } else {
+                late.push(row);
+            }
+        }
+        (in_order, late)
+    }
+}
+
 impl Filter {
     /// Takes `reading`: returns how many readings were dropped for good, and the reading when it
     /// passes on. Held readings the filter lets go (before this one) are appended to `out`.
@@ -745,6 +777,7 @@ impl Filter {
                         Band {
                             sent: v,
                             sent_at: t,
+                            last: t,
                             held: None,
                         },
                     );
@@ -753,6 +786,17 @@ impl Filter {
                     let dropped = evicted.into_iter().filter(|s| s.held.is_some()).count();
                     return (dropped as u64, Some(reading));
                 };
+                if t <= s.last {
+                    // Late, or a second reading at one time: passed on as it is, and the series'
+                    // reference is not moved to it. The held reading goes first ([`late`]).
+                    accuracy.out_of_order += 1;
+                    if let Some((held_value, held)) = s.held.take() {
+                        (s.sent, s.sent_at) = (held_value, s.last);
+                        out.push(held);
+                    }
+                    return (0, Some(reading));
+                }
+                s.last = t;
                 let breaks = (v - s.sent).abs() > *band || v.is_nan() != s.sent.is_nan();
                 let silent_too_long =
                     *max_silence_micros > 0 && t.saturating_sub(s.sent_at) >= *max_silence_micros;
@@ -807,9 +851,13 @@ impl Filter {
                     return (0, Some(reading));
                 };
                 if t <= door.last {
-                    // Out of order (or a second reading at one time): passed on, and the door
-                    // is left as it was.
+                    // Late, or a second reading at one time: passed on, and the door is not
+                    // bent by it. The held reading goes first ([`late`]).
                     accuracy.out_of_order += 1;
+                    if let Some((at, value, held)) = door.held.take() {
+                        accuracy.deviation(door.keep(at, value));
+                        out.push(held);
+                    }
                     return (0, Some(reading));
                 }
                 door.last = t;

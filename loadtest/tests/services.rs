@@ -186,7 +186,9 @@ async fn agent_gateway_kafka_sink_s3_pyarrow() {
 /// sink land them in S3, and from the rows pyarrow reads each series is rebuilt (linear
 /// interpolation, sample-and-hold) and checked at every input reading against the band, the
 /// first and last reading kept, and no gap between kept readings over `max_silence_secs` where
-/// the input had readings. Each agent's own report of its largest deviation matches.
+/// the input had readings. Each agent's own report of its largest deviation matches. Readings
+/// that come 30 s late or a second time at one time are among them: each lands as it is, told
+/// apart by its order (`_offset`), and the rest keep the band.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn filters_keep_every_reading_within_the_band_end_to_end() {
     use loadtest::process::{Reconstruction, Shape, fidelity, readings, series};
@@ -195,13 +197,27 @@ async fn filters_keep_every_reading_within_the_band_end_to_end() {
     let band = 0.5;
     let silence_secs = 120;
     let mut inputs = std::collections::BTreeMap::new();
+    let mut came_late = std::collections::BTreeMap::new();
     let mut kept_total = 0;
     for (kind, prefix) in [("swinging_door", "sd"), ("deadband", "db")] {
         let mut lines = Vec::new();
         for (i, shape) in Shape::ALL.into_iter().enumerate() {
             let device = format!("{prefix}-{}", shape.name());
             let s = series(shape, 1_500, 1_767_225_600_000, i as u64);
-            lines.extend(readings(&device, &s));
+            // After every 97th reading one 30 s late, after every 131st a second one at its
+            // time, both far from the series' values.
+            let mut late = Vec::new();
+            for (j, &(t, v)) in s.iter().enumerate() {
+                lines.extend(readings(&device, &[(t, v)]));
+                let first = s[0].0;
+                for (every, at) in [(97, (t - 30_000).max(first)), (131, t)] {
+                    if j > 0 && j % every == 0 {
+                        lines.extend(readings(&device, &[(at, v + 40.0)]));
+                        late.push((at, v + 40.0));
+                    }
+                }
+            }
+            came_late.insert(device.clone(), late);
             inputs.insert(device, s);
         }
         let file = dir.path().join(format!("{kind}.ndjson"));
@@ -250,14 +266,31 @@ async fn filters_keep_every_reading_within_the_band_end_to_end() {
     stack.stop().await;
 
     let landed = common::pyarrow_s3(&s3, &bucket, "landing/");
-    let mut kept: std::collections::BTreeMap<String, Vec<(i64, f64)>> = Default::default();
+    // Each series' rows in the order they left the agent: one series is in one partition.
+    let mut by_offset: std::collections::BTreeMap<String, Vec<(i64, (i64, f64))>> =
+        Default::default();
     for row in landed["rows"].as_array().unwrap() {
-        kept.entry(row["device_id"].as_str().unwrap().to_owned())
+        by_offset
+            .entry(row["device_id"].as_str().unwrap().to_owned())
             .or_default()
             .push((
-                row["ts"].as_i64().unwrap() / 1_000,
-                row["value"].as_f64().unwrap(),
+                row["_offset"].as_i64().unwrap(),
+                (
+                    row["ts"].as_i64().unwrap() / 1_000,
+                    row["value"].as_f64().unwrap(),
+                ),
             ));
+    }
+    let mut kept: std::collections::BTreeMap<String, Vec<(i64, f64)>> = Default::default();
+    for (device, mut rows) in by_offset {
+        rows.sort_by_key(|r| r.0);
+        let rows: Vec<(i64, f64)> = rows.into_iter().map(|r| r.1).collect();
+        let (in_order, mut late) = edge_agent::filter::late::split(&rows);
+        let mut expected = came_late[&device].clone();
+        late.sort_by(|a, b| a.partial_cmp(b).unwrap());
+        expected.sort_by(|a, b| a.partial_cmp(b).unwrap());
+        assert_eq!(late, expected, "{device}: the late readings landed as they came");
+        kept.insert(device, in_order);
     }
     assert_eq!(kept.len(), inputs.len(), "every series landed");
     let count = |prefix: &str| -> usize {

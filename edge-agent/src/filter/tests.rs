@@ -706,9 +706,43 @@ fn swinging_door_passes_out_of_order_readings_and_counts_them() {
         ],
         true,
     );
-    // The late reading goes through as it is; the door from 0 to 20 is not bent by it.
-    assert_eq!(out, [(0, 1.0), (5, 50.0), (20, 1.0)]);
+    // The late reading goes through as it is, after the held one (10 s), which is kept; the
+    // door from 10 to 20 is not bent by it.
+    assert_eq!(out, [(0, 1.0), (10, 1.0), (5, 50.0), (20, 1.0)]);
     assert_eq!(c.reductions()[0].out_of_order, 1);
+    let (in_order, late) = late::split(&out);
+    assert_eq!((in_order.len(), late), (3, vec![(5, 50.0)]));
+}
+
+/// Deadband as swinging door: a late reading and a second one at the same time are passed on
+/// and counted; the reference stays with the in-order readings, and the held reading goes out
+/// before them.
+#[test]
+fn deadband_passes_late_and_repeated_readings_and_counts_them() {
+    let mut c = chain(json!({"type": "deadband", "field": "value", "absolute": 1.0, "send_previous": false}));
+    let out = run(
+        &mut c,
+        &[
+            ("t", 0, 1.0),
+            ("t", 10, 1.5),
+            ("t", 5, 50.0),
+            ("t", 10, 40.0),
+            ("t", 20, 2.2),
+            ("t", 30, 3.0),
+        ],
+        true,
+    );
+    // 10 s is held and goes out before the late 5 s; the reference moves to it (1.5), so 20 s
+    // (2.2) is within the band and 30 s (3.0) breaks it.
+    assert_eq!(
+        out,
+        [(0, 1.0), (10, 1.5), (5, 50.0), (10, 40.0), (30, 3.0)]
+    );
+    let r = &c.reductions()[0];
+    assert_eq!((r.out_of_order, r.readings_in, r.kept), (2, 6, 5));
+    let (in_order, late) = late::split(&out);
+    assert_eq!(late, [(5, 50.0), (10, 40.0)]);
+    assert!(hold_error(&[(0, 1.0), (10, 1.5), (20, 2.2), (30, 3.0)], &in_order) <= 1.0);
 }
 
 #[test]
@@ -780,7 +814,75 @@ fn process_series() -> impl Strategy<Value = Vec<(i64, f64)>> {
 
 use proptest::prelude::*;
 
+/// `series` in the order it arrives with `late` readings among it: each (i, back, value) comes
+/// after reading i, `back` seconds before it (0: a second reading at its time).
+fn arriving_with_late(series: &[(i64, f64)], late: &[(usize, i64, f64)]) -> Vec<(&'static str, i64, f64)> {
+    let mut input = Vec::with_capacity(series.len() + late.len());
+    for (i, &(t, v)) in series.iter().enumerate() {
+        input.push(("t", t, v));
+        for &(_, back, value) in late.iter().filter(|l| l.0 % series.len() == i) {
+            input.push(("t", t - back, value));
+        }
+    }
+    input
+}
+
+/// Checks what a filter passed on for `series` with `late` readings: the late ones, told apart
+/// by their order, are exactly those that came late; the others rebuild the series (`error`
+/// gives the largest distance) within `band`.
+fn check_late(
+    series: &[(i64, f64)],
+    late: &[(usize, i64, f64)],
+    out: &[(i64, f64)],
+    band: f64,
+    error: impl Fn(&[(i64, f64)], &[(i64, f64)]) -> f64,
+) -> Result<(), TestCaseError> {
+    let (in_order, passed) = late::split(out);
+    let mut came: Vec<(i64, u64)> = late
+        .iter()
+        .map(|l| (series[l.0 % series.len()].0 - l.1, l.2.to_bits()))
+        .collect();
+    let mut got: Vec<(i64, u64)> = passed.iter().map(|r| (r.0, r.1.to_bits())).collect();
+    came.sort_unstable();
+    got.sort_unstable();
+    prop_assert_eq!(got, came);
+    let e = error(series, &in_order);
+    prop_assert!(e <= band * (1.0 + 1e-9), "error {} > band {}", e, band);
+    Ok(())
+}
+
 proptest! {
+    #[test]
+    fn late_and_repeated_readings_pass_and_the_rest_keep_the_band(
+        series in process_series(),
+        late in proptest::collection::vec((0usize..1000, 0i64..60, -100.0f64..100.0), 0..20),
+        band in 0.01f64..3.0,
+        door in any::<bool>(),
+        send_previous in any::<bool>(),
+    ) {
+        // A late reading is after the first of the series (or a second one at its time).
+        let late: Vec<_> = late
+            .into_iter()
+            .map(|(i, back, v)| {
+                let after_first = series[i % series.len()].0 - series[0].0 - 1;
+                (i, back.min(after_first).max(0), v)
+            })
+            .collect();
+        let config = if door {
+            json!({"type": "swinging_door", "field": "value", "absolute": band})
+        } else {
+            json!({"type": "deadband", "field": "value", "absolute": band, "send_previous": send_previous})
+        };
+        let mut c = chain(config);
+        let out = run(&mut c, &arriving_with_late(&series, &late), true);
+        prop_assert_eq!(c.reductions()[0].out_of_order, late.len() as u64);
+        if door {
+            check_late(&series, &late, &out, band, |s, k| linear_error(s, k, 0))?;
+        } else {
+            check_late(&series, &late, &out, band, hold_error)?;
+        }
+    }
+
     #[test]
     fn swinging_door_interpolation_is_within_the_band_at_every_reading(
         series in process_series(),
