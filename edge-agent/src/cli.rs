@@ -95,7 +95,9 @@ enum Command {
 fn load(config: &std::path::Path) -> anyhow::Result<(AgentConfig, schemas::Streams)> {
     let config: AgentConfig = service_kit::load_config(Some(config), ENV_PREFIX)?;
     let streams = service_kit::load_streams_dir(&config.streams_dir)?;
-    config.validate(&streams).map_err(service_kit::config::invalid)?;
+    config
+        .validate(&streams)
+        .map_err(service_kit::config::invalid)?;
     Ok((config, streams))
 }
 

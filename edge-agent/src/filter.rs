@@ -719,9 +719,12 @@ fn holds(v: Option<Scalar<'_>>, op: CmpOp, literals: &[Value]) -> bool {
 /// holds back (the candidate end of a segment) is let go before the late reading, and kept:
 /// a few more rows when readings come late, none otherwise.
 pub mod late {
+    /// Rows of one series: event time and value.
+    pub type Rows<T> = Vec<(i64, T)>;
+
     /// Splits rows of one series, in the order they left the agent, into the in-order ones,
     /// which rebuild the series within the band, and the late or repeated ones.
-    pub fn split<T: Copy>(rows: &[(i64, T)]) -> (Vec<(i64, T)>, Vec<(i64, T)>) {
+    pub fn split<T: Copy>(rows: &[(i64, T)]) -> (Rows<T>, Rows<T>) {
         let (mut in_order, mut late) = (Vec::new(), Vec::new());
         let mut latest = i64::MIN;
         for &row in rows {

@@ -2,7 +2,7 @@
 //! a gateway that fails, times out and answers 429, while MQTT messages are in flight to it, and
 //! while clients post to its local HTTP port: nothing is lost, nothing lands twice.
 
-mod support;
+use crate::support;
 
 use std::process::Stdio;
 use std::time::{Duration, Instant};

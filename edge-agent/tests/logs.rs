@@ -3,7 +3,7 @@
 //! `EDGE_AGENT_LOG_FORMAT=json`, a fatal error too. The environment: Kubernetes' variables for
 //! a Service named `edge-agent` do not stop it. And the agent's SIGHUP, which reloads its config.
 
-mod support;
+use crate::support;
 
 use std::process::{Command, Stdio};
 use std::time::{Duration, Instant};

@@ -1,7 +1,7 @@
 //! The Kafka output against Apache Kafka, also under SIGKILL and with a topic whose message limit
 //! is below the producer's, and a spool on a disk that fills up.
 
-mod support;
+use crate::support;
 
 use std::collections::HashMap;
 use std::path::Path;

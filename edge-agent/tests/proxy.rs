@@ -2,7 +2,7 @@
 //! waiting out its 407s without putting batches aside, through its CONNECT tunnel to an HTTPS
 //! gateway (in tls.rs), and the proxy the environment names when the config names none.
 
-mod support;
+use crate::support;
 
 use std::time::Duration;
 

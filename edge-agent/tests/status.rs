@@ -2,7 +2,7 @@
 //! spool for a gateway that answers 503, and nothing once it takes the batches; the file
 //! source's read position.
 
-mod support;
+use crate::support;
 
 use std::time::{Duration, Instant};
 

@@ -2,7 +2,7 @@
 //! finds nothing wrong with it, `systemd-analyze security` rates its hardening as the agent's
 //! chapter of the docs says, and the environment it sets reaches the agent's config.
 
-mod support;
+use crate::support;
 
 use std::path::Path;
 use std::process::Command;

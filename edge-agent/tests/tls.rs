@@ -3,7 +3,7 @@
 //! HTTPS that requires one too. Without the site's CA, or without the client certificate, the
 //! connection is refused and nothing lands.
 
-mod support;
+use crate::support;
 
 use std::time::{Duration, Instant};
 

@@ -257,7 +257,9 @@ fn admin_listen<'de, D: serde::Deserializer<'de>>(d: D) -> Result<Option<SocketA
         return Ok(None);
     }
     text.parse().map(Some).map_err(|e| {
-        serde::de::Error::custom(format!("{text:?} is neither an address (host:port) nor \"api\": {e}"))
+        serde::de::Error::custom(format!(
+            "{text:?} is neither an address (host:port) nor \"api\": {e}"
+        ))
     })
 }
 fn default_listen() -> SocketAddr {

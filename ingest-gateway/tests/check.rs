@@ -1,8 +1,7 @@
 //! `ingest-gateway --check`: the shipped config is valid; a broken token, certificate or Kafka
 //! setting is named, with a non-zero exit, and nothing connects or listens.
 
-#[path = "../../loadtest/tests/common/mod.rs"]
-mod common;
+use crate::common;
 
 /// Runs `ingest-gateway --check` on the shipped config with `env` overrides; returns whether
 /// it passed and what it printed.

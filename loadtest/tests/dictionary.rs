@@ -3,7 +3,7 @@
 //! the definitions. A gateway with the dictionary takes the batches as they are; a gateway
 //! without it makes the agent resend them without, and nothing is lost either way.
 
-mod common;
+use crate::common;
 
 use edge_agent::dictionary::{install_dictionary, train_dictionary};
 use ingest_gateway::GatewayConfig;

@@ -3,7 +3,7 @@
 //! config key a binary takes is documented in its shipped config file, which the configuration
 //! reference includes.
 
-mod common;
+use crate::common;
 
 use std::collections::BTreeSet;
 use std::path::{Path, PathBuf};

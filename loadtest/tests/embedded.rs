@@ -1,7 +1,7 @@
 //! The whole path on the embedded default: agent → gateway → in-process mock Kafka → sink →
 //! Parquet in a local directory, read back by pyarrow.
 
-mod common;
+use crate::common;
 
 use std::time::Duration;
 

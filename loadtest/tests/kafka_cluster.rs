@@ -12,7 +12,7 @@
 //!
 //! One cluster runs at a time (three JVMs take what two cores have).
 
-mod common;
+use crate::common;
 
 use std::ffi::OsStr;
 use std::path::{Path, PathBuf};

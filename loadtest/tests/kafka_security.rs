@@ -7,7 +7,7 @@
 //! untrusted certificate or a missing client certificate gets nothing in, and a topic no ACL
 //! grants is refused with a clear answer, nothing else lost.
 
-mod common;
+use crate::common;
 
 use std::path::{Path, PathBuf};
 use std::sync::atomic::Ordering;

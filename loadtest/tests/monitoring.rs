@@ -5,7 +5,7 @@
 //! every alert rule must load and evaluate; every metric the dashboards and alerts name must be
 //! one the components declare. The alert rules have their own unit tests (promtool).
 
-mod common;
+use crate::common;
 
 use std::collections::BTreeSet;
 use std::path::PathBuf;

@@ -1,7 +1,7 @@
 //! Checks of the repository itself: the product speaks of what it does now, never of how it was
 //! made, and cites no file outside the repository.
 
-mod common;
+use crate::common;
 
 use std::process::Command;
 

@@ -3,7 +3,7 @@
 //! consumer group and writes Parquet into moto's S3; pyarrow reads the objects back. And the same
 //! stack driven by `loadtest send` and checked by `loadtest verify`.
 
-mod common;
+use crate::common;
 
 use std::sync::atomic::Ordering;
 use std::time::{Duration, Instant};
@@ -267,8 +267,8 @@ async fn filters_keep_every_reading_within_the_band_end_to_end() {
 
     let landed = common::pyarrow_s3(&s3, &bucket, "landing/");
     // Each series' rows in the order they left the agent: one series is in one partition.
-    let mut by_offset: std::collections::BTreeMap<String, Vec<(i64, (i64, f64))>> =
-        Default::default();
+    type Rows = Vec<(i64, (i64, f64))>;
+    let mut by_offset: std::collections::BTreeMap<String, Rows> = Default::default();
     for row in landed["rows"].as_array().unwrap() {
         by_offset
             .entry(row["device_id"].as_str().unwrap().to_owned())
@@ -289,7 +289,10 @@ async fn filters_keep_every_reading_within_the_band_end_to_end() {
         let mut expected = came_late[&device].clone();
         late.sort_by(|a, b| a.partial_cmp(b).unwrap());
         expected.sort_by(|a, b| a.partial_cmp(b).unwrap());
-        assert_eq!(late, expected, "{device}: the late readings landed as they came");
+        assert_eq!(
+            late, expected,
+            "{device}: the late readings landed as they came"
+        );
         kept.insert(device, in_order);
     }
     assert_eq!(kept.len(), inputs.len(), "every series landed");

@@ -3,7 +3,7 @@
 //! says), free ports, topics of this run's own and a shorter idle time for the sink's files
 //! given by the environment, and the debug builds of the binaries in place of the release ones.
 
-mod common;
+use crate::common;
 
 use std::time::Duration;
 

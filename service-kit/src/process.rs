@@ -50,7 +50,11 @@ pub fn exit(result: anyhow::Result<()>) -> std::process::ExitCode {
     };
     let code = exit_code_of(&error);
     if crate::telemetry::json_logs() {
-        tracing::error!(exit_code = code, error = format!("{error:#}"), "fatal error");
+        tracing::error!(
+            exit_code = code,
+            error = format!("{error:#}"),
+            "fatal error"
+        );
     } else {
         eprintln!("Error: {error:?}");
     }
@@ -61,7 +65,11 @@ pub fn exit(result: anyhow::Result<()>) -> std::process::ExitCode {
 /// anywhere from half to one and a half times that. The jitter keeps processes that failed
 /// together (many sinks after an object store outage, agents after the gateway's) from
 /// retrying in lockstep.
-pub fn backoff(attempt: u32, first: std::time::Duration, max: std::time::Duration) -> std::time::Duration {
+pub fn backoff(
+    attempt: u32,
+    first: std::time::Duration,
+    max: std::time::Duration,
+) -> std::time::Duration {
     use rand::Rng as _;
     let base = first.saturating_mul(1 << attempt.min(20)).min(max);
     let nanos = base.as_nanos().min(u128::from(u64::MAX)) as u64;
@@ -209,7 +217,7 @@ impl Service {
         match tokio::time::timeout(grace, task).await {
             Ok(result) => result.with_context(|| format!("{what} task failed"))?,
             Err(_) => {
-                return Err(anyhow::anyhow!("graceful shutdown timed out; {lost}").context(Interrupted));
+                Err(anyhow::anyhow!("graceful shutdown timed out; {lost}").context(Interrupted))
             }
         }
     }
@@ -251,7 +259,10 @@ mod tests {
             let step = (first * 2u32.pow(attempt)).min(max);
             let waits: Vec<Duration> = (0..50).map(|_| backoff(attempt, first, max)).collect();
             for wait in &waits {
-                assert!(*wait >= step / 2 && *wait <= step * 3 / 2, "{attempt}: {wait:?}");
+                assert!(
+                    *wait >= step / 2 && *wait <= step * 3 / 2,
+                    "{attempt}: {wait:?}"
+                );
             }
             let distinct: std::collections::BTreeSet<_> = waits.iter().collect();
             assert!(distinct.len() > 40, "{attempt}: {distinct:?}");

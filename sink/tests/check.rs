@@ -2,8 +2,7 @@
 //! selection that matches no stream, a bad store endpoint or a missing CA file is named, with a
 //! non-zero exit, and nothing connects. The sink itself refuses a bad endpoint at start.
 
-#[path = "../../loadtest/tests/common/mod.rs"]
-mod common;
+use crate::common;
 
 /// Runs `sink --check` on `config` (a file) with `env` overrides; returns whether it passed and
 /// what it printed.

@@ -4,9 +4,8 @@
 //! the test's own, with the classic consumer group protocol and with KIP-848's; the tests of S3
 //! outages, a full disk and reloads on librdkafka's mock cluster in this process.
 
-#[path = "../../loadtest/tests/common/mod.rs"]
-mod common;
-mod support;
+use crate::common;
+use crate::support;
 
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};

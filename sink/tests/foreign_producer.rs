@@ -5,9 +5,8 @@
 //! compresses with zstd as the gateway does, but its librdkafka (the confluent-kafka wheel's)
 //! leaves the uncompressed size out of the frames, which the sink's regrowth metric shows.
 
-#[path = "../../loadtest/tests/common/mod.rs"]
-mod common;
-mod support;
+use crate::common;
+use crate::support;
 
 use std::process::Command;
 use std::sync::atomic::Ordering;

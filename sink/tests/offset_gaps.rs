@@ -5,9 +5,8 @@
 //! dead-letter note once the policy says so; a new group starts at the earliest offset held
 //! without a report. pyarrow reads the landed rows back.
 
-#[path = "../../loadtest/tests/common/mod.rs"]
-mod common;
-mod support;
+use crate::common;
+use crate::support;
 
 use std::path::Path;
 use std::sync::atomic::Ordering;

@@ -2,9 +2,8 @@
 //! definition takes go back to their topic and land once; those still invalid stay; a second
 //! run redrives nothing again.
 
-#[path = "../../loadtest/tests/common/mod.rs"]
-mod common;
-mod support;
+use crate::common;
+use crate::support;
 
 use std::sync::atomic::Ordering;
 use std::time::{Duration, Instant};

@@ -2,9 +2,8 @@
 //! aborted on conflict; the sweep of abandoned uploads; and an S3 outage in the middle of a
 //! run, after which every record still lands exactly once (read back by pyarrow).
 
-#[path = "../../loadtest/tests/common/mod.rs"]
-mod common;
-mod support;
+use crate::common;
+use crate::support;
 
 use std::io::Write;
 use std::sync::atomic::Ordering;

@@ -3,9 +3,8 @@
 //! exactly once; a thousand commits keep the table's metadata bounded. The broker is
 //! librdkafka's mock cluster in this process, as in `crashes.rs`.
 
-#[path = "../../loadtest/tests/common/mod.rs"]
-mod common;
-mod support;
+use crate::common;
+use crate::support;
 
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};

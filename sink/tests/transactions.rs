@@ -7,9 +7,8 @@
 //! a gap that stops the partition. pyarrow reads what landed, and Kafka's `kafka-consumer-groups`
 //! the group's committed offsets.
 
-#[path = "../../loadtest/tests/common/mod.rs"]
-mod common;
-mod support;
+use crate::common;
+use crate::support;
 
 use std::path::Path;
 use std::sync::atomic::Ordering;

@@ -719,7 +719,9 @@ fn swinging_door_passes_out_of_order_readings_and_counts_them() {
 /// before them.
 #[test]
 fn deadband_passes_late_and_repeated_readings_and_counts_them() {
-    let mut c = chain(json!({"type": "deadband", "field": "value", "absolute": 1.0, "send_previous": false}));
+    let mut c = chain(
+        json!({"type": "deadband", "field": "value", "absolute": 1.0, "send_previous": false}),
+    );
     let out = run(
         &mut c,
         &[
@@ -734,10 +736,7 @@ fn deadband_passes_late_and_repeated_readings_and_counts_them() {
     );
     // 10 s is held and goes out before the late 5 s; the reference moves to it (1.5), so 20 s
     // (2.2) is within the band and 30 s (3.0) breaks it.
-    assert_eq!(
-        out,
-        [(0, 1.0), (10, 1.5), (5, 50.0), (10, 40.0), (30, 3.0)]
-    );
+    assert_eq!(out, [(0, 1.0), (10, 1.5), (5, 50.0), (10, 40.0), (30, 3.0)]);
     let r = &c.reductions()[0];
     assert_eq!((r.out_of_order, r.readings_in, r.kept), (2, 6, 5));
     let (in_order, late) = late::split(&out);
@@ -816,7 +815,10 @@ use proptest::prelude::*;
 
 /// `series` in the order it arrives with `late` readings among it: each (i, back, value) comes
 /// after reading i, `back` seconds before it (0: a second reading at its time).
-fn arriving_with_late(series: &[(i64, f64)], late: &[(usize, i64, f64)]) -> Vec<(&'static str, i64, f64)> {
+fn arriving_with_late(
+    series: &[(i64, f64)],
+    late: &[(usize, i64, f64)],
+) -> Vec<(&'static str, i64, f64)> {
     let mut input = Vec::with_capacity(series.len() + late.len());
     for (i, &(t, v)) in series.iter().enumerate() {
         input.push(("t", t, v));

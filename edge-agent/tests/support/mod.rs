@@ -25,7 +25,9 @@ use schemas::{ContentHash, Streams};
 #[path = "../../../loadtest/tests/common/mod.rs"]
 mod common;
 #[allow(unused_imports)] // not every test file uses both
-pub use common::{KillOnDrop, free_port, kubernetes_service_variables, pki, service_env, slow_proxy};
+pub use common::{
+    KillOnDrop, free_port, kubernetes_service_variables, pki, service_env, slow_proxy,
+};
 
 /// How often the stub misbehaves, in percent of requests.
 #[derive(Debug, Clone, Copy, Default)]

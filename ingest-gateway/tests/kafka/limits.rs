@@ -1,7 +1,7 @@
 //! The memory budget, the concurrency limit and the Kafka password file, against a running gateway.
 
+use super::processes::{sighup, trickle};
 use super::*;
-use crate::processes::{sighup, trickle};
 
 /// A line of /proc/<pid>/status in KiB (`VmRSS`, `VmHWM`).
 fn status_kib(pid: u32, field: &str) -> u64 {

@@ -357,13 +357,19 @@ mod tests {
             jail.set_env("PLUMBTEST_INNER__PORT", "seven");
             let e = load_config::<Cfg>(Some(&file), "PLUMBTEST_").unwrap_err();
             assert!(format!("{e:#}").contains("port"), "{e:#}");
-            assert_eq!(crate::process::exit_code_of(&e), crate::process::EXIT_CONFIG);
+            assert_eq!(
+                crate::process::exit_code_of(&e),
+                crate::process::EXIT_CONFIG
+            );
             Ok(())
         });
         std::fs::write(&file, "nmae = \"a\"\n").unwrap();
         let e = load_config::<Cfg>(Some(&file), "PLUMBTEST2_").unwrap_err();
         assert!(format!("{e:#}").contains("nmae"), "{e:#}");
-        assert_eq!(crate::process::exit_code_of(&e), crate::process::EXIT_CONFIG);
+        assert_eq!(
+            crate::process::exit_code_of(&e),
+            crate::process::EXIT_CONFIG
+        );
     }
 
     #[test]

@@ -17,8 +17,7 @@ use rdkafka::{ClientConfig, ClientContext, Offset, Statistics, TopicPartitionLis
 use serde_json::{Value, json};
 use tokio_util::sync::CancellationToken;
 
-#[path = "../../../loadtest/tests/common/mod.rs"]
-mod common;
+use crate::common;
 
 use common::kafka::{KafkaCluster, KafkaOptions};
 use common::{free_port, proxy};
@@ -828,7 +827,10 @@ async fn admin_listen_moves_metrics_and_health_off_the_api_port() {
     assert_eq!(load("admin_listen = \"api\"\n").admin_listen, None);
     std::fs::write(&file, "admin_listen = \"9101\"\n").unwrap();
     let refused = service_kit::load_config::<GatewayConfig>(Some(&file), "ADMINTEST_").unwrap_err();
-    assert!(format!("{refused:#}").contains("nor \"api\""), "{refused:#}");
+    assert!(
+        format!("{refused:#}").contains("nor \"api\""),
+        "{refused:#}"
+    );
 
     let brokers = env("EDGE_INGEST_KAFKA");
     let (c, ..) = config(&brokers, |c| {
@@ -869,7 +871,10 @@ async fn admin_listen_moves_metrics_and_health_off_the_api_port() {
         .text()
         .await
         .unwrap();
-    assert!(metrics.contains("# HELP gateway_records_total Records of requests"), "{metrics}");
+    assert!(
+        metrics.contains("# HELP gateway_records_total Records of requests"),
+        "{metrics}"
+    );
     assert!(
         metrics.contains("gateway_records_total{stream=\"sensor_readings\",outcome=\"accepted\"}"),
         "{metrics}"

@@ -3,8 +3,7 @@
 //! object at the same key, adopts it and lands only the rest; duplicates re-sent into Kafka and
 //! an undecodable record are dropped.
 
-#[path = "../common/mod.rs"]
-mod common;
+use crate::common;
 
 use std::collections::HashSet;
 use std::sync::atomic::Ordering;

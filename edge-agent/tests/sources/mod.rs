@@ -2,8 +2,7 @@
 //! recording gateway.
 
 mod mqtt;
-#[path = "../support/mod.rs"]
-mod support;
+use crate::support;
 
 use std::io::Write;
 use std::path::Path;
