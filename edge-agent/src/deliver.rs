@@ -15,22 +15,10 @@ use crate::output::{Output, SendError};
 use crate::pipeline::CurrentDef;
 use crate::rejected::{Kept, RejectedDir};
 use crate::spool::Spool;
+pub use crate::stats::DeliveryStats;
 
 /// How often a refused batch that found no room under `rejected/` looks again.
 pub const REJECTED_RECHECK: Duration = Duration::from_secs(2);
-
-/// What one stream's delivery did.
-#[derive(Debug, Default, Clone, PartialEq, Eq, serde::Serialize)]
-pub struct DeliveryStats {
-    pub batches: u64,
-    pub records: u64,
-    pub accepted: u64,
-    pub duplicates: u64,
-    pub rejected_records: u64,
-    pub rejected_batches: u64,
-    pub wire_bytes: u64,
-    pub raw_bytes: u64,
-}
 
 pub struct Delivery {
     /// The stream's definition, which its pipeline may replace.

@@ -26,6 +26,7 @@ pub mod rejected;
 pub mod reload;
 pub mod source;
 pub mod spool;
+pub mod stats;
 pub mod status;
 pub mod tls;
 pub mod validate;

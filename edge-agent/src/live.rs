@@ -9,8 +9,7 @@ use std::sync::{Arc, Mutex, PoisonError};
 use serde::Serialize;
 
 use crate::batch::now_ms;
-use crate::deliver::DeliveryStats;
-use crate::pipeline::PipelineStats;
+use crate::stats::{DeliveryStats, PipelineStats};
 
 /// The running streams' live state.
 #[derive(Debug, Default)]

@@ -20,7 +20,7 @@ use service_kit::{DefinitionFile, Reread};
 use crate::batch::{Batch, BatchId, BodyEncoding, now_ms};
 use crate::config::{BatchConfig, DedupeConfig, StreamSettings};
 use crate::dedupe::{Digest, DigestLog, DigestWindow, digest};
-use crate::filter::{FilterChain, FilterConfig, Kept, Reading, Reduction};
+use crate::filter::{FilterChain, FilterConfig, Kept, Reading};
 use crate::invalid::KeptInvalid;
 use crate::metrics as m;
 use crate::spool::{Appended, Overflow, Spool, SpoolError};
@@ -56,70 +56,9 @@ pub const STOP_GRACE: Duration = Duration::from_secs(2);
 
 pub use crate::chunk::{Chunk, ChunkOutcome, Done};
 use crate::live::StreamLive;
-
-/// Counters of one stream's pipeline.
-#[derive(Debug, Default, Clone, PartialEq, serde::Serialize)]
-pub struct PipelineStats {
-    pub read: u64,
-    pub invalid: u64,
-    pub duplicates: u64,
-    pub filtered: u64,
-    pub batched: u64,
-    pub batches: u64,
-    pub spool_dropped: u64,
-    pub raw_bytes: u64,
-    pub encoded_bytes: u64,
-    /// Invalid records kept earlier that passed when tried again (also counted in `read` again).
-    pub retried: u64,
-    /// What each filter did since the pipeline started, in order.
-    #[serde(skip)]
-    pub reductions: Vec<Reduction>,
-}
-
-/// The reduction report of a stream's filters since the agent started, as `edge-agent status`
-/// reads it from `<state_dir>/reduction/<stream>.json`.
-#[derive(Debug, Clone, Default, PartialEq, serde::Serialize, serde::Deserialize)]
-pub struct ReductionReport {
-    /// When the agent started (ms since the epoch).
-    pub since_ms: u64,
-    pub filters: Vec<Reduction>,
-}
-
-/// The file of a stream's reduction report.
-pub fn reduction_path(state_dir: &Path, stream: &str) -> std::path::PathBuf {
-    state_dir.join("reduction").join(format!("{stream}.json"))
-}
-
-/// The pipeline's side of the reduction report: what the filters replaced on a definition
-/// change had done, what was last exported as metrics, and when it was last written.
-struct Reporter {
-    /// Where the report is written ([`Pipeline::report_reductions_in`]); nowhere without.
-    path: Option<std::path::PathBuf>,
-    since_ms: u64,
-    base: Vec<Reduction>,
-    exported: Vec<Reduction>,
-    written: Option<Instant>,
-}
-
-/// `a` and `b` added, filter by filter (`b` alone where the filters differ).
-fn add_reductions(a: &[Reduction], b: Vec<Reduction>) -> Vec<Reduction> {
-    if a.len() != b.len() || a.iter().zip(&b).any(|(a, b)| a.filter != b.filter) {
-        return b;
-    }
-    a.iter()
-        .zip(b)
-        .map(|(a, b)| Reduction {
-            readings_in: a.readings_in + b.readings_in,
-            kept: a.kept + b.kept,
-            max_deviation: match (a.max_deviation, b.max_deviation) {
-                (Some(x), Some(y)) => Some(x.max(y)),
-                (x, y) => x.or(y),
-            },
-            out_of_order: a.out_of_order + b.out_of_order,
-            ..b
-        })
-        .collect()
-}
+pub use crate::stats::PipelineStats;
+pub use report::{ReductionReport, reduction_path};
+use report::{Reporter, add_reductions};
 
 #[derive(Default)]
 struct Open {
@@ -566,55 +505,6 @@ impl Pipeline {
             );
         }
         Ok(self.stats)
-    }
-
-    /// Brings the reduction report up to date: in the stats, as metrics, and (at most once a
-    /// second, and with `now`) in the state directory for `edge-agent status`.
-    fn report_reductions(&mut self, now: bool) {
-        if self.filters.is_empty() && self.reporter.base.is_empty() {
-            return;
-        }
-        let current = add_reductions(&self.reporter.base, self.filters.reductions());
-        let before = std::mem::take(&mut self.reporter.exported);
-        for (i, r) in current.iter().enumerate() {
-            let was = before.get(i).filter(|b| b.filter == r.filter);
-            let (was_in, was_kept, was_late) =
-                was.map_or((0, 0, 0), |b| (b.readings_in, b.kept, b.out_of_order));
-            let labels = [
-                ("stream", self.def.name.clone()),
-                ("filter", r.filter.clone()),
-            ];
-            metrics::counter!(m::FILTER_READINGS_IN, &labels)
-                .increment(r.readings_in.saturating_sub(was_in));
-            metrics::counter!(m::FILTER_READINGS_KEPT, &labels)
-                .increment(r.kept.saturating_sub(was_kept));
-            if let (Some(band), Some(deviation)) = (r.band, r.max_deviation) {
-                metrics::gauge!(m::FILTER_BAND, &labels).set(band);
-                metrics::gauge!(m::FILTER_MAX_DEVIATION, &labels).set(deviation);
-                metrics::counter!(m::FILTER_OUT_OF_ORDER, &labels)
-                    .increment(r.out_of_order.saturating_sub(was_late));
-            }
-        }
-        self.reporter.exported = current.clone();
-        self.stats.reductions = current;
-        if !now
-            && self
-                .reporter
-                .written
-                .is_some_and(|at| at.elapsed() < Duration::from_secs(1))
-        {
-            return;
-        }
-        self.reporter.written = Some(Instant::now());
-        let report = ReductionReport {
-            since_ms: self.reporter.since_ms,
-            filters: self.stats.reductions.clone(),
-        };
-        if let Some(path) = &self.reporter.path
-            && let Err(e) = write_atomically(path, &report)
-        {
-            tracing::debug!(path = %path.display(), error = %e, "cannot write the reduction report");
-        }
     }
 
     /// Parses, dedupes, filters and batches the records of one chunk.
@@ -1070,16 +960,6 @@ impl Pipeline {
     }
 }
 
-/// Writes `value` as JSON to `path` through a temporary file and a rename, so that a reader
-/// never sees half of it.
-fn write_atomically(path: &Path, value: &impl serde::Serialize) -> std::io::Result<()> {
-    if let Some(dir) = path.parent() {
-        std::fs::create_dir_all(dir)?;
-    }
-    let tmp = path.with_extension("json.tmp");
-    std::fs::write(&tmp, serde_json::to_vec(value)?)?;
-    std::fs::rename(&tmp, path)
-}
-
+mod report;
 #[cfg(test)]
 mod tests;

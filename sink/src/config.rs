@@ -65,7 +65,7 @@ pub struct SinkConfig {
     pub on_offset_gap: OffsetGapPolicy,
     /// Commit the landing files to an Iceberg table per stream (absent: plain files only).
     #[serde(default)]
-    pub table: Option<crate::table::TableConfig>,
+    pub table: Option<crate::table::config::TableConfig>,
 }
 
 /// What a partition does at an offset gap: the records from the offset it needs next up to the

@@ -13,20 +13,32 @@ use schemas::dictionary::ZstdDictionary;
 use schemas::{Change, StreamDef, Streams};
 use serde::de::DeserializeOwned;
 
-/// Marks an error as the configuration's (a file, an environment override, a stream definition
-/// or a file they name): the process exits with [`crate::process::EXIT_CONFIG`].
-#[derive(Debug, Clone, Copy)]
-pub struct ConfigError;
+/// An error of the configuration (a file, an environment override, a stream definition or a
+/// file they name): the process exits with [`crate::process::EXIT_CONFIG`]. It reads as the
+/// error it wraps.
+pub struct ConfigError(anyhow::Error);
 
 impl std::fmt::Display for ConfigError {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.write_str("configuration error")
+        std::fmt::Display::fmt(&self.0, f)
+    }
+}
+
+impl std::fmt::Debug for ConfigError {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        std::fmt::Debug::fmt(&self.0, f)
+    }
+}
+
+impl std::error::Error for ConfigError {
+    fn source(&self) -> Option<&(dyn std::error::Error + 'static)> {
+        self.0.source()
     }
 }
 
 /// Marks `error` as a configuration error ([`ConfigError`]).
 pub fn invalid(error: anyhow::Error) -> anyhow::Error {
-    error.context(ConfigError)
+    anyhow::Error::new(ConfigError(error))
 }
 
 /// Loads a config: defaults, then the TOML file (if given), then environment variables that start

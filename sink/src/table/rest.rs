@@ -29,10 +29,7 @@ use tokio::sync::Mutex;
 
 use super::TableConfig;
 
-/// Whether `catalog` names a REST catalog (an `http://` or `https://` URL).
-pub fn is_rest(catalog: &str) -> bool {
-    catalog.starts_with("http://") || catalog.starts_with("https://")
-}
+pub use super::config::is_rest;
 
 enum Auth {
     None,
