@@ -36,7 +36,7 @@ impl BodyEncoding {
     pub fn content_type(self) -> &'static str {
         match self {
             BodyEncoding::Ndjson => "application/x-ndjson",
-            BodyEncoding::Parquet => schemas::columnar::PARQUET_CONTENT_TYPE,
+            BodyEncoding::Parquet => schemas::decode::PARQUET_CONTENT_TYPE,
         }
     }
 
@@ -99,12 +99,17 @@ impl Batch {
     pub fn ndjson(&self, def: &schemas::StreamDef) -> Result<Vec<u8>, UnreadableBatch> {
         match self.encoding {
             BodyEncoding::Ndjson => self.decompress(def),
+            #[cfg(feature = "parquet")]
             BodyEncoding::Parquet => schemas::columnar::parquet_to_ndjson(
                 def,
                 bytes::Bytes::copy_from_slice(&self.body),
                 usize::MAX,
             )
             .map_err(|e| UnreadableBatch(e.to_string())),
+            #[cfg(not(feature = "parquet"))]
+            BodyEncoding::Parquet => Err(UnreadableBatch(
+                "a Parquet batch, and this edge-agent is built without Parquet (cargo feature `parquet`)".into(),
+            )),
         }
     }
 

@@ -14,6 +14,13 @@ use crate::filter::FilterConfig;
 use crate::spool::{FsyncPolicy, Overflow, SpoolOptions};
 use crate::tls::TlsFiles;
 
+#[cfg(feature = "kafka")]
+use service_kit::kafka::security::Sasl;
+/// An agent built without the Kafka output reads `[kafka]` only to refuse it
+/// ([`AgentConfig::validate`]).
+#[cfg(not(feature = "kafka"))]
+type Sasl = serde::de::IgnoredAny;
+
 /// Environment variables with this prefix override config keys (`__` separates nesting).
 pub const ENV_PREFIX: &str = "EDGE_AGENT_";
 
@@ -165,7 +172,7 @@ pub struct KafkaTarget {
     /// SASL authentication: `{ mechanism = "SCRAM-SHA-512", username, password_file }`
     /// (or `password`, e.g. from `EDGE_AGENT_KAFKA__SASL__PASSWORD`).
     #[serde(default)]
-    pub sasl: Option<service_kit::kafka::security::Sasl>,
+    pub sasl: Option<Sasl>,
     /// Extra librdkafka producer properties (timeouts), set last: they win over the above.
     #[serde(default)]
     pub properties: BTreeMap<String, String>,

@@ -10,7 +10,10 @@ use std::sync::atomic::AtomicBool;
 use std::sync::mpsc::{Receiver, RecvTimeoutError};
 use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
+#[cfg(not(feature = "parquet"))]
+use no_parquet::BodyBuilder;
 use schemas::api::RejectedRecord;
+#[cfg(feature = "parquet")]
 use schemas::columnar::BodyBuilder;
 use schemas::decode::ndjson_lines_in;
 use schemas::wire::encode_value_into;
@@ -961,5 +964,26 @@ impl Pipeline {
 }
 
 mod report;
+
+/// An agent built without Parquet (cargo feature `parquet`) batches no Parquet: its config
+/// check refuses `encoding = "parquet"`. The pipeline's calls to the columns of a Parquet batch
+/// stay, on a builder that holds nothing and cannot finish.
+#[cfg(not(feature = "parquet"))]
+mod no_parquet {
+    use schemas::{Record, Row, StreamDef};
+
+    pub struct BodyBuilder;
+
+    impl BodyBuilder {
+        pub fn new(_: &StreamDef, _: usize) -> BodyBuilder {
+            BodyBuilder
+        }
+        pub fn push(&mut self, _: &Record) {}
+        pub fn push_row<H>(&mut self, _: &Row<'_, H>) {}
+        pub fn finish(self, _: &StreamDef, _: i32) -> Result<Vec<u8>, String> {
+            Err("this edge-agent is built without Parquet (cargo feature `parquet`)".into())
+        }
+    }
+}
 #[cfg(test)]
 mod tests;

@@ -26,6 +26,7 @@ impl AgentConfig {
                 problems.push(format!("gateway: {e}"));
             }
         }
+        #[cfg(feature = "kafka")]
         if let Some(k) = &self.kafka {
             let mut scratch = rdkafka::ClientConfig::new();
             if let Err(e) =
@@ -33,6 +34,10 @@ impl AgentConfig {
             {
                 problems.push(format!("kafka: {e:#}"));
             }
+        }
+        #[cfg(not(feature = "kafka"))]
+        if self.kafka.is_some() {
+            problems.push(NO_KAFKA.to_owned());
         }
         if self.sources.is_empty() {
             problems.push("no [[sources]] configured".to_owned());
@@ -93,6 +98,16 @@ impl AgentConfig {
                 }
             }
         }
+        #[cfg(not(feature = "parquet"))]
+        {
+            use crate::batch::BodyEncoding;
+            let parquet = std::iter::once(Some(self.batch.encoding))
+                .chain(self.streams.values().map(|s| s.encoding))
+                .any(|e| e == Some(BodyEncoding::Parquet));
+            if parquet {
+                problems.push("encoding = \"parquet\": this edge-agent is built without Parquet batches (cargo feature `parquet`); use \"ndjson\" or a full build".to_owned());
+            }
+        }
         if !(1..=22).contains(&self.batch.zstd_level) {
             problems.push("batch.zstd_level must be 1 to 22".to_owned());
         }
@@ -103,3 +118,7 @@ impl AgentConfig {
         }
     }
 }
+
+/// Why an agent built without the Kafka output refuses `[kafka]`.
+#[cfg(not(feature = "kafka"))]
+pub const NO_KAFKA: &str = "[kafka]: this edge-agent is built without the Kafka output (cargo feature `kafka`); send to a gateway ([gateway]) or use a full build";

@@ -31,8 +31,7 @@ use crate::stream::{FieldType, StreamDef};
 use crate::value::{Record, Value};
 use crate::wire::encode_value;
 
-/// The media type of a columnar body.
-pub const PARQUET_CONTENT_TYPE: &str = "application/vnd.apache.parquet";
+pub use crate::decode::PARQUET_CONTENT_TYPE;
 
 /// Rows decoded per Arrow batch.
 const READ_BATCH_ROWS: usize = 8192;

@@ -6,6 +6,9 @@ use serde_json::value::RawValue;
 use crate::error::{DecodeError, RecordError};
 use crate::scan::Line;
 
+/// The media type of a columnar body.
+pub const PARQUET_CONTENT_TYPE: &str = "application/vnd.apache.parquet";
+
 const BOM: &[u8] = b"\xEF\xBB\xBF";
 
 /// The body formats the gateway accepts.
@@ -34,7 +37,7 @@ impl BodyFormat {
                 Some(BodyFormat::Ndjson)
             }
             "application/json" => Some(BodyFormat::JsonArray),
-            crate::columnar::PARQUET_CONTENT_TYPE => Some(BodyFormat::Parquet),
+            PARQUET_CONTENT_TYPE => Some(BodyFormat::Parquet),
             _ => None,
         }
     }
@@ -43,7 +46,7 @@ impl BodyFormat {
         match self {
             BodyFormat::Ndjson => "application/x-ndjson",
             BodyFormat::JsonArray => "application/json",
-            BodyFormat::Parquet => crate::columnar::PARQUET_CONTENT_TYPE,
+            BodyFormat::Parquet => PARQUET_CONTENT_TYPE,
         }
     }
 }

@@ -9,13 +9,16 @@
 //! - [`columnar`]: the Parquet request body.
 
 pub mod api;
+#[cfg(feature = "parquet")]
 pub mod arrow;
 pub mod budget;
+#[cfg(feature = "parquet")]
 pub mod columnar;
 pub mod decode;
 pub mod dictionary;
 pub mod error;
 pub mod hash;
+#[cfg(feature = "parquet")]
 mod order;
 mod scan;
 pub mod stream;
@@ -170,12 +173,15 @@ fn forward_with<H: Hashing, K>(
 pub struct Row<'a, H = ContentHash> {
     /// The hash, or with a [`HashGroup`] the record's place in the group.
     pub hash: H,
+    // Read by the Arrow builders only.
+    #[cfg_attr(not(feature = "parquet"), allow(dead_code))]
     pub(crate) fields: RowFields<'a>,
 }
 
 // The scanned variant is the common case: boxing it would add an allocation per record, which
 // is what this type avoids.
 #[allow(clippy::large_enum_variant)]
+#[cfg_attr(not(feature = "parquet"), allow(dead_code))]
 #[derive(Debug, Clone)]
 pub(crate) enum RowFields<'a> {
     /// A record of the common shape, not built: its strings are slices of its text.

@@ -6,6 +6,7 @@
 
 pub mod config;
 pub mod http;
+#[cfg(feature = "kafka")]
 pub mod kafka;
 pub mod process;
 pub mod telemetry;

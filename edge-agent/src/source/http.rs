@@ -119,6 +119,7 @@ impl Local {
     /// read (a `stat`), it is read again, and a compatible change is used for this body and
     /// those after it (the pipeline takes it too, at the first record that needs it). Another
     /// body may have found it already: that one is given.
+    #[cfg_attr(not(feature = "parquet"), allow(dead_code))]
     fn newer(&self, running: &Arc<StreamDef>) -> Option<Arc<StreamDef>> {
         let mut definitions = lock(&self.definitions);
         let (current, file) = definitions.entry(running.name.clone()).or_insert_with(|| {
@@ -310,19 +311,10 @@ async fn ingest(
                 e.to_string(),
             ),
         })?;
-        let (plain, mut def) = match format {
-            BodyFormat::Ndjson => return Ok(plain),
-            BodyFormat::JsonArray => return array_to_ndjson(&plain),
-            BodyFormat::Parquet => (Bytes::from(plain), def),
-        };
-        loop {
-            match schemas::columnar::parquet_to_ndjson(&def, plain.clone(), limit) {
-                Err(e) if e.newer_definition_may_take() => match reader.newer(&def) {
-                    Some(newer) => def = newer,
-                    None => return Err(bad_body(e)),
-                },
-                converted => return converted.map_err(bad_body),
-            }
+        match format {
+            BodyFormat::Ndjson => Ok(plain),
+            BodyFormat::JsonArray => array_to_ndjson(&plain),
+            BodyFormat::Parquet => parquet_to_ndjson(&reader, def, plain, limit),
         }
     })
     .await
@@ -383,4 +375,39 @@ fn array_to_ndjson(plain: &[u8]) -> Result<Vec<u8>, Refusal> {
         out.push(b'\n');
     }
     Ok(out)
+}
+
+/// A Parquet body as NDJSON, read with the stream's definition or a newer one it needs.
+#[cfg(feature = "parquet")]
+fn parquet_to_ndjson(
+    reader: &Local,
+    mut def: Arc<StreamDef>,
+    plain: Vec<u8>,
+    limit: usize,
+) -> Result<Vec<u8>, Refusal> {
+    let plain = Bytes::from(plain);
+    loop {
+        match schemas::columnar::parquet_to_ndjson(&def, plain.clone(), limit) {
+            Err(e) if e.newer_definition_may_take() => match reader.newer(&def) {
+                Some(newer) => def = newer,
+                None => return Err(bad_body(e)),
+            },
+            converted => return converted.map_err(bad_body),
+        }
+    }
+}
+
+/// An agent built without Parquet (cargo feature `parquet`) takes no Parquet bodies.
+#[cfg(not(feature = "parquet"))]
+fn parquet_to_ndjson(
+    _: &Local,
+    _: Arc<StreamDef>,
+    _: Vec<u8>,
+    _: usize,
+) -> Result<Vec<u8>, Refusal> {
+    Err(error(
+        StatusCode::UNSUPPORTED_MEDIA_TYPE,
+        "unsupported_media_type",
+        "this edge-agent is built without Parquet (cargo feature `parquet`): send NDJSON",
+    ))
 }
