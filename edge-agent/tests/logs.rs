@@ -83,19 +83,19 @@ fn logs_are_plain_text_off_a_terminal_and_json_lines_on_request() {
 fn kubernetes_service_variables_do_not_stop_the_agent_and_a_fatal_error_is_json() {
     let dir = tempfile::tempdir().unwrap();
     let cfg = stdin_config(dir.path());
-    let run = |env: &[(String, String)]| {
+    let run = |env: &[(&str, &str)]| {
         Command::new(env!("CARGO_BIN_EXE_edge-agent"))
             .args(["run", "--config"])
             .arg(&cfg)
             .env("EDGE_AGENT_LOG_FORMAT", "json")
-            .envs(env.iter().map(|(k, v)| (k, v)))
+            .envs(env.iter().copied())
             .stdin(Stdio::null())
             .output()
             .unwrap()
     };
     let out = run(&support::kubernetes_service_variables("edge-agent", 9103));
     assert_eq!(out.status.code(), Some(0), "{out:?}");
-    let out = run(&[("EDGE_AGENT_MAX_BYTES_PER_SEC".into(), "fast".into())]);
+    let out = run(&[("EDGE_AGENT_MAX_BYTES_PER_SEC", "fast")]);
     assert_eq!(out.status.code(), Some(2), "{out:?}");
     let log = String::from_utf8(out.stderr).unwrap();
     let fatal: serde_json::Value = serde_json::from_str(log.trim()).expect(&log);

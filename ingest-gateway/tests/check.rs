@@ -95,12 +95,10 @@ fn the_check_tells_whether_definitions_may_replace_those_in_force() {
 /// code 2), one JSON log event when the logs are JSON.
 #[test]
 fn kubernetes_service_variables_do_not_stop_the_gateway() {
-    let variables = common::kubernetes_service_variables("ingest-gateway", 8080);
-    let env: Vec<(&str, &str)> = variables
-        .iter()
-        .map(|(k, v)| (k.as_str(), v.as_str()))
-        .collect();
-    let (ok, text) = check(&env);
+    let (ok, text) = check(&common::kubernetes_service_variables(
+        "ingest-gateway",
+        8080,
+    ));
     assert!(ok, "{text}");
     let args = ["--check", "--config", "config/ingest-gateway.toml"].map(std::ffi::OsStr::new);
     let bad = [

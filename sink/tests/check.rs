@@ -144,12 +144,7 @@ fn the_kafka_password_comes_from_a_file_and_never_shows() {
 /// with a value that does not fit is a configuration error, exit code 2.
 #[test]
 fn kubernetes_service_variables_do_not_stop_the_sink() {
-    let variables = common::kubernetes_service_variables("sink", 9102);
-    let env: Vec<(&str, &str)> = variables
-        .iter()
-        .map(|(k, v)| (k.as_str(), v.as_str()))
-        .collect();
-    let (ok, text) = check(&env);
+    let (ok, text) = check(&common::kubernetes_service_variables("sink", 9102));
     assert!(ok, "{text}");
     let args = ["--check", "--config", "config/sink.toml"].map(std::ffi::OsStr::new);
     let (code, text) = common::exit_code_from_root(

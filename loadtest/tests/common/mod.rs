@@ -50,12 +50,14 @@ pub fn exit_code_from_root(
 }
 
 /// The variables Kubernetes sets in every pod of a namespace for a Service named `service`
-/// with one TCP port: `SINK_SERVICE_HOST`, `SINK_PORT=tcp://…` and the rest, for `sink`.
-pub fn kubernetes_service_variables(service: &str, port: u16) -> Vec<(String, String)> {
+/// with one TCP port: `SINK_SERVICE_HOST`, `SINK_PORT=tcp://…` and the rest, for `sink`. (Leaked,
+/// a few bytes a test, so that they pass where `&str` pairs do.)
+pub fn kubernetes_service_variables(service: &str, port: u16) -> Vec<(&'static str, &'static str)> {
     let name = service.to_uppercase().replace('-', "_");
     let (host, tcp) = ("10.96.0.12", format!("{name}_PORT_{port}_TCP"));
     let url = format!("tcp://{host}:{port}");
-    vec![
+    let leak = |s: String| -> &'static str { Box::leak(s.into_boxed_str()) };
+    [
         (format!("{name}_SERVICE_HOST"), host.to_owned()),
         (format!("{name}_SERVICE_PORT"), port.to_string()),
         (format!("{name}_SERVICE_PORT_METRICS"), port.to_string()),
@@ -65,6 +67,9 @@ pub fn kubernetes_service_variables(service: &str, port: u16) -> Vec<(String, St
         (format!("{tcp}_PORT"), port.to_string()),
         (format!("{tcp}_ADDR"), host.to_owned()),
     ]
+    .into_iter()
+    .map(|(k, v)| (leak(k), leak(v)))
+    .collect()
 }
 
 /// Runs `scripts/read_landing.py` with the test venv's Python and returns its JSON output.
