@@ -63,7 +63,7 @@ impl Output {
             #[cfg(feature = "kafka")]
             (None, Some(k)) => Ok(Output::Kafka(KafkaOutput::new(k)?)),
             #[cfg(not(feature = "kafka"))]
-            (None, Some(_)) => Err(SendError::Config(crate::validate::NO_KAFKA.into())),
+            (None, Some(_)) => Err(SendError::Config(NO_KAFKA.into())),
             _ => Err(SendError::Config(
                 "set exactly one of [gateway] and [kafka]".into(),
             )),
@@ -112,6 +112,10 @@ impl Output {
         }
     }
 }
+
+/// Why an agent built without the Kafka output refuses `[kafka]`.
+#[cfg(not(feature = "kafka"))]
+pub const NO_KAFKA: &str = "[kafka]: this edge-agent is built without the Kafka output (cargo feature `kafka`); send to a gateway ([gateway]) or use a full build";
 
 #[cfg(feature = "kafka")]
 const KAFKA_MAX_BACKOFF: Duration = Duration::from_secs(30);

@@ -37,7 +37,7 @@ impl AgentConfig {
         }
         #[cfg(not(feature = "kafka"))]
         if self.kafka.is_some() {
-            problems.push(NO_KAFKA.to_owned());
+            problems.push(crate::output::NO_KAFKA.to_owned());
         }
         if self.sources.is_empty() {
             problems.push("no [[sources]] configured".to_owned());
@@ -118,7 +118,3 @@ impl AgentConfig {
         }
     }
 }
-
-/// Why an agent built without the Kafka output refuses `[kafka]`.
-#[cfg(not(feature = "kafka"))]
-pub const NO_KAFKA: &str = "[kafka]: this edge-agent is built without the Kafka output (cargo feature `kafka`); send to a gateway ([gateway]) or use a full build";

@@ -368,7 +368,7 @@ mod tests {
             // A variable that names a key with a value that does not fit is an error.
             jail.set_env("PLUMBTEST_INNER__PORT", "seven");
             let e = load_config::<Cfg>(Some(&file), "PLUMBTEST_").unwrap_err();
-            assert!(format!("{e:#}").contains("port"), "{e:#}");
+            assert!(format!("{e:#}").contains("INNER.PORT"), "{e:#}");
             assert_eq!(
                 crate::process::exit_code_of(&e),
                 crate::process::EXIT_CONFIG
