@@ -71,6 +71,7 @@ async fn gateway(
         .unwrap();
     let mut config = GatewayConfig {
         listen: ([127, 0, 0, 1], 0).into(),
+        admin_listen: None,
         auth: AuthConfig {
             allow_anonymous: true,
             tokens: Vec::new(),

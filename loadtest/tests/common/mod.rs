@@ -31,6 +31,29 @@ pub fn run_from_root(exe: &str, args: &[&std::ffi::OsStr], env: &[(&str, &str)])
     (code == Some(0), text)
 }
 
+/// Whether the calling test, `name` (its path in the test binary), runs in a process of its own.
+/// When not, it is run again in one (this test binary, that test alone) and has passed when
+/// that one did: for a test that reads process-wide state, such as the metrics recorder, which
+/// the other tests of its binary share.
+pub fn in_own_process(name: &str) -> bool {
+    const MARK: &str = "EDGE_INGEST_OWN_PROCESS";
+    if std::env::var_os(MARK).is_some()
+        || std::env::var("NEXTEST_EXECUTION_MODE").as_deref() == Ok("process-per-test")
+    {
+        return true;
+    }
+    let status = Command::new(std::env::current_exe().unwrap())
+        .args([name, "--exact", "--test-threads", "1"])
+        .env(MARK, "1")
+        .status()
+        .unwrap_or_else(|e| panic!("cannot run {name} in a process of its own: {e}"));
+    assert!(
+        status.success(),
+        "{name}, run in a process of its own, failed"
+    );
+    false
+}
+
 /// Like [`run_from_root`], with the exit code (`None`: ended by a signal).
 pub fn exit_code_from_root(
     exe: &str,
