@@ -4,13 +4,13 @@
 set -euo pipefail
 cd "$(dirname "${BASH_SOURCE[0]}")/.."
 
-# A build of the suite takes about 2.5 GB (more with incremental data): warn early when the disk
+# A build of the suite takes about 3 GB (more with incremental data): warn early when the disk
 # is short of it, rather than fail half-way with "No space left on device".
 target="${CARGO_TARGET_DIR:-target}"
 mkdir -p "$target"
 free_kb=$(df -Pk "$target" | awk 'NR == 2 { print $4 }')
 if [ "${free_kb:-0}" -lt $((5 * 1024 * 1024)) ]; then
-  echo "test.sh: warning: only $((free_kb / 1024)) MiB free for $target ($(du -sh "$target" 2>/dev/null | cut -f1) in it): the build needs about 2.5 GB; 'cargo clean' frees what earlier builds left" >&2
+  echo "test.sh: warning: only $((free_kb / 1024)) MiB free for $target ($(du -sh "$target" 2>/dev/null | cut -f1) in it): the build needs about 3 GB; 'cargo clean' frees what earlier builds left" >&2
 fi
 
 scripts/services.sh install
