@@ -8,16 +8,7 @@
 set -euo pipefail
 cd "$(dirname "${BASH_SOURCE[0]}")/.."
 
-MDBOOK_VERSION=0.5.4
-CACHE="${EDGE_INGEST_CACHE:-$HOME/.cache/edge-ingest}"
-MDBOOK="$CACHE/mdbook-$MDBOOK_VERSION/bin/mdbook"
-
-if [ ! -x "$MDBOOK" ]; then
-  echo "docs: installing mdBook $MDBOOK_VERSION (about 3 minutes, once)" >&2
-  CARGO_TARGET_DIR="$CACHE/mdbook-build" cargo install mdbook --version "$MDBOOK_VERSION" \
-    --locked --root "$CACHE/mdbook-$MDBOOK_VERSION" >&2
-  rm -rf "$CACHE/mdbook-build"
-fi
+MDBOOK="$(scripts/cargo-tool.sh mdbook 0.5.4 3)/mdbook"
 case "${1:-build}" in
   build) "$MDBOOK" build docs ;;
   serve) "$MDBOOK" serve docs ;;

@@ -17,9 +17,6 @@
 set -euo pipefail
 cd "$(dirname "${BASH_SOURCE[0]}")/.."
 
-CARGO_FUZZ_VERSION=0.13.2
-CACHE="${EDGE_INGEST_CACHE:-$HOME/.cache/edge-ingest}"
-CARGO_FUZZ_ROOT="$CACHE/cargo-fuzz-$CARGO_FUZZ_VERSION"
 
 seconds=20
 keep=0
@@ -41,13 +38,8 @@ fi
 
 log() { echo "fuzz: $*" >&2; }
 
-if [ ! -x "$CARGO_FUZZ_ROOT/bin/cargo-fuzz" ]; then
-  log "installing cargo-fuzz $CARGO_FUZZ_VERSION (about 2 minutes, once)"
-  CARGO_TARGET_DIR="$CACHE/cargo-fuzz-build" cargo install cargo-fuzz --version "$CARGO_FUZZ_VERSION" \
-    --locked --root "$CARGO_FUZZ_ROOT" >&2
-  rm -rf "$CACHE/cargo-fuzz-build"
-fi
-export PATH="$CARGO_FUZZ_ROOT/bin:$PATH"
+cargo_fuzz_bin="$(scripts/cargo-tool.sh cargo-fuzz 0.13.2 2)"
+export PATH="$cargo_fuzz_bin:$PATH"
 export RUSTC_BOOTSTRAP=1
 # The instrumented build shares nothing with the workspace's own builds (other flags, an explicit
 # target triple), so it always goes to fuzz/target, wherever CARGO_TARGET_DIR points.

@@ -89,22 +89,15 @@ fn metric_names(text: &str) -> BTreeSet<String> {
     names
 }
 
-/// The metric names the components declare (`pub const X: &str = "name";` in their
-/// `metrics.rs`), with the series names a histogram adds.
+/// The metric names the components declare ([`declared_kinds`]), with the series names a
+/// histogram adds.
 fn declared_metrics() -> BTreeSet<String> {
-    let mut names = BTreeSet::new();
-    for krate in ["ingest-gateway", "sink", "edge-agent"] {
-        let path = common::repo_root().join(krate).join("src/metrics.rs");
-        for line in std::fs::read_to_string(path).unwrap().lines() {
-            if let Some((_, rest)) = line.split_once(": &str = \"") {
-                let name = rest.trim_end_matches("\";");
-                for suffix in ["", "_bucket", "_sum", "_count"] {
-                    names.insert(format!("{name}{suffix}"));
-                }
-            }
-        }
-    }
-    names
+    declared_kinds()
+        .into_iter()
+        .flat_map(|(name, _)| {
+            ["", "_bucket", "_sum", "_count"].map(|suffix| format!("{name}{suffix}"))
+        })
+        .collect()
 }
 
 /// The metrics the components declare, with their kinds (`#[counter]` and the like above
