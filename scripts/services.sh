@@ -2,7 +2,8 @@
 # Test services on loopback: Apache Kafka (one KRaft node, from Maven Central by scripts/kafka.sh),
 # an S3 server (moto), an MQTT broker (mosquitto, from Debian), a PostgreSQL server (Debian; table
 # catalogs), Prometheus and docker-compose (from Debian, for the monitoring test) and the Python
-# tools of the test suite (pyarrow, boto3, confluent-kafka). Installs once into a cache and reuses
+# tools of the test suite (pyarrow, boto3, confluent-kafka, pyspark, with Iceberg's Spark runtime
+# from Maven Central). Installs once into a cache and reuses
 # it; every start picks free ports, so parallel runs do not collide.
 #
 #   scripts/services.sh install          install what is missing (cached)
@@ -45,6 +46,18 @@ CONF
   cat "$HERE/kafka/test.properties" >>"$dir/server.properties"
   "$HERE/kafka.sh" run "$dir/server.properties" >"$1/kafka.log" 2>&1 &
   echo $! >"$1/kafka.pid"
+}
+
+# The jars of scripts/spark/pom.xml (Iceberg's Spark runtime, JDBC drivers) in $SPARK_JARS,
+# installed again when the pom changes.
+SPARK_JARS="$CACHE/spark-jars"
+install_spark_jars() {
+  if [ -d "$SPARK_JARS" ] && cmp -s "$HERE/spark/pom.xml" "$SPARK_JARS/.pom.xml"; then return; fi
+  log "installing Iceberg's Spark runtime and JDBC drivers from Maven Central into $SPARK_JARS"
+  rm -rf "$SPARK_JARS"
+  mvn -q -B -f "$HERE/spark/pom.xml" dependency:copy-dependencies \
+    -DincludeScope=runtime -DoutputDirectory="$SPARK_JARS" >&2
+  cp "$HERE/spark/pom.xml" "$SPARK_JARS/.pom.xml"
 }
 
 install_python() {
@@ -176,6 +189,7 @@ export EDGE_INGEST_POSTGRES=postgres://postgres@127.0.0.1:$pport/postgres
 export EDGE_INGEST_MOSQUITTO=$(mosquitto_bin)
 export EDGE_INGEST_PYTHON=$PY
 export EDGE_INGEST_KAFKA_SH=$HERE/kafka.sh
+export EDGE_INGEST_SPARK_JARS=$SPARK_JARS
 export EDGE_INGEST_PROMETHEUS=$(command -v prometheus)
 export EDGE_INGEST_PROMTOOL=$(command -v promtool)
 export EDGE_INGEST_DOCKER_COMPOSE=$(command -v docker-compose)
@@ -213,7 +227,7 @@ stop() {
 }
 
 case "${1:-}" in
-  install) install_debian; install_kafka; install_python ;;
+  install) install_debian; install_kafka; install_spark_jars; install_python ;;
   start) start "${2:?state dir}" ;;
   stop) stop "${2:?state dir}" ;;
   *) echo "usage: $0 install | start STATE_DIR | stop STATE_DIR" >&2; exit 2 ;;

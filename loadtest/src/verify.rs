@@ -100,7 +100,12 @@ pub fn read_landing_dir(dir: &Path, defs: &[Arc<StreamDef>]) -> anyhow::Result<L
                 let meta = std::fs::metadata(&path)?;
                 let landed_at = sink::store::changed_at(&meta);
                 let name = path.display().to_string();
-                let row_groups = read_file(file, &name, landed_at, defs, &mut landed)
+                let to_read = FileToRead {
+                    name: &name,
+                    landed_at,
+                    deleted: None,
+                };
+                let row_groups = read_file(file, to_read, defs, &mut landed)
                     .with_context(|| format!("cannot read {name}"))?;
                 let key = path
                     .strip_prefix(dir)
@@ -141,7 +146,7 @@ pub async fn read_landing_store(
         .filter(|(k, _)| sink::parquet_file::partition_and_offset_of(k, stream).is_some())
         .collect();
     keys.sort();
-    read_keys(store, keys, def).await
+    read_keys(store, keys, def, &HashMap::new()).await
 }
 
 /// Reads the data files of the current snapshot of stream `def`'s table: the files its
@@ -163,24 +168,73 @@ pub async fn read_table(
         })?;
     // A table lists a file once per registration: a file registered twice counts its rows
     // twice, as a reader of the table would. A file's rows are visible from the commit that
-    // added it: the latency is taken to then.
-    let keys = files
-        .into_iter()
-        .map(|f| {
-            let visible = f
-                .committed_ms
-                .map(|ms| SystemTime::UNIX_EPOCH + Duration::from_millis(ms.max(0) as u64));
-            (f.key, visible)
-        })
-        .collect();
-    read_keys(store, keys, def).await
+    // added it: the latency is taken to then. Rows that delete files remove are not counted.
+    let mut deleted: HashMap<String, HashSet<i64>> = HashMap::new();
+    let mut keys = Vec::new();
+    for f in files {
+        match f.content {
+            sink::table::FileContent::Data => {
+                let visible = f
+                    .committed_ms
+                    .map(|ms| SystemTime::UNIX_EPOCH + Duration::from_millis(ms.max(0) as u64));
+                keys.push((f.key, visible));
+            }
+            sink::table::FileContent::PositionDeletes => {
+                read_position_deletes(store, &f.key, &mut deleted).await?;
+            }
+            sink::table::FileContent::EqualityDeletes => anyhow::bail!(
+                "the table holds equality deletes ({}), which this check does not apply",
+                f.key
+            ),
+        }
+    }
+    read_keys(store, keys, def, &deleted).await
 }
 
-/// Reads the landing files at `keys` (with the times they landed, where known).
+/// Adds the rows a position-delete file removes (`file_path`, `pos`) to `deleted`, by the key
+/// of their data file.
+async fn read_position_deletes(
+    store: &ObjectStore,
+    key: &str,
+    deleted: &mut HashMap<String, HashSet<i64>>,
+) -> anyhow::Result<()> {
+    use arrow::array::AsArray;
+    let data = store
+        .get(key)
+        .await?
+        .with_context(|| format!("delete file {key} does not exist"))?;
+    for batch in ParquetRecordBatchReaderBuilder::try_new(data)?.build()? {
+        let batch = batch?;
+        let column = |name: &str| {
+            batch
+                .column_by_name(name)
+                .with_context(|| format!("delete file {key} has no column {name}"))
+        };
+        let paths = arrow::compute::cast(column("file_path")?, &arrow::datatypes::DataType::Utf8)?;
+        let positions = column("pos")?
+            .as_primitive_opt::<arrow::datatypes::Int64Type>()
+            .with_context(|| format!("delete file {key}: pos is not a long"))?
+            .clone();
+        for (path, pos) in paths.as_string::<i32>().iter().zip(positions.iter()) {
+            let (Some(path), Some(pos)) = (path, pos) else {
+                continue;
+            };
+            let data_key = store
+                .key_of(path)
+                .with_context(|| format!("delete file {key} names {path}, outside the store"))?;
+            deleted.entry(data_key).or_default().insert(pos);
+        }
+    }
+    Ok(())
+}
+
+/// Reads the landing files at `keys` (with the times they landed, where known), leaving out
+/// the rows `deleted` names by key and position.
 async fn read_keys(
     store: &ObjectStore,
     keys: Vec<(String, Option<SystemTime>)>,
     def: &Arc<StreamDef>,
+    deleted: &HashMap<String, HashSet<i64>>,
 ) -> anyhow::Result<Landed> {
     let mut landed = Landed::default();
     for (key, landed_at) in keys {
@@ -194,14 +248,13 @@ async fn read_keys(
         };
         let rows_before = landed.rows;
         let size = data.len() as u64;
-        let row_groups = read_file(
-            data,
-            &key,
+        let file = FileToRead {
+            name: &key,
             landed_at,
-            std::slice::from_ref(def),
-            &mut landed,
-        )
-        .with_context(|| format!("cannot read {key}"))?;
+            deleted: deleted.get(&key),
+        };
+        let row_groups = read_file(data, file, std::slice::from_ref(def), &mut landed)
+            .with_context(|| format!("cannot read {key}"))?;
         landed.files.push(LandedFile {
             path: PathBuf::from(&key),
             key,
@@ -214,16 +267,29 @@ async fn read_keys(
     Ok(landed)
 }
 
+/// A file [`read_file`] reads: its name, when it landed (where known) and the positions of its
+/// rows that a table deleted.
+struct FileToRead<'a> {
+    name: &'a str,
+    landed_at: Option<SystemTime>,
+    deleted: Option<&'a HashSet<i64>>,
+}
+
 /// Adds a file's content hashes to `landed`, computed from its rows' fields as its stream in
 /// `defs` defines them (the file need not keep a `_content_hash` column); returns its number
-/// of row groups.
+/// of row groups. A file that names no stream in its metadata (written by another writer of a
+/// table, such as Spark's compaction) is of the one stream in `defs`.
 fn read_file<R: ChunkReader + 'static>(
     file: R,
-    name: &str,
-    landed_at: Option<SystemTime>,
+    to_read: FileToRead,
     defs: &[Arc<StreamDef>],
     landed: &mut Landed,
 ) -> anyhow::Result<usize> {
+    let FileToRead {
+        name,
+        landed_at,
+        deleted,
+    } = to_read;
     let landed_ms = landed_at.map(unix_ms);
     let builder = ParquetRecordBatchReaderBuilder::try_new(file)?;
     let row_groups = builder.metadata().num_row_groups();
@@ -232,12 +298,17 @@ fn read_file<R: ChunkReader + 'static>(
         .file_metadata()
         .key_value_metadata()
         .and_then(|kvs| kvs.iter().find(|kv| kv.key == META_STREAM))
-        .and_then(|kv| kv.value.clone())
-        .with_context(|| format!("{name} names no stream in its metadata"))?;
-    let def = defs
-        .iter()
-        .find(|def| def.name == stream)
-        .with_context(|| format!("{name} is of stream {stream:?}, which is not defined here"))?;
+        .and_then(|kv| kv.value.clone());
+    let def = match (stream, defs) {
+        (None, [only]) => only,
+        (None, _) => anyhow::bail!("{name} names no stream in its metadata"),
+        (Some(stream), defs) => defs
+            .iter()
+            .find(|def| def.name == stream)
+            .with_context(|| {
+                format!("{name} is of stream {stream:?}, which is not defined here")
+            })?,
+    };
     // Only the columns the hash covers are decoded.
     let schema = builder.parquet_schema();
     let hashed: Vec<&str> = def
@@ -253,17 +324,24 @@ fn read_file<R: ChunkReader + 'static>(
         .collect();
     let projection = ProjectionMask::columns(schema, hashed);
     let reader = builder.with_projection(projection).build()?;
+    let mut position = 0i64;
     for batch in reader {
         let batch = batch?;
-        for hash in schemas::arrow::row_hashes(def, &batch, 0..batch.num_rows())? {
+        let hashes = schemas::arrow::row_hashes(def, &batch, 0..batch.num_rows())?;
+        let first = position;
+        position += batch.num_rows() as i64;
+        for (at, hash) in (first..).zip(hashes) {
+            if deleted.is_some_and(|d| d.contains(&at)) {
+                continue;
+            }
             let copies = landed.hashes.entry(hash).or_default();
             copies.count += 1;
             copies.landed_ms = match (copies.landed_ms, landed_ms) {
                 (Some(a), Some(b)) => Some(a.min(b)),
                 (a, b) => a.or(b),
             };
+            landed.rows += 1;
         }
-        landed.rows += batch.num_rows();
     }
     Ok(row_groups)
 }

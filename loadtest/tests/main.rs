@@ -14,4 +14,5 @@ mod monitoring;
 mod repository;
 mod send_tls;
 mod services;
+mod spark;
 mod walkthrough;

@@ -251,9 +251,19 @@ impl ObjectStore {
         }
     }
 
-    /// The key of an object by its URI ([`ObjectStore::uri`]); `None` for a URI elsewhere.
+    /// The key of an object by its URI ([`ObjectStore::uri`]); `None` for a URI elsewhere. A
+    /// local file's URI may also have the form `file:/path` that Hadoop's file system writes
+    /// (Spark's files and metadata in a local warehouse).
     pub fn key_of(&self, uri: &str) -> Option<String> {
         let base = self.uri("");
+        if let ObjectStore::Local(_) = self
+            && let Some(path) = uri.strip_prefix("file:")
+            && !path.starts_with("//")
+        {
+            return format!("file://{path}")
+                .strip_prefix(&base)
+                .map(str::to_owned);
+        }
         uri.strip_prefix(&base).map(str::to_owned)
     }
 
@@ -861,6 +871,18 @@ pub fn backoff(attempt: u32) -> Duration {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn local_keys_are_found_by_either_form_of_file_uri() {
+        let store = ObjectStore::Local(PathBuf::from("/var/lib/zone"));
+        let key = "landing/s/data/f.parquet";
+        assert_eq!(store.uri(key), format!("file:///var/lib/zone/{key}"));
+        for uri in [store.uri(key), format!("file:/var/lib/zone/{key}")] {
+            assert_eq!(store.key_of(&uri).as_deref(), Some(key), "{uri}");
+        }
+        assert_eq!(store.key_of("file:/var/lib/other/f.parquet"), None);
+        assert_eq!(store.key_of("s3://bucket/f.parquet"), None);
+    }
 
     #[tokio::test]
     async fn local_store_creates_once() {

@@ -863,8 +863,8 @@ async fn commits_through_a_rest_catalog_expire_old_snapshots() {
             &base.location,
             Vec::new(),
             vec![added],
-            &metadata::offsets(&base.metadata),
-            None,
+            &metadata::offsets(&base.metadata).unwrap(),
+            Vec::new(),
         )
         .await
         .unwrap();

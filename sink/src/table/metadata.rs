@@ -8,10 +8,10 @@ use std::sync::Arc;
 use iceberg::io::FileIO;
 use iceberg::spec::{
     DataContentType, DataFile, DataFileBuilder, DataFileFormat, FormatVersion, ListType,
-    ManifestFile, ManifestList, ManifestListWriter, ManifestWriterBuilder, MapType, NestedField,
-    NestedFieldRef, NullOrder, Operation, PrimitiveType, Schema, Snapshot, SortDirection,
-    SortField, SortOrder, Struct, Summary, TableMetadata, TableMetadataBuilder, Transform, Type,
-    UnboundPartitionSpec,
+    ManifestContentType, ManifestFile, ManifestList, ManifestListWriter, ManifestWriterBuilder,
+    MapType, NestedField, NestedFieldRef, NullOrder, Operation, PrimitiveType, Schema, Snapshot,
+    SortDirection, SortField, SortOrder, Struct, Summary, TableMetadata, TableMetadataBuilder,
+    Transform, Type, UnboundPartitionSpec,
 };
 use schemas::arrow::{COL_CONTENT_HASH, COL_INGEST_TS, COL_OFFSET, COL_PARTITION, HashColumn};
 use schemas::{FieldType, StreamDef};
@@ -270,19 +270,61 @@ pub fn evolved(
     Ok(Some(built.metadata))
 }
 
-/// Each partition's next offset per the table: from the newest snapshot that carries them
-/// (others' snapshots, such as a compaction's, are walked past). Empty for a new table.
-pub fn offsets(metadata: &TableMetadata) -> BTreeMap<String, i64> {
+/// Each partition's next offset per the table: the table property [`OFFSETS_PROPERTY`], which
+/// every append sets and which other writers' commits (a compaction, a delete) and snapshot
+/// expiry leave alone; for a table written before the sink kept it there, the newest snapshot
+/// of the current one's ancestry that carries it in its summary. Empty for a table without
+/// snapshots. A table that holds files but whose offsets are gone, or unreadable, is an error
+/// that names the repair: appending without them could append a file a second time.
+pub fn offsets(metadata: &TableMetadata) -> iceberg::Result<BTreeMap<String, i64>> {
+    let parse = |json: &str, whence: &str| {
+        serde_json::from_str::<BTreeMap<String, i64>>(json).map_err(|e| {
+            iceberg::Error::new(
+                iceberg::ErrorKind::DataInvalid,
+                format!(
+                    "the table's {OFFSETS_PROPERTY} ({whence}) is not a map of \"<topic>:<partition>\" to the next offset ({e}); nothing is appended until it is: set it again with ALTER TABLE … SET TBLPROPERTIES ('{OFFSETS_PROPERTY}' = '{{\"<topic>:<partition>\": <next offset>, …}}')"
+                ),
+            )
+        })
+    };
+    if let Some(json) = metadata.properties().get(OFFSETS_PROPERTY) {
+        return parse(json, "table property");
+    }
     let mut snapshot = metadata.current_snapshot();
     while let Some(s) = snapshot {
         if let Some(json) = s.summary().additional_properties.get(OFFSETS_PROPERTY) {
-            return serde_json::from_str(json).unwrap_or_default();
+            return parse(json, "snapshot summary");
         }
         snapshot = s
             .parent_snapshot_id()
             .and_then(|id| metadata.snapshot_by_id(id));
     }
-    BTreeMap::new()
+    match metadata.current_snapshot() {
+        None => Ok(BTreeMap::new()),
+        Some(_) => Err(iceberg::Error::new(
+            iceberg::ErrorKind::DataInvalid,
+            format!(
+                "the table has snapshots but neither its properties nor the current snapshot's ancestry say which Kafka offsets its files hold ({OFFSETS_PROPERTY}; expired by another tool?): nothing is appended, so that no file is appended twice. Set the table property from the landing files' offset ranges: ALTER TABLE … SET TBLPROPERTIES ('{OFFSETS_PROPERTY}' = '{{\"<topic>:<partition>\": <offset after the last one in the table>, …}}')"
+            ),
+        )),
+    }
+}
+
+/// The snapshot ids the table's branches and tags refer to: expiry keeps them.
+pub fn referenced_snapshots(metadata: &TableMetadata) -> Vec<i64> {
+    let Ok(json) = serde_json::to_value(metadata) else {
+        return metadata.current_snapshot_id().into_iter().collect();
+    };
+    let mut ids: Vec<i64> = json["refs"]
+        .as_object()
+        .into_iter()
+        .flat_map(|refs| refs.values())
+        .filter_map(|r| r["snapshot-id"].as_i64())
+        .chain(metadata.current_snapshot_id())
+        .collect();
+    ids.sort_unstable();
+    ids.dedup();
+    ids
 }
 
 /// The key of a Kafka partition in [`OFFSETS_PROPERTY`].
@@ -336,23 +378,59 @@ pub struct Append {
     pub expired_metadata: Vec<String>,
 }
 
-/// Manifests of one snapshot past which an append merges them into one.
-pub const MAX_MANIFESTS: usize = 32;
+/// The size a merged manifest grows to at most (Iceberg's `commit.manifest.target-size-bytes`
+/// default): manifests this large are left as they are.
+pub const MANIFEST_TARGET_BYTES: i64 = 8 << 20;
 
-/// Snapshots a table keeps: older ones are expired by the append that passes the count.
+/// Small data manifests (the new one included) that an append collects before it merges them
+/// into one (Iceberg's `commit.manifest.min-count-to-merge`, lower than Java's 100).
+pub const MIN_MANIFESTS_TO_MERGE: usize = 32;
+
+/// Snapshots a table keeps: older ones are expired by the append that passes the count,
+/// except those a branch or tag refers to.
 pub const KEEP_SNAPSHOTS: usize = 64;
 
+/// Which of the current snapshot's `manifests` an append merges into its new one, as Iceberg's
+/// Java writer bins them: the newest data manifests of the default spec, as many as fit in
+/// [`MANIFEST_TARGET_BYTES`] together, once they (and the new one) are at least
+/// [`MIN_MANIFESTS_TO_MERGE`]; none before that. Delete manifests and manifests of another
+/// spec are never merged. So a merge reads and writes at most the target size, however large
+/// the table, and full manifests stay untouched.
+pub fn to_merge(manifests: &[ManifestFile], default_spec: i32) -> Vec<usize> {
+    let mut newest: Vec<usize> = (0..manifests.len())
+        .filter(|&i| {
+            manifests[i].content == ManifestContentType::Data
+                && manifests[i].partition_spec_id == default_spec
+        })
+        .collect();
+    newest.sort_by_key(|&i| std::cmp::Reverse(manifests[i].sequence_number));
+    let mut bin = Vec::new();
+    let mut bytes = 0;
+    for i in newest {
+        bytes += manifests[i].manifest_length;
+        if bytes > MANIFEST_TARGET_BYTES {
+            break;
+        }
+        bin.push(i);
+    }
+    if bin.len() + 1 < MIN_MANIFESTS_TO_MERGE {
+        bin.clear();
+    }
+    bin.sort_unstable();
+    bin
+}
+
 /// The snapshot appending `added` to the table at `metadata_location`, with `offsets` as its
-/// offsets property. `manifests` are those of the current snapshot (read by the caller from
-/// its manifest list); `merged`, their bytes in the same order, merges them into one with the
-/// added files (the caller gives them past [`MAX_MANIFESTS`]).
+/// offsets property. `kept` are the current snapshot's manifests that the new one lists as
+/// they are; `merged` are those whose live entries it takes into its own manifest, with their
+/// bytes ([`to_merge`] picks them).
 pub async fn append(
     metadata: &TableMetadata,
     metadata_location: &str,
-    manifests: Vec<ManifestFile>,
+    kept: Vec<ManifestFile>,
     added: Vec<DataFile>,
     offsets: &BTreeMap<String, i64>,
-    merged: Option<Vec<bytes::Bytes>>,
+    merged: Vec<(ManifestFile, bytes::Bytes)>,
 ) -> iceberg::Result<Append> {
     let io = FileIO::new_with_memory();
     let snapshot_id = (uuid::Uuid::new_v4().as_u128() as i64).abs().max(1);
@@ -376,22 +454,18 @@ pub async fn append(
     for file in added {
         writer.add_file(file, sequence)?;
     }
-    let mut kept = manifests;
-    if let Some(old) = merged {
-        for (listed, bytes) in kept.iter().zip(old) {
-            // Entries added by the manifest's own snapshot leave their snapshot id and
-            // sequence numbers to be inherited from the manifest list's entry.
-            let manifest = iceberg::spec::Manifest::parse_avro(&bytes)?;
-            for entry in manifest.entries().iter().filter(|e| e.is_alive()) {
-                writer.add_existing_file(
-                    entry.data_file().clone(),
-                    entry.snapshot_id().unwrap_or(listed.added_snapshot_id),
-                    entry.sequence_number().unwrap_or(listed.sequence_number),
-                    entry.file_sequence_number.or(Some(listed.sequence_number)),
-                )?;
-            }
+    for (listed, bytes) in merged {
+        // Entries added by the manifest's own snapshot leave their snapshot id and sequence
+        // numbers to be inherited from the manifest list's entry.
+        let manifest = iceberg::spec::Manifest::parse_avro(&bytes)?;
+        for entry in manifest.entries().iter().filter(|e| e.is_alive()) {
+            writer.add_existing_file(
+                entry.data_file().clone(),
+                entry.snapshot_id().unwrap_or(listed.added_snapshot_id),
+                entry.sequence_number().unwrap_or(listed.sequence_number),
+                entry.file_sequence_number.or(Some(listed.sequence_number)),
+            )?;
         }
-        kept.clear();
     }
     let manifest = writer.write_manifest_file().await?;
     let list_path = format!("{location}/metadata/snap-{snapshot_id}-1-{commit}.avro");
@@ -402,9 +476,10 @@ pub async fn append(
         parent,
         sequence,
     );
-    list.add_manifests(kept.into_iter().chain([manifest]))?;
+    list.add_manifests([manifest].into_iter().chain(kept))?;
     list.close().await?;
     let previous = metadata.current_snapshot().map(|s| s.summary());
+    let ledger = serde_json::to_string(offsets).unwrap_or_default();
     let total = |key: &str, added: u64| {
         let before = previous
             .and_then(|s| s.additional_properties.get(key))
@@ -428,19 +503,31 @@ pub async fn append(
             "total-files-size".to_owned(),
             total("total-files-size", added_size),
         ),
-        ("total-delete-files".to_owned(), "0".to_owned()),
-        ("total-position-deletes".to_owned(), "0".to_owned()),
-        ("total-equality-deletes".to_owned(), "0".to_owned()),
+        // Deletes that other writers added stay as they are.
         (
-            OFFSETS_PROPERTY.to_owned(),
-            serde_json::to_string(offsets).unwrap_or_default(),
+            "total-delete-files".to_owned(),
+            total("total-delete-files", 0),
         ),
+        (
+            "total-position-deletes".to_owned(),
+            total("total-position-deletes", 0),
+        ),
+        (
+            "total-equality-deletes".to_owned(),
+            total("total-equality-deletes", 0),
+        ),
+        (OFFSETS_PROPERTY.to_owned(), ledger.clone()),
     ]);
     let snapshot = Snapshot::builder()
         .with_snapshot_id(snapshot_id)
         .with_parent_snapshot_id(parent)
         .with_sequence_number(sequence)
-        .with_timestamp_ms(chrono::Utc::now().timestamp_millis())
+        // Never before the table's last update: a clock behind a peer's cannot commit one.
+        .with_timestamp_ms(
+            chrono::Utc::now()
+                .timestamp_millis()
+                .max(metadata.last_updated_ms() + 1),
+        )
         .with_manifest_list(list_path.clone())
         .with_summary(Summary {
             operation: Operation::Append,
@@ -450,19 +537,19 @@ pub async fn append(
         .build();
     let mut builder =
         TableMetadataBuilder::new_from_metadata(metadata.clone(), Some(metadata_location.into()))
-            .set_branch_snapshot(snapshot, "main")?;
+            .set_branch_snapshot(snapshot, "main")?
+            .set_properties(HashMap::from([(OFFSETS_PROPERTY.to_owned(), ledger)]))?;
     let mut expired_lists = Vec::new();
     let mut snapshots: Vec<(i64, i64)> = metadata
         .snapshots()
         .map(|s| (s.timestamp_ms(), s.snapshot_id()))
         .collect();
     if snapshots.len() >= KEEP_SNAPSHOTS {
+        let referenced = referenced_snapshots(metadata);
+        let excess = snapshots.len() + 1 - KEEP_SNAPSHOTS;
+        snapshots.retain(|(_, id)| !referenced.contains(id));
         snapshots.sort_unstable();
-        let expired: Vec<i64> = snapshots[..snapshots.len() + 1 - KEEP_SNAPSHOTS]
-            .iter()
-            .map(|&(_, id)| id)
-            .filter(|&id| Some(id) != parent)
-            .collect();
+        let expired: Vec<i64> = snapshots.iter().take(excess).map(|&(_, id)| id).collect();
         expired_lists.extend(
             expired
                 .iter()
@@ -508,4 +595,218 @@ pub fn manifests_of(list: &[u8]) -> iceberg::Result<Vec<ManifestFile>> {
         .consume_entries()
         .into_iter()
         .collect())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use iceberg::spec::{SnapshotReference, SnapshotRetention};
+
+    fn stream() -> Arc<StreamDef> {
+        Arc::new(
+            StreamDef::from_toml(
+                r#"
+name = "s"
+version = 1
+event_time_field = "ts"
+partition_key_field = "device"
+[[fields]]
+name = "device"
+type = "string"
+required = true
+[[fields]]
+name = "ts"
+type = "timestamp"
+required = true
+"#,
+            )
+            .unwrap(),
+        )
+    }
+
+    /// A new table at `mem://t`, unpartitioned.
+    fn table() -> TableMetadata {
+        create(&stream(), HashColumn::None, "mem://t", Partitioning::None).unwrap()
+    }
+
+    /// `metadata` after an append of no files that moves partition 0's next offset to `next`.
+    async fn appended(metadata: &TableMetadata, next: i64) -> TableMetadata {
+        let offsets = BTreeMap::from([(partition_key("t", 0), next)]);
+        append(
+            metadata,
+            "mem://t/metadata/00001-a.metadata.json",
+            Vec::new(),
+            Vec::new(),
+            &offsets,
+            Vec::new(),
+        )
+        .await
+        .unwrap()
+        .metadata
+    }
+
+    /// `metadata` with a snapshot of another writer on `main` (no offsets in its summary) and
+    /// every older snapshot expired, as Spark's `rewrite_data_files` and `expire_snapshots`
+    /// (retain_last 1) leave it.
+    fn rewritten_and_expired(metadata: &TableMetadata) -> TableMetadata {
+        let foreign = Snapshot::builder()
+            .with_snapshot_id(7)
+            .with_parent_snapshot_id(metadata.current_snapshot_id())
+            .with_sequence_number(metadata.next_sequence_number())
+            .with_timestamp_ms(metadata.last_updated_ms() + 1)
+            .with_manifest_list("mem://t/metadata/snap-7.avro")
+            .with_summary(Summary {
+                operation: Operation::Replace,
+                additional_properties: HashMap::new(),
+            })
+            .with_schema_id(0)
+            .build();
+        let old: Vec<i64> = metadata.snapshots().map(|s| s.snapshot_id()).collect();
+        TableMetadataBuilder::new_from_metadata(metadata.clone(), None)
+            .set_branch_snapshot(foreign, "main")
+            .unwrap()
+            .remove_snapshots(&old)
+            .build()
+            .unwrap()
+            .metadata
+    }
+
+    #[tokio::test]
+    async fn offsets_outlive_foreign_snapshots_and_their_expiry() {
+        let empty = table();
+        assert_eq!(offsets(&empty).unwrap(), BTreeMap::new());
+        let ours = appended(&appended(&empty, 10).await, 25).await;
+        let expected = BTreeMap::from([(partition_key("t", 0), 25)]);
+        assert_eq!(offsets(&ours).unwrap(), expected);
+        let rewritten = rewritten_and_expired(&ours);
+        assert_eq!(rewritten.snapshots().len(), 1);
+        assert_eq!(offsets(&rewritten).unwrap(), expected);
+        // Without the property, the ancestry is read; with neither, nothing is appended.
+        let without = |m: &TableMetadata| {
+            TableMetadataBuilder::new_from_metadata(m.clone(), None)
+                .remove_properties(&[OFFSETS_PROPERTY.to_owned()])
+                .unwrap()
+                .build()
+                .unwrap()
+                .metadata
+        };
+        assert_eq!(offsets(&without(&ours)).unwrap(), expected);
+        let gone = offsets(&without(&rewritten)).unwrap_err().to_string();
+        assert!(gone.contains("SET TBLPROPERTIES"), "{gone}");
+        let malformed = TableMetadataBuilder::new_from_metadata(ours, None)
+            .set_properties(HashMap::from([(
+                OFFSETS_PROPERTY.to_owned(),
+                "{".to_owned(),
+            )]))
+            .unwrap()
+            .build()
+            .unwrap()
+            .metadata;
+        let error = offsets(&malformed).unwrap_err().to_string();
+        assert!(error.contains("is not a map"), "{error}");
+    }
+
+    #[tokio::test]
+    async fn a_snapshot_is_never_older_than_the_tables_last_update() {
+        // A peer whose clock is two minutes ahead committed last.
+        let mut json = serde_json::to_value(appended(&table(), 10).await).unwrap();
+        let ahead = chrono::Utc::now().timestamp_millis() + 120_000;
+        json["last-updated-ms"] = ahead.into();
+        json["snapshots"][0]["timestamp-ms"] = ahead.into();
+        json["snapshot-log"][0]["timestamp-ms"] = ahead.into();
+        let skewed: TableMetadata = serde_json::from_value(json).unwrap();
+        let next = appended(&skewed, 20).await;
+        assert!(next.current_snapshot().unwrap().timestamp_ms() > ahead);
+        assert!(next.last_updated_ms() > ahead);
+    }
+
+    #[tokio::test]
+    async fn expiry_keeps_what_tags_and_branches_refer_to() {
+        let mut metadata = appended(&table(), 1).await;
+        let first = metadata.current_snapshot_id().unwrap();
+        let refer = |kind: SnapshotRetention| SnapshotReference {
+            snapshot_id: first,
+            retention: kind,
+        };
+        metadata = TableMetadataBuilder::new_from_metadata(metadata, None)
+            .set_ref(
+                "audit",
+                refer(SnapshotRetention::Tag {
+                    max_ref_age_ms: None,
+                }),
+            )
+            .unwrap()
+            .set_ref(
+                "wap",
+                refer(SnapshotRetention::Branch {
+                    min_snapshots_to_keep: None,
+                    max_snapshot_age_ms: None,
+                    max_ref_age_ms: None,
+                }),
+            )
+            .unwrap()
+            .build()
+            .unwrap()
+            .metadata;
+        for next in 2..=100 {
+            metadata = appended(&metadata, next).await;
+        }
+        assert_eq!(metadata.snapshots().len(), KEEP_SNAPSHOTS);
+        for name in ["audit", "wap"] {
+            assert_eq!(
+                metadata.snapshot_for_ref(name).map(|s| s.snapshot_id()),
+                Some(first),
+                "{name}"
+            );
+        }
+    }
+
+    fn manifest(sequence: i64, bytes: i64, content: ManifestContentType) -> ManifestFile {
+        ManifestFile {
+            manifest_path: format!("m{sequence}.avro"),
+            manifest_length: bytes,
+            partition_spec_id: 0,
+            content,
+            sequence_number: sequence,
+            min_sequence_number: sequence,
+            added_snapshot_id: sequence,
+            added_files_count: None,
+            existing_files_count: None,
+            deleted_files_count: None,
+            added_rows_count: None,
+            existing_rows_count: None,
+            deleted_rows_count: None,
+            partitions: None,
+            key_metadata: None,
+            first_row_id: None,
+        }
+    }
+
+    #[test]
+    fn small_data_manifests_are_merged_by_size_and_full_ones_left_alone() {
+        let data = ManifestContentType::Data;
+        // A full manifest, then small ones: merged once they are enough, the full one never.
+        let mut manifests = vec![manifest(1, MANIFEST_TARGET_BYTES - 100, data)];
+        for sequence in 2..=MIN_MANIFESTS_TO_MERGE as i64 {
+            manifests.push(manifest(sequence, 10_000, data));
+        }
+        assert_eq!(
+            to_merge(&manifests[..manifests.len() - 1], 0),
+            Vec::<usize>::new()
+        );
+        assert_eq!(
+            to_merge(&manifests, 0),
+            (1..manifests.len()).collect::<Vec<_>>()
+        );
+        // Delete manifests stay; so do those of another spec.
+        manifests[3].content = ManifestContentType::Deletes;
+        manifests[4].partition_spec_id = 1;
+        let merged = to_merge(&manifests, 0);
+        assert!(merged.is_empty(), "{merged:?}");
+        // Small ones past the target are left for later merges.
+        let many: Vec<ManifestFile> = (1..=100)
+            .map(|sequence| manifest(sequence, MANIFEST_TARGET_BYTES / 40, data))
+            .collect();
+        assert_eq!(to_merge(&many, 0), (60..100).collect::<Vec<_>>());
+    }
 }

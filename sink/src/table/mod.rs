@@ -18,6 +18,7 @@
 pub mod catalog;
 pub mod config;
 pub mod dead_letters;
+mod lookup;
 pub mod metadata;
 pub mod rest;
 pub mod stats;
@@ -113,9 +114,12 @@ impl Tables {
         })
     }
 
-    /// A file landed: it goes into the next commit.
+    /// A file landed: it goes into the next commit. A file already waiting (a partition that
+    /// came back to this sink before the commit, whose file was adopted again) waits once.
     pub fn landed(&mut self, file: Landed) {
-        self.pending.push(file);
+        if !self.pending.iter().any(|f| f.key == file.key) {
+            self.pending.push(file);
+        }
     }
 
     /// The first offset of the partition's oldest file not yet in its table: Kafka offsets of
@@ -165,7 +169,7 @@ impl Tables {
                     let held = [
                         (
                             &outcome.unlisted,
-                            "the table's offsets say it holds this file's range, but it does not list the file (was the topic deleted and created again while the table kept the old one?): the file is not appended and the partition's offsets are not committed past it; give the stream a new table or namespace and restart the sink",
+                            "the table's offsets say it holds this file's range, but neither lists the file nor holds a file whose offset bounds cover its range (was the topic deleted and created again while the table kept the old one, or were the file's rows deleted from the table?): the file is not appended and the partition's offsets are not committed past it; give the stream a new table or namespace and restart the sink",
                         ),
                         (
                             &outcome.straddling,
@@ -274,14 +278,29 @@ impl Tables {
                 );
                 table = evolved;
             }
-            let mut offsets = metadata::offsets(&table);
+            let mut offsets = metadata::offsets(&table)?;
             let mut outcome = Outcome::default();
             let mut added = Vec::new();
+            // Files the offsets say the table has (rare: after a crash or a rebalance) are
+            // looked up in it: one it does not hold means the table's offsets are not this
+            // topic's (a topic created again) or the files of the partition do not line up.
+            let below: Vec<usize> = mine
+                .iter()
+                .copied()
+                .filter(|&i| {
+                    let f = &self.pending[i];
+                    offsets
+                        .get(&metadata::partition_key(&f.topic, f.partition))
+                        .is_some_and(|&next| f.last < next)
+                })
+                .collect();
+            let held = if below.is_empty() {
+                Vec::new()
+            } else {
+                let files: Vec<&Landed> = below.iter().map(|&i| &self.pending[i]).collect();
+                lookup::held(&self.store, &table, &files).await?
+            };
             let mut blocked: Vec<String> = Vec::new();
-            // Files the offsets say the table has are looked up in it (rare: after a crash or a
-            // rebalance): one it does not list means the table's offsets are not this topic's
-            // (a topic created again) or the files of the partition do not line up.
-            let mut listed: Option<std::collections::HashSet<String>> = None;
             for &i in &mine {
                 let f = &self.pending[i];
                 let pk = metadata::partition_key(&f.topic, f.partition);
@@ -290,14 +309,8 @@ impl Tables {
                 }
                 match offsets.get(&pk).copied() {
                     Some(next) if f.last < next => {
-                        if listed.is_none() {
-                            let files = data_files(&self.store, &table).await?;
-                            listed = Some(files.into_iter().map(|(path, ..)| path).collect());
-                        }
-                        if listed
-                            .as_ref()
-                            .is_some_and(|l| l.contains(&self.store.uri(&f.key)))
-                        {
+                        let at = below.iter().position(|&b| b == i);
+                        if at.is_some_and(|at| held[at]) {
                             outcome.done.push(i);
                         } else {
                             outcome.unlisted.push(i);
@@ -322,24 +335,23 @@ impl Tables {
                 added.len(),
                 added.iter().map(|f| f.record_count()).sum::<u64>(),
             );
-            let manifests = match table.current_snapshot() {
+            let mut kept = match table.current_snapshot() {
                 Some(snapshot) => {
                     metadata::manifests_of(&read_uri(&self.store, snapshot.manifest_list()).await?)?
                 }
                 None => Vec::new(),
             };
-            let merged = if manifests.len() >= metadata::MAX_MANIFESTS {
-                let mut all = Vec::new();
-                for manifest in &manifests {
-                    all.push(read_uri(&self.store, &manifest.manifest_path).await?);
-                }
-                Some(all)
-            } else {
-                None
-            };
+            let mut merged = Vec::new();
+            for i in metadata::to_merge(&kept, table.default_partition_spec_id())
+                .into_iter()
+                .rev()
+            {
+                let manifest = kept.remove(i);
+                let bytes = read_uri(&self.store, &manifest.manifest_path).await?;
+                merged.push((manifest, bytes));
+            }
             let append =
-                metadata::append(&table, &base.location, manifests, added, &offsets, merged)
-                    .await?;
+                metadata::append(&table, &base.location, kept, added, &offsets, merged).await?;
             for (path, bytes) in &append.files {
                 let key = self.store.key_of(path).context("metadata location")?;
                 self.store.put_if_absent(&key, bytes.clone()).await?;
@@ -371,20 +383,31 @@ impl Tables {
     }
 }
 
-/// A data file of a table's current snapshot.
+/// What a file of a table's snapshot holds.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum FileContent {
+    Data,
+    /// Rows deleted from data files, by file path and position (`file_path`, `pos`).
+    PositionDeletes,
+    /// Rows deleted by the values of some of their columns.
+    EqualityDeletes,
+}
+
+/// A data or delete file of a table's current snapshot.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct TableFile {
     /// Its key in the store.
     pub key: String,
+    pub content: FileContent,
     pub rows: u64,
     /// When the snapshot that added it was committed (Unix milliseconds), while the table
     /// keeps that snapshot: when its rows became visible to readers.
     pub committed_ms: Option<i64>,
 }
 
-/// The data files of the current snapshot of `namespace.table` in `catalog`, read from its
-/// metadata, manifest list and manifests in `store` (nothing is listed); empty when the table
-/// has no snapshot, `None` when the catalog has no such table.
+/// The data and delete files of the current snapshot of `namespace.table` in `catalog`, read
+/// from its metadata, manifest list and manifests in `store` (nothing is listed); empty when
+/// the table has no snapshot, `None` when the catalog has no such table.
 pub async fn current_files(
     config: &TableConfig,
     store: &ObjectStore,
@@ -397,13 +420,19 @@ pub async fn current_files(
         return Ok(None);
     };
     let mut files = Vec::new();
-    for (path, rows, added_by) in data_files(store, &metadata).await? {
+    for (path, rows, added_by, content) in data_files(store, &metadata).await? {
         let key = store
             .key_of(&path)
             .with_context(|| format!("data file {path} is not in the store"))?;
         let committed_ms = metadata.snapshot_by_id(added_by).map(|s| s.timestamp_ms());
+        let content = match content {
+            iceberg::spec::DataContentType::Data => FileContent::Data,
+            iceberg::spec::DataContentType::PositionDeletes => FileContent::PositionDeletes,
+            iceberg::spec::DataContentType::EqualityDeletes => FileContent::EqualityDeletes,
+        };
         files.push(TableFile {
             key,
+            content,
             rows,
             committed_ms,
         });
@@ -422,12 +451,12 @@ async fn read_uri(store: &ObjectStore, uri: &str) -> anyhow::Result<bytes::Bytes
         .with_context(|| format!("{uri} does not exist"))
 }
 
-/// The data files of the current snapshot of the table `metadata` describes: URI, rows and
-/// the id of the snapshot that added each.
+/// The live files of the current snapshot of the table `metadata` describes: URI, rows, the
+/// id of the snapshot that added each and what it holds (data or deletes).
 async fn data_files(
     store: &ObjectStore,
     metadata: &iceberg::spec::TableMetadata,
-) -> anyhow::Result<Vec<(String, u64, i64)>> {
+) -> anyhow::Result<Vec<(String, u64, i64, iceberg::spec::DataContentType)>> {
     let Some(snapshot) = metadata.current_snapshot() else {
         return Ok(Vec::new());
     };
@@ -442,7 +471,12 @@ async fn data_files(
             let file = entry.data_file();
             // An entry added by the manifest's own snapshot inherits its id.
             let added_by = entry.snapshot_id().unwrap_or(manifest.added_snapshot_id);
-            files.push((file.file_path().to_owned(), file.record_count(), added_by));
+            files.push((
+                file.file_path().to_owned(),
+                file.record_count(),
+                added_by,
+                file.content_type(),
+            ));
         }
     }
     Ok(files)
