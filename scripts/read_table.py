@@ -99,6 +99,9 @@ def file_stats(table):
     """Per data file: its partition, the bounds its manifest entry gives by column name, and the
     true minimum and maximum of each column with bounds, read from the file by pyarrow."""
     schema = table.schema()
+    # A column may have another name in the files (the name mapping's other names).
+    mapping = json.loads(table.properties.get("schema.name-mapping.default", "[]"))
+    names = {entry["field-id"]: entry["names"] for entry in mapping}
     out = []
     for task in table.scan().plan_files():
         f = task.file
@@ -109,9 +112,10 @@ def file_stats(table):
             for side, bounds in (("lower", f.lower_bounds or {}), ("upper", f.upper_bounds or {})):
                 if field_id in bounds:
                     columns[field.name][side] = bound(field.field_type, bounds[field_id])
-        data = pq.read_table(f.file_path.removeprefix("file://"), columns=sorted(columns))
+        data = pq.read_table(f.file_path.removeprefix("file://"))
         for name in columns:
-            column = data.column(name)
+            in_file = [n for n in names.get(columns[name]["id"], [name]) if n in data.column_names]
+            column = data.column(in_file[0] if in_file else name)
             if pa.types.is_timestamp(column.type):
                 column = column.cast(pa.int64())
             if isinstance(schema.find_field(name).field_type, PrimitiveType):

@@ -10,10 +10,13 @@ Steps (--steps, comma-separated, in this order by default):
   rewrite_data_files   CALL system.rewrite_data_files (every file, into files of 512 MB at most)
   rewrite_manifests    CALL system.rewrite_manifests
   expire_snapshots     CALL system.expire_snapshots(older_than => now, retain_last => 1)
-  remove_orphan_files  CALL system.remove_orphan_files (files older than --orphan-age-s)
-  delete               another writer's row appended, then deleted by a merge-on-read DELETE
-                       (a position-delete file)
-  tag_and_branch       CREATE TAG audit, CREATE BRANCH wap and a row written to the branch only;
+  remove_orphan_files  CALL system.remove_orphan_files (files older than --orphan-age-s; Spark
+                       refuses less than a day, which keeps the files sinks landed and have not
+                       committed yet)
+  delete               another writer's two rows appended, then deleted one at a time by
+                       merge-on-read DELETEs (position-delete files)
+  tag_and_branch       CREATE TAG audit, CREATE BRANCH wap at the same snapshot and a row
+                       written to the branch only;
                        then waits for --expiry-commits commits of the sinks, past their expiry
 The catalog is the sinks' table.catalog: a SQLite file, a postgres:// URL or a REST catalog's
 http:// URL. Jars (Iceberg's Spark runtime, JDBC drivers) come from --jars (a folder). When
@@ -100,7 +103,7 @@ class Table:
 
     def counts(self, version=None):
         at = f" VERSION AS OF '{version}'" if version else ""
-        row = self.sql(f"SELECT count(*) AS rows, count(DISTINCT struct(_partition, _offset)) AS distinct_offsets "
+        row = self.sql(f"SELECT count(*) AS rows, count(DISTINCT struct(_kafka_partition, _offset)) AS distinct_offsets "
                        f"FROM {self.name}{at}")[0]
         return {"rows": row["rows"], "distinct_offsets": row["distinct_offsets"]}
 
@@ -148,7 +151,7 @@ def main():
     p.add_argument("--steps", default="rewrite_data_files,rewrite_manifests,expire_snapshots,remove_orphan_files,delete,tag_and_branch")
     p.add_argument("--commits-between", type=int, default=3, help="sink commits to wait for after each step")
     p.add_argument("--expiry-commits", type=int, default=70, help="sink commits to wait for after the tag and branch")
-    p.add_argument("--orphan-age-s", type=int, default=600)
+    p.add_argument("--orphan-age-s", type=int, default=3 * 86400)
     p.add_argument("--timeout", type=int, default=300, help="seconds to wait for the sinks' commits, each time")
     p.add_argument("--steps-done-file")
     p.add_argument("--done-file")
@@ -179,16 +182,20 @@ def main():
             rows = t.call("remove_orphan_files", f", older_than => TIMESTAMP '{before} UTC'")
             entry["removed"] = len(rows)
         elif step == "delete":
-            values, columns = foreign_row(t, "deleted")
-            t.sql(f"INSERT INTO {t.name} ({', '.join(columns)}) VALUES ({values})")
+            # Two rows in one file, deleted one at a time: each DELETE writes a position-delete
+            # file (a DELETE that covers whole files would drop them instead).
+            rows = [foreign_row(t, sensor) for sensor in ("deleted-1", "deleted-2")]
+            t.sql(f"INSERT INTO {t.name} ({', '.join(rows[0][1])}) VALUES ({rows[0][0]}), ({rows[1][0]})")
             t.sql(f"ALTER TABLE {t.name} SET TBLPROPERTIES ('write.delete.mode' = 'merge-on-read')")
-            t.sql(f"DELETE FROM {t.name} WHERE device_id = 'spark-writer' AND sensor = 'deleted'")
+            for sensor in ("deleted-1", "deleted-2"):
+                t.sql(f"DELETE FROM {t.name} WHERE device_id = 'spark-writer' AND sensor = '{sensor}'")
             left = t.sql(f"SELECT count(*) AS n FROM {t.name} WHERE device_id = 'spark-writer'")[0]["n"]
             files = t.sql(f"SELECT count(*) AS n FROM {t.name}.delete_files")[0]["n"]
             entry.update({"foreign_rows_left": left, "delete_files": files})
         elif step == "tag_and_branch":
             t.sql(f"ALTER TABLE {t.name} CREATE TAG audit")
-            t.sql(f"ALTER TABLE {t.name} CREATE BRANCH wap")
+            tagged = t.sql(f"SELECT snapshot_id FROM {t.name}.refs WHERE name = 'audit'")[0]["snapshot_id"]
+            t.sql(f"ALTER TABLE {t.name} CREATE BRANCH wap AS OF VERSION {tagged}")
             values, columns = foreign_row(t, "branch")
             t.sql(f"INSERT INTO {t.name}.branch_wap ({', '.join(columns)}) VALUES ({values})")
             entry["tag"] = t.counts("audit")

@@ -28,6 +28,11 @@ use crate::{Row, RowFields};
 pub const COL_INGEST_TS: &str = "_ingest_ts";
 /// Kafka partition the record was read from.
 pub const COL_PARTITION: &str = "_partition";
+/// The name of the [`COL_PARTITION`] column in a stream's Iceberg table: Iceberg reserves
+/// `_partition` for its metadata column (a file's partition value), and its Java library (Spark,
+/// Trino, Flink) refuses to write to a table with a column of that name. The table's name
+/// mapping finds the column by either name in files written without field ids.
+pub const TABLE_COL_PARTITION: &str = "_kafka_partition";
 /// Kafka offset of the record.
 pub const COL_OFFSET: &str = "_offset";
 /// BLAKE3 content hash: all 32 bytes, or the first 16 ([`HashColumn`]).

@@ -195,7 +195,7 @@ async fn sinks_killed_at_random_points_commit_every_record_to_the_table_once() {
         .iter()
         .map(|r| {
             (
-                r["_partition"].as_i64().unwrap(),
+                r["_kafka_partition"].as_i64().unwrap(),
                 r["_offset"].as_i64().unwrap(),
             )
         })
@@ -221,7 +221,7 @@ async fn sinks_killed_at_random_points_commit_every_record_to_the_table_once() {
             "quality",
             "tags",
             "_ingest_ts",
-            "_partition",
+            "_kafka_partition",
             "_offset"
         ]
     );
@@ -632,7 +632,7 @@ fn assert_partitions_and_bounds(table: &Value, since: i64) {
             "ts",
             "_ingest_ts",
             "_offset",
-            "_partition",
+            "_kafka_partition",
             "device_id",
             "value",
         ] {

@@ -1,7 +1,7 @@
 //! Whether a table holds landed files that its offsets place in it (after a crash or a
 //! rebalance, a partition's next owner lands or adopts them again): a file is held when the
 //! table lists it at its key, or when a data file of the table holds its whole offset range of
-//! its Kafka partition by its `_partition` and `_offset` bounds, as the output of a compaction
+//! its Kafka partition by its `_kafka_partition` and `_offset` bounds, as the output of a compaction
 //! (Spark's `rewrite_data_files`, or the sink's own) does for the files it replaced.
 //!
 //! Only the data manifests whose partition summaries may hold one of the files' partition
@@ -13,7 +13,7 @@ use std::collections::HashSet;
 use iceberg::spec::{
     DataFile, Literal, ManifestContentType, ManifestFile, PrimitiveLiteral, Struct, TableMetadata,
 };
-use schemas::arrow::{COL_OFFSET, COL_PARTITION};
+use schemas::arrow::{COL_OFFSET, TABLE_COL_PARTITION};
 
 use super::{Landed, metadata, read_uri};
 use crate::store::ObjectStore;
@@ -97,7 +97,7 @@ pub async fn held(
     };
     let schema = table.current_schema();
     let ids = schema
-        .field_by_name(COL_PARTITION)
+        .field_by_name(TABLE_COL_PARTITION)
         .zip(schema.field_by_name(COL_OFFSET))
         .map(|(p, o)| (p.id, o.id));
     let wanted: Vec<Option<i32>> = files

@@ -13,7 +13,9 @@ use iceberg::spec::{
     SortDirection, SortField, SortOrder, Struct, Summary, TableMetadata, TableMetadataBuilder,
     Transform, Type, UnboundPartitionSpec,
 };
-use schemas::arrow::{COL_CONTENT_HASH, COL_INGEST_TS, COL_OFFSET, COL_PARTITION, HashColumn};
+use schemas::arrow::{
+    COL_CONTENT_HASH, COL_INGEST_TS, COL_OFFSET, COL_PARTITION, HashColumn, TABLE_COL_PARTITION,
+};
 use schemas::{FieldType, StreamDef};
 
 use super::{Landed, Partitioning, stats};
@@ -81,7 +83,7 @@ pub fn schema_of(def: &StreamDef, hash: HashColumn) -> iceberg::Result<Schema> {
     )));
     fields.push(Arc::new(NestedField::required(
         next + 2,
-        COL_PARTITION,
+        TABLE_COL_PARTITION,
         primitive(PrimitiveType::Int),
     )));
     fields.push(Arc::new(NestedField::required(
@@ -103,12 +105,15 @@ pub fn schema_of(def: &StreamDef, hash: HashColumn) -> iceberg::Result<Schema> {
 }
 
 /// The name mapping of `schema` (JSON): how a reader finds each column of a Parquet file
-/// written without field ids. List elements are also found by the name Arrow gives them.
+/// written without field ids. List elements are also found by the name Arrow gives them, and
+/// the Kafka partition by the landing files' name for it.
 pub fn name_mapping(schema: &Schema) -> String {
     fn field(f: &NestedField) -> serde_json::Value {
         let mut names = vec![f.name.clone()];
-        if f.name == "element" {
-            names.push("item".to_owned());
+        match f.name.as_str() {
+            "element" => names.push("item".to_owned()),
+            TABLE_COL_PARTITION => names.push(COL_PARTITION.to_owned()),
+            _ => {}
         }
         let children: Vec<serde_json::Value> = match f.field_type.as_ref() {
             Type::List(list) => vec![field(&list.element_field)],
@@ -213,7 +218,8 @@ fn renumbered(ty: &Type, next: &mut i32) -> Type {
 /// The table's metadata with the schema `def` needs, when it needs another than the current
 /// one: a definition's compatible change adds nullable fields (each a new column with new
 /// ids, null in the files written before) and makes required ones optional. Columns the
-/// definition no longer has stay (their files keep them). The name mapping follows.
+/// definition no longer has stay (their files keep them). A column named `_partition` is
+/// renamed [`TABLE_COL_PARTITION`]. The name mapping follows.
 pub fn evolved(
     metadata: &TableMetadata,
     def: &StreamDef,
@@ -223,6 +229,14 @@ pub fn evolved(
     let mut fields: Vec<NestedFieldRef> = current.as_struct().fields().to_vec();
     let mut next = metadata.last_column_id();
     let mut changed = false;
+    // A table created with the landing files' `_partition` column, which Iceberg reserves,
+    // has it renamed (same field id, so its files read as before).
+    if let Some(i) = fields.iter().position(|f| f.name == COL_PARTITION) {
+        let mut renamed = fields[i].as_ref().clone();
+        renamed.name = TABLE_COL_PARTITION.to_owned();
+        fields[i] = Arc::new(renamed);
+        changed = true;
+    }
     for wanted in schema_of(def, hash)?.as_struct().fields() {
         match fields.iter().position(|f| f.name == wanted.name) {
             Some(i) if fields[i].required && !wanted.required => {
@@ -759,6 +773,46 @@ required = true
                 "{name}"
             );
         }
+    }
+
+    #[test]
+    fn a_reserved_partition_column_is_renamed_and_still_found_in_the_files() {
+        let mut json = serde_json::to_value(table()).unwrap();
+        for field in json["schemas"][0]["fields"].as_array_mut().unwrap() {
+            if field["name"] == TABLE_COL_PARTITION {
+                field["name"] = COL_PARTITION.into();
+            }
+        }
+        let old: TableMetadata = serde_json::from_value(json).unwrap();
+        let id = old
+            .current_schema()
+            .field_by_name(COL_PARTITION)
+            .unwrap()
+            .id;
+        let new = evolved(&old, &stream(), HashColumn::None).unwrap().unwrap();
+        let renamed = new
+            .current_schema()
+            .field_by_name(TABLE_COL_PARTITION)
+            .unwrap();
+        assert_eq!(renamed.id, id);
+        assert!(new.current_schema().field_by_name(COL_PARTITION).is_none());
+        let mapping: serde_json::Value =
+            serde_json::from_str(&new.properties()[NAME_MAPPING]).unwrap();
+        let entry = mapping
+            .as_array()
+            .unwrap()
+            .iter()
+            .find(|f| f["field-id"] == id)
+            .unwrap();
+        assert_eq!(
+            entry["names"],
+            serde_json::json!([TABLE_COL_PARTITION, COL_PARTITION])
+        );
+        assert!(
+            evolved(&new, &stream(), HashColumn::None)
+                .unwrap()
+                .is_none()
+        );
     }
 
     fn manifest(sequence: i64, bytes: i64, content: ManifestContentType) -> ManifestFile {

@@ -13,7 +13,7 @@ use chrono::{DateTime, NaiveDate, Utc};
 use iceberg::spec::{DataFileBuilder, Datum, Literal, PrimitiveType, Schema, Struct, Type};
 use parquet::file::metadata::ParquetMetaData;
 use parquet::file::statistics::Statistics;
-use schemas::arrow::COL_INGEST_TS;
+use schemas::arrow::{COL_INGEST_TS, COL_PARTITION, TABLE_COL_PARTITION};
 
 /// One bound of a column's values, as the Parquet statistics give it.
 #[derive(Debug, Clone, PartialEq)]
@@ -137,6 +137,10 @@ impl FileStats {
         let (mut sizes, mut values, mut nulls) = (HashMap::new(), HashMap::new(), HashMap::new());
         let (mut lower, mut upper) = (HashMap::new(), HashMap::new());
         for (name, stats) in &self.columns {
+            let name = match name.as_str() {
+                COL_PARTITION => TABLE_COL_PARTITION,
+                name => name,
+            };
             let Some(field) = schema.field_by_name(name) else {
                 continue;
             };
