@@ -41,6 +41,9 @@ enum Command {
     /// librdkafka consumer that only reads and against pyarrow converting the same records, in
     /// one run. Prints a table and writes JSON (build with --release).
     BenchSink(BenchSinkArgs),
+    /// Times table commits into tables of growing size (1,000 to 100,000 files by default)
+    /// and the memory they take. Prints a table and writes JSON (build with --release).
+    BenchTable(BenchTableArgs),
     /// The sink side of bench-sink (a child process, so that its peak RSS is its own).
     #[command(hide = true)]
     SinkWorker(SinkWorkerArgs),
@@ -178,6 +181,25 @@ struct BenchSinkArgs {
     /// Where the sink takes the ingest time from (its `kafka.ingest_time`).
     #[arg(long, value_enum, default_value_t = IngestTimeArg::Header)]
     ingest_time: IngestTimeArg,
+}
+
+#[derive(Debug, clap::Args)]
+struct BenchTableArgs {
+    /// Sizes of the tables, in data files.
+    #[arg(long, value_delimiter = ',', default_value = "1000,10000,100000")]
+    files: Vec<u64>,
+    /// Timed commits at each size.
+    #[arg(long, default_value_t = 200)]
+    commits: usize,
+    /// Files a timed commit appends.
+    #[arg(long, default_value_t = 4)]
+    files_per_commit: u64,
+    /// Where the JSON report goes.
+    #[arg(long, default_value = "target/bench/table.json")]
+    out: PathBuf,
+    /// Run one size in this process and print its JSON (what each size's process runs).
+    #[arg(long, hide = true)]
+    one: Option<u64>,
 }
 
 #[derive(Debug, clap::Args)]
@@ -406,6 +428,7 @@ pub async fn main() -> anyhow::Result<()> {
         Command::BenchGateway(args) => bench_gateway(args).await,
         Command::BenchDecode(args) => bench_decode(args).await,
         Command::BenchSink(args) => bench_sink(args).await,
+        Command::BenchTable(args) => bench_table(args).await,
         Command::BenchAgent(args) => bench_agent(args).await,
         Command::SinkWorker(args) => sink_worker(args).await,
         Command::Send(args) => send_command(args).await,
@@ -525,6 +548,26 @@ async fn bench_sink(
         out,
         gateway_headers,
         ingest_time: ingest_time.into(),
+    })
+    .await?;
+    println!("{report}");
+    Ok(())
+}
+
+async fn bench_table(args: BenchTableArgs) -> anyhow::Result<()> {
+    if let Some(files) = args.one {
+        let dir = tempfile::tempdir()?;
+        let size =
+            crate::bench_table::one_size(dir.path(), files, args.commits, args.files_per_commit)
+                .await?;
+        println!("{}", serde_json::to_string(&size)?);
+        return Ok(());
+    }
+    let report = crate::bench_table::run(crate::bench_table::TableBenchOptions {
+        sizes: args.files,
+        commits: args.commits,
+        per_commit: args.files_per_commit,
+        out: args.out,
     })
     .await?;
     println!("{report}");

@@ -3,6 +3,7 @@
 pub mod bench_agent;
 pub mod bench_gateway;
 pub mod bench_sink;
+pub mod bench_table;
 pub mod cli;
 pub mod demo;
 pub mod fleet;
