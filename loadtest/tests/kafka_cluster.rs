@@ -13,6 +13,7 @@
 //! One cluster runs at a time (three JVMs take what two cores have).
 
 use crate::common;
+use crate::loadtest;
 
 use std::ffi::OsStr;
 use std::path::{Path, PathBuf};
@@ -295,22 +296,6 @@ async fn two_brokers_down_take_nothing_and_lose_nothing_once_back() {
     assert_eq!(spooled(&spool), 0, "the spool is delivered");
     rig.verify(&[&before, &during, &file]).await;
     rig.stop(sinks).await;
-}
-
-/// Runs the `loadtest` binary with `args`; returns whether it succeeded and the JSON it printed.
-async fn loadtest(args: &[&OsStr]) -> (bool, Value) {
-    let out = tokio::process::Command::new(env!("CARGO_BIN_EXE_loadtest"))
-        .args(args)
-        .output()
-        .await
-        .unwrap();
-    let report = serde_json::from_slice(&out.stdout).unwrap_or_else(|e| {
-        panic!(
-            "loadtest {args:?} printed no JSON ({e}): {}",
-            String::from_utf8_lossy(&out.stderr)
-        )
-    });
-    (out.status.success(), report)
 }
 
 /// Batches an agent's spool holds (its files under `spool`).

@@ -9,6 +9,7 @@
 //! sinks' own expiry passed them. Through the JDBC catalog on SQLite and on PostgreSQL.
 
 use crate::common;
+use crate::loadtest;
 
 use std::ffi::OsStr;
 use std::path::{Path, PathBuf};
@@ -151,22 +152,6 @@ impl Rig {
         assert_eq!(report["unexpected"], 0, "{report}");
         report
     }
-}
-
-/// Runs the `loadtest` binary with `args`; returns whether it succeeded and the JSON it printed.
-async fn loadtest(args: &[&OsStr]) -> (bool, Value) {
-    let out = tokio::process::Command::new(env!("CARGO_BIN_EXE_loadtest"))
-        .args(args)
-        .output()
-        .await
-        .unwrap();
-    let report = serde_json::from_slice(&out.stdout).unwrap_or_else(|e| {
-        panic!(
-            "loadtest {args:?} printed no JSON ({e}): {}",
-            String::from_utf8_lossy(&out.stderr)
-        )
-    });
-    (out.status.success(), report)
 }
 
 /// Spark runs `steps` while two sinks commit under load (one of them replaced every 20 s);
