@@ -437,6 +437,14 @@ pub async fn start(
         consumer: Arc::downgrade(&consumer),
         stats: stats.clone(),
     };
+    if let Some(table) = config.table.as_ref().filter(|t| t.compaction.enabled) {
+        tokio::spawn(table::compact::run(
+            table.clone(),
+            store.clone(),
+            streams.iter().cloned().collect(),
+            shutdown.child_token(),
+        ));
+    }
     let (reload, reloads) = Reload::new(&config);
     let worker = Worker::new(
         consumer,

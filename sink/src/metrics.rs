@@ -67,12 +67,19 @@ service_kit::metrics! {
     /// writer committed first; built again on its version) or `failed` (retried at the next tick).
     pub const TABLE_COMMITS: &str = "sink_table_commits_total";
     #[counter]
-    /// Landed files and their records registered in a stream's table.
     /// Landed files registered in a stream's table, by `stream`.
     pub const TABLE_FILES: &str = "sink_table_files_committed_total";
     #[counter]
     /// Records of the landed files registered in a stream's table, by `stream`.
     pub const TABLE_RECORDS: &str = "sink_table_records_committed_total";
+    #[counter]
+    /// Compactions of a stream's table (`[table.compaction]`), by result: `committed`,
+    /// `conflict` (another writer committed first; built again on its version), `abandoned`
+    /// (another writer removed files it rewrote; its files are deleted) or `failed`.
+    pub const TABLE_COMPACTIONS: &str = "sink_table_compactions_total";
+    #[counter]
+    /// Small files of a stream's table that compactions replaced, by `stream`.
+    pub const TABLE_COMPACTED_FILES: &str = "sink_table_files_compacted_total";
     #[gauge]
     /// Seconds since the oldest file this sink landed and has not yet committed to its table was
     /// landed (0 when none waits): the table's staleness on top of the files'.

@@ -25,6 +25,10 @@ pub struct TableConfig {
     /// ingest time (`_ingest_ts`), or not at all (`none`). An existing table keeps its spec.
     #[serde(default)]
     pub partition: Partitioning,
+    /// `[table.compaction]`: the sink rewrites the small files of closed partitions into
+    /// larger ones (off unless `enabled`).
+    #[serde(default)]
+    pub compaction: CompactionConfig,
     /// REST: the warehouse asked for in the catalog's configuration (`/v1/config?warehouse=`).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub warehouse: Option<String>,
@@ -65,6 +69,52 @@ pub enum Partitioning {
     None,
 }
 
+/// `[table.compaction]`: once a partition of the table (a day or an hour of ingest time) is
+/// closed, the small files of each Kafka partition in it are rewritten into files of about
+/// `target_bytes`, in one `replace` snapshot.
+#[derive(Debug, Clone, PartialEq, Eq, Deserialize, serde::Serialize)]
+#[serde(deny_unknown_fields)]
+pub struct CompactionConfig {
+    /// Compact (default false).
+    #[serde(default)]
+    pub enabled: bool,
+    /// The size a compacted file grows to at most; files of at least half this size are left
+    /// as they are. A sink holds about one such file in memory while it writes it.
+    #[serde(default = "default_compaction_target")]
+    pub target_bytes: u64,
+    /// How long after a partition's end (the end of its day or hour of ingest time) it counts
+    /// as closed: longer than files take to land and be committed, so that late files of the
+    /// partition are few.
+    #[serde(default = "default_compaction_delay")]
+    pub delay_ms: u64,
+    /// How often the sink looks for closed partitions to compact.
+    #[serde(default = "default_compaction_interval")]
+    pub interval_ms: u64,
+}
+
+impl Default for CompactionConfig {
+    fn default() -> Self {
+        CompactionConfig {
+            enabled: false,
+            target_bytes: default_compaction_target(),
+            delay_ms: default_compaction_delay(),
+            interval_ms: default_compaction_interval(),
+        }
+    }
+}
+
+fn default_compaction_target() -> u64 {
+    64 << 20
+}
+
+fn default_compaction_delay() -> u64 {
+    15 * 60_000
+}
+
+fn default_compaction_interval() -> u64 {
+    5 * 60_000
+}
+
 fn default_catalog_name() -> String {
     "edge_ingest".into()
 }
@@ -90,6 +140,7 @@ impl TableConfig {
             namespace: default_namespace(),
             commit_interval_ms: default_commit_interval(),
             partition: Partitioning::default(),
+            compaction: CompactionConfig::default(),
             warehouse: None,
             token_file: None,
             token: None,
@@ -115,6 +166,14 @@ impl TableConfig {
         anyhow::ensure!(
             self.commit_interval_ms >= 100,
             "table.commit_interval_ms must be at least 100"
+        );
+        anyhow::ensure!(
+            self.compaction.target_bytes >= 1 << 20,
+            "table.compaction.target_bytes must be at least 1 MiB"
+        );
+        anyhow::ensure!(
+            self.compaction.interval_ms >= 100,
+            "table.compaction.interval_ms must be at least 100"
         );
         if !is_rest(&self.catalog) {
             for (key, set) in [

@@ -15,12 +15,12 @@ use iceberg::spec::{
 };
 use schemas::arrow::{COL_OFFSET, TABLE_COL_PARTITION};
 
-use super::{Landed, metadata, read_uri};
+use super::{Landed, metadata, read_uri, stats};
 use crate::store::ObjectStore;
 
 /// The single integer of a partition value of a one-field spec (a day or an hour), if it has
 /// that shape.
-fn partition_int(value: &Struct) -> Option<i32> {
+pub(super) fn partition_int(value: &Struct) -> Option<i32> {
     match value.fields() {
         [Some(Literal::Primitive(PrimitiveLiteral::Int(v)))] => Some(*v),
         _ => None,
@@ -29,7 +29,7 @@ fn partition_int(value: &Struct) -> Option<i32> {
 
 /// The range of partition values a data manifest of the default spec lists, from its
 /// partition summary (a one-field spec of integers); `None` when the summary cannot say.
-fn summary_range(manifest: &ManifestFile, default_spec: i32) -> Option<(i32, i32)> {
+pub(super) fn summary_range(manifest: &ManifestFile, default_spec: i32) -> Option<(i32, i32)> {
     let summary = match manifest.partitions.as_deref() {
         Some([summary]) if manifest.partition_spec_id == default_spec => summary,
         _ => return None,
@@ -48,7 +48,7 @@ fn summary_range(manifest: &ManifestFile, default_spec: i32) -> Option<(i32, i32
 /// Whether a manifest listing partition values in `range` (unknown: `None`) may list a data
 /// file of a partition in `wanted` (the files' values; `None` for one without an integer
 /// value).
-fn may_hold(range: Option<(i32, i32)>, wanted: &[Option<i32>]) -> bool {
+pub(super) fn may_hold(range: Option<(i32, i32)>, wanted: &[Option<i32>]) -> bool {
     let Some((low, high)) = range else {
         return true;
     };
@@ -71,7 +71,7 @@ fn int_bound(
 
 /// The offsets a data file holds of one Kafka partition, by its bounds: `(partition range,
 /// offset range)`.
-fn ranges(file: &DataFile, ids: (i32, i32)) -> Option<((i64, i64), (i64, i64))> {
+pub(super) fn ranges(file: &DataFile, ids: (i32, i32)) -> Option<((i64, i64), (i64, i64))> {
     let (partition, offset) = ids;
     Some((
         (
@@ -83,6 +83,25 @@ fn ranges(file: &DataFile, ids: (i32, i32)) -> Option<((i64, i64), (i64, i64))> 
             int_bound(file.upper_bounds(), offset)?,
         ),
     ))
+}
+
+/// The offsets of a landed file's first and last row, from its `_offset` statistics: inside
+/// its range, which also counts the records skipped at its edges (duplicates, dead letters),
+/// whose offsets a compacted file's bounds need not hold.
+fn rows_offsets(file: &Landed) -> (i64, i64) {
+    let column = file.stats.columns.get(COL_OFFSET);
+    let bound = |b: Option<&stats::Bound>| match b {
+        Some(stats::Bound::Int(v)) => Some(*v),
+        _ => None,
+    };
+    (
+        column
+            .and_then(|c| bound(c.min.as_ref()))
+            .unwrap_or(file.first),
+        column
+            .and_then(|c| bound(c.max.as_ref()))
+            .unwrap_or(file.last),
+    )
 }
 
 /// For each of `files`, whether the current snapshot of `table` holds it (see the module).
@@ -133,9 +152,10 @@ pub async fn held(
                 continue;
             };
             for (i, f) in files.iter().enumerate() {
+                let (first, last) = rows_offsets(f);
                 held[i] |= (p_low..=p_high).contains(&i64::from(f.partition))
-                    && o_low <= f.first
-                    && f.last <= o_high;
+                    && o_low <= first
+                    && last <= o_high;
             }
         }
         if held.iter().all(|&h| h) {

@@ -2,7 +2,7 @@
 //! metadata, and the snapshot of each append (manifest, manifest list, metadata), encoded with
 //! the `iceberg` crate's writers and stored by the caller.
 
-use std::collections::{BTreeMap, HashMap};
+use std::collections::{BTreeMap, HashMap, HashSet};
 use std::sync::Arc;
 
 use iceberg::io::FileIO;
@@ -362,16 +362,28 @@ pub fn data_file(table: &TableMetadata, uri: String, file: &Landed) -> iceberg::
             stats::partition_of(spec, table.current_schema(), hour)?
         }
     };
+    data_file_at(table, uri, partition, (file.rows, file.size), &file.stats)
+}
+
+/// A Parquet data file of `rows` rows and `size` bytes at `uri`, in `partition` of `table`'s
+/// default spec, with its columns' statistics by the current schema's field ids.
+pub fn data_file_at(
+    table: &TableMetadata,
+    uri: String,
+    partition: Struct,
+    (rows, size): (u64, u64),
+    file_stats: &stats::FileStats,
+) -> iceberg::Result<DataFile> {
     let mut builder = DataFileBuilder::default();
     builder
         .content(DataContentType::Data)
         .file_path(uri)
         .file_format(DataFileFormat::Parquet)
-        .record_count(file.rows)
-        .file_size_in_bytes(file.size)
+        .record_count(rows)
+        .file_size_in_bytes(size)
         .partition_spec_id(table.default_partition_spec_id())
         .partition(partition);
-    file.stats.describe(table.current_schema(), &mut builder);
+    file_stats.describe(table.current_schema(), &mut builder);
     builder.build().map_err(|e| {
         iceberg::Error::new(iceberg::ErrorKind::DataInvalid, format!("data file: {e}"))
     })
@@ -437,14 +449,16 @@ pub fn to_merge(manifests: &[ManifestFile], default_spec: i32) -> Vec<usize> {
 /// The snapshot appending `added` to the table at `metadata_location`, with `offsets` as its
 /// offsets property. `kept` are the current snapshot's manifests that the new one lists as
 /// they are; `merged` are those whose live entries it takes into its own manifest, with their
-/// bytes ([`to_merge`] picks them).
+/// bytes ([`to_merge`] picks them). Entries of `merged` whose file path is in `removed` are
+/// marked deleted instead: a snapshot that removes files is a `replace` (a compaction's,
+/// whose `added` hold the same rows).
 pub async fn append(
     metadata: &TableMetadata,
     metadata_location: &str,
-    kept: Vec<ManifestFile>,
+    (kept, merged): (Vec<ManifestFile>, Vec<(ManifestFile, bytes::Bytes)>),
     added: Vec<DataFile>,
     offsets: &BTreeMap<String, i64>,
-    merged: Vec<(ManifestFile, bytes::Bytes)>,
+    removed: &HashSet<String>,
 ) -> iceberg::Result<Append> {
     let io = FileIO::new_with_memory();
     let snapshot_id = (uuid::Uuid::new_v4().as_u128() as i64).abs().max(1);
@@ -468,17 +482,28 @@ pub async fn append(
     for file in added {
         writer.add_file(file, sequence)?;
     }
+    let (mut deleted_count, mut deleted_rows, mut deleted_size) = (0usize, 0u64, 0u64);
     for (listed, bytes) in merged {
         // Entries added by the manifest's own snapshot leave their snapshot id and sequence
         // numbers to be inherited from the manifest list's entry.
         let manifest = iceberg::spec::Manifest::parse_avro(&bytes)?;
         for entry in manifest.entries().iter().filter(|e| e.is_alive()) {
-            writer.add_existing_file(
-                entry.data_file().clone(),
-                entry.snapshot_id().unwrap_or(listed.added_snapshot_id),
-                entry.sequence_number().unwrap_or(listed.sequence_number),
-                entry.file_sequence_number.or(Some(listed.sequence_number)),
-            )?;
+            let file = entry.data_file().clone();
+            let sequence = entry.sequence_number().unwrap_or(listed.sequence_number);
+            let file_sequence = entry.file_sequence_number.or(Some(listed.sequence_number));
+            if removed.contains(file.file_path()) {
+                deleted_count += 1;
+                deleted_rows += file.record_count();
+                deleted_size += file.file_size_in_bytes();
+                writer.add_delete_file(file, sequence, file_sequence)?;
+            } else {
+                writer.add_existing_file(
+                    file,
+                    entry.snapshot_id().unwrap_or(listed.added_snapshot_id),
+                    sequence,
+                    file_sequence,
+                )?;
+            }
         }
     }
     let manifest = writer.write_manifest_file().await?;
@@ -494,44 +519,51 @@ pub async fn append(
     list.close().await?;
     let previous = metadata.current_snapshot().map(|s| s.summary());
     let ledger = serde_json::to_string(offsets).unwrap_or_default();
-    let total = |key: &str, added: u64| {
+    let total = |key: &str, added: u64, deleted: u64| {
         let before = previous
             .and_then(|s| s.additional_properties.get(key))
             .and_then(|v| v.parse::<u64>().ok())
             .unwrap_or(0);
-        (before + added).to_string()
+        (before + added).saturating_sub(deleted).to_string()
     };
-    let properties = HashMap::from([
+    let mut properties = HashMap::from([
         ("added-data-files".to_owned(), added_count.to_string()),
         ("added-records".to_owned(), added_rows.to_string()),
         ("added-files-size".to_owned(), added_size.to_string()),
         (
             "total-data-files".to_owned(),
-            total("total-data-files", added_count as u64),
+            total("total-data-files", added_count as u64, deleted_count as u64),
         ),
         (
             "total-records".to_owned(),
-            total("total-records", added_rows),
+            total("total-records", added_rows, deleted_rows),
         ),
         (
             "total-files-size".to_owned(),
-            total("total-files-size", added_size),
+            total("total-files-size", added_size, deleted_size),
         ),
         // Deletes that other writers added stay as they are.
         (
             "total-delete-files".to_owned(),
-            total("total-delete-files", 0),
+            total("total-delete-files", 0, 0),
         ),
         (
             "total-position-deletes".to_owned(),
-            total("total-position-deletes", 0),
+            total("total-position-deletes", 0, 0),
         ),
         (
             "total-equality-deletes".to_owned(),
-            total("total-equality-deletes", 0),
+            total("total-equality-deletes", 0, 0),
         ),
         (OFFSETS_PROPERTY.to_owned(), ledger.clone()),
     ]);
+    if deleted_count > 0 {
+        properties.extend([
+            ("deleted-data-files".to_owned(), deleted_count.to_string()),
+            ("deleted-records".to_owned(), deleted_rows.to_string()),
+            ("removed-files-size".to_owned(), deleted_size.to_string()),
+        ]);
+    }
     let snapshot = Snapshot::builder()
         .with_snapshot_id(snapshot_id)
         .with_parent_snapshot_id(parent)
@@ -544,7 +576,11 @@ pub async fn append(
         )
         .with_manifest_list(list_path.clone())
         .with_summary(Summary {
-            operation: Operation::Append,
+            operation: if deleted_count > 0 {
+                Operation::Replace
+            } else {
+                Operation::Append
+            },
             additional_properties: properties,
         })
         .with_schema_id(schema.schema_id())
@@ -649,10 +685,10 @@ required = true
         append(
             metadata,
             "mem://t/metadata/00001-a.metadata.json",
-            Vec::new(),
+            (Vec::new(), Vec::new()),
             Vec::new(),
             &offsets,
-            Vec::new(),
+            &HashSet::new(),
         )
         .await
         .unwrap()

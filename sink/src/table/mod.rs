@@ -16,6 +16,7 @@
 //! next owner files that the table already has.
 
 pub mod catalog;
+pub mod compact;
 pub mod config;
 pub mod dead_letters;
 mod lookup;
@@ -23,9 +24,9 @@ pub mod metadata;
 pub mod rest;
 pub mod stats;
 
-pub use config::{Partitioning, TableConfig};
+pub use config::{CompactionConfig, Partitioning, TableConfig};
 
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, HashSet};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
@@ -350,8 +351,15 @@ impl Tables {
                 let bytes = read_uri(&self.store, &manifest.manifest_path).await?;
                 merged.push((manifest, bytes));
             }
-            let append =
-                metadata::append(&table, &base.location, kept, added, &offsets, merged).await?;
+            let append = metadata::append(
+                &table,
+                &base.location,
+                (kept, merged),
+                added,
+                &offsets,
+                &HashSet::new(),
+            )
+            .await?;
             for (path, bytes) in &append.files {
                 let key = self.store.key_of(path).context("metadata location")?;
                 self.store.put_if_absent(&key, bytes.clone()).await?;
