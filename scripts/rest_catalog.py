@@ -1,12 +1,10 @@
 #!/usr/bin/env python3
-"""An Iceberg REST catalog server for the test suite: the REST protocol's endpoints that a writer
-and a reader of tables use (config, OAuth2 client-credentials tokens, namespaces, load, register
-and commit), served over pyiceberg's SqlCatalog on a SQLite file. Commits are pyiceberg's own:
-the requirements are checked and the updates applied by pyiceberg, which writes the new metadata
-file and moves the table's pointer with a conditional update; a failed requirement or a lost race
-is answered 409, as the protocol says. This plays the part that Apache Iceberg's own REST test
-fixture (a servlet over its JDBC catalog) plays for Iceberg's clients; no REST catalog server
-installs from the registries the suite can reach.
+"""An Iceberg REST catalog server that checks OAuth2 client credentials, for the suite's test of a
+refused login: Apache Iceberg's REST catalog server (scripts/iceberg-rest/pom.xml), which runs
+the suite's other REST tests, hands a token to any credentials. It serves the REST protocol's
+endpoints that a writer and a reader of tables use (config, OAuth2 client-credentials tokens,
+namespaces, load, register and commit) over pyiceberg's SqlCatalog on a SQLite file; a failed
+requirement or a lost race is answered 409, as the protocol says.
 
 With --credential ID:SECRET every request must carry a bearer token from /v1/oauth/tokens.
 Prints "listening on PORT" once it serves."""

@@ -3,7 +3,8 @@
 # an S3 server (moto), an MQTT broker (mosquitto, from Debian), a PostgreSQL server (Debian; table
 # catalogs), Prometheus and docker-compose (from Debian, for the monitoring test) and the Python
 # tools of the test suite (pyarrow, boto3, confluent-kafka, pyspark, with Iceberg's Spark runtime
-# from Maven Central). Installs once into a cache and reuses
+# from Maven Central) and Apache Iceberg's REST catalog server (its test fixture, from Maven
+# Central; a JdbcCatalog on SQLite behind it). Installs once into a cache and reuses
 # it; every start picks free ports, so parallel runs do not collide.
 #
 #   scripts/services.sh install          install what is missing (cached)
@@ -58,6 +59,29 @@ install_spark_jars() {
   mvn -q -B -f "$HERE/spark/pom.xml" dependency:copy-dependencies \
     -DincludeScope=runtime -DoutputDirectory="$SPARK_JARS" >&2
   cp "$HERE/spark/pom.xml" "$SPARK_JARS/.pom.xml"
+}
+
+# The jars of scripts/iceberg-rest/pom.xml (Apache Iceberg's REST catalog server) in
+# $ICEBERG_REST_JARS, installed again when the pom changes.
+ICEBERG_REST_JARS="$CACHE/iceberg-rest-jars"
+install_iceberg_rest() {
+  if [ -d "$ICEBERG_REST_JARS" ] && cmp -s "$HERE/iceberg-rest/pom.xml" "$ICEBERG_REST_JARS/.pom.xml"; then return; fi
+  log "installing Apache Iceberg's REST catalog server from Maven Central into $ICEBERG_REST_JARS"
+  rm -rf "$ICEBERG_REST_JARS"
+  mvn -q -B -f "$HERE/iceberg-rest/pom.xml" dependency:copy-dependencies \
+    -DincludeScope=runtime -DoutputDirectory="$ICEBERG_REST_JARS" >&2
+  cp "$HERE/iceberg-rest/pom.xml" "$ICEBERG_REST_JARS/.pom.xml"
+}
+
+# Apache Iceberg's REST catalog server on port $2: a JdbcCatalog on SQLite in $1/iceberg-rest
+# (tests take a namespace of their own; the tables' files are where their metadata says).
+start_iceberg_rest() {
+  local dir=$1/iceberg-rest port=$2
+  mkdir -p "$dir"
+  CATALOG_WAREHOUSE="file://$dir/warehouse" CATALOG_URI="jdbc:sqlite:$dir/catalog.db" \
+    CATALOG_REST_PORT="$port" "${JAVA_HOME:+$JAVA_HOME/bin/}java" -Xmx384m \
+    -cp "$ICEBERG_REST_JARS/*" org.apache.iceberg.rest.RESTCatalogServer >"$1/iceberg-rest.log" 2>&1 &
+  echo $! >"$1/iceberg-rest.pid"
 }
 
 install_python() {
@@ -159,12 +183,13 @@ wait_for_kafka() {
 start() {
   local state=$1
   mkdir -p "$state"
-  local kport kcport sport mport pport
+  local kport kcport sport mport pport rport
   kport=$(free_port)
   kcport=$(free_port)
   sport=$(free_port)
   mport=$(free_port)
   pport=$(free_port)
+  rport=$(free_port)
   # In-memory sessions; the broker's default in-flight limit (20 per client) is kept on purpose.
   cat >"$state/mosquitto.conf" <<CONF
 listener $mport 127.0.0.1
@@ -174,6 +199,7 @@ CONF
   "$(mosquitto_bin)" -c "$state/mosquitto.conf" >"$state/mosquitto.log" 2>&1 &
   echo $! >"$state/mosquitto.pid"
   start_kafka "$state" "$kport" "$kcport"
+  start_iceberg_rest "$state" "$rport"
   "$VENV/bin/moto_server" -H 127.0.0.1 -p "$sport" >"$state/moto.log" 2>&1 &
   echo $! >"$state/moto.pid"
   wait_for_port "$kport" kafka 120 || { cat "$state/kafka.log" >&2; return 1; }
@@ -181,6 +207,7 @@ CONF
   wait_for_port "$sport" moto_server 60 || { cat "$state/moto.log" >&2; return 1; }
   wait_for_port "$mport" mosquitto 30 || { cat "$state/mosquitto.log" >&2; return 1; }
   start_postgres "$state" "$pport"
+  wait_for_port "$rport" iceberg-rest 120 || { cat "$state/iceberg-rest.log" >&2; return 1; }
   cat >"$state/env" <<ENV
 export EDGE_INGEST_KAFKA=127.0.0.1:$kport
 export EDGE_INGEST_S3=http://127.0.0.1:$sport
@@ -190,6 +217,7 @@ export EDGE_INGEST_MOSQUITTO=$(mosquitto_bin)
 export EDGE_INGEST_PYTHON=$PY
 export EDGE_INGEST_KAFKA_SH=$HERE/kafka.sh
 export EDGE_INGEST_SPARK_JARS=$SPARK_JARS
+export EDGE_INGEST_ICEBERG_REST=http://127.0.0.1:$rport
 export EDGE_INGEST_PROMETHEUS=$(command -v prometheus)
 export EDGE_INGEST_PROMTOOL=$(command -v promtool)
 export EDGE_INGEST_DOCKER_COMPOSE=$(command -v docker-compose)
@@ -201,14 +229,14 @@ export AWS_SECRET_ACCESS_KEY=test
 export AWS_REGION=us-east-1
 export AWS_EC2_METADATA_DISABLED=true
 ENV
-  log "Apache Kafka on 127.0.0.1:$kport, moto_server on 127.0.0.1:$sport, mosquitto on 127.0.0.1:$mport, postgres on 127.0.0.1:$pport (logs in $state)"
+  log "Apache Kafka on 127.0.0.1:$kport, moto_server on 127.0.0.1:$sport, mosquitto on 127.0.0.1:$mport, postgres on 127.0.0.1:$pport, Iceberg's REST catalog on 127.0.0.1:$rport (logs in $state)"
 }
 
 stop() {
   local state=$1
   # Each is waited for (Kafka writes its files while it shuts down), so that the state
   # directory can be removed right after; one that takes over 30 s is killed.
-  for name in kafka moto mosquitto; do
+  for name in kafka iceberg-rest moto mosquitto; do
     if [ -f "$state/$name.pid" ]; then
       local pid
       pid=$(cat "$state/$name.pid")
@@ -227,7 +255,7 @@ stop() {
 }
 
 case "${1:-}" in
-  install) install_debian; install_kafka; install_spark_jars; install_python ;;
+  install) install_debian; install_kafka; install_spark_jars; install_iceberg_rest; install_python ;;
   start) start "${2:?state dir}" ;;
   stop) stop "${2:?state dir}" ;;
   *) echo "usage: $0 install | start STATE_DIR | stop STATE_DIR" >&2; exit 2 ;;

@@ -410,15 +410,52 @@ async fn a_field_added_to_the_definition_becomes_a_column_of_the_table() {
     drop(cluster);
 }
 
-/// A REST catalog (`scripts/rest_catalog.py`: the REST protocol over pyiceberg's SqlCatalog)
-/// that wants OAuth2 client credentials, two sinks of one group committing to it at once (the
-/// loser of a race gets 409 and builds again) and a field added on the way: pyiceberg reads the
-/// table through the same REST catalog, every record once, and the new column from the files
-/// landed after the change. A sink with a wrong secret stops at start with the catalog's
-/// refusal.
+/// Apache Iceberg's REST catalog server (the suite's, `EDGE_INGEST_ICEBERG_REST`: its test
+/// fixture over a JdbcCatalog), two sinks of one group committing to it at once with OAuth2
+/// client credentials (the loser of a race gets 409 and builds again) and a field added on the
+/// way: pyiceberg reads the table through the same server, every record once, and the new
+/// column from the files landed after the change. The tables go in a namespace of the test's.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn two_sinks_commit_to_a_rest_catalog_every_record_once() {
+async fn two_sinks_commit_to_apache_icebergs_rest_catalog_every_record_once() {
     let (cluster, bootstrap, dir, producer) = rig(4);
+    let url = common::service_env("EDGE_INGEST_ICEBERG_REST");
+    let namespace = format!("rest{}", common::unique_id());
+    std::fs::write(dir.path().join("credential"), "sink-client:s3cret\n").unwrap();
+    let config = |streams: &Path| {
+        let config = write_config(dir.path(), &bootstrap, streams, (&url, "rest"));
+        append(
+            &config,
+            &format!(
+                "namespace = \"{namespace}\"\ncredential_file = \"{}\"\n",
+                dir.path().join("credential").display()
+            ),
+        );
+        config
+    };
+    let table = || {
+        read_table_with(
+            &url,
+            &["--catalog-name", "rest", "--namespace", &namespace],
+            &[("SINK_TABLE__CREDENTIAL", "sink-client:s3cret")],
+        )
+    };
+    let after =
+        add_a_field_while_landing(dir.path(), (&bootstrap, &producer), 2, config, table).await;
+    let location = after["metadata_location"].as_str().unwrap();
+    assert!(
+        location.contains("/landing/sensor_readings/metadata/"),
+        "{location}"
+    );
+    drop(cluster);
+}
+
+/// A REST catalog that refuses the sink's client credentials stops the sink at start with the
+/// catalog's refusal. Apache Iceberg's REST fixture hands a token to any credentials, so this
+/// runs against `scripts/rest_catalog.py` (the REST protocol over pyiceberg's SqlCatalog, with
+/// `--credential`), which refuses a wrong secret as an OAuth2 server does.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_rest_catalog_refusing_the_credentials_stops_the_sink_at_start() {
+    let (cluster, bootstrap, dir, _producer) = rig(1);
     let server = RestServer::start(dir.path(), "sink-client:s3cret");
     std::fs::write(dir.path().join("wrong"), "sink-client:guess").unwrap();
     let bad = write_config(
@@ -440,33 +477,6 @@ async fn two_sinks_commit_to_a_rest_catalog_every_record_once() {
     assert!(
         !status.success() && log.contains("refused the client credentials of sink-client"),
         "{status:?}: {log}"
-    );
-
-    std::fs::write(dir.path().join("credential"), "sink-client:s3cret\n").unwrap();
-    let config = |streams: &Path| {
-        let config = write_config(dir.path(), &bootstrap, streams, (&server.url, "rest"));
-        append(
-            &config,
-            &format!(
-                "credential_file = \"{}\"\n",
-                dir.path().join("credential").display()
-            ),
-        );
-        config
-    };
-    let table = || {
-        read_table_with(
-            &server.url,
-            &["--catalog-name", "rest"],
-            &[("SINK_TABLE__CREDENTIAL", "sink-client:s3cret")],
-        )
-    };
-    let after =
-        add_a_field_while_landing(dir.path(), (&bootstrap, &producer), 2, config, table).await;
-    let location = after["metadata_location"].as_str().unwrap();
-    assert!(
-        location.contains("/landing/sensor_readings/metadata/"),
-        "{location}"
     );
     drop(cluster);
 }
@@ -920,17 +930,19 @@ async fn commit_one_file_each(
     }
 }
 
-/// Commits through a REST catalog past the snapshots a table keeps: the old ones are expired
-/// by the commits' own updates, and every file stays listed.
+/// Commits through Apache Iceberg's REST catalog server past the snapshots a table keeps: the
+/// old ones are expired by the commits' own updates, and every file stays listed.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn commits_through_a_rest_catalog_expire_old_snapshots() {
     let dir = tempfile::tempdir().unwrap();
     let root = dir.path().join("zone");
     std::fs::create_dir_all(&root).unwrap();
-    let server = RestServer::start(dir.path(), "client:secret");
+    let url = common::service_env("EDGE_INGEST_ICEBERG_REST");
+    let namespace = format!("expiry{}", common::unique_id());
     std::fs::write(dir.path().join("credential"), "client:secret").unwrap();
     let config: sink::table::TableConfig = serde_json::from_value(serde_json::json!({
-        "catalog": server.url,
+        "catalog": url,
+        "namespace": namespace,
         "credential_file": dir.path().join("credential"),
     }))
     .unwrap();
@@ -942,8 +954,14 @@ async fn commits_through_a_rest_catalog_expire_old_snapshots() {
         service_kit::load_stream(&common::repo_root().join("streams"), "sensor_readings").unwrap();
     commit_one_file_each(&mut tables, &def, 70).await;
     let table = read_table_with(
-        &server.url,
-        &["--catalog-name", "rest", "--files-only"],
+        &url,
+        &[
+            "--catalog-name",
+            "rest",
+            "--namespace",
+            &namespace,
+            "--files-only",
+        ],
         &[("SINK_TABLE__CREDENTIAL", "client:secret")],
     );
     assert_eq!(table["files"].as_array().unwrap().len(), 70);
@@ -953,7 +971,7 @@ async fn commits_through_a_rest_catalog_expire_old_snapshots() {
     use sink::table::{catalog, metadata};
     let catalog = catalog::Catalog::open(&config).await.unwrap();
     let base = catalog
-        .load(&store, "landing", "sensor_readings")
+        .load(&store, &namespace, "sensor_readings")
         .await
         .unwrap()
         .unwrap();
@@ -978,7 +996,7 @@ async fn commits_through_a_rest_catalog_expire_old_snapshots() {
                 .unwrap();
         }
         let done = catalog
-            .commit(&store, ("landing", "sensor_readings"), &base, append)
+            .commit(&store, (&namespace, "sensor_readings"), &base, append)
             .await
             .unwrap();
         outcomes.push(done.is_some());
