@@ -82,8 +82,17 @@ class Table:
         log(text)
         return self.spark.sql(text).collect()
 
-    def call(self, procedure, params):
-        return self.sql(f"CALL {self.catalog}.system.{procedure}(table => '{self.ident}'{params})")
+    def call(self, procedure, params, attempts=5):
+        """A procedure, run again when its commit lost every race to the sinks' commits
+        (Iceberg retries a commit 4 times by itself; a rewrite that takes longer than the sinks'
+        commit interval can lose them all), as an operator would run it again."""
+        for attempt in range(1, attempts + 1):
+            try:
+                return self.sql(f"CALL {self.catalog}.system.{procedure}(table => '{self.ident}'{params})")
+            except Exception as e:  # py4j's error carries the Java exception's text
+                if "CommitFailedException" not in str(e) or attempt == attempts:
+                    raise
+                log(f"{procedure}: its commit lost to newer ones (attempt {attempt}); running it again")
 
     def sequence(self):
         """The sequence number of the table's newest metadata (it grows with every commit)."""

@@ -6,7 +6,8 @@
 //! after another, so partitions move and files are read again after each step. Then `loadtest
 //! verify --table` finds every record once in the table's current snapshot, Spark counts the
 //! same rows and none twice, and the tag and the branch still hold what they held before the
-//! sinks' own expiry passed them. Through the JDBC catalog on SQLite and on PostgreSQL.
+//! sinks' own expiry passed them. Through the JDBC catalog on SQLite and on PostgreSQL, and
+//! through Apache Iceberg's REST catalog server.
 
 use crate::common;
 use crate::loadtest;
@@ -266,6 +267,17 @@ async fn spark_maintenance_beside_live_sinks_postgres_catalog() {
     maintenance_beside_live_sinks(
         |_| common::service_env("EDGE_INGEST_POSTGRES"),
         "rewrite_data_files,expire_snapshots,delete",
+    )
+    .await;
+}
+
+/// Through Apache Iceberg's REST catalog server (the suite's): Spark's commits and the sinks'
+/// meet in Iceberg's own REST code.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn spark_maintenance_beside_live_sinks_rest_catalog() {
+    maintenance_beside_live_sinks(
+        |_| common::service_env("EDGE_INGEST_ICEBERG_REST"),
+        "rewrite_data_files,rewrite_manifests,expire_snapshots,delete",
     )
     .await;
 }
