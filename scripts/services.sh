@@ -3,8 +3,9 @@
 # an S3 server (moto), an MQTT broker (mosquitto, from Debian), a PostgreSQL server (Debian; table
 # catalogs), Prometheus and docker-compose (from Debian, for the monitoring test) and the Python
 # tools of the test suite (pyarrow, boto3, confluent-kafka, pyspark, with Iceberg's Spark runtime
-# from Maven Central) and Apache Iceberg's REST catalog server (its test fixture, from Maven
-# Central; a JdbcCatalog on SQLite behind it). Installs once into a cache and reuses
+# from Maven Central), Apache Iceberg's REST catalog server (its test fixture, from Maven
+# Central; a JdbcCatalog on SQLite behind it) and Trino (installed; a test starts it). Installs
+# once into a cache and reuses
 # it; every start picks free ports, so parallel runs do not collide.
 #
 #   scripts/services.sh install          install what is missing (cached)
@@ -23,6 +24,11 @@ log() { echo "services: $*" >&2; }
 
 install_kafka() {
   "$HERE/kafka.sh" install >/dev/null
+}
+
+# Trino (scripts/trino.sh): a test starts a server of its own.
+install_trino() {
+  "$HERE/trino.sh" install >/dev/null
 }
 
 # One KRaft node (broker and controller) in $1/kafka, clients on port $2, its controller on $3,
@@ -255,7 +261,7 @@ stop() {
 }
 
 case "${1:-}" in
-  install) install_debian; install_kafka; install_spark_jars; install_iceberg_rest; install_python ;;
+  install) install_debian; install_kafka; install_spark_jars; install_iceberg_rest; install_trino; install_python ;;
   start) start "${2:?state dir}" ;;
   stop) stop "${2:?state dir}" ;;
   *) echo "usage: $0 install | start STATE_DIR | stop STATE_DIR" >&2; exit 2 ;;

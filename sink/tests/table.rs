@@ -414,7 +414,8 @@ async fn a_field_added_to_the_definition_becomes_a_column_of_the_table() {
 /// fixture over a JdbcCatalog), two sinks of one group committing to it at once with OAuth2
 /// client credentials (the loser of a race gets 409 and builds again) and a field added on the
 /// way: pyiceberg reads the table through the same server, every record once, and the new
-/// column from the files landed after the change. The tables go in a namespace of the test's.
+/// column from the files landed after the change; then Trino (its Iceberg connector on the same
+/// catalog) counts the same rows and offsets. The tables go in a namespace of the test's.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn two_sinks_commit_to_apache_icebergs_rest_catalog_every_record_once() {
     let (cluster, bootstrap, dir, producer) = rig(4);
@@ -445,6 +446,30 @@ async fn two_sinks_commit_to_apache_icebergs_rest_catalog_every_record_once() {
     assert!(
         location.contains("/landing/sensor_readings/metadata/"),
         "{location}"
+    );
+    // Trino reads the same snapshot through the same catalog: as many rows, the new column's
+    // values, and the same offsets.
+    let trino = common::trino::Trino::start(
+        &dir.path().join("trino"),
+        &format!(
+            "iceberg.catalog.type=rest\niceberg.rest-catalog.uri={url}\nfs.native-local.enabled=true\nlocal.location=/\n"
+        ),
+    );
+    let rows = after["rows"].as_array().unwrap();
+    let offsets: i64 = rows.iter().map(|r| r["_offset"].as_i64().unwrap()).sum();
+    let got = trino
+        .query(&format!(
+            "SELECT count(*), count(humidity), sum(_offset), count(DISTINCT (_kafka_partition, _offset)) FROM iceberg.\"{namespace}\".sensor_readings"
+        ))
+        .await;
+    assert_eq!(
+        got,
+        [[
+            serde_json::json!(rows.len()),
+            serde_json::json!(30),
+            serde_json::json!(offsets),
+            serde_json::json!(rows.len())
+        ]]
     );
     drop(cluster);
 }

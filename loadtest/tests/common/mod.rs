@@ -5,6 +5,7 @@
 
 pub mod kafka;
 pub mod pki;
+pub mod trino;
 
 use std::path::{Path, PathBuf};
 use std::process::Command;
