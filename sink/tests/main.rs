@@ -7,6 +7,7 @@ mod common;
 mod support;
 
 mod check;
+mod compaction;
 mod crashes;
 mod foreign_producer;
 mod offset_gaps;

@@ -18,10 +18,10 @@ use rdkafka::mocking::MockCluster;
 use rdkafka::producer::FutureProducer;
 use serde_json::Value;
 
-const TOPIC: &str = "ingest.sensor_readings";
-const GROUP: &str = "table-sinks";
+pub(crate) const TOPIC: &str = "ingest.sensor_readings";
+pub(crate) const GROUP: &str = "table-sinks";
 
-fn start_sink(config: &Path, log: &Path) -> Child {
+pub(crate) fn start_sink(config: &Path, log: &Path) -> Child {
     Command::new(env!("CARGO_BIN_EXE_sink"))
         .arg("--config")
         .arg(config)
@@ -77,7 +77,7 @@ commit_interval_ms = 700
 
 /// [`write_config`] with the shipped definitions and a SQLite catalog in `dir`: the catalog's
 /// path and the config's.
-fn sqlite_config(dir: &Path, bootstrap: &str) -> (String, PathBuf) {
+pub(crate) fn sqlite_config(dir: &Path, bootstrap: &str) -> (String, PathBuf) {
     let catalog = dir.join("catalog.db").display().to_string();
     let config = write_config(
         dir,
@@ -90,7 +90,7 @@ fn sqlite_config(dir: &Path, bootstrap: &str) -> (String, PathBuf) {
 
 /// A mock cluster whose topic has `partitions`, its bootstrap address, a directory for the
 /// test and a producer.
-fn rig(
+pub(crate) fn rig(
     partitions: i32,
 ) -> (
     MockCluster<'static, rdkafka::producer::DefaultProducerContext>,
@@ -110,7 +110,7 @@ fn rig(
 
 /// pyiceberg's view of the stream's table (`scripts/read_table.py`) in `catalog` (a SQLite
 /// file or a PostgreSQL URL).
-fn read_table(catalog: impl AsRef<std::ffi::OsStr>, extra: &[&str]) -> Value {
+pub(crate) fn read_table(catalog: impl AsRef<std::ffi::OsStr>, extra: &[&str]) -> Value {
     read_table_with(catalog, extra, &[])
 }
 
@@ -350,7 +350,7 @@ async fn a_file_landed_by_a_killed_sink_reaches_the_table_through_its_next_owner
 }
 
 /// Every file under `dir`, recursively.
-fn walk(dir: &Path) -> Vec<PathBuf> {
+pub(crate) fn walk(dir: &Path) -> Vec<PathBuf> {
     let mut out = Vec::new();
     for entry in std::fs::read_dir(dir).into_iter().flatten().flatten() {
         let path = entry.path();
@@ -625,7 +625,7 @@ impl Drop for RestServer {
     }
 }
 
-fn append(file: &Path, text: &str) {
+pub(crate) fn append(file: &Path, text: &str) {
     let mut all = std::fs::read_to_string(file).unwrap();
     all.push_str(text);
     std::fs::write(file, all).unwrap();
@@ -680,7 +680,7 @@ fn assert_partitions_and_bounds(table: &Value, since: i64) {
 
 /// The manifest's bounds of a file of pyiceberg's `file_stats` hold the true minimum and
 /// maximum of its columns, and it has rows.
-fn assert_bounds_hold(file: &Value) {
+pub(crate) fn assert_bounds_hold(file: &Value) {
     let path = file["path"].as_str().unwrap();
     let columns = file["columns"].as_object().unwrap();
     for name in [
@@ -709,102 +709,6 @@ fn assert_bounds_hold(file: &Value) {
         rows > 0 && file["null_counts"]["unit"] == 0,
         "{path}: {file}"
     );
-}
-
-/// A sink with `[table.compaction]` on hourly partitions: the small files of an hour that
-/// closed (records whose Kafka timestamps, their ingest time, are three hours old) become one
-/// file per Kafka partition in one `replace` snapshot; the open hour's files stay. pyiceberg
-/// and DuckDB read every record once, with bounds that hold. A sink of another group then
-/// reads the whole topic again, lands the same files at the same keys and finds them in the
-/// table only through the compacted files' offset bounds: nothing twice, no partition stopped.
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn a_sink_compacts_closed_hours_and_a_rereading_sink_appends_nothing_twice() {
-    let (cluster, bootstrap, dir, producer) = rig(2);
-    let (catalog, config) = sqlite_config(dir.path(), &bootstrap);
-    append(
-        &config,
-        "partition = \"hour\"\n[table.compaction]\nenabled = true\ndelay_ms = 0\ninterval_ms = 1000\ntarget_bytes = 1048576\n",
-    );
-    let sent = support::readings(1_500, 41);
-    let (old, new) = sent.split_at(1_200);
-    let three_hours_ago = chrono::Utc::now().timestamp_millis() - 3 * 3_600_000;
-    for r in old {
-        let key = r["device_id"].as_str().unwrap();
-        let value = r.to_string();
-        let record = rdkafka::producer::FutureRecord::to(TOPIC)
-            .key(key)
-            .payload(&value)
-            .timestamp(three_hours_ago);
-        producer.send(record, Duration::from_secs(5)).await.unwrap();
-    }
-    support::produce(&producer, TOPIC, new).await;
-    let mut sinks = vec![start_sink(&config, &dir.path().join("sink-0.log"))];
-    support::wait_caught_up(&bootstrap, (GROUP, TOPIC), &mut sinks, dir.path()).await;
-    let compacted = |table: &Value| -> Vec<String> {
-        table["files"]
-            .as_array()
-            .unwrap()
-            .iter()
-            .map(|f| f.as_str().unwrap().to_owned())
-            .filter(|f| f.contains("/.compacted/"))
-            .collect()
-    };
-    // The closed hour's landing files: none of them stays listed once it is compacted.
-    let hour = chrono::DateTime::from_timestamp_millis(three_hours_ago)
-        .unwrap()
-        .format("/date=%Y-%m-%d/hour=%H/")
-        .to_string();
-    let deadline = Instant::now() + Duration::from_secs(60);
-    let table = loop {
-        let table = read_table(&catalog, &["--files-only"]);
-        let files = table["files"].as_array().unwrap();
-        if compacted(&table).len() == 2
-            && !files.iter().any(|f| f.as_str().unwrap().contains(&hour))
-        {
-            break table;
-        }
-        assert!(Instant::now() < deadline, "no compaction: {table}");
-        tokio::time::sleep(Duration::from_millis(500)).await;
-    };
-    let landed = walk(&dir.path().join("zone"))
-        .into_iter()
-        .filter(|p| p.extension().is_some_and(|e| e == "parquet"))
-        .filter(|p| !p.to_string_lossy().contains("/.compacted/"))
-        .count();
-    let listed = table["files"].as_array().unwrap().len();
-    eprintln!("{landed} landing files; the table lists {listed}, 2 of them compacted");
-    assert!(landed >= listed + 6, "{landed} landed, {listed} listed");
-    // A sink of another group reads everything again.
-    let again = dir.path().join("again.toml");
-    std::fs::write(
-        &again,
-        std::fs::read_to_string(&config)
-            .unwrap()
-            .replace(&format!("group_id = \"{GROUP}\""), "group_id = \"again\""),
-    )
-    .unwrap();
-    sinks.push(start_sink(&again, &dir.path().join("sink-1.log")));
-    support::wait_caught_up(&bootstrap, ("again", TOPIC), &mut sinks[1..], dir.path()).await;
-    support::stop_gracefully(sinks);
-    let log = std::fs::read_to_string(dir.path().join("sink-1.log")).unwrap();
-    assert!(!log.contains("ERROR"), "{log}");
-    let table = read_table(&catalog, &[]);
-    common::assert_same_records(&sent, &table);
-    common::assert_duckdb_reads_the_same(&table);
-    let rows = table["rows"].as_array().unwrap();
-    assert_eq!(duplicates(rows), 0);
-    // The replace's summary carries the totals forward: files out, the same rows in.
-    assert_eq!(
-        table["summary"]["total-records"],
-        rows.len().to_string(),
-        "{}",
-        table["summary"]
-    );
-    assert_eq!(compacted(&table).len(), 2, "{}", table["files"]);
-    for file in table["file_stats"].as_array().unwrap() {
-        assert_bounds_hold(file);
-    }
-    drop(cluster);
 }
 
 /// The dead-letter table holds each of `garbage` once, at an offset of its own, with the
@@ -838,7 +742,7 @@ fn assert_dead_letters_once(table: &Value, garbage: &[String]) {
 }
 
 /// How many of `records` repeat an earlier one.
-fn duplicates(records: &[Value]) -> usize {
+pub(crate) fn duplicates(records: &[Value]) -> usize {
     let mut seen: Vec<String> = records.iter().map(Value::to_string).collect();
     seen.sort();
     let all = seen.len();
