@@ -55,28 +55,25 @@ CONF
   echo $! >"$1/kafka.pid"
 }
 
-# The jars of scripts/spark/pom.xml (Iceberg's Spark runtime, JDBC drivers) in $SPARK_JARS,
+# The runtime jars of the pom scripts/$1/pom.xml in the folder $2 ($3 says what they are),
 # installed again when the pom changes.
-SPARK_JARS="$CACHE/spark-jars"
-install_spark_jars() {
-  if [ -d "$SPARK_JARS" ] && cmp -s "$HERE/spark/pom.xml" "$SPARK_JARS/.pom.xml"; then return; fi
-  log "installing Iceberg's Spark runtime and JDBC drivers from Maven Central into $SPARK_JARS"
-  rm -rf "$SPARK_JARS"
-  mvn -q -B -f "$HERE/spark/pom.xml" dependency:copy-dependencies \
-    -DincludeScope=runtime -DoutputDirectory="$SPARK_JARS" >&2
-  cp "$HERE/spark/pom.xml" "$SPARK_JARS/.pom.xml"
+install_jars() {
+  local pom="$HERE/$1/pom.xml" dir=$2
+  if [ -d "$dir" ] && cmp -s "$pom" "$dir/.pom.xml"; then return; fi
+  log "installing $3 from Maven Central into $dir"
+  rm -rf "$dir"
+  mvn -q -B -f "$pom" dependency:copy-dependencies -DincludeScope=runtime -DoutputDirectory="$dir" >&2
+  cp "$pom" "$dir/.pom.xml"
 }
 
-# The jars of scripts/iceberg-rest/pom.xml (Apache Iceberg's REST catalog server) in
-# $ICEBERG_REST_JARS, installed again when the pom changes.
+SPARK_JARS="$CACHE/spark-jars"
+install_spark_jars() {
+  install_jars spark "$SPARK_JARS" "Iceberg's Spark runtime and JDBC drivers"
+}
+
 ICEBERG_REST_JARS="$CACHE/iceberg-rest-jars"
 install_iceberg_rest() {
-  if [ -d "$ICEBERG_REST_JARS" ] && cmp -s "$HERE/iceberg-rest/pom.xml" "$ICEBERG_REST_JARS/.pom.xml"; then return; fi
-  log "installing Apache Iceberg's REST catalog server from Maven Central into $ICEBERG_REST_JARS"
-  rm -rf "$ICEBERG_REST_JARS"
-  mvn -q -B -f "$HERE/iceberg-rest/pom.xml" dependency:copy-dependencies \
-    -DincludeScope=runtime -DoutputDirectory="$ICEBERG_REST_JARS" >&2
-  cp "$HERE/iceberg-rest/pom.xml" "$ICEBERG_REST_JARS/.pom.xml"
+  install_jars iceberg-rest "$ICEBERG_REST_JARS" "Apache Iceberg's REST catalog server"
 }
 
 # Apache Iceberg's REST catalog server on port $2: a JdbcCatalog on SQLite in $1/iceberg-rest

@@ -54,16 +54,8 @@ impl Trino {
     /// message when the query fails.
     pub async fn query(&self, sql: &str) -> Vec<Vec<Value>> {
         let client = reqwest::Client::new();
-        let mut page: Value = client
-            .post(format!("http://127.0.0.1:{}/v1/statement", self.port))
-            .header("X-Trino-User", "edge-ingest-test")
-            .body(sql.to_owned())
-            .send()
-            .await
-            .unwrap()
-            .json()
-            .await
-            .unwrap();
+        let url = format!("http://127.0.0.1:{}/v1/statement", self.port);
+        let mut page = page(client.post(url).body(sql.to_owned())).await;
         let mut rows = Vec::new();
         loop {
             if let Some(error) = page.get("error") {
@@ -75,17 +67,21 @@ impl Trino {
             let Some(next) = page["nextUri"].as_str() else {
                 return rows;
             };
-            page = client
-                .get(next)
-                .header("X-Trino-User", "edge-ingest-test")
-                .send()
-                .await
-                .unwrap()
-                .json()
-                .await
-                .unwrap();
+            page = self::page(client.get(next)).await;
         }
     }
+}
+
+/// One page of a query's results.
+async fn page(request: reqwest::RequestBuilder) -> Value {
+    request
+        .header("X-Trino-User", "edge-ingest-test")
+        .send()
+        .await
+        .unwrap()
+        .json()
+        .await
+        .unwrap()
 }
 
 impl Drop for Trino {
