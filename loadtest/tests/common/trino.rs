@@ -51,21 +51,35 @@ impl Trino {
     }
 
     /// The rows of `sql`, each an array of its columns' JSON values; panics with Trino's
-    /// message when the query fails.
+    /// message when the query fails. The first query waits until the server has a node to run
+    /// queries on (it announces itself a moment after it started).
     pub async fn query(&self, sql: &str) -> Vec<Vec<Value>> {
+        let deadline = Instant::now() + Duration::from_secs(60);
+        loop {
+            match self.try_query(sql).await {
+                Ok(rows) => return rows,
+                Err(e) if e.contains("No nodes available") && Instant::now() < deadline => {
+                    tokio::time::sleep(Duration::from_millis(500)).await;
+                }
+                Err(e) => panic!("Trino refused {sql}: {e}"),
+            }
+        }
+    }
+
+    async fn try_query(&self, sql: &str) -> Result<Vec<Vec<Value>>, String> {
         let client = reqwest::Client::new();
         let url = format!("http://127.0.0.1:{}/v1/statement", self.port);
         let mut page = page(client.post(url).body(sql.to_owned())).await;
         let mut rows = Vec::new();
         loop {
             if let Some(error) = page.get("error") {
-                panic!("Trino refused {sql}: {}", error["message"]);
+                return Err(error["message"].to_string());
             }
             if let Some(data) = page["data"].as_array() {
                 rows.extend(data.iter().map(|r| r.as_array().unwrap().clone()));
             }
             let Some(next) = page["nextUri"].as_str() else {
-                return rows;
+                return Ok(rows);
             };
             page = self::page(client.get(next)).await;
         }
