@@ -19,6 +19,10 @@ scripts/services.sh start "$STATE"
 source "$STATE/env"
 case "$which" in
   gateway) cargo run --release -p loadtest -- bench-gateway --brokers "$EDGE_INGEST_KAFKA" "$@" ;;
-  sink) cargo run --release -p loadtest -- bench-sink --brokers "$EDGE_INGEST_KAFKA" "$@" ;;
+  sink)
+    # Kafka Connect's Iceberg sink runs beside the sink, into Apache Iceberg's REST catalog.
+    EDGE_INGEST_CONNECT_JARS=$(scripts/services.sh install-connect)
+    export EDGE_INGEST_CONNECT_JARS
+    cargo run --release -p loadtest -- bench-sink --brokers "$EDGE_INGEST_KAFKA" "$@" ;;
   *) echo "unknown benchmark: $which (gateway, sink, agent)" >&2; exit 2 ;;
 esac

@@ -11,6 +11,8 @@
 #   scripts/services.sh install          install what is missing (cached)
 #   scripts/services.sh start STATE_DIR  start the services; writes STATE_DIR/env (export lines)
 #   scripts/services.sh stop STATE_DIR   stop what `start` started
+#   scripts/services.sh install-connect  install Kafka Connect with Iceberg's sink connector
+#                                        (for scripts/bench.sh sink); prints its jars' folder
 #
 # Cache: $EDGE_INGEST_CACHE, default ~/.cache/edge-ingest.
 set -euo pipefail
@@ -70,6 +72,8 @@ SPARK_JARS="$CACHE/spark-jars"
 install_spark_jars() {
   install_jars spark "$SPARK_JARS" "Iceberg's Spark runtime and JDBC drivers"
 }
+
+CONNECT_JARS="$CACHE/kafka-connect-jars"
 
 ICEBERG_REST_JARS="$CACHE/iceberg-rest-jars"
 install_iceberg_rest() {
@@ -261,5 +265,6 @@ case "${1:-}" in
   install) install_debian; install_kafka; install_spark_jars; install_iceberg_rest; install_trino; install_python ;;
   start) start "${2:?state dir}" ;;
   stop) stop "${2:?state dir}" ;;
-  *) echo "usage: $0 install | start STATE_DIR | stop STATE_DIR" >&2; exit 2 ;;
+  install-connect) install_jars kafka-connect "$CONNECT_JARS" "Kafka Connect with Iceberg's sink connector"; echo "$CONNECT_JARS" ;;
+  *) echo "usage: $0 install | start STATE_DIR | stop STATE_DIR | install-connect" >&2; exit 2 ;;
 esac

@@ -34,6 +34,8 @@ pub struct SinkBenchOptions {
     pub gateway_headers: bool,
     /// Where the sink takes the ingest time from (`kafka.ingest_time`).
     pub ingest_time: IngestTime,
+    /// Run Kafka Connect's Iceberg sink on the same records too, each round.
+    pub connect: Option<crate::bench_connect::ConnectOptions>,
 }
 
 /// What the sink child process reports about itself.
@@ -89,6 +91,15 @@ pub struct SinkBenchReport {
     /// The last round's landing files against pyarrow writing the same rows
     /// (`scripts/landing_size.py`).
     pub landing: LandingSize,
+    /// Kafka Connect's Iceberg sink on the same records into a table committed as often
+    /// (fastest round), and our sink with a table / Connect in records per CPU-second, round by
+    /// round, with their median; when asked for.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub connect: Option<crate::bench_connect::ConnectRun>,
+    #[serde(skip_serializing_if = "Vec::is_empty")]
+    pub round_connect_ratios: Vec<f64>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub median_round_connect_ratio: Option<f64>,
 }
 
 /// Landed bytes per record, the sink's against pyarrow's best settings on the same rows.
@@ -224,6 +235,7 @@ pub async fn run(opts: SinkBenchOptions) -> anyhow::Result<SinkBenchReport> {
     let (mut consumer, mut sink, mut pyarrow, mut path) = (None, None, None, None);
     let (mut round_ratios, mut round_user_ratios) = (Vec::new(), Vec::new());
     let (mut sink_table, mut round_table_ratios) = (None, Vec::new());
+    let (mut connect, mut round_connect_ratios) = (None, Vec::new());
     let mut last_landing = None;
     for round in 0..opts.rounds.max(1) {
         // 1. A librdkafka consumer that only reads.
@@ -257,6 +269,27 @@ pub async fn run(opts: SinkBenchOptions) -> anyhow::Result<SinkBenchReport> {
             st.throughput.records_per_cpu_s
         );
         round_table_ratios.push(table_ratio);
+        // 2c. Kafka Connect's Iceberg sink on the same records.
+        if let Some(options) = &opts.connect {
+            let run = crate::bench_connect::run(
+                options,
+                &opts.brokers,
+                (&prefix, &topic, round),
+                (lines.len(), work.raw_bytes),
+                TABLE_COMMIT_MS,
+            )
+            .await?;
+            let ratio = st.throughput.records_per_cpu_s / run.throughput.records_per_cpu_s;
+            eprintln!(
+                "bench: round {}: Kafka Connect's Iceberg sink {:.0} records/cpu-s, peak RSS {:.0} MiB, {} files; sink with a table / Connect {ratio:.2}",
+                round + 1,
+                run.throughput.records_per_cpu_s,
+                run.peak_rss_bytes as f64 / 1048576.0,
+                run.files
+            );
+            round_connect_ratios.push(ratio);
+            keep_fastest(&mut connect, run, |r| r.throughput.cpu_seconds);
+        }
         keep_fastest(&mut sink_table, st, |r| r.throughput.cpu_seconds);
         // 3. pyarrow on the same records.
         let p = tokio::task::block_in_place(|| {
@@ -313,6 +346,10 @@ pub async fn run(opts: SinkBenchOptions) -> anyhow::Result<SinkBenchReport> {
         sink_path: path,
         sink,
         pyarrow,
+        connect,
+        median_round_connect_ratio: (!round_connect_ratios.is_empty())
+            .then(|| crate::bench_gateway::median_ratio(&round_connect_ratios)),
+        round_connect_ratios,
     };
     crate::bench_gateway::write_report(&opts.out, &report)?;
     Ok(report)
@@ -576,6 +613,23 @@ impl std::fmt::Display for SinkBenchReport {
             crate::bench_gateway::ratios_text(&self.round_table_ratios),
             self.median_round_table_ratio
         )?;
+        if let (Some(connect), Some(median)) = (&self.connect, self.median_round_connect_ratio) {
+            writeln!(
+                f,
+                "Kafka Connect's Iceberg sink (a commit a second): {:.0} records/cpu-s, peak RSS \
+                 {:.0} MiB, {} files, {} snapshots, {} rows; sink with a table / Connect (records \
+                 per CPU-second): {:.2} (fastest rounds; by round: {}; median {median:.2}); peak \
+                 RSS sink with a table / Connect: {:.2}",
+                connect.throughput.records_per_cpu_s,
+                connect.peak_rss_bytes as f64 / 1048576.0,
+                connect.files,
+                connect.snapshots,
+                connect.rows,
+                self.sink_table.throughput.records_per_cpu_s / connect.throughput.records_per_cpu_s,
+                crate::bench_gateway::ratios_text(&self.round_connect_ratios),
+                self.sink_table.peak_rss_bytes as f64 / connect.peak_rss_bytes.max(1) as f64
+            )?;
+        }
         writeln!(
             f,
             "sink / pyarrow if taking the messages and the work without Kafka added nothing \

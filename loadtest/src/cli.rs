@@ -181,6 +181,14 @@ struct BenchSinkArgs {
     /// Where the sink takes the ingest time from (its `kafka.ingest_time`).
     #[arg(long, value_enum, default_value_t = IngestTimeArg::Header)]
     ingest_time: IngestTimeArg,
+    /// Also run Kafka Connect's Iceberg sink on the same records each round: the folder of
+    /// the jars of scripts/kafka-connect/pom.xml (scripts/bench.sh sink passes it).
+    #[arg(long, env = "EDGE_INGEST_CONNECT_JARS", requires = "rest_catalog")]
+    connect_jars: Option<PathBuf>,
+    /// The Iceberg REST catalog Kafka Connect's table goes to (scripts/bench.sh sink starts
+    /// Apache Iceberg's).
+    #[arg(long, env = "EDGE_INGEST_ICEBERG_REST")]
+    rest_catalog: Option<String>,
 }
 
 #[derive(Debug, clap::Args)]
@@ -537,6 +545,8 @@ async fn bench_sink(
         out,
         gateway_headers,
         ingest_time,
+        connect_jars,
+        rest_catalog,
     }: BenchSinkArgs,
 ) -> anyhow::Result<()> {
     let report = crate::bench_sink::run(crate::bench_sink::SinkBenchOptions {
@@ -548,6 +558,9 @@ async fn bench_sink(
         out,
         gateway_headers,
         ingest_time: ingest_time.into(),
+        connect: connect_jars.zip(rest_catalog).map(|(jars, rest_catalog)| {
+            crate::bench_connect::ConnectOptions { jars, rest_catalog }
+        }),
     })
     .await?;
     println!("{report}");

@@ -185,7 +185,8 @@ pub async fn compact_table(
     if added.is_empty() {
         return Ok(report);
     }
-    let committed = commit(catalog, store, (namespace, table), &added, &removed).await;
+    let values: Vec<Option<i32>> = report.partitions.keys().map(|&v| Some(v)).collect();
+    let committed = commit(catalog, store, (namespace, table), &added, (&removed, &values)).await;
     if !matches!(committed, Ok(true)) {
         for (_, key) in &added {
             let _ = store.delete(key).await;
@@ -402,14 +403,15 @@ fn compacted_metadata(inputs: &[&HashMap<String, String>], rows: u64) -> Vec<Key
     out.into_iter().map(|(k, v)| KeyValue::new(k, v)).collect()
 }
 
-/// Commits the replace of `removed` by `added`, built again on newer versions after conflicts
-/// while every removed file is still live: whether it went in.
+/// Commits the replace of `removed` (files of the partitions `values`) by `added`, built again
+/// on newer versions after conflicts while every removed file is still live: whether it went
+/// in. Only the data manifests whose partition summaries may hold those partitions are read.
 async fn commit(
     catalog: &catalog::Catalog,
     store: &ObjectStore,
     (namespace, table): (&str, &str),
     added: &[(DataFile, String)],
-    removed: &HashSet<String>,
+    (removed, values): (&HashSet<String>, &[Option<i32>]),
 ) -> anyhow::Result<bool> {
     for _ in 0..MAX_ATTEMPTS {
         let base = catalog
@@ -424,7 +426,8 @@ async fn commit(
         let mut merged = Vec::new();
         let mut found = 0;
         for manifest in metadata::manifests_of(&read_uri(store, snapshot.manifest_list()).await?)? {
-            if manifest.content != ManifestContentType::Data {
+            let range = lookup::summary_range(&manifest, meta.default_partition_spec_id());
+            if manifest.content != ManifestContentType::Data || !lookup::may_hold(range, values) {
                 kept.push(manifest);
                 continue;
             }
