@@ -83,14 +83,18 @@ class Table:
         return self.spark.sql(text).collect()
 
     def call(self, procedure, params, attempts=5):
-        """A procedure, run again when its commit lost every race to the sinks' commits
-        (Iceberg retries a commit 4 times by itself; a rewrite that takes longer than the sinks'
-        commit interval can lose them all), as an operator would run it again."""
+        """A procedure, run again when its commit lost to the sinks' commits, as an operator
+        would run it again (a failed procedure changes nothing): Iceberg retries a commit 4
+        times by itself, and a rewrite that takes longer than the sinks' commit interval can
+        lose them all (CommitFailedException); rewrite_manifests also gives up when a sink
+        merged the manifests it rewrote meanwhile (ValidationException: "Deleted manifest ...
+        could not be found in the latest snapshot")."""
         for attempt in range(1, attempts + 1):
             try:
                 return self.sql(f"CALL {self.catalog}.system.{procedure}(table => '{self.ident}'{params})")
             except Exception as e:  # py4j's error carries the Java exception's text
-                if "CommitFailedException" not in str(e) or attempt == attempts:
+                lost = "CommitFailedException" in str(e) or "could not be found in the latest snapshot" in str(e)
+                if not lost or attempt == attempts:
                     raise
                 log(f"{procedure}: its commit lost to newer ones (attempt {attempt}); running it again")
 
