@@ -186,7 +186,14 @@ pub async fn compact_table(
         return Ok(report);
     }
     let values: Vec<Option<i32>> = report.partitions.keys().map(|&v| Some(v)).collect();
-    let committed = commit(catalog, store, (namespace, table), &added, (&removed, &values)).await;
+    let committed = commit(
+        catalog,
+        store,
+        (namespace, table),
+        &added,
+        (&removed, &values),
+    )
+    .await;
     if !matches!(committed, Ok(true)) {
         for (_, key) in &added {
             let _ = store.delete(key).await;
