@@ -36,6 +36,9 @@ pub struct SinkBenchOptions {
     pub ingest_time: IngestTime,
     /// Run Kafka Connect's Iceberg sink on the same records too, each round.
     pub connect: Option<crate::bench_connect::ConnectOptions>,
+    /// Then kill Kafka Connect's worker at random for this long while records flow
+    /// ([`crate::bench_connect::kill_loop`]); 0: not.
+    pub kill_loop_seconds: u64,
 }
 
 /// What the sink child process reports about itself.
@@ -100,6 +103,9 @@ pub struct SinkBenchReport {
     pub round_connect_ratios: Vec<f64>,
     #[serde(skip_serializing_if = "Option::is_none")]
     pub median_round_connect_ratio: Option<f64>,
+    /// What Kafka Connect's table lost and repeated while its worker was killed at random.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub connect_kill_loop: Option<crate::bench_connect::KillLoopReport>,
 }
 
 /// Landed bytes per record, the sink's against pyarrow's best settings on the same rows.
@@ -321,6 +327,22 @@ pub async fn run(opts: SinkBenchOptions) -> anyhow::Result<SinkBenchReport> {
     let path = path.context("no rounds")?;
     let sink_table = sink_table.context("no rounds")?;
     let landing = last_landing.context("no rounds")?;
+    let connect_kill_loop = match &opts.connect {
+        Some(options) if opts.kill_loop_seconds > 0 => Some(
+            crate::bench_connect::kill_loop(
+                options,
+                &opts.brokers,
+                &prefix,
+                (
+                    1_000 * opts.kill_loop_seconds as usize,
+                    opts.kill_loop_seconds,
+                ),
+                TABLE_COMMIT_MS,
+            )
+            .await?,
+        ),
+        _ => None,
+    };
     let landing = tokio::task::block_in_place(|| landing_size(&opts.python, landing.path()))?;
     let per_record = |t: &Throughput| 1.0 / t.records_per_cpu_s;
     let report = SinkBenchReport {
@@ -350,6 +372,7 @@ pub async fn run(opts: SinkBenchOptions) -> anyhow::Result<SinkBenchReport> {
         median_round_connect_ratio: (!round_connect_ratios.is_empty())
             .then(|| crate::bench_gateway::median_ratio(&round_connect_ratios)),
         round_connect_ratios,
+        connect_kill_loop,
     };
     crate::bench_gateway::write_report(&opts.out, &report)?;
     Ok(report)
@@ -628,6 +651,14 @@ impl std::fmt::Display for SinkBenchReport {
                 self.sink_table.throughput.records_per_cpu_s / connect.throughput.records_per_cpu_s,
                 crate::bench_gateway::ratios_text(&self.round_connect_ratios),
                 self.sink_table.peak_rss_bytes as f64 / connect.peak_rss_bytes.max(1) as f64
+            )?;
+        }
+        if let Some(k) = &self.connect_kill_loop {
+            writeln!(
+                f,
+                "Kafka Connect's Iceberg sink killed {} times in {} s while {} readings flowed: \
+                 {} rows in its table, {} missing, {} duplicated",
+                k.kills, k.seconds, k.produced, k.rows, k.missing, k.duplicated
             )?;
         }
         writeln!(
