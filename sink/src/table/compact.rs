@@ -299,39 +299,13 @@ async fn rewrite(
             .collect();
         inputs.push((reader.schema().clone(), kv, bytes));
     }
-    // The widest schema among the files (the newest definition's): older files' rows get
-    // nulls in the columns they lack.
-    let schema: SchemaRef = inputs
-        .iter()
-        .map(|(s, _, _)| s.clone())
-        .max_by_key(|s| s.fields().len())
-        .context("no files")?;
-    let hash = if schema.column_with_name(COL_CONTENT_HASH).is_some() {
-        HashColumn::Full
-    } else {
-        HashColumn::None
-    };
-    let properties = crate::parquet_file::writer_properties(def, hash)?;
-    let mut writer = ArrowWriter::try_new(Vec::new(), schema.clone(), Some(properties))?;
-    let mut rows = 0u64;
-    for (_, _, bytes) in &inputs {
-        for batch in ParquetRecordBatchReaderBuilder::try_new(bytes.clone())?.build()? {
-            let batch = batch?;
-            rows += batch.num_rows() as u64;
-            writer.write(&widened(&batch, &schema)?)?;
-        }
-        // Each input's rows are one sorted run: they stay row groups of their own, so the
-        // file's `sorting_columns` hold for every row group.
-        writer.flush()?;
-    }
-    for kv in compacted_metadata(
-        &inputs.iter().map(|(_, kv, _)| kv).collect::<Vec<_>>(),
-        rows,
-    ) {
-        writer.append_key_value_metadata(kv);
-    }
-    let bytes = Bytes::from(writer.into_inner()?);
-    let footer = ParquetMetaDataReader::new().parse_and_finish(&bytes)?;
+    // Decoding and encoding up to the target size is CPU work: the blocking pool does it, not
+    // the runtime's workers that the sink's consumer and commits run on.
+    let properties = crate::parquet_file::writer_properties;
+    let def = def.clone();
+    let (bytes, footer, rows) =
+        tokio::task::spawn_blocking(move || encode(&inputs, |hash| properties(&def, hash)))
+            .await??;
     let first = &run[0];
     let partition: Struct = first.file.partition().clone();
     let key_uri = format!(
@@ -354,6 +328,53 @@ async fn rewrite(
         &stats::FileStats::of(&footer),
     )?;
     Ok((file, key))
+}
+
+/// The rows of `inputs` (schema, key-value metadata and bytes of each file, in offset order)
+/// in one Parquet file with the widest of their schemas (the newest definition's: older files'
+/// rows get nulls in the columns they lack), encoded with `properties`: its bytes, footer and
+/// rows.
+#[allow(clippy::type_complexity)]
+fn encode(
+    inputs: &[(SchemaRef, HashMap<String, String>, Bytes)],
+    properties: impl FnOnce(
+        HashColumn,
+    ) -> Result<
+        parquet::file::properties::WriterProperties,
+        parquet::errors::ParquetError,
+    >,
+) -> anyhow::Result<(Bytes, parquet::file::metadata::ParquetMetaData, u64)> {
+    let schema: SchemaRef = inputs
+        .iter()
+        .map(|(s, _, _)| s.clone())
+        .max_by_key(|s| s.fields().len())
+        .context("no files")?;
+    let hash = if schema.column_with_name(COL_CONTENT_HASH).is_some() {
+        HashColumn::Full
+    } else {
+        HashColumn::None
+    };
+    let mut writer = ArrowWriter::try_new(Vec::new(), schema.clone(), Some(properties(hash)?))?;
+    let mut rows = 0u64;
+    for (_, _, bytes) in inputs {
+        for batch in ParquetRecordBatchReaderBuilder::try_new(bytes.clone())?.build()? {
+            let batch = batch?;
+            rows += batch.num_rows() as u64;
+            writer.write(&widened(&batch, &schema)?)?;
+        }
+        // Each input's rows are one sorted run: they stay row groups of their own, so the
+        // file's `sorting_columns` hold for every row group.
+        writer.flush()?;
+    }
+    for kv in compacted_metadata(
+        &inputs.iter().map(|(_, kv, _)| kv).collect::<Vec<_>>(),
+        rows,
+    ) {
+        writer.append_key_value_metadata(kv);
+    }
+    let bytes = Bytes::from(writer.into_inner()?);
+    let footer = ParquetMetaDataReader::new().parse_and_finish(&bytes)?;
+    Ok((bytes, footer, rows))
 }
 
 /// `batch` with the columns of `schema`, those it lacks null.
