@@ -34,6 +34,18 @@ pub enum RecordError {
         expected: String,
         got: String,
     },
+    /// Not in a value format the stream takes, or not in the registry wire format as framed
+    /// (a truncated schema id).
+    #[error("{0}")]
+    WireFormat(String),
+    /// The registry's schema of the value: unknown to the registry, not one the stream's
+    /// definition can take, or a value its bytes do not match.
+    #[error("schema id {id}: {reason}")]
+    Schema { id: u32, reason: String },
+    /// The schema id is not loaded yet: the sink fetches it from the registry and checks the
+    /// record again. Never a dead letter's reason.
+    #[error("schema id {0} is not loaded yet")]
+    SchemaNotLoaded(u32),
 }
 
 impl RecordError {
@@ -55,6 +67,8 @@ impl RecordError {
             RecordError::Missing { .. } => "missing_field",
             RecordError::Unknown { .. } => "unknown_field",
             RecordError::Type { .. } => "wrong_type",
+            RecordError::WireFormat(_) => "wire_format",
+            RecordError::Schema { .. } | RecordError::SchemaNotLoaded(_) => "schema",
         }
     }
 }

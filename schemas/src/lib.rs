@@ -6,7 +6,8 @@
 //! - [`hash`]: the canonical BLAKE3 content hash;
 //! - [`wire`]: the Kafka topic, key, value and header format;
 //! - [`arrow`]: the Arrow schema of landing files and the record batch builder;
-//! - [`columnar`]: the Parquet request body.
+//! - [`columnar`]: the Parquet request body;
+//! - `registry`: the schema registry wire format (Avro and JSON Schema values).
 
 pub mod api;
 #[cfg(feature = "parquet")]
@@ -20,6 +21,8 @@ pub mod error;
 pub mod hash;
 #[cfg(feature = "parquet")]
 mod order;
+#[cfg(feature = "registry")]
+pub mod registry;
 mod scan;
 pub mod stream;
 pub mod typed;
@@ -30,7 +33,9 @@ pub mod wire;
 pub use error::{DecodeError, RecordError, SchemaError};
 pub use hash::{AtOnce, ContentHash, HashGroup, Hashing, Pending, content_hash, content_hash_in};
 pub use scan::Line;
-pub use stream::{Change, FieldDef, FieldType, StreamDef, Streams, validate_stream_name};
+pub use stream::{
+    Change, FieldDef, FieldType, StreamDef, Streams, ValueFormat, validate_stream_name,
+};
 pub use value::{Record, Scalar, Str, Value, validate};
 
 /// A record that passed validation, with its content hash.

@@ -157,6 +157,48 @@ pub struct StreamDef {
     pub(crate) next_keys: Vec<[usize; 2]>,
     /// zstd dictionaries of the stream's batches (deployed next to the definition).
     pub dictionaries: Dictionaries,
+    /// The formats the stream's topic carries in its values (`value_formats`): JSON by default.
+    pub value_formats: Vec<ValueFormat>,
+}
+
+/// A format of a stream topic's values.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum ValueFormat {
+    /// A JSON object, as the gateway produces it (`json`).
+    Json,
+    /// Avro binary under a registry's schema id, in the registry wire format (`avro`).
+    Avro,
+    /// A JSON object under a registry's JSON Schema id, in the registry wire format
+    /// (`json-schema`).
+    JsonSchema,
+}
+
+impl ValueFormat {
+    /// Parses `json`, `avro` or `json-schema`.
+    pub fn parse(text: &str) -> Result<ValueFormat, String> {
+        match text {
+            "json" => Ok(ValueFormat::Json),
+            "avro" => Ok(ValueFormat::Avro),
+            "json-schema" => Ok(ValueFormat::JsonSchema),
+            "protobuf" => Err(
+                "value format 'protobuf' is not read yet (expected json, avro or json-schema)"
+                    .into(),
+            ),
+            other => Err(format!(
+                "unknown value format '{}' (expected json, avro or json-schema)",
+                printable(other)
+            )),
+        }
+    }
+
+    /// The name a definition gives it.
+    pub fn name(self) -> &'static str {
+        match self {
+            ValueFormat::Json => "json",
+            ValueFormat::Avro => "avro",
+            ValueFormat::JsonSchema => "json-schema",
+        }
+    }
 }
 
 impl StreamDef {
@@ -226,7 +268,10 @@ impl StreamDef {
                 .map(|f| (f.name.clone(), f.ty.clone(), f.required))
                 .collect::<Vec<_>>()
         };
-        if self.version == new.version && columns(self) == columns(new) {
+        if self.version == new.version
+            && columns(self) == columns(new)
+            && self.value_formats == new.value_formats
+        {
             Change::Same
         } else {
             Change::Compatible
@@ -306,6 +351,8 @@ struct RawStream {
     partition_key_field: String,
     #[serde(default)]
     hash_fields: Option<Vec<String>>,
+    #[serde(default)]
+    value_formats: Option<Vec<String>>,
     fields: Vec<RawField>,
 }
 
@@ -334,6 +381,17 @@ impl RawStream {
         if self.fields.is_empty() {
             return Err(invalid("a stream needs at least one field".into()));
         }
+        let value_formats = match &self.value_formats {
+            None => vec![ValueFormat::Json],
+            Some(names) if names.is_empty() => {
+                return Err(invalid("value_formats must not be empty".into()));
+            }
+            Some(names) => names
+                .iter()
+                .map(|n| ValueFormat::parse(n))
+                .collect::<Result<Vec<_>, _>>()
+                .map_err(invalid)?,
+        };
         let mut fields = Vec::with_capacity(self.fields.len());
         let mut index = HashMap::new();
         for raw in self.fields {
@@ -428,6 +486,7 @@ impl RawStream {
             key_heads,
             next_keys,
             dictionaries: Dictionaries::default(),
+            value_formats,
         })
     }
 }
