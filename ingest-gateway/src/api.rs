@@ -16,6 +16,7 @@ use schemas::budget::Charge;
 use schemas::columnar::parquet_to_ndjson_charged;
 use schemas::decode::{BodyFormat, split_body_charged};
 use schemas::hash::HashSetOfHashes;
+use schemas::registry::avro_file_to_ndjson;
 use schemas::{Forward, HashGroup, RecordError, StreamDef, Streams, validate_stream_name};
 use service_kit::http::body::DecompressError;
 use service_kit::kafka::Messages;
@@ -51,6 +52,8 @@ pub struct AppState {
     definitions: std::sync::Mutex<Option<DefinitionFiles>>,
     /// Held while a stream defined after the start is looked for and added.
     adding: tokio::sync::Mutex<()>,
+    /// The schema registry of the streams (`/registry`).
+    pub registry: crate::registry::Registry,
 }
 
 /// The definition files of the streams, by stream, as they were when last read.
@@ -81,7 +84,13 @@ impl AppState {
             idempotency: IdempotencyCache::new(idempotency),
             definitions: std::sync::Mutex::new(None),
             adding: tokio::sync::Mutex::new(()),
+            registry: crate::registry::Registry::default(),
         }
+    }
+
+    /// The state with `registry` as its schema registry.
+    pub fn with_registry(self, registry: crate::registry::Registry) -> AppState {
+        AppState { registry, ..self }
     }
 
     /// Takes compatible changes of the definitions in `dir` from now on, when a request needs
@@ -242,7 +251,7 @@ fn body_format(headers: &HeaderMap) -> Result<BodyFormat, ApiError> {
         .and_then(BodyFormat::from_content_type)
         .ok_or_else(|| {
             ApiError::unsupported(
-                "Content-Type must be application/x-ndjson, application/json or application/vnd.apache.parquet",
+                "Content-Type must be application/x-ndjson, application/json, application/vnd.apache.parquet or avro/binary",
             )
         })
 }
@@ -399,16 +408,20 @@ fn check_plain(
 ) -> Result<Checked, ApiError> {
     let converted;
     let (format, plain) = match format {
-        BodyFormat::Parquet => {
+        BodyFormat::Parquet | BodyFormat::Avro => {
             if !charge(plain.len()) {
                 return Err(overloaded("in-flight bytes"));
             }
-            converted = parquet_to_ndjson_charged(
-                def,
-                Bytes::copy_from_slice(plain),
-                limits.max_decompressed_bytes,
-                &mut *charge,
-            )
+            let max = limits.max_decompressed_bytes;
+            converted = if format == BodyFormat::Parquet {
+                parquet_to_ndjson_charged(def, Bytes::copy_from_slice(plain), max, &mut *charge)
+            } else {
+                avro_file_to_ndjson(def, plain, max).and_then(|ndjson| {
+                    charge(ndjson.len())
+                        .then_some(ndjson)
+                        .ok_or(DecodeError::OverBudget)
+                })
+            }
             .map_err(|e| match e {
                 DecodeError::TooLarge(limit) => decompressed_too_large(limit),
                 DecodeError::OverBudget => overloaded("in-flight bytes"),

@@ -34,6 +34,9 @@ pub struct GatewayConfig {
     pub auth: AuthConfig,
     #[serde(default)]
     pub idempotency: IdempotencyConfig,
+    /// The schema registry of the streams, served under `/registry`.
+    #[serde(default)]
+    pub registry: RegistryConfig,
     /// TLS for the API; plain HTTP when absent.
     #[serde(default)]
     pub tls: Option<TlsConfig>,
@@ -49,6 +52,18 @@ pub struct GatewayConfig {
 }
 
 pub use service_kit::http::server::TlsConfig;
+
+/// `[registry]`: the schema registry the gateway serves for its streams.
+#[derive(Debug, Clone, Default, PartialEq, Deserialize, serde::Serialize)]
+#[serde(deny_unknown_fields)]
+pub struct RegistryConfig {
+    /// Where schemas that producers register are kept, so that their ids outlive a restart
+    /// (a directory; shared by the gateways behind one address, or each gateway's own when
+    /// producers register through one). Absent: kept in memory; a definition's own schemas
+    /// need no keeping.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub dir: Option<PathBuf>,
+}
 
 #[derive(Debug, Clone, Deserialize)]
 #[serde(deny_unknown_fields)]
@@ -80,6 +95,7 @@ impl Default for GatewayConfig {
             limits: LimitsConfig::default(),
             auth: AuthConfig::default(),
             idempotency: IdempotencyConfig::default(),
+            registry: RegistryConfig::default(),
             tls: None,
             worker_nice: default_worker_nice(),
         }

@@ -10,6 +10,7 @@ pub mod idempotency;
 pub mod metrics;
 pub mod produce;
 pub mod redrive;
+pub mod registry;
 
 use std::net::SocketAddr;
 use std::sync::Arc;
@@ -178,6 +179,24 @@ pub fn router(state: Arc<AppState>, admin: Option<Health>) -> Router {
     };
     let api = Router::new()
         .route("/v1/streams/{stream}/records", post(api::ingest))
+        .route("/registry/subjects", get(registry::subjects))
+        .route("/registry/subjects/{subject}", post(registry::lookup))
+        .route(
+            "/registry/subjects/{subject}/versions",
+            get(registry::versions).post(registry::register),
+        )
+        .route(
+            "/registry/subjects/{subject}/versions/{version}",
+            get(registry::version),
+        )
+        .route("/registry/schemas/ids/{id}", get(registry::schema))
+        .route("/registry/schemas/types", get(registry::types))
+        .route("/registry/config", get(registry::config))
+        .route("/registry/config/{subject}", get(registry::config))
+        .route(
+            "/registry/compatibility/subjects/{subject}/versions/{version}",
+            post(registry::compatibility),
+        )
         .with_state(state)
         .route("/openapi.json", get(openapi));
     match admin {
@@ -292,13 +311,11 @@ pub async fn start(
         max_message_bytes: producer.max_message_bytes(),
         ..config.limits.clone()
     };
-    let state = Arc::new(AppState::new(
-        streams,
-        auth,
-        limits,
-        producer,
-        &config.idempotency,
-    ));
+    let state = Arc::new(
+        AppState::new(streams, auth, limits, producer, &config.idempotency).with_registry(
+            registry::Registry::new(&config.kafka.topic_prefix, config.registry.dir.clone())?,
+        ),
+    );
     state.follow_definitions(config.streams_dir.clone(), config.kafka.clone());
     let health = Health::default();
     let probed = state.clone();

@@ -21,7 +21,12 @@ pub enum BodyFormat {
     /// A Parquet file of the stream's fields (`application/vnd.apache.parquet`), see
     /// [`crate::columnar`].
     Parquet,
+    /// An Avro object container file of records (`avro/binary`), see `registry::file`.
+    Avro,
 }
+
+/// The media type of an Avro object container file body.
+pub const AVRO_CONTENT_TYPE: &str = "avro/binary";
 
 impl BodyFormat {
     /// Maps a `Content-Type` header value (parameters ignored) to a format.
@@ -38,6 +43,9 @@ impl BodyFormat {
             }
             "application/json" => Some(BodyFormat::JsonArray),
             PARQUET_CONTENT_TYPE => Some(BodyFormat::Parquet),
+            AVRO_CONTENT_TYPE | "application/avro" | "application/vnd.apache.avro.file" => {
+                Some(BodyFormat::Avro)
+            }
             _ => None,
         }
     }
@@ -47,6 +55,7 @@ impl BodyFormat {
             BodyFormat::Ndjson => "application/x-ndjson",
             BodyFormat::JsonArray => "application/json",
             BodyFormat::Parquet => PARQUET_CONTENT_TYPE,
+            BodyFormat::Avro => AVRO_CONTENT_TYPE,
         }
     }
 }
@@ -87,8 +96,8 @@ pub fn parse_line(line: &[u8]) -> Result<Json, RecordError> {
 pub fn split_body(format: BodyFormat, body: &[u8]) -> Result<Vec<&[u8]>, DecodeError> {
     match format {
         BodyFormat::Ndjson => Ok(ndjson_lines(body).collect()),
-        BodyFormat::Parquet => Err(DecodeError::Malformed(
-            "a Parquet body must be converted to NDJSON first".into(),
+        BodyFormat::Parquet | BodyFormat::Avro => Err(DecodeError::Malformed(
+            "a Parquet or Avro body must be converted to NDJSON first".into(),
         )),
         BodyFormat::JsonArray => {
             let body = body.strip_prefix(BOM).unwrap_or(body);

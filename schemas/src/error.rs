@@ -78,6 +78,9 @@ impl RecordError {
 pub enum DecodeError {
     #[error("malformed JSON body: {0}")]
     Malformed(String),
+    /// An Avro object container body that cannot be read.
+    #[error("malformed Avro body: {0}")]
+    Avro(String),
     #[error("a JSON body must be an array of records, got {0}")]
     NotAnArray(String),
     #[error("decoded body is larger than {0} bytes")]

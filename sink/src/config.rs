@@ -66,6 +66,10 @@ pub struct SinkConfig {
     /// Commit the landing files to an Iceberg table per stream (absent: plain files only).
     #[serde(default)]
     pub table: Option<crate::table::config::TableConfig>,
+    /// The schema registry of values in the registry wire format (absent: such values are dead
+    /// letters).
+    #[serde(default)]
+    pub registry: Option<crate::registry::RegistryConfig>,
 }
 
 /// What a partition does at an offset gap: the records from the offset it needs next up to the
@@ -145,6 +149,7 @@ impl Default for SinkConfig {
             upload: UploadConfig::default(),
             on_offset_gap: OffsetGapPolicy::default(),
             table: None,
+            registry: None,
         }
     }
 }

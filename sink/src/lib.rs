@@ -13,6 +13,7 @@ pub mod open_file;
 pub mod parquet_file;
 pub mod partition;
 pub mod redrive;
+pub mod registry;
 pub mod reload;
 pub mod staging;
 pub mod store;
@@ -448,7 +449,11 @@ pub async fn start(
     let (reload, reloads) = Reload::new(&config);
     let worker = Worker::new(
         consumer,
-        (store, tables),
+        (
+            store,
+            tables,
+            registry::Schemas::new(config.registry.as_ref())?,
+        ),
         streams,
         (config, reloads),
         stats.clone(),

@@ -2,6 +2,11 @@
 
 service_kit::metrics! {
     #[counter]
+    /// Schemas asked of the registry (`[registry]`), by `result`: `fetched`, `unknown` (the
+    /// registry does not know the id: its values are dead letters) or `error` (no answer; the
+    /// values wait and it is asked again).
+    pub const SCHEMA_FETCHES: &str = "sink_schema_fetches_total";
+    #[counter]
     /// Records read from Kafka, by `stream`.
     pub const RECORDS_RECEIVED: &str = "sink_records_received_total";
     #[counter]

@@ -12,6 +12,8 @@ use schemas::{AtOnce, ContentHash, Hashing, RecordError, Row, StreamDef};
 
 use crate::open_file::{FileTargets, OpenFile, SizeRatio};
 use crate::parquet_file::RowId;
+use crate::registry::Schemas;
+use schemas::registry::{frame, unframed_taken};
 
 const HOUR_MICROS: i64 = 3_600_000_000;
 
@@ -212,6 +214,9 @@ pub enum Appended {
     Duplicate,
     /// Undecodable or invalid: kept for the dead-letter object.
     DeadLetter(RecordError),
+    /// Not taken, and not consumed: framed with a schema id that is not loaded yet
+    /// ([`Schemas::load`]).
+    SchemaNotLoaded(u32),
     /// Not taken, and not consumed: the stream's definition lacks a field the record sets, or
     /// requires one it lacks, which a newer definition may not. The worker looks for one
     /// ([`PartitionState::newer`]) before it makes the record a dead letter.
@@ -228,9 +233,9 @@ impl PartitionState {
         offset: i64,
         ingest_ts: i64,
         staging: &Path,
-        targets: FileTargets,
+        (targets, registry): (FileTargets, &Schemas),
     ) -> anyhow::Result<Appended> {
-        let checked = self.check(payload, &mut AtOnce);
+        let checked = self.check(payload, &mut AtOnce, registry);
         let checked = checked.as_ref().map(|row| (row, row.hash));
         self.append_checked(checked, payload, offset, ingest_ts, staging, targets)
     }
@@ -244,13 +249,26 @@ impl PartitionState {
         &mut self,
         payload: &'a [u8],
         hashing: &mut H,
+        registry: &Schemas,
     ) -> Result<Row<'a, H::Hash>, RecordError> {
         if self.file.is_none()
             && let Some(newer) = self.newer.take()
         {
             self.def = newer;
         }
-        schemas::check_bytes_row_in(&self.def, payload, hashing)
+        match frame(payload) {
+            None => {
+                unframed_taken(&self.def, payload)?;
+                schemas::check_bytes_row_in(&self.def, payload, hashing)
+            }
+            Some(framed) => {
+                let (id, body) = framed?;
+                match registry.writer(id, &self.def) {
+                    Some(writer) => writer.check_row_in(&self.def, id, body, hashing),
+                    None => Err(RecordError::SchemaNotLoaded(id)),
+                }
+            }
+        }
     }
 
     /// Loads the dedupe window's buckets that appending a record of content hash `hash` will
@@ -276,6 +294,7 @@ impl PartitionState {
         let (row, hash) = match checked {
             Ok(checked) => checked,
             Err(e) if e.newer_definition_may_take() => return Ok(Appended::Unfit(e.clone())),
+            Err(RecordError::SchemaNotLoaded(id)) => return Ok(Appended::SchemaNotLoaded(*id)),
             Err(e) => {
                 self.dead_letter(offset, ingest_ts, &e.to_string(), payload);
                 return Ok(Appended::DeadLetter(e.clone()));

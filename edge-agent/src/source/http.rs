@@ -315,6 +315,11 @@ async fn ingest(
             BodyFormat::Ndjson => Ok(plain),
             BodyFormat::JsonArray => array_to_ndjson(&plain),
             BodyFormat::Parquet => parquet_to_ndjson(&reader, def, plain, limit),
+            BodyFormat::Avro => Err(error(
+                StatusCode::UNSUPPORTED_MEDIA_TYPE,
+                "unsupported_media_type",
+                "the agent's local port takes NDJSON, JSON or Parquet; the gateway takes Avro files",
+            )),
         }
     })
     .await

@@ -177,21 +177,7 @@ impl Reader {
     pub fn to_json(&self, body: &[u8]) -> Result<Vec<u8>, String> {
         let mut input = Input { bytes: body };
         let mut out = Vec::with_capacity(body.len() * 2 + 16);
-        out.push(b'{');
-        let mut first = true;
-        for (key, node) in &self.fields {
-            let mark = out.len();
-            if !first {
-                out.push(b',');
-            }
-            out.extend_from_slice(key);
-            if read(node, &mut input, &mut out)? {
-                first = false;
-            } else {
-                out.truncate(mark);
-            }
-        }
-        out.push(b'}');
+        self.read_record(&mut input, &mut out)?;
         if !input.bytes.is_empty() {
             return Err(format!(
                 "{} bytes are left after the record",
@@ -200,15 +186,39 @@ impl Reader {
         }
         Ok(out)
     }
+
+    /// Reads one record from `input` as a JSON object appended to `out`.
+    pub(super) fn read_record(
+        &self,
+        input: &mut Input<'_>,
+        out: &mut Vec<u8>,
+    ) -> Result<(), String> {
+        out.push(b'{');
+        let mut first = true;
+        for (key, node) in &self.fields {
+            let mark = out.len();
+            if !first {
+                out.push(b',');
+            }
+            out.extend_from_slice(key);
+            if read(node, input, out)? {
+                first = false;
+            } else {
+                out.truncate(mark);
+            }
+        }
+        out.push(b'}');
+        Ok(())
+    }
 }
 
 /// The bytes of a value not read yet.
-struct Input<'a> {
-    bytes: &'a [u8],
+pub(super) struct Input<'a> {
+    pub(super) bytes: &'a [u8],
 }
 
-impl Input<'_> {
-    fn take(&mut self, n: usize) -> Result<&[u8], String> {
+impl<'a> Input<'a> {
+    pub(super) fn take(&mut self, n: usize) -> Result<&'a [u8], String> {
         if n > self.bytes.len() {
             return Err(format!(
                 "it ends early: {n} bytes needed, {} left",
@@ -221,7 +231,7 @@ impl Input<'_> {
     }
 
     /// A zigzag varint (`int` and `long`).
-    fn long(&mut self) -> Result<i64, String> {
+    pub(super) fn long(&mut self) -> Result<i64, String> {
         let mut value: u64 = 0;
         for shift in (0..70).step_by(7) {
             let byte = self.take(1)?[0];
@@ -237,7 +247,7 @@ impl Input<'_> {
     }
 
     /// A length or count: a long that is not negative and not beyond what is left.
-    fn len(&mut self) -> Result<usize, String> {
+    pub(super) fn len(&mut self) -> Result<usize, String> {
         let n = self.long()?;
         usize::try_from(n)
             .ok()
@@ -245,7 +255,7 @@ impl Input<'_> {
             .ok_or_else(|| format!("a length of {n} with {} bytes left", self.bytes.len()))
     }
 
-    fn string(&mut self) -> Result<&str, String> {
+    pub(super) fn string(&mut self) -> Result<&'a str, String> {
         let n = self.len()?;
         std::str::from_utf8(self.take(n)?).map_err(|_| "a string is not UTF-8".into())
     }

@@ -14,6 +14,9 @@
 
 mod avro;
 pub mod export;
+mod file;
+
+pub use file::avro_file_to_ndjson;
 
 use crate::error::RecordError;
 use crate::hash::{Hashing, content_hash_in};

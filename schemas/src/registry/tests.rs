@@ -205,3 +205,45 @@ fn the_exported_avro_schema_parses_and_names_optional_fields_nullable() {
     assert!(matches!(record.fields[1].schema, Schema::TimestampMicros));
     assert!(matches!(record.fields[3].schema, Schema::Union(_)));
 }
+
+#[test]
+fn avro_container_files_of_every_codec_become_ndjson_records() {
+    use apache_avro::{Codec, DeflateSettings, Writer as FileWriter, ZstandardSettings};
+    let def = def();
+    let schema = Schema::parse_str(&avro_schema(&def)).unwrap();
+    let json = br#"{"device_id":"d-1","ts":"2023-11-14T22:13:20.123456Z","value":21.5,"quality":192,"tags":{"site":"north"}}"#;
+    let expected = check_bytes(&def, json).unwrap().hash;
+    for codec in [
+        Codec::Null,
+        Codec::Deflate(DeflateSettings::default()),
+        Codec::Snappy,
+        Codec::Zstandard(ZstandardSettings::default()),
+    ] {
+        let mut writer = FileWriter::with_codec(&schema, Vec::new(), codec);
+        for _ in 0..3 {
+            writer.append(Avro::Record(reading(Some(192)))).unwrap();
+        }
+        let file = writer.into_inner().unwrap();
+        let ndjson = avro_file_to_ndjson(&def, &file, 1 << 20).unwrap();
+        let lines: Vec<&[u8]> = ndjson
+            .split(|b| *b == b'\n')
+            .filter(|l| !l.is_empty())
+            .collect();
+        assert_eq!(lines.len(), 3, "{codec:?}");
+        for line in lines {
+            assert_eq!(check_bytes(&def, line).unwrap().hash, expected, "{codec:?}");
+        }
+        // The decoded size is bounded, and a cut file is malformed.
+        assert!(matches!(
+            avro_file_to_ndjson(&def, &file, 50),
+            Err(crate::DecodeError::TooLarge(50))
+        ));
+        let cut = avro_file_to_ndjson(&def, &file[..file.len() - 5], 1 << 20).unwrap_err();
+        assert!(cut.to_string().starts_with("malformed Avro body"), "{cut}");
+    }
+    let not_avro = avro_file_to_ndjson(&def, b"PAR1", 1 << 20).unwrap_err();
+    assert!(
+        not_avro.to_string().contains("no 'Obj' magic"),
+        "{not_avro}"
+    );
+}

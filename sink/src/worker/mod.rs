@@ -81,6 +81,8 @@ pub(crate) struct Worker {
     gap_stopped: HashMap<PartKey, Gap>,
     /// The streams' Iceberg tables (`[table]`): files landed and not yet committed to them.
     tables: Option<table::Tables>,
+    /// The registry's schemas of framed values (`[registry]`).
+    schemas: crate::registry::Schemas,
 }
 
 /// An offset gap: the partition of `stream` needed offset `next` and got `got`.
@@ -222,13 +224,15 @@ enum Handled {
     /// Not taken: its offset is past the one the partition needs next, which it carries
     /// ([`Worker::offset_gap`]).
     Gap(i64),
+    /// Not taken: framed with a schema id that is not loaded yet ([`Worker::load_schema`]).
+    Schema(u32),
 }
 
 impl Worker {
     /// The worker of a consumer that subscribed to its topics, nothing assigned yet.
     pub(crate) fn new(
         consumer: Arc<StreamConsumer<SinkContext>>,
-        (store, tables): (ObjectStore, Option<table::Tables>),
+        (store, tables, schemas): (ObjectStore, Option<table::Tables>, crate::registry::Schemas),
         streams: Streams,
         (config, reloads): (SinkConfig, tokio::sync::watch::Receiver<Arc<SinkConfig>>),
         stats: Arc<SinkStats>,
@@ -264,6 +268,7 @@ impl Worker {
             committed_read: None,
             gap_stopped: HashMap::new(),
             tables,
+            schemas,
         }
     }
 
@@ -359,6 +364,12 @@ impl Worker {
                 // Handled again with the definition there is now: a redefinition ends in a
                 // stamp that matches, so this ends.
                 Handled::Redefine => self.redefine(&(topic.to_owned(), partition)).await?,
+                // Handled again with the schema loaded (or known to be refused).
+                Handled::Schema(id) => {
+                    if !self.load_schema(&(topic.to_owned(), partition), id).await {
+                        return Ok(());
+                    }
+                }
                 // Handled again once the gap is skipped; not taken if the partition stopped.
                 Handled::Gap(next) => {
                     let key = (topic.to_owned(), partition);
@@ -372,6 +383,22 @@ impl Worker {
             self.flush(&key, reason).await?;
         }
         Ok(())
+    }
+
+    /// Loads schema `id` for partition `key`'s definition ([`crate::registry::Schemas::load`]).
+    /// A stop while the registry does not answer stops the partition, so that nothing past the
+    /// record waiting for it is taken or committed; `false` then.
+    async fn load_schema(&mut self, key: &PartKey, id: u32) -> bool {
+        let Some(def) = self.parts.get(key).map(|p| p.def.clone()) else {
+            return false;
+        };
+        if self.schemas.load(id, &def, &self.shutdown).await {
+            return true;
+        }
+        if let Some(part) = self.parts.get_mut(key) {
+            part.stopped = true;
+        }
+        false
     }
 
     /// Counts a message; every [`BUDGET_CHECK_EVERY`] the memory budget is checked, which may

@@ -305,7 +305,13 @@ impl Worker {
                 Some(checked) => {
                     part.append_checked(checked, payload, offset, ingest_ts, staging, targets)
                 }
-                None => part.append(payload, offset, ingest_ts, staging, targets),
+                None => part.append(
+                    payload,
+                    offset,
+                    ingest_ts,
+                    staging,
+                    (targets, &self.schemas),
+                ),
             }
             .map_err(|e| StagingFailed::of(part, Some(offset), e))?;
             Some(match appended {
@@ -321,6 +327,7 @@ impl Worker {
                     part.dead_letter(offset, ingest_ts, &e.to_string(), payload);
                     Appended::Unfit(e)
                 }
+                Appended::SchemaNotLoaded(id) => return Ok(Handled::Schema(id)),
                 appended => appended,
             })
         };
@@ -342,6 +349,7 @@ impl Worker {
                     .fetch_add(1, Ordering::Relaxed);
                 return Ok(Handled::Taken(None));
             }
+            Appended::SchemaNotLoaded(_) => unreachable!("handled above, before it is counted"),
             Appended::DeadLetter(e) | Appended::Unfit(e) => {
                 let PartRef(topic, partition) = msg.part;
                 tracing::warn!(topic, partition, offset, reason = %e, "dead letter: undecodable or invalid record");

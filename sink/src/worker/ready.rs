@@ -102,7 +102,7 @@ impl Worker {
             // A record the partition will not append (it stopped, or an adopted object holds
             // it) is not checked.
             let appends = !part.stopped && part.next_offset.is_none_or(|next| f.offset >= next);
-            checked.push(appends.then(|| part.check(f.payload, &mut self.hashes)));
+            checked.push(appends.then(|| part.check(f.payload, &mut self.hashes, &self.schemas)));
         }
         self.hashes.finish();
         // The dedupe windows' buckets of the checked records, loaded together: with many
@@ -129,7 +129,7 @@ impl Worker {
                 .as_ref()
                 .map(|c| c.as_ref().map(|row| (row, self.hashes.get(row.hash))));
             let taken = match self.handle(f, checked) {
-                Ok(Handled::Redefine | Handled::Gap(_)) => break,
+                Ok(Handled::Redefine | Handled::Gap(_) | Handled::Schema(_)) => break,
                 Ok(Handled::Taken(flush)) => self.count_received().map(|budget| flush.or(budget)),
                 Err(e) => Err(e),
             };
