@@ -11,9 +11,9 @@ use crate::auth::Auth;
 use crate::config::{AuthConfig, KafkaConfig, LimitsConfig, TokenConfig};
 use crate::produce::Producer;
 
-const TOKEN: &str = "sensor-token";
+pub(crate) const TOKEN: &str = "sensor-token";
 
-fn app(limits: LimitsConfig) -> axum::Router {
+pub(crate) fn app(limits: LimitsConfig) -> axum::Router {
     let auth = AuthConfig {
         allow_anonymous: false,
         tokens: vec![TokenConfig {
@@ -60,7 +60,7 @@ fn post(
     r.body(Body::from(body)).unwrap()
 }
 
-async fn call(app: axum::Router, req: Request<Body>) -> (StatusCode, serde_json::Value) {
+pub(crate) async fn call(app: axum::Router, req: Request<Body>) -> (StatusCode, serde_json::Value) {
     let res = app.oneshot(req).await.unwrap();
     let status = res.status();
     let bytes = axum::body::to_bytes(res.into_body(), 1 << 20)

@@ -515,3 +515,6 @@ pub async fn compatibility(
         Err(e) => Err(e),
     }
 }
+
+#[cfg(test)]
+mod tests;
