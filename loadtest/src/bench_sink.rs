@@ -749,10 +749,11 @@ pub fn sink_path(work: &Workload, rounds: usize, partitions: usize) -> anyhow::R
         // As the sink's worker takes ready messages: a group checked, its content hashes made
         // together, then appended in order.
         let mut hashes = schemas::HashGroup::new();
+        let registry = sink::registry::Schemas::default();
         for (g, group) in lines.chunks(sink::READY_GROUP).enumerate() {
             let checked: Vec<_> = group
                 .iter()
-                .map(|&(line, p)| parts[p].0.check(line, &mut hashes))
+                .map(|&(line, p)| parts[p].0.check(line, &mut hashes, &registry))
                 .collect();
             hashes.finish();
             for (&(_, p), checked) in group.iter().zip(&checked) {

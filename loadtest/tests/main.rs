@@ -11,6 +11,7 @@ mod exactly_once;
 mod kafka_cluster;
 mod kafka_security;
 mod monitoring;
+mod registry;
 mod repository;
 mod send_tls;
 mod services;
