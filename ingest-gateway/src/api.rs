@@ -53,7 +53,7 @@ pub struct AppState {
     /// Held while a stream defined after the start is looked for and added.
     adding: tokio::sync::Mutex<()>,
     /// The schema registry of the streams (`/registry`).
-    pub registry: crate::registry::Registry,
+    pub registry: crate::registry::store::Registry,
 }
 
 /// The definition files of the streams, by stream, as they were when last read.
@@ -84,12 +84,12 @@ impl AppState {
             idempotency: IdempotencyCache::new(idempotency),
             definitions: std::sync::Mutex::new(None),
             adding: tokio::sync::Mutex::new(()),
-            registry: crate::registry::Registry::default(),
+            registry: crate::registry::store::Registry::default(),
         }
     }
 
     /// The state with `registry` as its schema registry.
-    pub fn with_registry(self, registry: crate::registry::Registry) -> AppState {
+    pub fn with_registry(self, registry: crate::registry::store::Registry) -> AppState {
         AppState { registry, ..self }
     }
 

@@ -239,6 +239,7 @@ async fn track_requests(request: Request, next: Next) -> Response {
             "/healthz" => "healthz",
             "/readyz" => "readyz",
             "/openapi.json" => "openapi",
+            p if p.starts_with("/registry/") => "registry",
             _ => "other",
         });
     // Cheap copies (reference-counted): the id and the path are rendered only for a failure.

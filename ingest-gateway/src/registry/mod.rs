@@ -9,263 +9,21 @@
 //! its text, so every gateway gives the same schema the same id; refused with the registry
 //! API's error shape otherwise. Registered schemas are kept in `registry.dir` when set.
 
-use std::collections::{BTreeMap, HashMap};
-use std::path::PathBuf;
-use std::sync::{Arc, RwLock};
+pub mod store;
 
-use anyhow::Context as _;
+use std::sync::Arc;
+
 use axum::Json;
 use axum::extract::{Path, State};
 use axum::http::{HeaderMap, StatusCode, header};
-use axum::response::{IntoResponse, Response};
-use schemas::registry::export::{avro_schema, json_schema};
+use schemas::StreamDef;
 use schemas::registry::{SchemaKind, Writer};
-use schemas::{StreamDef, ValueFormat};
-use serde::{Deserialize, Serialize};
+use serde::Deserialize;
 use serde_json::json;
 
 use crate::api::AppState;
-
-/// The media type of the registry API's answers.
-const MEDIA_TYPE: &str = "application/vnd.schemaregistry.v1+json";
-
-/// A schema the registry holds.
-#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
-struct Entry {
-    subject: String,
-    #[serde(rename = "schemaType")]
-    kind: String,
-    schema: String,
-}
-
-/// The subjects' schemas, by id, and each subject's versions (ids in order).
-#[derive(Default)]
-struct Held {
-    by_id: HashMap<u32, Entry>,
-    subjects: BTreeMap<String, Vec<u32>>,
-}
-
-/// The registry of a gateway's streams.
-pub struct Registry {
-    topic_prefix: String,
-    dir: Option<PathBuf>,
-    held: RwLock<Held>,
-}
-
-impl Default for Registry {
-    /// A registry of the default topic names, kept in memory.
-    fn default() -> Registry {
-        Registry {
-            topic_prefix: schemas::wire::DEFAULT_TOPIC_PREFIX.to_owned(),
-            dir: None,
-            held: RwLock::default(),
-        }
-    }
-}
-
-/// An answer of the registry API that is not a success: its status, error code and message.
-pub struct RegistryError(StatusCode, u32, String);
-
-impl IntoResponse for RegistryError {
-    fn into_response(self) -> Response {
-        let RegistryError(status, code, message) = self;
-        let mut answer = (
-            status,
-            Json(json!({"error_code": code, "message": message})),
-        )
-            .into_response();
-        answer.headers_mut().insert(
-            header::CONTENT_TYPE,
-            MEDIA_TYPE.parse().expect("a media type"),
-        );
-        answer
-    }
-}
-
-type Answer = Result<Response, RegistryError>;
-
-fn ok(body: serde_json::Value) -> Answer {
-    let mut answer = Json(body).into_response();
-    answer.headers_mut().insert(
-        header::CONTENT_TYPE,
-        MEDIA_TYPE.parse().expect("a media type"),
-    );
-    Ok(answer)
-}
-
-fn subject_not_found(subject: &str) -> RegistryError {
-    RegistryError(
-        StatusCode::NOT_FOUND,
-        40401,
-        format!("Subject '{subject}' not found."),
-    )
-}
-
-/// The id of a schema: 31 bits of the BLAKE3 hash of its kind and its text as compact JSON (so
-/// spacing does not matter), never 0.
-fn id_of(kind: &str, text: &str) -> u32 {
-    let compact = serde_json::from_str::<serde_json::Value>(text)
-        .map(|v| v.to_string())
-        .unwrap_or_else(|_| text.to_owned());
-    let hash = blake3::hash(format!("{kind}\0{compact}").as_bytes());
-    let id = u32::from_be_bytes(hash.as_bytes()[..4].try_into().expect("4 bytes")) & 0x7fff_ffff;
-    id.max(1)
-}
-
-/// The schema a stream's definition is served as: its kind and text.
-fn definition_schema(def: &StreamDef) -> (SchemaKind, String) {
-    let json_schema_first = def
-        .value_formats
-        .iter()
-        .find(|f| **f != ValueFormat::Json)
-        .is_some_and(|f| *f == ValueFormat::JsonSchema);
-    if json_schema_first {
-        (SchemaKind::Json, json_schema(def))
-    } else {
-        (SchemaKind::Avro, avro_schema(def))
-    }
-}
-
-impl Registry {
-    /// A registry of the topics named with `topic_prefix`, its registered schemas kept in `dir`
-    /// (read back here).
-    pub fn new(topic_prefix: &str, dir: Option<PathBuf>) -> anyhow::Result<Registry> {
-        let mut held = Held::default();
-        if let Some(dir) = &dir {
-            std::fs::create_dir_all(dir)
-                .with_context(|| format!("registry.dir: cannot create {}", dir.display()))?;
-            let mut files: Vec<_> = std::fs::read_dir(dir)
-                .with_context(|| format!("registry.dir: cannot read {}", dir.display()))?
-                .filter_map(Result::ok)
-                .map(|e| e.path())
-                .filter(|p| p.extension().is_some_and(|e| e == "json"))
-                .collect();
-            // Registration order: the files are named by a sequence number.
-            files.sort();
-            for path in files {
-                let text = std::fs::read_to_string(&path)
-                    .with_context(|| format!("registry.dir: cannot read {}", path.display()))?;
-                let entry: Entry = serde_json::from_str(&text)
-                    .with_context(|| format!("registry.dir: {} is not a schema", path.display()))?;
-                held.add(entry);
-            }
-        }
-        Ok(Registry {
-            topic_prefix: topic_prefix.to_owned(),
-            dir,
-            held: RwLock::new(held),
-        })
-    }
-
-    /// The stream of subject `<topic>-value`.
-    fn stream_of<'a>(&self, subject: &'a str) -> Option<&'a str> {
-        subject
-            .strip_suffix("-value")?
-            .strip_prefix(self.topic_prefix.as_str())
-    }
-
-    fn subject(&self, stream: &str) -> String {
-        format!("{}{stream}-value", self.topic_prefix)
-    }
-
-    /// Adds the schemas of the definitions in force that the registry does not hold yet (a
-    /// stream's first, or one changed since).
-    fn sync(&self, state: &AppState) {
-        let streams = state.streams();
-        let missing: Vec<Entry> = {
-            let held = self.read();
-            streams
-                .iter()
-                .filter_map(|def| {
-                    let (kind, text) = definition_schema(def);
-                    let id = id_of(kind.name(), &text);
-                    (!held.by_id.contains_key(&id)).then(|| Entry {
-                        subject: self.subject(&def.name),
-                        kind: kind.name().to_owned(),
-                        schema: text,
-                    })
-                })
-                .collect()
-        };
-        if !missing.is_empty() {
-            let mut held = self.write();
-            for entry in missing {
-                held.add(entry);
-            }
-        }
-    }
-
-    fn read(&self) -> std::sync::RwLockReadGuard<'_, Held> {
-        self.held
-            .read()
-            .unwrap_or_else(std::sync::PoisonError::into_inner)
-    }
-
-    fn write(&self) -> std::sync::RwLockWriteGuard<'_, Held> {
-        self.held
-            .write()
-            .unwrap_or_else(std::sync::PoisonError::into_inner)
-    }
-
-    /// Keeps a registered schema in `dir` (write to a temporary file, then rename).
-    fn keep(&self, entry: &Entry, sequence: usize) -> anyhow::Result<()> {
-        let Some(dir) = &self.dir else {
-            return Ok(());
-        };
-        let path = dir.join(format!("{sequence:010}.json"));
-        let tmp = dir.join(format!(".{sequence:010}.json.tmp"));
-        std::fs::write(&tmp, serde_json::to_vec(entry)?)
-            .with_context(|| format!("cannot write {}", tmp.display()))?;
-        std::fs::rename(&tmp, &path).with_context(|| format!("cannot rename {}", tmp.display()))?;
-        Ok(())
-    }
-}
-
-impl Held {
-    /// Adds `entry` under its id (the next free one when another text has it) and its subject;
-    /// the id and whether it was new.
-    fn add(&mut self, entry: Entry) -> (u32, bool) {
-        let mut id = id_of(&entry.kind, &entry.schema);
-        loop {
-            match self.by_id.get(&id) {
-                Some(e) if e.kind == entry.kind && e.schema == entry.schema => break,
-                Some(_) => id = (id % 0x7fff_ffff) + 1,
-                None => break,
-            }
-        }
-        let versions = self.subjects.entry(entry.subject.clone()).or_default();
-        let new = !versions.contains(&id);
-        if new {
-            versions.push(id);
-        }
-        self.by_id.entry(id).or_insert(entry);
-        (id, new)
-    }
-
-    fn version(&self, subject: &str, version: &str) -> Result<(u32, usize), RegistryError> {
-        let versions = self
-            .subjects
-            .get(subject)
-            .ok_or_else(|| subject_not_found(subject))?;
-        let index = match version {
-            "latest" | "-1" => versions.len().checked_sub(1),
-            v => v
-                .parse::<usize>()
-                .ok()
-                .filter(|v| *v >= 1)
-                .map(|v| v - 1)
-                .filter(|i| *i < versions.len()),
-        }
-        .ok_or_else(|| {
-            RegistryError(
-                StatusCode::NOT_FOUND,
-                40402,
-                format!("Version {version} not found."),
-            )
-        })?;
-        Ok((versions[index], index + 1))
-    }
-}
+use store::{Answer, Entry, id_of, ok, subject_not_found};
+pub use store::{Registry, RegistryError};
 
 /// A registration's body.
 #[derive(Deserialize)]
@@ -334,7 +92,7 @@ fn admit(state: &AppState, headers: &HeaderMap, stream: Option<&str>) -> Result<
 pub async fn subjects(State(state): State<Arc<AppState>>, headers: HeaderMap) -> Answer {
     admit(&state, &headers, None)?;
     let registry = &state.registry;
-    registry.sync(&state);
+    registry.sync(&state.streams());
     let subjects: Vec<String> = registry.read().subjects.keys().cloned().collect();
     ok(json!(subjects))
 }
@@ -346,7 +104,7 @@ pub async fn versions(
     headers: HeaderMap,
 ) -> Answer {
     admit(&state, &headers, None)?;
-    state.registry.sync(&state);
+    state.registry.sync(&state.streams());
     let held = state.registry.read();
     let versions = held
         .subjects
@@ -362,7 +120,7 @@ pub async fn version(
     headers: HeaderMap,
 ) -> Answer {
     admit(&state, &headers, None)?;
-    state.registry.sync(&state);
+    state.registry.sync(&state.streams());
     let held = state.registry.read();
     let (id, number) = held.version(&subject, &version)?;
     ok(version_body(&subject, id, number, &held.by_id[&id]))
@@ -375,7 +133,7 @@ pub async fn schema(
     headers: HeaderMap,
 ) -> Answer {
     admit(&state, &headers, None)?;
-    state.registry.sync(&state);
+    state.registry.sync(&state.streams());
     let held = state.registry.read();
     let entry = held.by_id.get(&id).ok_or_else(|| {
         RegistryError(
@@ -451,7 +209,7 @@ pub async fn register(
         &headers,
         Some(stream.as_deref().unwrap_or(&subject)),
     )?;
-    state.registry.sync(&state);
+    state.registry.sync(&state.streams());
     let (_, kind) = check(&state, &subject, &body)?;
     let entry = Entry {
         subject: subject.clone(),
@@ -482,7 +240,7 @@ pub async fn lookup(
     Json(body): Json<Registration>,
 ) -> Answer {
     admit(&state, &headers, None)?;
-    state.registry.sync(&state);
+    state.registry.sync(&state.streams());
     let kind = SchemaKind::parse(body.schema_type.as_deref())
         .map_err(|e| RegistryError(StatusCode::UNPROCESSABLE_ENTITY, 42201, e))?;
     let id = id_of(kind.name(), &body.schema);
