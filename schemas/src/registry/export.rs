@@ -104,13 +104,17 @@ fn json_type(ty: &FieldType) -> Json {
 /// Whether a JSON Schema property's `type` may describe values of a field type (a timestamp
 /// is RFC 3339 text or epoch milli- or microseconds).
 pub(crate) fn json_type_fits(declared: &str, ty: &FieldType) -> bool {
-    match (declared, ty) {
-        ("null", _) => true,
-        ("string", FieldType::String | FieldType::Timestamp) => true,
-        ("boolean", FieldType::Bool) => true,
-        ("integer", FieldType::Int64 | FieldType::Float64 | FieldType::Timestamp) => true,
-        ("number", FieldType::Float64) => true,
-        ("array", FieldType::List(_)) | ("object", FieldType::Map(_)) => true,
-        _ => false,
-    }
+    matches!(
+        (declared, ty),
+        ("null", _)
+            | ("string", FieldType::String | FieldType::Timestamp)
+            | ("boolean", FieldType::Bool)
+            | (
+                "integer",
+                FieldType::Int64 | FieldType::Float64 | FieldType::Timestamp
+            )
+            | ("number", FieldType::Float64)
+            | ("array", FieldType::List(_))
+            | ("object", FieldType::Map(_))
+    )
 }
