@@ -10,11 +10,13 @@
 use crate::common;
 
 use std::process::Command;
+use std::sync::atomic::Ordering;
 use std::time::{Duration, Instant};
 
 use ingest_gateway::GatewayConfig;
 use ingest_gateway::config::{AuthConfig, TokenConfig};
 use loadtest::fleet::{FleetSpec, sensor_readings, to_ndjson};
+use serde_json::Value;
 use sink::SinkConfig;
 use sink::config::{RotationConfig, StoreConfig};
 use sink::registry::RegistryConfig;
@@ -26,7 +28,8 @@ const TOKEN: &str = "registry-test-token";
 /// subject's latest schema (the definition's, not registered again); Avro with a schema of its
 /// own (millisecond timestamps, another name and field order) that the serializer registers;
 /// JSON with a JSON Schema it registers. Every seventh reading is sent again in the next way.
-/// Then the bad values. Prints the ids it used.
+/// Then the bad values. Writes the readings of a second file as an Avro container file. Prints
+/// the id of its own schema and the number of bad values.
 const PRODUCE: &str = r#"
 import json, sys, struct
 from confluent_kafka import Producer
@@ -35,7 +38,7 @@ from confluent_kafka.schema_registry import SchemaRegistryClient
 from confluent_kafka.schema_registry.avro import AvroSerializer
 from confluent_kafka.schema_registry.json_schema import JSONSerializer
 
-brokers, topic, registry, credentials, path = sys.argv[1:6]
+brokers, topic, registry, credentials, path, file_readings, file_out = sys.argv[1:8]
 client = SchemaRegistryClient({"url": registry, "basic.auth.user.info": credentials})
 latest = AvroSerializer(client, None, conf={"auto.register.schemas": False, "use.latest.version": True})
 own_schema = json.dumps({"type": "record", "name": "Reading", "namespace": "plant", "fields": [
@@ -82,135 +85,210 @@ bad = [
 for value in bad:
     p.produce(topic, key="dev-bad", value=value)
 left = p.flush(30)
+# An Avro object container file of other readings, for the gateway's HTTP API.
+import fastavro
+schema = fastavro.parse_schema(json.loads(client.get_latest_version(ctx.topic + "-value").schema.schema_str))
+with open(file_readings) as f, open(file_out, "wb") as out:
+    fastavro.writer(out, schema, [dict(json.loads(line), ts=json.loads(line)["ts"] * 1000) for line in f], codec="deflate")
 print(json.dumps({"own_id": own_id, "bad": len(bad)}))
 sys.exit(1 if left else 0)
 "#;
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn confluent_serializers_avro_and_json_schema_land_once_through_the_gateways_registry() {
-    let kafka = common::service_env("EDGE_INGEST_KAFKA");
-    let python = common::service_env("EDGE_INGEST_PYTHON");
-    let id = common::unique_id();
-    let prefix = format!("registry{id}.");
-    let shutdown = CancellationToken::new();
-    let mut gateway = GatewayConfig {
-        listen: ([127, 0, 0, 1], 0).into(),
-        admin_listen: None,
-        auth: AuthConfig {
-            allow_anonymous: false,
-            tokens: vec![TokenConfig {
-                name: "producers".into(),
-                blake3: blake3::hash(TOKEN.as_bytes()).to_hex().to_string(),
-                streams: vec!["*".into()],
-                max_bytes_per_sec: None,
-            }],
-        },
-        ..GatewayConfig::default()
-    };
-    gateway.kafka.brokers = kafka.clone();
-    gateway.kafka.topic_prefix = prefix.clone();
-    gateway.kafka.create_topics = true;
-    let dir = tempfile::tempdir().unwrap();
-    gateway.registry.dir = Some(dir.path().join("registry"));
-    let gateway = ingest_gateway::start(gateway, schemas::example_streams(), shutdown.clone())
+/// A gateway with its registry (a token for every stream, registered schemas kept in a
+/// directory) on Apache Kafka, and the topics of a test of its own.
+struct Rig {
+    kafka: String,
+    python: String,
+    prefix: String,
+    dir: tempfile::TempDir,
+    shutdown: CancellationToken,
+    gateway: ingest_gateway::Gateway,
+}
+
+impl Rig {
+    async fn start() -> Rig {
+        let kafka = common::service_env("EDGE_INGEST_KAFKA");
+        let prefix = format!("registry{}.", common::unique_id());
+        let dir = tempfile::tempdir().unwrap();
+        let shutdown = CancellationToken::new();
+        let mut config = GatewayConfig {
+            listen: ([127, 0, 0, 1], 0).into(),
+            admin_listen: None,
+            auth: AuthConfig {
+                allow_anonymous: false,
+                tokens: vec![TokenConfig {
+                    name: "producers".into(),
+                    blake3: blake3::hash(TOKEN.as_bytes()).to_hex().to_string(),
+                    streams: vec!["*".into()],
+                    max_bytes_per_sec: None,
+                }],
+            },
+            ..GatewayConfig::default()
+        };
+        config.kafka.brokers = kafka.clone();
+        config.kafka.topic_prefix = prefix.clone();
+        config.kafka.create_topics = true;
+        config.registry.dir = Some(dir.path().join("registry"));
+        let gateway = ingest_gateway::start(config, schemas::example_streams(), shutdown.clone())
+            .await
+            .unwrap();
+        Rig {
+            kafka,
+            python: common::service_env("EDGE_INGEST_PYTHON"),
+            prefix,
+            dir,
+            shutdown,
+            gateway,
+        }
+    }
+
+    fn registry(&self) -> String {
+        format!("http://{}/registry", self.gateway.addr)
+    }
+
+    /// Produces `readings` with [`PRODUCE`] and writes `in_file` as an Avro file; what it printed.
+    fn produce(&self, readings: &[Value], in_file: &[Value]) -> (Value, Vec<u8>) {
+        let path = |name: &str| self.dir.path().join(name);
+        std::fs::write(path("readings.ndjson"), to_ndjson(readings)).unwrap();
+        std::fs::write(path("file.ndjson"), to_ndjson(in_file)).unwrap();
+        let out = Command::new(&self.python)
+            .args(["-c", PRODUCE, &self.kafka])
+            .arg(format!("{}sensor_readings", self.prefix))
+            .arg(self.registry())
+            .arg(format!("producers:{TOKEN}"))
+            .args([
+                path("readings.ndjson"),
+                path("file.ndjson"),
+                path("file.avro"),
+            ])
+            .output()
+            .unwrap();
+        assert!(
+            out.status.success(),
+            "the confluent-kafka producer failed: {}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+        let file = std::fs::read(path("file.avro")).unwrap();
+        (serde_json::from_slice(&out.stdout).unwrap(), file)
+    }
+
+    /// A sink of the rig's topics reading schemas from `registry` with the token as basic
+    /// credentials, landing under the rig's `store`.
+    async fn sink(&self, registry: String) -> sink::Sink {
+        let mut config = SinkConfig {
+            store: StoreConfig::Local {
+                path: self.dir.path().join("store"),
+            },
+            rotation: RotationConfig {
+                idle_ms: 500,
+                ..RotationConfig::default()
+            },
+            registry: Some(RegistryConfig {
+                url: registry,
+                username: Some("producers".into()),
+                password: Some(TOKEN.to_owned().into()),
+                password_file: None,
+                token: None,
+                token_file: None,
+                ca_file: None,
+                timeout_ms: 10_000,
+            }),
+            ..SinkConfig::default()
+        };
+        config.kafka.brokers = self.kafka.clone();
+        config.kafka.topic_prefix = self.prefix.clone();
+        config.kafka.group_id = format!("{}sinks", self.prefix);
+        config.upload.staging_dir = self.dir.path().join("staging");
+        sink::start(config, schemas::example_streams(), self.shutdown.clone())
+            .await
+            .unwrap()
+    }
+
+    /// Stops `sink` once it read `total` records, then the gateway; the sink (its task ended)
+    /// and the rig's directory.
+    async fn finish(self, mut sink: sink::Sink, total: u64) -> (sink::Sink, tempfile::TempDir) {
+        let deadline = Instant::now() + Duration::from_secs(120);
+        while received(&sink) < total {
+            assert!(
+                Instant::now() < deadline,
+                "the sink read {} of {total} records",
+                received(&sink)
+            );
+            tokio::time::sleep(Duration::from_millis(200)).await;
+        }
+        tokio::time::sleep(Duration::from_secs(2)).await;
+        self.shutdown.cancel();
+        (&mut sink.task).await.unwrap().unwrap();
+        self.gateway.task.await.unwrap().unwrap();
+        (sink, self.dir)
+    }
+}
+
+fn received(sink: &sink::Sink) -> u64 {
+    sink.stats.records_received.load(Ordering::Relaxed)
+}
+
+/// `records` readings of seed `seed`, none repeated, the seed's own hour of times.
+fn readings(records: usize, seed: u64) -> Vec<Value> {
+    let spec = FleetSpec::default();
+    sensor_readings(&FleetSpec {
+        records,
+        seed,
+        duplicate_ratio: 0.0,
+        start_ms: spec.start_ms + seed as i64 * 3_600_000,
+        ..spec
+    })
+}
+
+/// Posts an Avro container file of readings to the rig's gateway; how many it accepted.
+async fn post_avro(rig: &Rig, file: Vec<u8>) -> u64 {
+    let answer = reqwest::Client::new()
+        .post(format!(
+            "http://{}/v1/streams/sensor_readings/records",
+            rig.gateway.addr
+        ))
+        .bearer_auth(TOKEN)
+        .header("content-type", "avro/binary")
+        .body(file)
+        .send()
         .await
         .unwrap();
-    let registry = format!("http://{}/registry", gateway.addr);
+    assert_eq!(answer.status(), 200);
+    let body: Value = serde_json::from_slice(&answer.bytes().await.unwrap()).unwrap();
+    assert_eq!(body["rejected"], serde_json::json!([]), "{body}");
+    body["accepted"].as_u64().unwrap()
+}
 
-    let sent = sensor_readings(&FleetSpec {
-        records: 800,
-        seed: 72,
-        duplicate_ratio: 0.0,
-        ..FleetSpec::default()
-    });
-    let file = dir.path().join("readings.ndjson");
-    std::fs::write(&file, to_ndjson(&sent)).unwrap();
-    let topic = format!("{prefix}sensor_readings");
-    let out = Command::new(&python)
-        .args(["-c", PRODUCE, &kafka, &topic, &registry])
-        .arg(format!("producers:{TOKEN}"))
-        .arg(&file)
-        .output()
-        .unwrap();
-    assert!(
-        out.status.success(),
-        "the confluent-kafka producer failed: {}",
-        String::from_utf8_lossy(&out.stderr)
-    );
-    let produced: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
-    // The producer's own schema was registered (kept in registry.dir) as the subject's second
-    // version; the JSON Schema as its third.
-    let kept = std::fs::read_dir(dir.path().join("registry"))
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn confluent_serializers_avro_and_json_schema_land_once_through_the_gateways_registry() {
+    let rig = Rig::start().await;
+    let sent = readings(800, 72);
+    let in_file = readings(200, 73);
+    let (produced, file) = rig.produce(&sent, &in_file);
+    // The producer's own schema and its JSON Schema were registered, and kept in registry.dir.
+    let kept = std::fs::read_dir(rig.dir.path().join("registry"))
         .unwrap()
         .count();
     assert_eq!(kept, 2, "registered schemas kept");
+    assert_eq!(post_avro(&rig, file).await, in_file.len() as u64);
 
-    let landing = dir.path().join("store");
-    let mut config = SinkConfig {
-        store: StoreConfig::Local {
-            path: landing.clone(),
-        },
-        rotation: RotationConfig {
-            idle_ms: 500,
-            ..RotationConfig::default()
-        },
-        registry: Some(RegistryConfig {
-            url: registry.clone(),
-            username: Some("producers".into()),
-            password: Some(TOKEN.to_owned().into()),
-            password_file: None,
-            token: None,
-            token_file: None,
-            ca_file: None,
-            timeout_ms: 10_000,
-        }),
-        ..SinkConfig::default()
-    };
-    config.kafka.brokers = kafka;
-    config.kafka.topic_prefix = prefix;
-    config.kafka.group_id = format!("registry-{id}");
-    config.upload.staging_dir = dir.path().join("staging");
-    let sink = sink::start(config, schemas::example_streams(), shutdown.clone())
-        .await
-        .unwrap();
-    let resent = sent.len().div_ceil(7);
+    let sink = rig.sink(rig.registry()).await;
+    let resent = sent.len().div_ceil(7) as u64;
     let bad = produced["bad"].as_u64().unwrap();
-    let total = (sent.len() + resent) as u64 + bad;
-    let deadline = Instant::now() + Duration::from_secs(120);
-    let stats = sink.stats.clone();
-    let received = || {
-        stats
-            .records_received
-            .load(std::sync::atomic::Ordering::Relaxed)
-    };
-    while received() < total {
-        assert!(
-            Instant::now() < deadline,
-            "the sink read {} of {total} records",
-            received()
-        );
-        tokio::time::sleep(Duration::from_millis(200)).await;
-    }
-    tokio::time::sleep(Duration::from_secs(2)).await;
-    shutdown.cancel();
-    sink.task.await.unwrap().unwrap();
-    gateway.task.await.unwrap().unwrap();
-    let duplicates = sink
-        .stats
-        .duplicates_dropped
-        .load(std::sync::atomic::Ordering::Relaxed);
-    assert_eq!(
-        duplicates, resent as u64,
-        "each re-sent reading dropped once"
-    );
+    let total = (sent.len() + in_file.len()) as u64 + resent + bad;
+    let (sink, dir) = rig.finish(sink, total).await;
+    let duplicates = sink.stats.duplicates_dropped.load(Ordering::Relaxed);
+    assert_eq!(duplicates, resent, "each re-sent reading dropped once");
 
-    let landed = common::pyarrow(&["--dir", landing.to_str().unwrap()]);
-    common::assert_landed_exactly(&sent, &landed);
+    let store = dir.path().join("store");
+    let landed = common::pyarrow(&["--dir", store.to_str().unwrap()]);
+    let all: Vec<Value> = sent.iter().chain(&in_file).cloned().collect();
+    common::assert_landed_exactly(&all, &landed);
 
     let mut reasons = Vec::new();
-    for entry in walk(&landing.join("landing/_dead_letters")) {
+    for entry in walk(&store.join("landing/_dead_letters")) {
         for line in std::fs::read_to_string(entry).unwrap().lines() {
-            let d: serde_json::Value = serde_json::from_str(line).unwrap();
+            let d: Value = serde_json::from_str(line).unwrap();
             reasons.push(d["reason"].as_str().unwrap().to_owned());
         }
     }
@@ -221,18 +299,43 @@ async fn confluent_serializers_avro_and_json_schema_land_once_through_the_gatewa
         "{reasons:?}"
     );
     let own_id = produced["own_id"].as_u64().unwrap();
+    for reason in [
+        "schema id 2147483000: the registry does not know it".to_owned(),
+        format!("schema id {own_id}: the value does not match its Avro schema"),
+    ] {
+        assert!(
+            reasons.iter().any(|r| r.starts_with(&reason)),
+            "{reason}: {reasons:?}"
+        );
+    }
+}
+
+/// The sink's registry is unreachable when the sink starts: it waits for it, dead-letters
+/// nothing and lands nothing past the first framed value, and once the registry answers it
+/// lands every reading once.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_registry_that_does_not_answer_is_waited_for_and_loses_nothing() {
+    let rig = Rig::start().await;
+    let sent = readings(120, 74);
+    let (produced, _) = rig.produce(&sent, &[]);
+    let port = common::free_port();
+    let sink = rig.sink(format!("http://127.0.0.1:{port}/registry")).await;
+    tokio::time::sleep(Duration::from_secs(4)).await;
+    // The first reading is JSON; the second is the first framed value.
     assert!(
-        reasons
-            .iter()
-            .any(|r| r.starts_with("schema id 2147483000: the registry does not know it")),
-        "{reasons:?}"
+        received(&sink) <= 1,
+        "read {} before the registry answered",
+        received(&sink)
     );
-    assert!(
-        reasons.iter().any(|r| r.starts_with(&format!(
-            "schema id {own_id}: the value does not match its Avro schema"
-        ))),
-        "{reasons:?}"
-    );
+    assert_eq!(sink.stats.dead_letters.load(Ordering::Relaxed), 0);
+    let registry = common::proxy(port, rig.gateway.addr.port()).await;
+    let bad = produced["bad"].as_u64().unwrap();
+    let total = sent.len() as u64 + sent.len().div_ceil(7) as u64 + bad;
+    let (sink, dir) = rig.finish(sink, total).await;
+    registry.cancel();
+    assert_eq!(sink.stats.dead_letters.load(Ordering::Relaxed), bad);
+    let landed = common::pyarrow(&["--dir", dir.path().join("store").to_str().unwrap()]);
+    common::assert_landed_exactly(&sent, &landed);
 }
 
 /// The files under `dir`, at any depth.
