@@ -195,6 +195,15 @@ impl AppState {
         .flatten()
     }
 
+    /// The directory of the definitions the gateway follows ([`AppState::follow_definitions`]).
+    pub fn streams_dir(&self) -> Option<std::path::PathBuf> {
+        self.definitions
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner)
+            .as_ref()
+            .map(|d| d.dir.clone())
+    }
+
     /// The tokens in force.
     pub fn auth(&self) -> Arc<Auth> {
         self.auth

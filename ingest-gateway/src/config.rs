@@ -63,6 +63,11 @@ pub struct RegistryConfig {
     /// need no keeping.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub dir: Option<PathBuf>,
+    /// Whether a producer registering an Avro schema with fields the stream lacks (each taking
+    /// null, of a stream's type) adds them to the stream's definition file in `streams_dir`, its
+    /// version raised, as a compatible change. Off: such a schema is refused.
+    #[serde(default)]
+    pub add_fields: bool,
 }
 
 #[derive(Debug, Clone, Deserialize)]

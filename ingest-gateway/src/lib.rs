@@ -314,7 +314,7 @@ pub async fn start(
     };
     let state = Arc::new(
         AppState::new(streams, auth, limits, producer, &config.idempotency).with_registry(
-            registry::Registry::new(&config.kafka.topic_prefix, config.registry.dir.clone())?,
+            registry::Registry::new(&config.registry, &config.kafka.topic_prefix)?,
         ),
     );
     state.follow_definitions(config.streams_dir.clone(), config.kafka.clone());

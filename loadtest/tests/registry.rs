@@ -106,10 +106,17 @@ struct Rig {
 }
 
 impl Rig {
-    async fn start() -> Rig {
+    /// `add_fields`: the registry may add fields to the definitions (in a directory of the
+    /// rig's, which the sinks read too).
+    async fn start(add_fields: bool) -> Rig {
         let kafka = common::service_env("EDGE_INGEST_KAFKA");
         let prefix = format!("registry{}.", common::unique_id());
         let dir = tempfile::tempdir().unwrap();
+        let streams_dir = dir.path().join("streams");
+        std::fs::create_dir(&streams_dir).unwrap();
+        for (name, text) in schemas::EXAMPLE_STREAMS {
+            std::fs::write(streams_dir.join(format!("{name}.toml")), text).unwrap();
+        }
         let shutdown = CancellationToken::new();
         let mut config = GatewayConfig {
             listen: ([127, 0, 0, 1], 0).into(),
@@ -129,7 +136,10 @@ impl Rig {
         config.kafka.topic_prefix = prefix.clone();
         config.kafka.create_topics = true;
         config.registry.dir = Some(dir.path().join("registry"));
-        let gateway = ingest_gateway::start(config, schemas::example_streams(), shutdown.clone())
+        config.registry.add_fields = add_fields;
+        config.streams_dir = streams_dir.clone();
+        let streams = service_kit::load_streams_dir(&streams_dir).unwrap();
+        let gateway = ingest_gateway::start(config, streams, shutdown.clone())
             .await
             .unwrap();
         Rig {
@@ -173,8 +183,8 @@ impl Rig {
     }
 
     /// A sink of the rig's topics reading schemas from `registry` with the token as basic
-    /// credentials, landing under the rig's `store`.
-    async fn sink(&self, registry: String) -> sink::Sink {
+    /// credentials, landing under the rig's `store` (and in a table, with `table`).
+    async fn sink(&self, registry: String, table: bool) -> sink::Sink {
         let mut config = SinkConfig {
             store: StoreConfig::Local {
                 path: self.dir.path().join("store"),
@@ -199,7 +209,15 @@ impl Rig {
         config.kafka.topic_prefix = self.prefix.clone();
         config.kafka.group_id = format!("{}sinks", self.prefix);
         config.upload.staging_dir = self.dir.path().join("staging");
-        sink::start(config, schemas::example_streams(), self.shutdown.clone())
+        config.streams_dir = self.dir.path().join("streams");
+        if table {
+            let catalog = self.dir.path().join("catalog.db").display().to_string();
+            let mut table = sink::table::TableConfig::new(catalog);
+            table.commit_interval_ms = 500;
+            config.table = Some(table);
+        }
+        let streams = service_kit::load_streams_dir(&config.streams_dir).unwrap();
+        sink::start(config, streams, self.shutdown.clone())
             .await
             .unwrap()
     }
@@ -261,7 +279,7 @@ async fn post_avro(rig: &Rig, file: Vec<u8>) -> u64 {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn confluent_serializers_avro_and_json_schema_land_once_through_the_gateways_registry() {
-    let rig = Rig::start().await;
+    let rig = Rig::start(false).await;
     let sent = readings(800, 72);
     let in_file = readings(200, 73);
     let (produced, file) = rig.produce(&sent, &in_file);
@@ -272,7 +290,7 @@ async fn confluent_serializers_avro_and_json_schema_land_once_through_the_gatewa
     assert_eq!(kept, 2, "registered schemas kept");
     assert_eq!(post_avro(&rig, file).await, in_file.len() as u64);
 
-    let sink = rig.sink(rig.registry()).await;
+    let sink = rig.sink(rig.registry(), false).await;
     let resent = sent.len().div_ceil(7) as u64;
     let bad = produced["bad"].as_u64().unwrap();
     let total = (sent.len() + in_file.len()) as u64 + resent + bad;
@@ -315,11 +333,13 @@ async fn confluent_serializers_avro_and_json_schema_land_once_through_the_gatewa
 /// lands every reading once.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_registry_that_does_not_answer_is_waited_for_and_loses_nothing() {
-    let rig = Rig::start().await;
+    let rig = Rig::start(false).await;
     let sent = readings(120, 74);
     let (produced, _) = rig.produce(&sent, &[]);
     let port = common::free_port();
-    let sink = rig.sink(format!("http://127.0.0.1:{port}/registry")).await;
+    let sink = rig
+        .sink(format!("http://127.0.0.1:{port}/registry"), false)
+        .await;
     tokio::time::sleep(Duration::from_secs(4)).await;
     // The first reading is JSON; the second is the first framed value.
     assert!(
@@ -336,6 +356,140 @@ async fn a_registry_that_does_not_answer_is_waited_for_and_loses_nothing() {
     assert_eq!(sink.stats.dead_letters.load(Ordering::Relaxed), bad);
     let landed = common::pyarrow(&["--dir", dir.path().join("store").to_str().unwrap()]);
     common::assert_landed_exactly(&sent, &landed);
+}
+
+/// Produces readings with the subject's latest schema (the definition's), then registers a
+/// schema that adds a nullable `humidity` and produces readings that set it. Prints the new
+/// schema's id.
+const EVOLVE: &str = r#"
+import json, sys
+from confluent_kafka import Producer
+from confluent_kafka.serialization import SerializationContext, MessageField
+from confluent_kafka.schema_registry import SchemaRegistryClient
+from confluent_kafka.schema_registry.avro import AvroSerializer
+
+brokers, topic, registry, credentials, path = sys.argv[1:6]
+client = SchemaRegistryClient({"url": registry, "basic.auth.user.info": credentials})
+ctx = SerializationContext(topic, MessageField.VALUE)
+latest = AvroSerializer(client, None, conf={"auto.register.schemas": False, "use.latest.version": True})
+with open(path) as f:
+    readings = [json.loads(line) for line in f]
+half = len(readings) // 2
+p = Producer({"bootstrap.servers": brokers, "enable.idempotence": True})
+for r in readings[:half]:
+    p.produce(topic, key=r["device_id"], value=latest(dict(r, ts=r["ts"] * 1000), ctx))
+schema = json.loads(client.get_latest_version(topic + "-value").schema.schema_str)
+schema["fields"].append({"name": "humidity", "type": ["null", "double"], "default": None,
+                         "doc": "Relative humidity, percent"})
+evolved = AvroSerializer(client, json.dumps(schema))
+for i, r in enumerate(readings[half:]):
+    value = evolved(dict(r, ts=r["ts"] * 1000, humidity=40 + i * 0.5), ctx)
+    p.produce(topic, key=r["device_id"], value=value)
+sys.exit(1 if p.flush(30) else 0)
+"#;
+
+/// A producer registers a schema with a new nullable field: the gateway adds it to the stream's
+/// definition (version 2, in the directory the sink reads too), the sink takes the new
+/// definition when the first reading that sets the field comes, and the field lands in the new
+/// files and as a new column of the table. A rig without `registry.add_fields` refuses the
+/// schema.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_schema_that_adds_a_nullable_field_adds_it_to_the_stream_and_the_table() {
+    let refusing = Rig::start(false).await;
+    let subject = format!("{}sensor_readings-value", refusing.prefix);
+    let mut schema: Value = serde_json::from_str(&schemas::registry::export::avro_schema(
+        schemas::example_streams().get("sensor_readings").unwrap(),
+    ))
+    .unwrap();
+    schema["fields"]
+        .as_array_mut()
+        .unwrap()
+        .push(serde_json::json!({"name": "humidity", "type": ["null", "double"], "default": null}));
+    let refused = reqwest::Client::new()
+        .post(format!(
+            "{}/subjects/{subject}/versions",
+            refusing.registry()
+        ))
+        .bearer_auth(TOKEN)
+        .header("content-type", "application/vnd.schemaregistry.v1+json")
+        .body(serde_json::json!({"schema": schema.to_string()}).to_string())
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(refused.status(), 409);
+    let body = String::from_utf8_lossy(&refused.bytes().await.unwrap()).into_owned();
+    assert!(body.contains("registry.add_fields"), "{body}");
+    refusing.shutdown.cancel();
+
+    let rig = Rig::start(true).await;
+    let sent = readings(200, 75);
+    // The sink runs from the start, on the definition of version 1.
+    let sink = rig.sink(rig.registry(), true).await;
+    let path = rig.dir.path().join("evolve.ndjson");
+    std::fs::write(&path, to_ndjson(&sent)).unwrap();
+    let mut producer = Command::new(&rig.python);
+    producer
+        .args(["-c", EVOLVE, &rig.kafka])
+        .arg(format!("{}sensor_readings", rig.prefix))
+        .arg(rig.registry())
+        .arg(format!("producers:{TOKEN}"))
+        .arg(&path);
+    let out = tokio::task::spawn_blocking(move || producer.output().unwrap())
+        .await
+        .unwrap();
+    assert!(
+        out.status.success(),
+        "the producer failed: {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let definition =
+        std::fs::read_to_string(rig.dir.path().join("streams/sensor_readings.toml")).unwrap();
+    let def = schemas::StreamDef::from_toml(&definition).unwrap();
+    assert_eq!(def.version, 2, "{definition}");
+    let humidity = &def.fields[def.field_index("humidity").unwrap()];
+    assert_eq!(
+        (humidity.ty.to_string(), humidity.required),
+        ("float64".into(), false)
+    );
+    assert_eq!(humidity.doc, "Relative humidity, percent");
+
+    let (_, dir) = rig.finish(sink, sent.len() as u64).await;
+    let landed = common::pyarrow(&["--dir", dir.path().join("store").to_str().unwrap()]);
+    common::assert_same_records(&sent, &landed);
+    let (versions, humid) = common::column_added_in(&landed, "humidity", "2");
+    assert_eq!(versions.len(), 2, "{versions:?}");
+    let want: f64 = (0..100).map(|i| 40.0 + f64::from(i) * 0.5).sum();
+    assert_eq!((humid.len(), humid.iter().sum::<f64>()), (100, want));
+    let out = Command::new(common::service_env("EDGE_INGEST_PYTHON"))
+        .arg(common::repo_root().join("scripts/read_table.py"))
+        .arg("--catalog")
+        .arg(dir.path().join("catalog.db"))
+        .args(["--table", "sensor_readings"])
+        .output()
+        .unwrap();
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let table: Value = serde_json::from_slice(&out.stdout).unwrap();
+    common::assert_same_records(&sent, &table);
+    assert!(
+        table["schema"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .any(|f| f["name"] == "humidity" && f["type"] == "double"),
+        "{}",
+        table["schema"]
+    );
+    let in_table: f64 = table["rows"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .filter_map(|r| r["humidity"].as_f64())
+        .sum();
+    assert_eq!(in_table, want);
 }
 
 /// The files under `dir`, at any depth.

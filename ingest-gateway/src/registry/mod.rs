@@ -9,6 +9,7 @@
 //! its text, so every gateway gives the same schema the same id; refused with the registry
 //! API's error shape otherwise. Registered schemas are kept in `registry.dir` when set.
 
+mod evolve;
 pub mod store;
 
 use std::sync::Arc;
@@ -16,8 +17,9 @@ use std::sync::Arc;
 use axum::Json;
 use axum::extract::{Path, State};
 use axum::http::{HeaderMap, StatusCode, header};
+use schemas::FieldDef;
 use schemas::StreamDef;
-use schemas::registry::{SchemaKind, Writer};
+use schemas::registry::{SchemaKind, Writer, added_fields};
 use serde::Deserialize;
 use serde_json::json;
 
@@ -162,7 +164,7 @@ fn check(
     state: &AppState,
     subject: &str,
     body: &Registration,
-) -> Result<(Arc<StreamDef>, SchemaKind), RegistryError> {
+) -> Result<(Arc<StreamDef>, SchemaKind, Vec<FieldDef>), RegistryError> {
     let def = state
         .registry
         .stream_of(subject)
@@ -182,17 +184,34 @@ fn check(
         return Err(if invalid {
             RegistryError(StatusCode::UNPROCESSABLE_ENTITY, 42201, reason)
         } else {
-            RegistryError(
-                StatusCode::CONFLICT,
-                409,
-                format!(
-                    "Schema being registered is incompatible with stream '{}': {reason}",
-                    def.name
-                ),
-            )
+            incompatible(&def, &reason)
         });
     }
-    Ok((def, kind))
+    let added = match kind {
+        SchemaKind::Avro => added_fields(&body.schema, &def).map_err(|e| incompatible(&def, &e))?,
+        _ => Vec::new(),
+    };
+    if let Some(field) = added.first().filter(|_| !state.registry.add_fields()) {
+        return Err(incompatible(
+            &def,
+            &format!(
+                "its field '{}' is not in the stream's definition: add it there as a nullable field, or let the registry add it (registry.add_fields)",
+                field.name
+            ),
+        ));
+    }
+    Ok((def, kind, added))
+}
+
+fn incompatible(def: &StreamDef, reason: &str) -> RegistryError {
+    RegistryError(
+        StatusCode::CONFLICT,
+        409,
+        format!(
+            "Schema being registered is incompatible with stream '{}': {reason}",
+            def.name
+        ),
+    )
 }
 
 /// `POST /registry/subjects/{subject}/versions`: registers a schema the stream's definition
@@ -210,7 +229,10 @@ pub async fn register(
         Some(stream.as_deref().unwrap_or(&subject)),
     )?;
     state.registry.sync(&state.streams());
-    let (_, kind) = check(&state, &subject, &body)?;
+    let (def, kind, added) = check(&state, &subject, &body)?;
+    if !added.is_empty() {
+        evolve::add_fields(&state, &def, &added, &subject).await?;
+    }
     let entry = Entry {
         subject: subject.clone(),
         kind: kind.name().to_owned(),
@@ -223,7 +245,7 @@ pub async fn register(
         (id, new, held.by_id.len())
     };
     if new {
-        registry.keep(&entry, sequence).map_err(|e| {
+        registry.keep(&entry, id, sequence).map_err(|e| {
             RegistryError(StatusCode::INTERNAL_SERVER_ERROR, 50001, format!("{e:#}"))
         })?;
         tracing::info!(subject, id, "schema registered");

@@ -38,7 +38,11 @@ pub(super) struct Held {
 pub struct Registry {
     topic_prefix: String,
     dir: Option<PathBuf>,
+    /// `registry.add_fields`: a registration may add nullable fields to a stream.
+    add_fields: bool,
     held: RwLock<Held>,
+    /// Held while a registration adds fields to a definition.
+    pub(super) evolving: tokio::sync::Mutex<()>,
 }
 
 impl Default for Registry {
@@ -47,7 +51,9 @@ impl Default for Registry {
         Registry {
             topic_prefix: schemas::wire::DEFAULT_TOPIC_PREFIX.to_owned(),
             dir: None,
+            add_fields: false,
             held: RwLock::default(),
+            evolving: tokio::sync::Mutex::default(),
         }
     }
 }
@@ -118,7 +124,11 @@ fn definition_schema(def: &StreamDef) -> (SchemaKind, String) {
 impl Registry {
     /// A registry of the topics named with `topic_prefix`, its registered schemas kept in `dir`
     /// (read back here).
-    pub fn new(topic_prefix: &str, dir: Option<PathBuf>) -> anyhow::Result<Registry> {
+    pub fn new(
+        config: &crate::config::RegistryConfig,
+        topic_prefix: &str,
+    ) -> anyhow::Result<Registry> {
+        let dir = config.dir.clone();
         let mut held = Held::default();
         if let Some(dir) = &dir {
             std::fs::create_dir_all(dir)
@@ -142,8 +152,15 @@ impl Registry {
         Ok(Registry {
             topic_prefix: topic_prefix.to_owned(),
             dir,
+            add_fields: config.add_fields,
             held: RwLock::new(held),
+            evolving: tokio::sync::Mutex::default(),
         })
+    }
+
+    /// Whether a registration may add nullable fields to a stream (`registry.add_fields`).
+    pub(super) fn add_fields(&self) -> bool {
+        self.add_fields
     }
 
     /// The stream of subject `<topic>-value`.
@@ -196,12 +213,14 @@ impl Registry {
     }
 
     /// Keeps a registered schema in `dir` (write to a temporary file, then rename).
-    pub(super) fn keep(&self, entry: &Entry, sequence: usize) -> anyhow::Result<()> {
+    pub(super) fn keep(&self, entry: &Entry, id: u32, sequence: usize) -> anyhow::Result<()> {
         let Some(dir) = &self.dir else {
             return Ok(());
         };
-        let path = dir.join(format!("{sequence:010}.json"));
-        let tmp = dir.join(format!(".{sequence:010}.json.tmp"));
+        // Named by sequence for the order, and by id so that gateways sharing the directory
+        // never write one name for two schemas.
+        let path = dir.join(format!("{sequence:010}-{id}.json"));
+        let tmp = dir.join(format!(".{sequence:010}-{id}.json.tmp"));
         std::fs::write(&tmp, serde_json::to_vec(entry)?)
             .with_context(|| format!("cannot write {}", tmp.display()))?;
         std::fs::rename(&tmp, &path).with_context(|| format!("cannot rename {}", tmp.display()))?;

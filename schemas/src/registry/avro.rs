@@ -4,7 +4,7 @@
 
 use apache_avro::Schema;
 
-use crate::stream::{FieldType, StreamDef};
+use crate::stream::{FieldDef, FieldType, StreamDef};
 use crate::value::write_timestamp;
 
 /// How to read one Avro value.
@@ -95,6 +95,39 @@ impl Node {
             (Node::Array(item), FieldType::List(t)) | (Node::Map(item), FieldType::Map(t)) => {
                 item.fits(t)
             }
+            _ => false,
+        }
+    }
+
+    /// The field type of a stream whose values this node's are, null aside: `None` for what a
+    /// stream's field cannot hold (bytes, records, unions of two types).
+    fn field_type(&self) -> Option<FieldType> {
+        Some(match self {
+            Node::String | Node::Enum(_) => FieldType::String,
+            Node::Boolean => FieldType::Bool,
+            Node::Long => FieldType::Int64,
+            Node::Float | Node::Double => FieldType::Float64,
+            Node::Timestamp { .. } => FieldType::Timestamp,
+            Node::Union(variants) => {
+                let mut types = variants.iter().filter(|v| !matches!(v, Node::Null));
+                let only = types.next()?.field_type()?;
+                return types.next().is_none().then_some(only);
+            }
+            Node::Array(item) => {
+                FieldType::List(Box::new(item.field_type().filter(FieldType::is_scalar)?))
+            }
+            Node::Map(item) => {
+                FieldType::Map(Box::new(item.field_type().filter(FieldType::is_scalar)?))
+            }
+            Node::Null | Node::Bytes(_) | Node::Record(_) => return None,
+        })
+    }
+
+    /// Whether the node takes null.
+    fn nullable(&self) -> bool {
+        match self {
+            Node::Null => true,
+            Node::Union(variants) => variants.iter().any(|v| matches!(v, Node::Null)),
             _ => false,
         }
     }
@@ -210,6 +243,37 @@ impl Reader {
         out.push(b'}');
         Ok(())
     }
+}
+
+/// The fields of an Avro record schema that `def` lacks, as the nullable fields a compatible
+/// definition would add: each must take null and be of one type a stream's field can be.
+pub fn added_fields(text: &str, def: &StreamDef) -> Result<Vec<FieldDef>, String> {
+    let schema = Schema::parse_str(text).map_err(|e| format!("it is not an Avro schema: {e}"))?;
+    let Schema::Record(record) = &schema else {
+        return Err("it is not an Avro record".into());
+    };
+    let mut added = Vec::new();
+    for field in &record.fields {
+        if def.field_index(&field.name).is_some() {
+            continue;
+        }
+        let node = Node::of(&field.schema)?;
+        let ty = node.field_type().filter(|_| node.nullable()).ok_or_else(|| {
+            format!(
+                "its field '{}' ({}) is not in stream '{}', and only a field that takes null and is of a stream's type can be added",
+                field.name,
+                node.name(),
+                def.name
+            )
+        })?;
+        added.push(FieldDef {
+            name: field.name.clone(),
+            ty,
+            required: false,
+            doc: field.doc.clone().unwrap_or_default(),
+        });
+    }
+    Ok(added)
 }
 
 /// The bytes of a value not read yet.

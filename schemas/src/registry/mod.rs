@@ -16,6 +16,7 @@ mod avro;
 pub mod export;
 mod file;
 
+pub use avro::added_fields;
 pub use file::avro_file_to_ndjson;
 
 use crate::error::RecordError;
