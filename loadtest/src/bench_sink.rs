@@ -86,6 +86,13 @@ pub struct SinkBenchReport {
     pub round_table_ratios: Vec<f64>,
     pub median_round_table_ratio: f64,
     pub ratio_table_plain: f64,
+    /// The same sink reading the same readings as Avro values in the schema registry wire
+    /// format ([`crate::bench_avro`]), and Avro / JSON in records per CPU-second, round by round
+    /// (the two run one after the other), their median and the ratio of the fastest rounds.
+    pub sink_avro: SinkRun,
+    pub round_avro_ratios: Vec<f64>,
+    pub median_round_avro_ratio: f64,
+    pub ratio_avro_json: f64,
     pub pyarrow: Throughput,
     pub ratio_sink_pyarrow: f64,
     /// pyarrow's CPU time per record over the read-only consumer's and the work without
@@ -213,6 +220,7 @@ pub async fn run(opts: SinkBenchOptions) -> anyhow::Result<SinkBenchReport> {
         };
         keyed.push((key, headers));
     }
+    let avro_headers: Vec<_> = keyed.iter().map(|(_, h)| h.clone()).collect();
     let mut pending = Vec::with_capacity(lines.len());
     for (line, (key, headers)) in lines.iter().zip(keyed) {
         let record = FutureRecord::to(&topic).key(&key).payload(*line);
@@ -226,6 +234,13 @@ pub async fn run(opts: SinkBenchOptions) -> anyhow::Result<SinkBenchReport> {
         f.await?.map_err(|(e, _)| e)?;
     }
     eprintln!("bench: produced {} records to {topic}", lines.len());
+    let avro = crate::bench_avro::produce(
+        &opts.brokers,
+        (&prefix, opts.partitions),
+        &lines,
+        &avro_headers,
+    )
+    .await?;
 
     let dir = tempfile::tempdir()?;
     let src = dir.path().join("records.ndjson");
@@ -242,6 +257,7 @@ pub async fn run(opts: SinkBenchOptions) -> anyhow::Result<SinkBenchReport> {
     let (mut round_ratios, mut round_user_ratios) = (Vec::new(), Vec::new());
     let (mut sink_table, mut round_table_ratios) = (None, Vec::new());
     let (mut connect, mut round_connect_ratios) = (None, Vec::new());
+    let (mut sink_avro, mut round_avro_ratios) = (None, Vec::new());
     let mut last_landing = None;
     for round in 0..opts.rounds.max(1) {
         // 1. A librdkafka consumer that only reads.
@@ -253,21 +269,31 @@ pub async fn run(opts: SinkBenchOptions) -> anyhow::Result<SinkBenchReport> {
         );
         let c = tokio::task::spawn_blocking(move || read_all(&brokers, &t, parts, n)).await??;
         // 2. The sink in a child process, as a new consumer group.
-        let sink_run = |table| {
+        let sink_run = |prefix: &str, table, registry| {
             tokio::task::block_in_place(|| {
                 run_sink_worker(
                     &opts.brokers,
-                    (&prefix, round),
+                    (prefix, round),
                     (lines.len(), work.raw_bytes),
                     opts.ingest_time,
-                    table,
+                    (table, registry),
                 )
             })
         };
-        let (s, landing) = sink_run(None)?;
+        let (s, landing) = sink_run(&prefix, None, None)?;
         last_landing = Some(landing);
+        // 2a. The same readings as Avro values in the registry wire format.
+        let (sa, _) = sink_run(&avro.prefix, None, Some(avro.registry.as_str()))?;
+        let avro_ratio = sa.throughput.records_per_cpu_s / s.throughput.records_per_cpu_s;
+        eprintln!(
+            "bench: round {}: sink with Avro values {:.0} records/cpu-s, {avro_ratio:.2} of JSON values",
+            round + 1,
+            sa.throughput.records_per_cpu_s
+        );
+        round_avro_ratios.push(avro_ratio);
+        keep_fastest(&mut sink_avro, sa, |r| r.throughput.cpu_seconds);
         // 2b. The same with an Iceberg table.
-        let (st, _) = sink_run(Some(TABLE_COMMIT_MS))?;
+        let (st, _) = sink_run(&prefix, Some(TABLE_COMMIT_MS), None)?;
         let table_ratio = st.throughput.records_per_cpu_s / s.throughput.records_per_cpu_s;
         eprintln!(
             "bench: round {}: sink with a table {:.0} records/cpu-s, {table_ratio:.2} of the plain sink",
@@ -326,6 +352,7 @@ pub async fn run(opts: SinkBenchOptions) -> anyhow::Result<SinkBenchReport> {
     );
     let path = path.context("no rounds")?;
     let sink_table = sink_table.context("no rounds")?;
+    let sink_avro = sink_avro.context("no rounds")?;
     let landing = last_landing.context("no rounds")?;
     let connect_kill_loop = match &opts.connect {
         Some(options) if opts.kill_loop_seconds > 0 => Some(
@@ -363,6 +390,10 @@ pub async fn run(opts: SinkBenchOptions) -> anyhow::Result<SinkBenchReport> {
             / sink.throughput.records_per_cpu_s,
         median_round_table_ratio: crate::bench_gateway::median_ratio(&round_table_ratios),
         round_table_ratios,
+        ratio_avro_json: sink_avro.throughput.records_per_cpu_s / sink.throughput.records_per_cpu_s,
+        median_round_avro_ratio: crate::bench_gateway::median_ratio(&round_avro_ratios),
+        round_avro_ratios,
+        sink_avro,
         sink_table,
         librdkafka_consumer: consumer,
         sink_path: path,
@@ -421,7 +452,7 @@ fn run_sink_worker(
     (prefix, round): (&str, usize),
     (records, raw_bytes): (usize, usize),
     ingest_time: IngestTime,
-    table_commit_ms: Option<u64>,
+    (table_commit_ms, registry): (Option<u64>, Option<&str>),
 ) -> anyhow::Result<(SinkRun, tempfile::TempDir)> {
     let landing = tempfile::tempdir()?;
     let group = match table_commit_ms {
@@ -445,6 +476,9 @@ fn run_sink_worker(
         .arg(landing.path());
     if let Some(ms) = table_commit_ms {
         command.args(["--table-commit-ms", &ms.to_string()]);
+    }
+    if let Some(registry) = registry {
+        command.args(["--registry", registry]);
     }
     let out = command.output()?;
     if !out.status.success() {
@@ -530,7 +564,7 @@ pub async fn sink_worker(
     landing: &Path,
     ingest_time: IngestTime,
     consumer: std::collections::BTreeMap<String, String>,
-    table_commit_ms: Option<u64>,
+    (table_commit_ms, registry): (Option<u64>, Option<String>),
 ) -> anyhow::Result<SinkRun> {
     let table = match table_commit_ms {
         Some(ms) => Some(serde_json::from_value(serde_json::json!({
@@ -544,6 +578,10 @@ pub async fn sink_worker(
             path: landing.to_path_buf(),
         },
         table,
+        registry: registry.map(|url| {
+            serde_json::from_value(serde_json::json!({ "url": url }))
+                .expect("a registry config of its URL")
+        }),
         ..sink::SinkConfig::default()
     };
     config.rotation.idle_ms = 1_000;
@@ -613,6 +651,10 @@ impl std::fmt::Display for SinkBenchReport {
                 ("librdkafka consumer (read only)", &self.librdkafka_consumer),
                 ("sink (Kafka → Parquet files)", &self.sink.throughput),
                 (
+                    "sink, Avro values (registry wire format)",
+                    &self.sink_avro.throughput,
+                ),
+                (
                     "sink with an Iceberg table (a commit a second)",
                     &self.sink_table.throughput,
                 ),
@@ -635,6 +677,14 @@ impl std::fmt::Display for SinkBenchReport {
             self.ratio_table_plain,
             crate::bench_gateway::ratios_text(&self.round_table_ratios),
             self.median_round_table_ratio
+        )?;
+        writeln!(
+            f,
+            "sink with Avro values / JSON values (records per CPU-second, fastest rounds): {:.2} \
+             (by round: {}; median {:.2})",
+            self.ratio_avro_json,
+            crate::bench_gateway::ratios_text(&self.round_avro_ratios),
+            self.median_round_avro_ratio
         )?;
         if let (Some(connect), Some(median)) = (&self.connect, self.median_round_connect_ratio) {
             writeln!(

@@ -241,6 +241,9 @@ struct SinkWorkerArgs {
     /// directory) this often, in milliseconds.
     #[arg(long)]
     table_commit_ms: Option<u64>,
+    /// The schema registry of values in the registry wire format (the sink's `registry.url`).
+    #[arg(long)]
+    registry: Option<String>,
 }
 
 #[derive(Debug, clap::Args)]
@@ -624,6 +627,7 @@ async fn sink_worker(
         ingest_time,
         consumer,
         table_commit_ms,
+        registry,
     }: SinkWorkerArgs,
 ) -> anyhow::Result<()> {
     let group_id = group_id.unwrap_or_else(|| format!("{topic_prefix}sink"));
@@ -634,7 +638,7 @@ async fn sink_worker(
         &landing,
         ingest_time.into(),
         consumer.into_iter().collect(),
-        table_commit_ms,
+        (table_commit_ms, registry),
     )
     .await?;
     println!("{}", serde_json::to_string(&run)?);

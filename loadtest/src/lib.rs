@@ -1,6 +1,7 @@
 //! Simulated device fleets, the end-to-end verifier and the one-command demo.
 
 pub mod bench_agent;
+pub mod bench_avro;
 pub mod bench_connect;
 pub mod bench_gateway;
 pub mod bench_sink;
