@@ -100,11 +100,22 @@ install_python() {
   cp "$HERE/requirements-test.txt" "$stamp"
 }
 
+# Node.js clients (scripts/npm/package.json, pinned by its lock file) into $CACHE/npm.
+install_npm() {
+  local dir="$CACHE/npm"
+  if cmp -s "$HERE/npm/package-lock.json" "$dir/package-lock.json" && [ -d "$dir/node_modules" ]; then return; fi
+  log "installing Node.js test clients into $dir"
+  mkdir -p "$dir"
+  cp "$HERE/npm/package.json" "$HERE/npm/package-lock.json" "$dir/"
+  (cd "$dir" && npm ci --no-audit --no-fund --loglevel=error >&2)
+}
+
 # Debian packages: mosquitto (MQTT broker), prometheus (server and promtool, for the
 # monitoring test), docker-compose (only to validate docker-compose.yml), systemd (only
 # systemd-analyze, to check the agent's unit file), tinyproxy (a forward proxy, started by
 # the agent's proxy tests themselves), postgresql (a table catalog database), chromium
-# (headless, to load the agent's status page), and Java 17 with Maven for Apache Kafka.
+# (headless, to load the agent's status page), Java 17 with Maven for Apache Kafka, and
+# Node.js with npm (a schema registry client of its own).
 install_debian() {
   local missing=()
   command -v mosquitto >/dev/null 2>&1 || [ -x /usr/sbin/mosquitto ] || missing+=(mosquitto)
@@ -116,6 +127,8 @@ install_debian() {
   command -v chromium >/dev/null 2>&1 || missing+=(chromium)
   command -v java >/dev/null 2>&1 || [ -n "${JAVA_HOME:-}" ] || missing+=(openjdk-17-jre-headless)
   command -v mvn >/dev/null 2>&1 || missing+=(maven)
+  command -v node >/dev/null 2>&1 || missing+=(nodejs)
+  command -v npm >/dev/null 2>&1 || missing+=(npm)
   if [ ${#missing[@]} -eq 0 ]; then return; fi
   log "installing ${missing[*]} (Debian packages)"
   local sudo=""
@@ -222,6 +235,8 @@ export EDGE_INGEST_MQTT=127.0.0.1:$mport
 export EDGE_INGEST_POSTGRES=postgres://postgres@127.0.0.1:$pport/postgres
 export EDGE_INGEST_MOSQUITTO=$(mosquitto_bin)
 export EDGE_INGEST_PYTHON=$PY
+export EDGE_INGEST_NODE=$(command -v node)
+export EDGE_INGEST_NODE_MODULES=$CACHE/npm/node_modules
 export EDGE_INGEST_KAFKA_SH=$HERE/kafka.sh
 export EDGE_INGEST_SPARK_JARS=$SPARK_JARS
 export EDGE_INGEST_ICEBERG_REST=http://127.0.0.1:$rport
@@ -262,7 +277,7 @@ stop() {
 }
 
 case "${1:-}" in
-  install) install_debian; install_kafka; install_spark_jars; install_iceberg_rest; install_trino; install_python ;;
+  install) install_debian; install_kafka; install_spark_jars; install_iceberg_rest; install_trino; install_python; install_npm ;;
   start) start "${2:?state dir}" ;;
   stop) stop "${2:?state dir}" ;;
   install-connect) install_jars kafka-connect "$CONNECT_JARS" "Kafka Connect with Iceberg's sink connector"; echo "$CONNECT_JARS" ;;

@@ -492,6 +492,90 @@ async fn a_schema_that_adds_a_nullable_field_adds_it_to_the_stream_and_the_table
     assert_eq!(in_table, want);
 }
 
+/// Encodes readings with the npm registry's client, `@kafkajs/confluent-schema-registry`:
+/// every other one as Avro under the subject's latest schema (the definition's), the others as
+/// JSON under a JSON Schema it registers. Writes `key<TAB>hex value` lines.
+const NODE_ENCODE: &str = r#"
+const { SchemaRegistry, SchemaType } = require("@kafkajs/confluent-schema-registry");
+const fs = require("fs");
+const [url, credentials, subject, input, output] = process.argv.slice(1);
+const [username, password] = credentials.split(":");
+(async () => {
+  const registry = new SchemaRegistry({ host: url, auth: { username, password } });
+  const avro = await registry.getLatestSchemaId(subject);
+  const schema = { $schema: "http://json-schema.org/draft-07/schema#", type: "object",
+    required: ["device_id", "sensor", "ts", "value"],
+    properties: { device_id: { type: "string" }, sensor: { type: "string" },
+      ts: { type: "integer" }, value: { type: "number" }, unit: { type: "string" },
+      quality: { type: "integer" }, tags: { type: "object", additionalProperties: { type: "string" } } } };
+  const { id: json } = await registry.register(
+    { type: SchemaType.JSON, schema: JSON.stringify(schema) }, { subject });
+  const readings = fs.readFileSync(input, "utf8").split("\n").filter(Boolean).map(JSON.parse);
+  const lines = [];
+  for (const [i, r] of readings.entries()) {
+    const value = i % 2 === 0
+      ? await registry.encode(avro, { ...r, ts: r.ts * 1000 })
+      : await registry.encode(json, r);
+    lines.push(`${r.device_id}\t${value.toString("hex")}`);
+  }
+  fs.writeFileSync(output, lines.join("\n") + "\n");
+})().catch((e) => { console.error(e); process.exit(1); });
+"#;
+
+/// Produces `key<TAB>hex value` lines as they are.
+const PRODUCE_HEX: &str = r#"
+import sys
+from confluent_kafka import Producer
+brokers, topic, path = sys.argv[1:4]
+p = Producer({"bootstrap.servers": brokers, "enable.idempotence": True})
+with open(path) as f:
+    for line in f:
+        key, value = line.rstrip("\n").split("\t")
+        p.produce(topic, key=key, value=bytes.fromhex(value))
+sys.exit(1 if p.flush(30) else 0)
+"#;
+
+/// The npm registry's schema registry client against the gateway's registry: its Avro and JSON
+/// Schema values land once, read back by pyarrow.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_npm_registry_client_encodes_values_the_sink_lands_once() {
+    let rig = Rig::start(false).await;
+    let sent = readings(300, 76);
+    let input = rig.dir.path().join("node.ndjson");
+    let encoded = rig.dir.path().join("node.hex");
+    std::fs::write(&input, to_ndjson(&sent)).unwrap();
+    let topic = format!("{}sensor_readings", rig.prefix);
+    let mut node = Command::new(common::service_env("EDGE_INGEST_NODE"));
+    node.env("NODE_PATH", common::service_env("EDGE_INGEST_NODE_MODULES"))
+        .args(["-e", NODE_ENCODE, &rig.registry()])
+        .arg(format!("producers:{TOKEN}"))
+        .arg(format!("{topic}-value"))
+        .args([&input, &encoded]);
+    let out = tokio::task::spawn_blocking(move || node.output().unwrap())
+        .await
+        .unwrap();
+    assert!(
+        out.status.success(),
+        "the npm client failed: {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let out = Command::new(&rig.python)
+        .args(["-c", PRODUCE_HEX, &rig.kafka, &topic])
+        .arg(&encoded)
+        .output()
+        .unwrap();
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let sink = rig.sink(rig.registry(), false).await;
+    let (sink, dir) = rig.finish(sink, sent.len() as u64).await;
+    assert_eq!(sink.stats.dead_letters.load(Ordering::Relaxed), 0);
+    let landed = common::pyarrow(&["--dir", dir.path().join("store").to_str().unwrap()]);
+    common::assert_landed_exactly(&sent, &landed);
+}
+
 /// The files under `dir`, at any depth.
 fn walk(dir: &std::path::Path) -> Vec<std::path::PathBuf> {
     let mut files = Vec::new();
