@@ -171,21 +171,21 @@ pub enum ValueFormat {
     /// A JSON object under a registry's JSON Schema id, in the registry wire format
     /// (`json-schema`).
     JsonSchema,
+    /// A Protobuf message under a registry's schema id and its message indexes, in the registry
+    /// wire format (`protobuf`).
+    Protobuf,
 }
 
 impl ValueFormat {
-    /// Parses `json`, `avro` or `json-schema`.
+    /// Parses `json`, `avro`, `json-schema` or `protobuf`.
     pub fn parse(text: &str) -> Result<ValueFormat, String> {
         match text {
             "json" => Ok(ValueFormat::Json),
             "avro" => Ok(ValueFormat::Avro),
             "json-schema" => Ok(ValueFormat::JsonSchema),
-            "protobuf" => Err(
-                "value format 'protobuf' is not read yet (expected json, avro or json-schema)"
-                    .into(),
-            ),
+            "protobuf" => Ok(ValueFormat::Protobuf),
             other => Err(format!(
-                "unknown value format '{}' (expected json, avro or json-schema)",
+                "unknown value format '{}' (expected json, avro, json-schema or protobuf)",
                 printable(other)
             )),
         }
@@ -197,6 +197,7 @@ impl ValueFormat {
             ValueFormat::Json => "json",
             ValueFormat::Avro => "avro",
             ValueFormat::JsonSchema => "json-schema",
+            ValueFormat::Protobuf => "protobuf",
         }
     }
 }

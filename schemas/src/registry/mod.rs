@@ -15,6 +15,8 @@
 mod avro;
 pub mod export;
 mod file;
+mod proto;
+mod proto_wire;
 
 pub use avro::added_fields;
 pub use file::avro_file_to_ndjson;
@@ -77,7 +79,7 @@ impl SchemaKind {
         match self {
             SchemaKind::Avro => Some(ValueFormat::Avro),
             SchemaKind::Json => Some(ValueFormat::JsonSchema),
-            SchemaKind::Protobuf => None,
+            SchemaKind::Protobuf => Some(ValueFormat::Protobuf),
         }
     }
 }
@@ -88,6 +90,8 @@ impl SchemaKind {
 pub enum Writer {
     /// Avro binary, read as the schema says.
     Avro(avro::Reader),
+    /// Protobuf, its message named by the message indexes before it.
+    Protobuf(proto_wire::ProtoReader),
     /// A JSON object, checked by the stream's definition as a JSON value is.
     Json,
     /// The schema cannot be read into the stream's records: every value framed with it is a
@@ -116,7 +120,9 @@ impl Writer {
         let compiled = match kind {
             SchemaKind::Avro => avro::Reader::compile(text, def).map(Writer::Avro),
             SchemaKind::Json => check_json_schema(text, def).map(|()| Writer::Json),
-            SchemaKind::Protobuf => unreachable!("a stream takes no Protobuf values"),
+            SchemaKind::Protobuf => {
+                proto_wire::ProtoReader::compile(text, def).map(Writer::Protobuf)
+            }
         };
         compiled.unwrap_or_else(Writer::Refused)
     }
@@ -154,6 +160,13 @@ impl Writer {
                 })?;
                 &json
             }
+            Writer::Protobuf(reader) => {
+                json = reader.to_json(body).map_err(|reason| RecordError::Schema {
+                    id,
+                    reason: format!("the value does not match its Protobuf schema: {reason}"),
+                })?;
+                &json
+            }
         };
         let record = typed::decode_record_serde(def, text)?;
         Ok(Row {
@@ -168,7 +181,7 @@ impl Writer {
         match self {
             Writer::Avro(reader) => reader.to_json(body),
             Writer::Refused(reason) => Err(reason.clone()),
-            Writer::Json => Err("not an Avro schema".into()),
+            Writer::Json | Writer::Protobuf(_) => Err("not an Avro schema".into()),
         }
     }
 }

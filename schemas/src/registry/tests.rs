@@ -247,3 +247,106 @@ fn avro_container_files_of_every_codec_become_ndjson_records() {
         "{not_avro}"
     );
 }
+
+/// A Protobuf message in Protobuf's encoding, built field by field.
+#[derive(Default)]
+struct Proto(Vec<u8>);
+
+impl Proto {
+    fn varint(&mut self, mut n: u64) -> &mut Self {
+        while n >= 0x80 {
+            self.0.push(n as u8 | 0x80);
+            n >>= 7;
+        }
+        self.0.push(n as u8);
+        self
+    }
+    fn bytes(&mut self, field: u64, b: &[u8]) -> &mut Self {
+        self.varint(field << 3 | 2).varint(b.len() as u64);
+        self.0.extend_from_slice(b);
+        self
+    }
+    fn int(&mut self, field: u64, n: u64) -> &mut Self {
+        self.varint(field << 3).varint(n)
+    }
+    fn double(&mut self, field: u64, f: f64) -> &mut Self {
+        self.varint(field << 3 | 1);
+        self.0.extend_from_slice(&f.to_le_bytes());
+        self
+    }
+}
+
+const PROTO: &str = r#"
+syntax = "proto3";
+import "google/protobuf/timestamp.proto";
+message Reading {
+  string device_id = 1;
+  google.protobuf.Timestamp ts = 2;
+  double value = 3;
+  optional int64 quality = 4;
+  map<string, string> tags = 5;
+  Level level = 6;
+}
+enum Level { LOW = 0; HIGH = 1; }
+"#;
+
+#[test]
+fn a_protobuf_value_hashes_as_the_same_json_reading() {
+    let def =
+        StreamDef::from_toml(&DEF.replace("\"json-schema\"]", "\"json-schema\", \"protobuf\"]"))
+            .unwrap();
+    let writer = Writer::compile(SchemaKind::Protobuf, PROTO, &def);
+    assert!(writer.refused().is_none(), "{writer:?}");
+    let ts = Proto::default()
+        .int(1, 1_700_000_000)
+        .int(2, 123_456_000)
+        .0
+        .clone();
+    let tags = Proto::default()
+        .bytes(1, b"site")
+        .bytes(2, b"north")
+        .0
+        .clone();
+    let mut message = Proto::default();
+    message.varint(0); // message indexes: the first message
+    message
+        .bytes(1, b"d-1")
+        .bytes(2, &ts)
+        .double(3, 21.5)
+        .int(4, 192)
+        .bytes(5, &tags);
+    let json = br#"{"device_id":"d-1","ts":"2023-11-14T22:13:20.123456Z","value":21.5,"quality":192,"tags":{"site":"north"}}"#;
+    let row = writer
+        .check_row_in(&def, 5, &message.0, &mut AtOnce)
+        .unwrap();
+    assert_eq!(row.hash, check_bytes(&def, json).unwrap().hash);
+    // proto3: an absent double is 0, an absent optional field null.
+    let mut sparse = Proto::default();
+    sparse.varint(0);
+    sparse.bytes(1, b"d-1").bytes(2, &ts);
+    let json = br#"{"device_id":"d-1","ts":"2023-11-14T22:13:20.123456Z","value":0}"#;
+    let row = writer
+        .check_row_in(&def, 5, &sparse.0, &mut AtOnce)
+        .unwrap();
+    assert_eq!(row.hash, check_bytes(&def, json).unwrap().hash);
+    // Message indexes naming no message, and bytes cut short.
+    let err = writer
+        .check_row_in(&def, 5, &[2, 6, 0x0a], &mut AtOnce)
+        .unwrap_err();
+    assert!(err.to_string().contains("no message [3]"), "{err}");
+    let err = writer
+        .check_row_in(&def, 5, &message.0[..message.0.len() - 2], &mut AtOnce)
+        .unwrap_err();
+    assert!(
+        err.to_string()
+            .contains("does not match its Protobuf schema"),
+        "{err}"
+    );
+    // A field of the wrong type refuses the schema.
+    let wrong = PROTO.replace("double value = 3;", "string value = 3;");
+    let refused = Writer::compile(SchemaKind::Protobuf, &wrong, &def);
+    assert!(
+        refused.refused().unwrap().contains("'value'"),
+        "{refused:?}"
+    );
+}
