@@ -576,6 +576,98 @@ async fn the_npm_registry_client_encodes_values_the_sink_lands_once() {
     common::assert_landed_exactly(&sent, &landed);
 }
 
+/// Produces readings with confluent-kafka's `ProtobufSerializer`: the message class is built
+/// from a `FileDescriptorProto` (proto3, `optional` fields, a map, `google.protobuf.Timestamp`),
+/// which the serializer registers as base64. Prints the schema's id.
+const PRODUCE_PROTOBUF: &str = r#"
+import json, struct, sys
+from confluent_kafka import Producer
+from confluent_kafka.serialization import SerializationContext, MessageField
+from confluent_kafka.schema_registry import SchemaRegistryClient
+from confluent_kafka.schema_registry.protobuf import ProtobufSerializer
+from google.protobuf import descriptor_pb2, descriptor_pool, message_factory, timestamp_pb2
+
+brokers, topic, registry, credentials, path = sys.argv[1:6]
+F = descriptor_pb2.FieldDescriptorProto
+file = descriptor_pb2.FileDescriptorProto(name="plant/reading.proto", package="plant",
+    syntax="proto3", dependency=["google/protobuf/timestamp.proto"])
+m = file.message_type.add(name="Reading")
+m.field.add(name="device_id", number=1, type=F.TYPE_STRING, label=F.LABEL_OPTIONAL)
+m.field.add(name="sensor", number=2, type=F.TYPE_STRING, label=F.LABEL_OPTIONAL)
+m.field.add(name="ts", number=3, type=F.TYPE_MESSAGE, label=F.LABEL_OPTIONAL,
+            type_name=".google.protobuf.Timestamp")
+m.field.add(name="value", number=4, type=F.TYPE_DOUBLE, label=F.LABEL_OPTIONAL)
+for i, (name, number, kind) in enumerate([("unit", 5, F.TYPE_STRING), ("quality", 6, F.TYPE_INT64)]):
+    m.oneof_decl.add(name="_" + name)
+    m.field.add(name=name, number=number, type=kind, label=F.LABEL_OPTIONAL, oneof_index=i,
+                proto3_optional=True)
+entry = m.nested_type.add(name="TagsEntry")
+entry.options.map_entry = True
+entry.field.add(name="key", number=1, type=F.TYPE_STRING, label=F.LABEL_OPTIONAL)
+entry.field.add(name="value", number=2, type=F.TYPE_STRING, label=F.LABEL_OPTIONAL)
+m.field.add(name="tags", number=7, type=F.TYPE_MESSAGE, label=F.LABEL_REPEATED,
+            type_name=".plant.Reading.TagsEntry")
+pool = descriptor_pool.DescriptorPool()
+pool.AddSerializedFile(timestamp_pb2.DESCRIPTOR.serialized_pb)
+pool.Add(file)
+Reading = message_factory.GetMessageClass(pool.FindMessageTypeByName("plant.Reading"))
+client = SchemaRegistryClient({"url": registry, "basic.auth.user.info": credentials})
+serialize = ProtobufSerializer(Reading, client, {"use.deprecated.format": False})
+ctx = SerializationContext(topic, MessageField.VALUE)
+p = Producer({"bootstrap.servers": brokers, "enable.idempotence": True})
+value = None
+with open(path) as f:
+    for line in f:
+        r = json.loads(line)
+        msg = Reading(device_id=r["device_id"], sensor=r["sensor"], value=r["value"],
+                      unit=r["unit"], quality=r["quality"], tags=r["tags"])
+        msg.ts.FromMilliseconds(r["ts"])
+        value = serialize(msg, ctx)
+        p.produce(topic, key=r["device_id"], value=value)
+print(json.dumps({"id": struct.unpack(">I", value[1:5])[0]}))
+sys.exit(1 if p.flush(30) else 0)
+"#;
+
+/// confluent-kafka's `ProtobufSerializer` with a message class of its own: the gateway takes
+/// its schema (a base64 `FileDescriptorProto`), and the sink lands every reading once.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn protobuf_serializer_values_land_once() {
+    let rig = Rig::start(false).await;
+    let sent = readings(300, 77);
+    let path = rig.dir.path().join("protobuf.ndjson");
+    std::fs::write(&path, to_ndjson(&sent)).unwrap();
+    let out = Command::new(&rig.python)
+        .args(["-c", PRODUCE_PROTOBUF, &rig.kafka])
+        .arg(format!("{}sensor_readings", rig.prefix))
+        .arg(rig.registry())
+        .arg(format!("producers:{TOKEN}"))
+        .arg(&path)
+        .output()
+        .unwrap();
+    assert!(
+        out.status.success(),
+        "the producer failed: {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let id: Value = serde_json::from_slice(&out.stdout).unwrap();
+    let schema = reqwest::Client::new()
+        .get(format!("{}/schemas/ids/{}", rig.registry(), id["id"]))
+        .bearer_auth(TOKEN)
+        .send()
+        .await
+        .unwrap()
+        .bytes()
+        .await
+        .unwrap();
+    let schema: Value = serde_json::from_slice(&schema).unwrap();
+    assert_eq!(schema["schemaType"], "PROTOBUF", "{schema}");
+    let sink = rig.sink(rig.registry(), false).await;
+    let (sink, dir) = rig.finish(sink, sent.len() as u64).await;
+    assert_eq!(sink.stats.dead_letters.load(Ordering::Relaxed), 0);
+    let landed = common::pyarrow(&["--dir", dir.path().join("store").to_str().unwrap()]);
+    common::assert_landed_exactly(&sent, &landed);
+}
+
 /// The files under `dir`, at any depth.
 fn walk(dir: &std::path::Path) -> Vec<std::path::PathBuf> {
     let mut files = Vec::new();

@@ -149,7 +149,7 @@ pub async fn schema(
 
 /// `GET /registry/schemas/types`
 pub async fn types() -> Answer {
-    ok(json!(["AVRO", "JSON"]))
+    ok(json!(["AVRO", "JSON", "PROTOBUF"]))
 }
 
 /// `GET /registry/config` and `GET /registry/config/{subject}`: the compatibility the

@@ -10,7 +10,7 @@ use axum::Json;
 use axum::http::{StatusCode, header};
 use axum::response::{IntoResponse, Response};
 use schemas::registry::SchemaKind;
-use schemas::registry::export::{avro_schema, json_schema};
+use schemas::registry::export::{avro_schema, json_schema, proto_schema};
 use schemas::{StreamDef, Streams, ValueFormat};
 use serde::{Deserialize, Serialize};
 use serde_json::json;
@@ -107,17 +107,13 @@ pub(super) fn id_of(kind: &str, text: &str) -> u32 {
     id.max(1)
 }
 
-/// The schema a stream's definition is served as: its kind and text.
+/// The schema a stream's definition is served as: its kind and text, of its first registry
+/// format (Avro for a stream of JSON values only).
 fn definition_schema(def: &StreamDef) -> (SchemaKind, String) {
-    let json_schema_first = def
-        .value_formats
-        .iter()
-        .find(|f| **f != ValueFormat::Json)
-        .is_some_and(|f| *f == ValueFormat::JsonSchema);
-    if json_schema_first {
-        (SchemaKind::Json, json_schema(def))
-    } else {
-        (SchemaKind::Avro, avro_schema(def))
+    match def.value_formats.iter().find(|f| **f != ValueFormat::Json) {
+        Some(ValueFormat::JsonSchema) => (SchemaKind::Json, json_schema(def)),
+        Some(ValueFormat::Protobuf) => (SchemaKind::Protobuf, proto_schema(def)),
+        _ => (SchemaKind::Avro, avro_schema(def)),
     }
 }
 

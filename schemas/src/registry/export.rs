@@ -1,4 +1,5 @@
-//! A stream's definition as the schemas a registry serves: an Avro record and a JSON Schema.
+//! A stream's definition as the schemas a registry serves: an Avro record, a JSON Schema and a
+//! proto3 message.
 //! Optional fields may be null (a union with null first, default null); timestamps are Avro
 //! `timestamp-micros` longs and JSON Schema `date-time` strings; lists are arrays and maps are
 //! Avro maps or JSON objects of string keys.
@@ -98,6 +99,61 @@ fn json_type(ty: &FieldType) -> Json {
         FieldType::Timestamp => json!({"type": "string", "format": "date-time"}),
         FieldType::List(t) => json!({"type": "array", "items": json_type(t)}),
         FieldType::Map(t) => json!({"type": "object", "additionalProperties": json_type(t)}),
+    }
+}
+
+/// The definition as a proto3 file (`.proto` text): one message named after the stream
+/// (`sensor_readings` is `SensorReadings`) in the package `edge_ingest`, its fields numbered in
+/// the definition's order from 1, optional ones `optional`, timestamps
+/// `google.protobuf.Timestamp`, lists `repeated` and maps `map<string, T>`.
+pub fn proto_schema(def: &StreamDef) -> String {
+    let message: String = def
+        .name
+        .split('_')
+        .map(|part| {
+            let mut chars = part.chars();
+            chars
+                .next()
+                .map(|c| c.to_ascii_uppercase().to_string() + chars.as_str())
+                .unwrap_or_default()
+        })
+        .collect();
+    let mut out = String::from("syntax = \"proto3\";\n\npackage edge_ingest;\n\n");
+    let timestamps = |t: &FieldType| match t {
+        FieldType::List(t) | FieldType::Map(t) => **t == FieldType::Timestamp,
+        t => *t == FieldType::Timestamp,
+    };
+    if def.fields.iter().any(|f| timestamps(&f.ty)) {
+        out.push_str("import \"google/protobuf/timestamp.proto\";\n\n");
+    }
+    for line in def.description.lines() {
+        out.push_str(&format!("// {line}\n"));
+    }
+    out.push_str(&format!("message {message} {{\n"));
+    for (i, f) in def.fields.iter().enumerate() {
+        for line in f.doc.lines() {
+            out.push_str(&format!("  // {line}\n"));
+        }
+        let ty = match &f.ty {
+            FieldType::List(t) => format!("repeated {}", proto_type(t)),
+            FieldType::Map(t) => format!("map<string, {}>", proto_type(t)),
+            t if !f.required && *t != FieldType::Timestamp => format!("optional {}", proto_type(t)),
+            t => proto_type(t).to_owned(),
+        };
+        out.push_str(&format!("  {ty} {} = {};\n", f.name, i + 1));
+    }
+    out.push_str("}\n");
+    out
+}
+
+fn proto_type(ty: &FieldType) -> &'static str {
+    match ty {
+        FieldType::String => "string",
+        FieldType::Bool => "bool",
+        FieldType::Int64 => "int64",
+        FieldType::Float64 => "double",
+        FieldType::Timestamp => "google.protobuf.Timestamp",
+        FieldType::List(_) | FieldType::Map(_) => "bytes",
     }
 }
 

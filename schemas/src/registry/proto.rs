@@ -128,17 +128,6 @@ impl ProtoFile {
         text::file(text).map_err(|e| format!("it is not a Protobuf schema: {e}"))
     }
 
-    /// The message at `indexes` (the wire format's message indexes: a top-level message, then
-    /// nested ones).
-    pub fn message(&self, indexes: &[usize]) -> Option<&ProtoMessage> {
-        let (first, rest) = indexes.split_first()?;
-        let mut message = self.messages.get(*first)?;
-        for i in rest {
-            message = message.nested.get(*i)?;
-        }
-        Some(message)
-    }
-
     /// The enum of a field's type name, found by its last name component.
     pub fn enum_named(&self, name: &str) -> Option<&ProtoEnum> {
         let last = name.rsplit('.').next().unwrap_or(name);
@@ -569,7 +558,7 @@ mod tests {
             "#,
         )
         .unwrap();
-        let reading = file.message(&[0]).unwrap();
+        let reading = &file.messages[0];
         let labels: Vec<_> = reading
             .fields
             .iter()
@@ -588,7 +577,7 @@ mod tests {
             ]
         );
         assert_eq!(reading.fields[4].map, Some((Kind::String, Kind::String)));
-        assert_eq!(file.message(&[0, 0]).unwrap().name, "Inner");
+        assert_eq!(file.messages[0].nested[0].name, "Inner");
         assert_eq!(
             file.enum_named(".plant.Quality").unwrap().values[1],
             (192, "GOOD".into())

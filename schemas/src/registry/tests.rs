@@ -350,3 +350,18 @@ fn a_protobuf_value_hashes_as_the_same_json_reading() {
         "{refused:?}"
     );
 }
+
+#[test]
+fn the_exported_proto_file_reads_values_of_the_stream() {
+    let def = StreamDef::from_toml(&DEF.replace("\"json-schema\"]", "\"protobuf\"]")).unwrap();
+    let text = super::export::proto_schema(&def);
+    assert!(text.contains("message Readings {"), "{text}");
+    assert!(
+        text.contains("  google.protobuf.Timestamp ts = 2;"),
+        "{text}"
+    );
+    assert!(text.contains("  optional int64 quality = 4;"), "{text}");
+    assert!(text.contains("  map<string, string> tags = 5;"), "{text}");
+    let writer = Writer::compile(SchemaKind::Protobuf, &text, &def);
+    assert!(writer.refused().is_none(), "{writer:?}");
+}
