@@ -147,6 +147,10 @@ impl ProtoFile {
     }
 }
 
+/// Messages nested deeper than this are refused (a hostile schema would otherwise take the
+/// stack).
+const MAX_NESTING: usize = 32;
+
 /// Whether a type name is `google.protobuf.Timestamp`.
 pub(super) fn is_timestamp(name: &str) -> bool {
     matches!(
@@ -205,6 +209,8 @@ mod text {
         tokens: Vec<Token<'a>>,
         at: usize,
         proto3: bool,
+        /// Messages (and `oneof`s) open around the one being read.
+        depth: usize,
     }
 
     impl<'a> Parser<'a> {
@@ -291,13 +297,18 @@ mod text {
         }
 
         fn message(&mut self, file: &mut ProtoFile) -> Result<ProtoMessage, String> {
+            if self.depth >= MAX_NESTING {
+                return Err(format!("messages nest more than {MAX_NESTING} deep"));
+            }
             let mut message = ProtoMessage {
                 name: self.word()?.to_owned(),
                 ..ProtoMessage::default()
             };
             self.expect('{')?;
-            self.body(file, &mut message)?;
-            Ok(message)
+            self.depth += 1;
+            let body = self.body(file, &mut message);
+            self.depth -= 1;
+            body.map(|()| message)
         }
 
         /// A message's body up to and with its closing brace (also a `oneof`'s).
@@ -321,7 +332,13 @@ mod text {
                     "oneof" => {
                         self.word()?;
                         self.expect('{')?;
-                        self.body(file, message)?;
+                        if self.depth >= MAX_NESTING {
+                            return Err(format!("messages nest more than {MAX_NESTING} deep"));
+                        }
+                        self.depth += 1;
+                        let body = self.body(file, message);
+                        self.depth -= 1;
+                        body?;
                     }
                     "option" | "reserved" | "extensions" | "extend" => self.skip()?,
                     "map" => {
@@ -369,6 +386,7 @@ mod text {
             tokens: tokens(text)?,
             at: 0,
             proto3: false,
+            depth: 0,
         };
         let mut file = ProtoFile::default();
         while parser.at < parser.tokens.len() {
@@ -429,7 +447,14 @@ mod descriptor {
         Ok(e)
     }
 
-    fn message(bytes: &[u8], file: &mut ProtoFile, proto3: bool) -> Result<ProtoMessage, String> {
+    fn message(
+        bytes: &[u8],
+        file: &mut ProtoFile,
+        (proto3, depth): (bool, usize),
+    ) -> Result<ProtoMessage, String> {
+        if depth >= MAX_NESTING {
+            return Err(format!("messages nest more than {MAX_NESTING} deep"));
+        }
         let mut m = ProtoMessage::default();
         for field in fields(bytes) {
             match field? {
@@ -467,7 +492,7 @@ mod descriptor {
                     });
                 }
                 (3, Field::Bytes(b)) => {
-                    let nested = message(b, file, proto3)?;
+                    let nested = message(b, file, (proto3, depth + 1))?;
                     m.nested.push(nested);
                 }
                 (4, Field::Bytes(b)) => file.enums.push(enumeration(b)?),
@@ -515,7 +540,7 @@ mod descriptor {
         for field in fields(bytes) {
             match field? {
                 (4, Field::Bytes(b)) => {
-                    let m = message(b, &mut file, proto3)?;
+                    let m = message(b, &mut file, (proto3, 0))?;
                     file.messages.push(m);
                 }
                 (5, Field::Bytes(b)) => file.enums.push(enumeration(b)?),
@@ -583,6 +608,12 @@ mod tests {
             (192, "GOOD".into())
         );
         assert!(ProtoFile::parse("syntax = \"proto3\";").is_err());
+        let deep = "message A { ".repeat(40) + &"}".repeat(40);
+        assert!(
+            ProtoFile::parse(&deep)
+                .unwrap_err()
+                .contains("nest more than 32")
+        );
         assert!(ProtoFile::parse("message {").is_err());
     }
 }
