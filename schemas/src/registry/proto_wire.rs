@@ -370,13 +370,16 @@ fn default(node: &Node) -> Option<Vec<u8>> {
     })
 }
 
+/// A value's JSON text in the buffer of [`read_message`] (start, end), with a map value's
+/// after its key's.
+type Span = (usize, usize, Option<(usize, usize)>);
+
 /// Reads a message into a JSON object appended to `out`; fields without a value (and without
 /// a proto3 default) are left out, as nulls.
 fn read_message(plan: &Plan, bytes: &[u8], out: &mut Vec<u8>) -> Result<(), String> {
     // Each field's values as JSON texts, in the order read (the last one of a singular field
     // counts), into one buffer.
-    let mut texts: Vec<Vec<(usize, usize, Option<(usize, usize)>)>> =
-        vec![Vec::new(); plan.fields.len()];
+    let mut texts: Vec<Vec<Span>> = vec![Vec::new(); plan.fields.len()];
     let mut buffer = Vec::new();
     for field in fields(bytes) {
         let (number, field) = field?;
