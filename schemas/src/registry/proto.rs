@@ -1,7 +1,9 @@
 //! Protobuf schemas as registries hold them: `.proto` text (what Java and JavaScript clients
 //! register) or a base64 `FileDescriptorProto` (what confluent-kafka's Python serializer
 //! registers), read into one model of the file's messages ([`ProtoFile`]). Imports are not read
-//! but for `google/protobuf/timestamp.proto`, whose `Timestamp` is a timestamp.
+//! but for `google/protobuf/timestamp.proto`, whose `Timestamp` is a timestamp. Protobuf's
+//! binary encoding is read field by field by [`fields`], here for descriptors and in
+//! `proto_wire` for values.
 
 /// A scalar, enum or message type of a field.
 #[derive(Debug, Clone, PartialEq)]
@@ -145,6 +147,71 @@ impl ProtoFile {
         }
         find(&self.messages, last)
     }
+}
+
+/// One field of an encoded message.
+pub(super) enum Field<'a> {
+    Varint(u64),
+    Fixed64(u64),
+    Bytes(&'a [u8]),
+    Fixed32(u32),
+}
+
+pub(super) fn varint(bytes: &mut &[u8]) -> Result<u64, String> {
+    let mut value = 0u64;
+    for shift in (0..64).step_by(7) {
+        let (&b, rest) = bytes.split_first().ok_or("a varint is cut short")?;
+        *bytes = rest;
+        value |= u64::from(b & 0x7f) << shift;
+        if b & 0x80 == 0 {
+            return Ok(value);
+        }
+    }
+    Err("a varint is longer than 10 bytes".into())
+}
+
+pub(super) fn take<'a>(bytes: &mut &'a [u8], n: usize) -> Result<&'a [u8], String> {
+    if n > bytes.len() {
+        return Err(format!("{n} bytes needed, {} left", bytes.len()));
+    }
+    let (head, rest) = bytes.split_at(n);
+    *bytes = rest;
+    Ok(head)
+}
+
+/// The fields of an encoded message, in the order written.
+pub(super) fn fields(mut bytes: &[u8]) -> impl Iterator<Item = Result<(u64, Field<'_>), String>> {
+    std::iter::from_fn(move || {
+        if bytes.is_empty() {
+            return None;
+        }
+        let field = (|| {
+            let key = varint(&mut bytes)?;
+            let value = match key & 7 {
+                0 => Field::Varint(varint(&mut bytes)?),
+                1 => Field::Fixed64(u64::from_le_bytes(
+                    take(&mut bytes, 8)?.try_into().expect("8"),
+                )),
+                2 => {
+                    let n = usize::try_from(varint(&mut bytes)?).map_err(|_| "a length")?;
+                    Field::Bytes(take(&mut bytes, n)?)
+                }
+                5 => Field::Fixed32(u32::from_le_bytes(
+                    take(&mut bytes, 4)?.try_into().expect("4"),
+                )),
+                w => return Err(format!("wire type {w} is not read")),
+            };
+            Ok((key >> 3, value))
+        })();
+        if field.is_err() {
+            bytes = &[];
+        }
+        Some(field)
+    })
+}
+
+pub(super) fn zigzag(n: u64) -> i64 {
+    (n >> 1) as i64 ^ -((n & 1) as i64)
 }
 
 /// Messages nested deeper than this are refused (a hostile schema would otherwise take the
@@ -416,7 +483,6 @@ mod text {
 /// A serialized `FileDescriptorProto`, read with the wire format's own rules.
 mod descriptor {
     use super::*;
-    use crate::registry::proto_wire::{Field, fields};
 
     fn text(bytes: &[u8]) -> Result<String, String> {
         String::from_utf8(bytes.to_vec()).map_err(|_| "a name is not UTF-8".to_owned())

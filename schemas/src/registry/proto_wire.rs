@@ -6,74 +6,11 @@
 
 use std::collections::HashMap;
 
-use super::proto::{Kind, Label, ProtoFile, ProtoMessage, is_timestamp};
+use super::proto::{
+    Field, Kind, Label, ProtoFile, ProtoMessage, fields, is_timestamp, take, varint, zigzag,
+};
 use crate::stream::{FieldType, StreamDef};
 use crate::value::write_timestamp;
-
-/// One field of an encoded message.
-pub(super) enum Field<'a> {
-    Varint(u64),
-    Fixed64(u64),
-    Bytes(&'a [u8]),
-    Fixed32(u32),
-}
-
-fn varint(bytes: &mut &[u8]) -> Result<u64, String> {
-    let mut value = 0u64;
-    for shift in (0..64).step_by(7) {
-        let (&b, rest) = bytes.split_first().ok_or("a varint is cut short")?;
-        *bytes = rest;
-        value |= u64::from(b & 0x7f) << shift;
-        if b & 0x80 == 0 {
-            return Ok(value);
-        }
-    }
-    Err("a varint is longer than 10 bytes".into())
-}
-
-fn take<'a>(bytes: &mut &'a [u8], n: usize) -> Result<&'a [u8], String> {
-    if n > bytes.len() {
-        return Err(format!("{n} bytes needed, {} left", bytes.len()));
-    }
-    let (head, rest) = bytes.split_at(n);
-    *bytes = rest;
-    Ok(head)
-}
-
-/// The fields of an encoded message, in the order written.
-pub(super) fn fields(mut bytes: &[u8]) -> impl Iterator<Item = Result<(u64, Field<'_>), String>> {
-    std::iter::from_fn(move || {
-        if bytes.is_empty() {
-            return None;
-        }
-        let field = (|| {
-            let key = varint(&mut bytes)?;
-            let value = match key & 7 {
-                0 => Field::Varint(varint(&mut bytes)?),
-                1 => Field::Fixed64(u64::from_le_bytes(
-                    take(&mut bytes, 8)?.try_into().expect("8"),
-                )),
-                2 => {
-                    let n = usize::try_from(varint(&mut bytes)?).map_err(|_| "a length")?;
-                    Field::Bytes(take(&mut bytes, n)?)
-                }
-                5 => Field::Fixed32(u32::from_le_bytes(
-                    take(&mut bytes, 4)?.try_into().expect("4"),
-                )),
-                w => return Err(format!("wire type {w} is not read")),
-            };
-            Ok((key >> 3, value))
-        })();
-        if field.is_err() {
-            bytes = &[];
-        }
-        Some(field)
-    })
-}
-
-fn zigzag(n: u64) -> i64 {
-    (n >> 1) as i64 ^ -((n & 1) as i64)
-}
 
 /// A field's type with its names resolved.
 #[derive(Debug, Clone)]
