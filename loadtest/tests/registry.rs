@@ -156,30 +156,32 @@ impl Rig {
         format!("http://{}/registry", self.gateway.addr)
     }
 
+    /// A Python `script` of the venv with the broker, the stream's topic, the registry and the
+    /// credentials as its first arguments.
+    fn producer(&self, script: &str) -> Command {
+        let mut command = Command::new(&self.python);
+        command
+            .args(["-c", script, &self.kafka])
+            .arg(format!("{}sensor_readings", self.prefix))
+            .arg(self.registry())
+            .arg(format!("producers:{TOKEN}"));
+        command
+    }
+
     /// Produces `readings` with [`PRODUCE`] and writes `in_file` as an Avro file; what it printed.
-    fn produce(&self, readings: &[Value], in_file: &[Value]) -> (Value, Vec<u8>) {
+    async fn produce(&self, readings: &[Value], in_file: &[Value]) -> (Value, Vec<u8>) {
         let path = |name: &str| self.dir.path().join(name);
         std::fs::write(path("readings.ndjson"), to_ndjson(readings)).unwrap();
         std::fs::write(path("file.ndjson"), to_ndjson(in_file)).unwrap();
-        let out = Command::new(&self.python)
-            .args(["-c", PRODUCE, &self.kafka])
-            .arg(format!("{}sensor_readings", self.prefix))
-            .arg(self.registry())
-            .arg(format!("producers:{TOKEN}"))
-            .args([
-                path("readings.ndjson"),
-                path("file.ndjson"),
-                path("file.avro"),
-            ])
-            .output()
-            .unwrap();
-        assert!(
-            out.status.success(),
-            "the confluent-kafka producer failed: {}",
-            String::from_utf8_lossy(&out.stderr)
-        );
+        let mut producer = self.producer(PRODUCE);
+        producer.args([
+            path("readings.ndjson"),
+            path("file.ndjson"),
+            path("file.avro"),
+        ]);
+        let out = run(producer).await;
         let file = std::fs::read(path("file.avro")).unwrap();
-        (serde_json::from_slice(&out.stdout).unwrap(), file)
+        (serde_json::from_slice(&out).unwrap(), file)
     }
 
     /// A sink of the rig's topics reading schemas from `registry` with the token as basic
@@ -242,6 +244,21 @@ impl Rig {
     }
 }
 
+/// Runs `command` off the runtime's threads (a sink may be running on them); its output, once
+/// it succeeded.
+async fn run(mut command: Command) -> Vec<u8> {
+    let what = format!("{:?}", command.get_program());
+    let out = tokio::task::spawn_blocking(move || command.output().unwrap())
+        .await
+        .unwrap();
+    assert!(
+        out.status.success(),
+        "{what} failed: {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    out.stdout
+}
+
 fn received(sink: &sink::Sink) -> u64 {
     sink.stats.records_received.load(Ordering::Relaxed)
 }
@@ -282,7 +299,7 @@ async fn confluent_serializers_avro_and_json_schema_land_once_through_the_gatewa
     let rig = Rig::start(false).await;
     let sent = readings(800, 72);
     let in_file = readings(200, 73);
-    let (produced, file) = rig.produce(&sent, &in_file);
+    let (produced, file) = rig.produce(&sent, &in_file).await;
     // The producer's own schema and its JSON Schema were registered, and kept in registry.dir.
     let kept = std::fs::read_dir(rig.dir.path().join("registry"))
         .unwrap()
@@ -335,7 +352,7 @@ async fn confluent_serializers_avro_and_json_schema_land_once_through_the_gatewa
 async fn a_registry_that_does_not_answer_is_waited_for_and_loses_nothing() {
     let rig = Rig::start(false).await;
     let sent = readings(120, 74);
-    let (produced, _) = rig.produce(&sent, &[]);
+    let (produced, _) = rig.produce(&sent, &[]).await;
     let port = common::free_port();
     let sink = rig
         .sink(format!("http://127.0.0.1:{port}/registry"), false)
@@ -427,21 +444,9 @@ async fn a_schema_that_adds_a_nullable_field_adds_it_to_the_stream_and_the_table
     let sink = rig.sink(rig.registry(), true).await;
     let path = rig.dir.path().join("evolve.ndjson");
     std::fs::write(&path, to_ndjson(&sent)).unwrap();
-    let mut producer = Command::new(&rig.python);
-    producer
-        .args(["-c", EVOLVE, &rig.kafka])
-        .arg(format!("{}sensor_readings", rig.prefix))
-        .arg(rig.registry())
-        .arg(format!("producers:{TOKEN}"))
-        .arg(&path);
-    let out = tokio::task::spawn_blocking(move || producer.output().unwrap())
-        .await
-        .unwrap();
-    assert!(
-        out.status.success(),
-        "the producer failed: {}",
-        String::from_utf8_lossy(&out.stderr)
-    );
+    let mut producer = rig.producer(EVOLVE);
+    producer.arg(&path);
+    run(producer).await;
     let definition =
         std::fs::read_to_string(rig.dir.path().join("streams/sensor_readings.toml")).unwrap();
     let def = schemas::StreamDef::from_toml(&definition).unwrap();
@@ -460,19 +465,13 @@ async fn a_schema_that_adds_a_nullable_field_adds_it_to_the_stream_and_the_table
     assert_eq!(versions.len(), 2, "{versions:?}");
     let want: f64 = (0..100).map(|i| 40.0 + f64::from(i) * 0.5).sum();
     assert_eq!((humid.len(), humid.iter().sum::<f64>()), (100, want));
-    let out = Command::new(common::service_env("EDGE_INGEST_PYTHON"))
+    let mut reader = Command::new(common::service_env("EDGE_INGEST_PYTHON"));
+    reader
         .arg(common::repo_root().join("scripts/read_table.py"))
         .arg("--catalog")
         .arg(dir.path().join("catalog.db"))
-        .args(["--table", "sensor_readings"])
-        .output()
-        .unwrap();
-    assert!(
-        out.status.success(),
-        "{}",
-        String::from_utf8_lossy(&out.stderr)
-    );
-    let table: Value = serde_json::from_slice(&out.stdout).unwrap();
+        .args(["--table", "sensor_readings"]);
+    let table: Value = serde_json::from_slice(&run(reader).await).unwrap();
     common::assert_same_records(&sent, &table);
     assert!(
         table["schema"]
@@ -551,24 +550,12 @@ async fn the_npm_registry_client_encodes_values_the_sink_lands_once() {
         .arg(format!("producers:{TOKEN}"))
         .arg(format!("{topic}-value"))
         .args([&input, &encoded]);
-    let out = tokio::task::spawn_blocking(move || node.output().unwrap())
-        .await
-        .unwrap();
-    assert!(
-        out.status.success(),
-        "the npm client failed: {}",
-        String::from_utf8_lossy(&out.stderr)
-    );
-    let out = Command::new(&rig.python)
+    run(node).await;
+    let mut producer = Command::new(&rig.python);
+    producer
         .args(["-c", PRODUCE_HEX, &rig.kafka, &topic])
-        .arg(&encoded)
-        .output()
-        .unwrap();
-    assert!(
-        out.status.success(),
-        "{}",
-        String::from_utf8_lossy(&out.stderr)
-    );
+        .arg(&encoded);
+    run(producer).await;
     let sink = rig.sink(rig.registry(), false).await;
     let (sink, dir) = rig.finish(sink, sent.len() as u64).await;
     assert_eq!(sink.stats.dead_letters.load(Ordering::Relaxed), 0);
@@ -636,20 +623,9 @@ async fn protobuf_serializer_values_land_once() {
     let sent = readings(300, 77);
     let path = rig.dir.path().join("protobuf.ndjson");
     std::fs::write(&path, to_ndjson(&sent)).unwrap();
-    let out = Command::new(&rig.python)
-        .args(["-c", PRODUCE_PROTOBUF, &rig.kafka])
-        .arg(format!("{}sensor_readings", rig.prefix))
-        .arg(rig.registry())
-        .arg(format!("producers:{TOKEN}"))
-        .arg(&path)
-        .output()
-        .unwrap();
-    assert!(
-        out.status.success(),
-        "the producer failed: {}",
-        String::from_utf8_lossy(&out.stderr)
-    );
-    let id: Value = serde_json::from_slice(&out.stdout).unwrap();
+    let mut producer = rig.producer(PRODUCE_PROTOBUF);
+    producer.arg(&path);
+    let id: Value = serde_json::from_slice(&run(producer).await).unwrap();
     let schema = reqwest::Client::new()
         .get(format!("{}/schemas/ids/{}", rig.registry(), id["id"]))
         .bearer_auth(TOKEN)

@@ -396,48 +396,14 @@ fn read(node: &Node, input: &mut Input<'_>, out: &mut Vec<u8>) -> Result<bool, S
                 .ok_or_else(|| format!("union branch {i} of {}", variants.len()))?;
             return read(variant, input, out);
         }
-        Node::Array(item) => {
-            out.push(b'[');
-            let mut first = true;
-            loop {
-                let n = input.block()?;
-                if n == 0 {
-                    break;
-                }
-                for _ in 0..n {
-                    if !first {
-                        out.push(b',');
-                    }
-                    first = false;
-                    if !read(item, input, out)? {
-                        out.extend_from_slice(b"null");
-                    }
-                }
-            }
-            out.push(b']');
-        }
-        Node::Map(item) => {
-            out.push(b'{');
-            let mut first = true;
-            loop {
-                let n = input.block()?;
-                if n == 0 {
-                    break;
-                }
-                for _ in 0..n {
-                    if !first {
-                        out.push(b',');
-                    }
-                    first = false;
-                    write_json_str(out, input.string()?);
-                    out.push(b':');
-                    if !read(item, input, out)? {
-                        out.extend_from_slice(b"null");
-                    }
-                }
-            }
-            out.push(b'}');
-        }
+        Node::Array(item) => blocks(input, out, b"[]", |input, out| {
+            read_or_null(item, input, out)
+        })?,
+        Node::Map(item) => blocks(input, out, b"{}", |input, out| {
+            write_json_str(out, input.string()?);
+            out.push(b':');
+            read_or_null(item, input, out)
+        })?,
         Node::Record(fields) => {
             out.push(b'{');
             for (i, (name, field)) in fields.iter().enumerate() {
@@ -446,14 +412,47 @@ fn read(node: &Node, input: &mut Input<'_>, out: &mut Vec<u8>) -> Result<bool, S
                 }
                 write_json_str(out, name);
                 out.push(b':');
-                if !read(field, input, out)? {
-                    out.extend_from_slice(b"null");
-                }
+                read_or_null(field, input, out)?;
             }
             out.push(b'}');
         }
     }
     Ok(true)
+}
+
+/// One value of `node`, `null` for a null.
+fn read_or_null(node: &Node, input: &mut Input<'_>, out: &mut Vec<u8>) -> Result<(), String> {
+    if !read(node, input, out)? {
+        out.extend_from_slice(b"null");
+    }
+    Ok(())
+}
+
+/// The items of an array's or a map's blocks, each read by `item`, between `brackets` and
+/// separated by commas.
+fn blocks(
+    input: &mut Input<'_>,
+    out: &mut Vec<u8>,
+    brackets: &[u8; 2],
+    mut item: impl FnMut(&mut Input<'_>, &mut Vec<u8>) -> Result<(), String>,
+) -> Result<(), String> {
+    out.push(brackets[0]);
+    let mut first = true;
+    loop {
+        let n = input.block()?;
+        if n == 0 {
+            break;
+        }
+        for _ in 0..n {
+            if !first {
+                out.push(b',');
+            }
+            first = false;
+            item(input, out)?;
+        }
+    }
+    out.push(brackets[1]);
+    Ok(())
 }
 
 fn write_float(out: &mut Vec<u8>, f: f64) -> Result<(), String> {
