@@ -6,21 +6,16 @@
 
 use libfuzzer_sys::fuzz_target;
 
+#[path = "caught.rs"]
+mod caught;
+
 const MAX_BYTES: usize = 1 << 20;
 const BUDGET: usize = 4 << 20;
 
 fuzz_target!(
     init: {
-        // `parquet_to_ndjson_charged` catches the panics of the parquet crate; libfuzzer-sys's
-        // hook would abort on them all the same. A panic that escapes still ends the run and
-        // keeps the input (libfuzzer-sys catches it and aborts); FUZZ_SHOW_PANICS=1 prints
-        // every panic.
-        let show = std::env::var_os("FUZZ_SHOW_PANICS").is_some();
-        std::panic::set_hook(Box::new(move |info| {
-            if show {
-                eprintln!("{info}");
-            }
-        }));
+        // `parquet_to_ndjson_charged` catches the panics of the parquet crate.
+        caught::let_decoders_catch_panics();
     },
     |data: &[u8]| {
         let streams = schemas::example_streams();

@@ -155,6 +155,16 @@ impl Node {
     }
 }
 
+/// Parses an Avro schema. The apache-avro crate panics on some invalid ones (a record name
+/// that is not a name, found by fuzzing) instead of returning an error; a schema from a
+/// client or a registry must get an error like any other invalid one, not take down the
+/// thread reading it.
+fn parse_schema(text: &str) -> Result<Schema, String> {
+    std::panic::catch_unwind(|| Schema::parse_str(text))
+        .map_err(|_| "it is not an Avro schema (the Avro parser failed on it)".to_owned())?
+        .map_err(|e| format!("it is not an Avro schema: {e}"))
+}
+
 /// A registered Avro schema of a record, compiled for one definition of a stream.
 #[derive(Debug)]
 pub struct Reader {
@@ -166,8 +176,7 @@ impl Reader {
     /// Parses an Avro schema and checks it against `def`: a record whose fields of the
     /// definition's names fit their types, with every required field of the definition.
     pub fn compile(text: &str, def: &StreamDef) -> Result<Reader, String> {
-        let schema =
-            Schema::parse_str(text).map_err(|e| format!("it is not an Avro schema: {e}"))?;
+        let schema = parse_schema(text)?;
         let Node::Record(fields) = Node::of(&schema)? else {
             return Err("it is not an Avro record".into());
         };
@@ -248,7 +257,7 @@ impl Reader {
 /// The fields of an Avro record schema that `def` lacks, as the nullable fields a compatible
 /// definition would add: each must take null and be of one type a stream's field can be.
 pub fn added_fields(text: &str, def: &StreamDef) -> Result<Vec<FieldDef>, String> {
-    let schema = Schema::parse_str(text).map_err(|e| format!("it is not an Avro schema: {e}"))?;
+    let schema = parse_schema(text)?;
     let Schema::Record(record) = &schema else {
         return Err("it is not an Avro record".into());
     };

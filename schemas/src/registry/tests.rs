@@ -365,3 +365,26 @@ fn the_exported_proto_file_reads_values_of_the_stream() {
     let writer = Writer::compile(SchemaKind::Protobuf, &text, &def);
     assert!(writer.refused().is_none(), "{writer:?}");
 }
+
+#[test]
+fn a_schema_the_avro_parser_fails_on_is_refused_not_a_panic() {
+    let def = def();
+    // An invalid record name: the apache-avro crate unwraps its error.
+    let bad = r#"{"type": "record", "name": "e,ge", "fields": []}"#;
+    let writer = Writer::compile(SchemaKind::Avro, bad, &def);
+    assert!(
+        writer.refused().unwrap().contains("not an Avro schema"),
+        "{writer:?}"
+    );
+    assert!(super::added_fields(bad, &def).is_err());
+    // The same schema in a container file's header.
+    let mut file = b"Obj\x01\x02".to_vec();
+    file.push(22);
+    file.extend_from_slice(b"avro.schema");
+    file.push(bad.len() as u8 * 2);
+    file.extend_from_slice(bad.as_bytes());
+    file.push(0);
+    file.extend_from_slice(&[7; 16]);
+    let err = avro_file_to_ndjson(&def, &file, 1 << 20).unwrap_err();
+    assert!(err.to_string().contains("not an Avro schema"), "{err}");
+}
