@@ -78,6 +78,7 @@ for i, r in enumerate(readings):
 good = own(readings[0], ctx)
 own_id = struct.unpack(">I", good[1:5])[0]
 bad = [
+    b"\x01" + good[1:],                                 # a wrong magic byte (not JSON either)
     b"\x00\x00\x01",                                   # a truncated schema id
     b"\x00" + struct.pack(">I", 2147483000) + good[5:],  # an id the registry does not know
     good[:5] + b"\x02\x41",                             # bytes that do not match the schema
@@ -327,14 +328,11 @@ async fn confluent_serializers_avro_and_json_schema_land_once_through_the_gatewa
             reasons.push(d["reason"].as_str().unwrap().to_owned());
         }
     }
-    reasons.sort();
     assert_eq!(reasons.len() as u64, bad, "{reasons:?}");
-    assert!(
-        reasons[0].starts_with("a registry-framed value holds a 4-byte schema id"),
-        "{reasons:?}"
-    );
     let own_id = produced["own_id"].as_u64().unwrap();
     for reason in [
+        "a registry-framed value holds a 4-byte schema id".to_owned(),
+        "malformed JSON".to_owned(),
         "schema id 2147483000: the registry does not know it".to_owned(),
         format!("schema id {own_id}: the value does not match its Avro schema"),
     ] {
