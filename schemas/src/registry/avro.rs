@@ -217,7 +217,7 @@ impl Reader {
     /// The record in `body` as a JSON object (fields whose value is null left out), or why
     /// the bytes do not match the schema.
     pub fn to_json(&self, body: &[u8]) -> Result<Vec<u8>, String> {
-        let mut input = Input { bytes: body };
+        let mut input = Input::value(body);
         let mut out = Vec::with_capacity(body.len() * 2 + 16);
         self.read_record(&mut input, &mut out)?;
         if !input.bytes.is_empty() {
@@ -288,6 +288,21 @@ pub fn added_fields(text: &str, def: &StreamDef) -> Result<Vec<FieldDef>, String
 /// The bytes of a value not read yet.
 pub(super) struct Input<'a> {
     pub(super) bytes: &'a [u8],
+    /// The most JSON the value may become: items of a type that takes no bytes (null, an
+    /// empty record, a fixed of size 0) would otherwise let a few bytes of block counts write
+    /// without end.
+    pub(super) max_json: usize,
+}
+
+impl<'a> Input<'a> {
+    /// The bytes of one value, which may become at most 16 times their size in JSON and a
+    /// MiB: more than any value of a type that takes bytes becomes.
+    pub(super) fn value(bytes: &'a [u8]) -> Input<'a> {
+        Input {
+            bytes,
+            max_json: (1 << 20) + bytes.len().saturating_mul(16),
+        }
+    }
 }
 
 impl<'a> Input<'a> {
@@ -458,6 +473,12 @@ fn blocks(
             }
             first = false;
             item(input, out)?;
+            if out.len() > input.max_json {
+                return Err(format!(
+                    "it becomes more than {} bytes of JSON",
+                    input.max_json
+                ));
+            }
         }
     }
     out.push(brackets[1]);

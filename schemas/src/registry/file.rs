@@ -24,7 +24,7 @@ pub fn avro_file_to_ndjson(
     let rest = body
         .strip_prefix(MAGIC)
         .ok_or_else(|| malformed("not an Avro object container file (no 'Obj' magic)"))?;
-    let mut input = Input { bytes: rest };
+    let mut input = Input::value(rest);
     let (mut schema, mut codec) = (None, None);
     loop {
         let n = block_count(&mut input)?;
@@ -56,11 +56,17 @@ pub fn avro_file_to_ndjson(
         let data = input.take(size).map_err(malformed)?;
         let left = max_bytes.saturating_sub(out.len());
         let data = decompress(codec, data, left, &mut block)?;
-        let mut records = Input { bytes: data };
+        let mut records = Input {
+            bytes: data,
+            max_json: max_bytes,
+        };
         for _ in 0..count {
-            reader
-                .read_record(&mut records, &mut out)
-                .map_err(|e| malformed(format!("a record does not match its schema: {e}")))?;
+            reader.read_record(&mut records, &mut out).map_err(|e| {
+                match out.len() > max_bytes {
+                    true => DecodeError::TooLarge(max_bytes),
+                    false => malformed(format!("a record does not match its schema: {e}")),
+                }
+            })?;
             out.push(b'\n');
             if out.len() > max_bytes {
                 return Err(DecodeError::TooLarge(max_bytes));

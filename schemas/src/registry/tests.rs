@@ -388,3 +388,31 @@ fn a_schema_the_avro_parser_fails_on_is_refused_not_a_panic() {
     let err = avro_file_to_ndjson(&def, &file, 1 << 20).unwrap_err();
     assert!(err.to_string().contains("not an Avro schema"), "{err}");
 }
+
+#[test]
+fn items_that_take_no_bytes_cannot_write_json_without_end() {
+    let def = def();
+    // An array of nulls the definition lacks: each block of 40 items takes one count byte.
+    let schema = r#"{"type":"record","name":"r","fields":[
+        {"name":"device_id","type":"string"},
+        {"name":"ts","type":{"type":"long","logicalType":"timestamp-micros"}},
+        {"name":"value","type":"double"},
+        {"name":"nothing","type":{"type":"array","items":"null"}}]}"#;
+    let writer = Writer::compile(SchemaKind::Avro, schema, &def);
+    let mut body = encode(
+        schema,
+        vec![
+            ("device_id".into(), Avro::String("d".into())),
+            ("ts".into(), Avro::TimestampMicros(0)),
+            ("value".into(), Avro::Double(1.0)),
+            ("nothing".into(), Avro::Array(vec![])),
+        ],
+    );
+    body.pop(); // the array's end
+    body.extend(std::iter::repeat_n(80u8, 300_000)); // zigzag 40, again and again
+    body.push(0);
+    let err = writer
+        .check_row_in(&def, 4, &body, &mut AtOnce)
+        .unwrap_err();
+    assert!(err.to_string().contains("bytes of JSON"), "{err}");
+}
