@@ -40,7 +40,8 @@ pub(super) async fn add_fields(
         .streams_dir()
         .ok_or_else(|| failed("the gateway follows no streams_dir".into()))?;
     let path = dir.join(format!("{}.toml", def.name));
-    let text = std::fs::read_to_string(&path)
+    let text = tokio::fs::read_to_string(&path)
+        .await
         .map_err(|e| failed(format!("cannot read {}: {e}", path.display())))?;
     let text = with_fields(&text, &missing, subject).map_err(failed)?;
     let new = StreamDef::from_toml(&text).map_err(|e| failed(e.to_string()))?;
@@ -54,7 +55,11 @@ pub(super) async fn add_fields(
             ),
         ));
     }
-    replace(&path, &text).map_err(|e| failed(format!("cannot write {}: {e}", path.display())))?;
+    let (file, written) = (path.clone(), text.clone());
+    tokio::task::spawn_blocking(move || replace(&file, &written))
+        .await
+        .map_err(|e| failed(e.to_string()))?
+        .map_err(|e| failed(format!("cannot write {}: {e}", path.display())))?;
     let names: Vec<&str> = missing.iter().map(|f| f.name.as_str()).collect();
     tracing::info!(stream = %def.name, subject, fields = ?names, version = new.version, "fields added to the stream's definition by a registration");
     state

@@ -245,7 +245,7 @@ pub async fn register(
         (id, new, held.by_id.len())
     };
     if new {
-        registry.keep(&entry, id, sequence).map_err(|e| {
+        registry.keep(entry, id, sequence).await.map_err(|e| {
             RegistryError(StatusCode::INTERNAL_SERVER_ERROR, 50001, format!("{e:#}"))
         })?;
         tracing::info!(subject, id, "schema registered");

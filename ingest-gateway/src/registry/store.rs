@@ -208,20 +208,26 @@ impl Registry {
             .unwrap_or_else(std::sync::PoisonError::into_inner)
     }
 
-    /// Keeps a registered schema in `dir` (write to a temporary file, then rename).
-    pub(super) fn keep(&self, entry: &Entry, id: u32, sequence: usize) -> anyhow::Result<()> {
-        let Some(dir) = &self.dir else {
+    /// Keeps a registered schema in `dir` (written to a temporary file, then renamed), on the
+    /// blocking pool.
+    pub(super) async fn keep(&self, entry: Entry, id: u32, sequence: usize) -> anyhow::Result<()> {
+        let Some(dir) = self.dir.clone() else {
             return Ok(());
         };
-        // Named by sequence for the order, and by id so that gateways sharing the directory
-        // never write one name for two schemas.
-        let path = dir.join(format!("{sequence:010}-{id}.json"));
-        let tmp = dir.join(format!(".{sequence:010}-{id}.json.tmp"));
-        std::fs::write(&tmp, serde_json::to_vec(entry)?)
-            .with_context(|| format!("cannot write {}", tmp.display()))?;
-        std::fs::rename(&tmp, &path).with_context(|| format!("cannot rename {}", tmp.display()))?;
-        Ok(())
+        tokio::task::spawn_blocking(move || keep_in(&dir, &entry, id, sequence)).await?
     }
+}
+
+/// [`Registry::keep`] in `dir`.
+fn keep_in(dir: &std::path::Path, entry: &Entry, id: u32, sequence: usize) -> anyhow::Result<()> {
+    // Named by sequence for the order, and by id so that gateways sharing the directory never
+    // write one name for two schemas.
+    let path = dir.join(format!("{sequence:010}-{id}.json"));
+    let tmp = dir.join(format!(".{sequence:010}-{id}.json.tmp"));
+    std::fs::write(&tmp, serde_json::to_vec(entry)?)
+        .with_context(|| format!("cannot write {}", tmp.display()))?;
+    std::fs::rename(&tmp, &path).with_context(|| format!("cannot rename {}", tmp.display()))?;
+    Ok(())
 }
 
 impl Held {

@@ -174,20 +174,10 @@ impl Writer {
             fields: RowFields::Record(record),
         })
     }
-
-    /// Avro binary `body` under this schema as the JSON object the stream's records are
-    /// checked from (for a body of Avro records, [`Writer::Avro`] only).
-    pub fn avro_to_json(&self, body: &[u8]) -> Result<Vec<u8>, String> {
-        match self {
-            Writer::Avro(reader) => reader.to_json(body),
-            Writer::Refused(reason) => Err(reason.clone()),
-            Writer::Json | Writer::Protobuf(_) => Err("not an Avro schema".into()),
-        }
-    }
 }
 
 /// The stream's value formats, for messages: `json, avro`.
-pub fn formats_text(def: &StreamDef) -> String {
+fn formats_text(def: &StreamDef) -> String {
     def.value_formats
         .iter()
         .map(|f| f.name())
